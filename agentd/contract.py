@@ -1,0 +1,940 @@
+"""The provider-neutral contract between agentd and its provider adapters.
+
+Everything a provider reports, and everything agentd asks of one, is a value
+defined here: msgspec Structs for items, events, interactions and capabilities,
+typing Protocols for providers and conversations, and the exception classes
+for the error values. Nothing here knows about sockets, the journal or trio.
+
+Lifetime rules every provider follows (they are the point of this module):
+
+* A conversation belongs to the daemon, never to a client connection. A call
+  bounds only itself; a turn keeps running after ``send`` returns and after
+  the client that asked for it went away.
+* Providers report through the :class:`EventSink` given at ``open``.
+  ``EventSink.emit`` never blocks, so it may be called from any task.
+* Providers never replay a prompt, never pick "the latest" conversation and
+  never answer an interaction on the user's behalf. Only the daemon may, in
+  yolo mode, and only for permission requests, only with the allow-once
+  option.
+* An ambiguous submission raises :class:`SubmissionUncertain`; the caller
+  surfaces it and never resends.
+* :class:`Capabilities` says what really works; anything else raises
+  :class:`Unsupported`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+import math
+import re
+from typing import Any, ClassVar, Literal, Protocol, Union, runtime_checkable
+
+import msgspec
+
+# --------------------------------------------------------------------------- errors
+
+
+class AgentdError(Exception):
+    """Base of every error agentd reports; ``code`` is its wire error code."""
+
+    code: ClassVar[str] = "internal"
+
+    def __init__(self, message: str = "", *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message or self.__class__.__doc__ or self.code)
+        self.message = message or (self.__class__.__doc__ or self.code).strip().splitlines()[0]
+        self.details = details or {}
+
+
+class NotFound(AgentdError):
+    """The named conversation, interaction or item does not exist."""
+
+    code = "not_found"
+
+
+class ConversationNotFound(NotFound):
+    """The exact conversation id does not exist; the caller must not create a replacement."""
+
+
+class Invalid(AgentdError):
+    """The request or answer does not fit what it is for."""
+
+    code = "invalid"
+
+
+class Busy(AgentdError):
+    """A turn is already running and the caller asked not to wait."""
+
+    code = "busy"
+
+
+class Unsupported(AgentdError):
+    """The provider does not offer this operation."""
+
+    code = "unsupported"
+
+
+class SubmissionUncertain(AgentdError):
+    """The provider may or may not have accepted the prompt; it is never resent."""
+
+    code = "uncertain"
+
+
+class InteractionGone(AgentdError):
+    """The interaction is no longer pending (answered, expired, or its turn ended)."""
+
+    code = "gone"
+
+
+class Closed(AgentdError):
+    """The conversation is closed, or its runtime exited."""
+
+    code = "closed"
+
+
+class Unauthorized(AgentdError):
+    """The peer is not allowed to talk to this daemon."""
+
+    code = "unauthorized"
+
+
+class LimitExceeded(AgentdError):
+    """A size or count limit was exceeded."""
+
+    code = "limit"
+
+
+class InternalError(AgentdError):
+    """agentd failed; the message says how."""
+
+    code = "internal"
+
+
+class RuntimeUnavailable(AgentdError):
+    """The provider's runtime is not installed or could not start."""
+
+    code = "unsupported"
+
+
+#: Wire error code -> exception class, one to one (the client re-raises these).
+ERRORS_BY_CODE: dict[str, type[AgentdError]] = {
+    cls.code: cls
+    for cls in (
+        NotFound,
+        Invalid,
+        Busy,
+        Unsupported,
+        SubmissionUncertain,
+        InteractionGone,
+        Closed,
+        Unauthorized,
+        LimitExceeded,
+        InternalError,
+    )
+}
+
+
+def utcnow() -> _dt.datetime:
+    """The current time, timezone-aware UTC."""
+    return _dt.datetime.now(_dt.timezone.utc)
+
+
+# --------------------------------------------------------------------------- capabilities
+
+
+class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a provider really supports; clients hide what is False."""
+
+    cancel: bool = False
+    steer: bool = False
+    permissions: bool = False
+    questions: bool = False
+    plan: bool = False
+    history: bool = False
+    #: reopen an exact conversation id after the daemon restarted
+    reopen: bool = False
+    models: bool = False
+    titles: bool = False
+    usage: bool = False
+    context_size: bool = False
+    subagents: bool = False
+    todos: bool = False
+    #: list the runtime's earlier conversations for a folder
+    import_: bool = msgspec.field(default=False, name="import")
+    account: bool = False
+
+
+# --------------------------------------------------------------------------- items
+
+
+class ItemKind(str, enum.Enum):
+    USER = "user"
+    ASSISTANT = "assistant"
+    REASONING = "reasoning"
+    TOOL = "tool"
+    #: provider-originated status text: errors, aborts, info
+    NOTICE = "notice"
+
+
+class ToolStatus(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+#: A running shell call keeps at most this many output lines, each at most this many bytes.
+MAX_TAIL_LINES = 10
+MAX_TAIL_LINE_BYTES = 512
+#: Tool progress text is display metadata, bounded in UTF-8 bytes.
+MAX_PROGRESS_BYTES = 512
+
+
+class OutputLine(msgspec.Struct, frozen=True, omit_defaults=True):
+    text: str
+    err: bool = False
+
+
+class ToolCall(msgspec.Struct, omit_defaults=True):
+    """One tool invocation. ``input`` and ``output`` are display text, bounded by adapters."""
+
+    name: str
+    status: ToolStatus = ToolStatus.RUNNING
+    title: str = ""
+    input: str = ""
+    output: str = ""
+    progress: str = ""
+    exit_code: int | None = None
+    #: newest output lines of a running shell call, oldest first; empty once it ended
+    tail: list[OutputLine] = []
+
+
+class Attachment(msgspec.Struct, frozen=True, omit_defaults=True):
+    name: str
+    mime: str
+    size: int = 0
+    id: str = ""
+
+
+class Item(msgspec.Struct, omit_defaults=True):
+    """One transcript entry. A later item with the same ``agent_id`` and ``id`` replaces it.
+
+    ``text`` is untrusted provider output. ``agent_id`` is empty for the main
+    agent, else the exact subagent instance id.
+    """
+
+    id: str
+    kind: ItemKind
+    text: str = ""
+    tool: ToolCall | None = None
+    time: _dt.datetime | None = None
+    ended_at: _dt.datetime | None = None
+    agent_id: str = ""
+    #: "steer" on a user item that joined a running turn
+    delivery: str = ""
+    attachments: list[Attachment] = []
+
+
+class Delta(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Appends ``text`` to item ``item_id`` of kind ``kind``, creating it when absent."""
+
+    item_id: str
+    kind: ItemKind
+    text: str
+    agent_id: str = ""
+
+
+# --------------------------------------------------------------------------- turns
+
+
+class TurnState(str, enum.Enum):
+    WORKING = "working"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self is not TurnState.WORKING
+
+
+#: Turn end reason the daemon records for a turn whose daemon died mid-turn.
+RUN_INTERRUPTED = "run_interrupted"
+
+
+class Turn(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A turn transition, with the provider's evidence.
+
+    ``error`` is the sanitized reason of a failed turn; ``reason`` a short code
+    for why it stopped (``run_interrupted``, ``budget``, ``runtime_exit`` ...).
+    Waiting for a person is derived from pending interactions, not a state.
+    """
+
+    state: TurnState
+    error: str = ""
+    reason: str = ""
+    model: str = ""
+
+
+# --------------------------------------------------------------------------- interactions
+
+
+class InteractionKind(str, enum.Enum):
+    PERMISSION = "permission"
+    QUESTION = "question"
+    PLAN_REVIEW = "plan_review"
+
+
+class InteractionState(str, enum.Enum):
+    PENDING = "pending"
+    ANSWERED = "answered"
+    REJECTED = "rejected"
+    #: withdrawn without an answer (turn ended, timeout, conversation closed)
+    EXPIRED = "expired"
+
+
+class Option(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One permission decision. Yolo mode only ever picks the option with ``allow_once``."""
+
+    id: str
+    label: str
+    reject: bool = False
+    allow_once: bool = False
+
+
+FieldType = Literal["string", "number", "integer", "boolean", "array"]
+FieldFormat = Literal["", "email", "uri", "date", "date-time"]
+
+
+class Field(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One typed form field behind a question of an elicitation form.
+
+    An enumerated field (and a boolean, as "Yes"/"No") offers its question's
+    choices; ``values`` holds what each choice sends, in the same order.
+    Bounds left ``None`` do not apply. String lengths count characters.
+    """
+
+    name: str
+    type: FieldType
+    required: bool = False
+    values: list[str] = []
+    format: FieldFormat = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    min_length: int | None = None
+    max_length: int | None = None
+    min_items: int | None = None
+    max_items: int | None = None
+
+
+class Question(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One prompt of a question interaction: choices, free text, or a typed field."""
+
+    text: str
+    header: str = ""
+    choices: list[str] = []
+    multiple: bool = False
+    custom: bool = False
+    field: Field | None = None
+
+    def field_value(self, values: list[str]) -> tuple[Any, bool]:
+        """Validate ``values`` (the answer to this question) against its field.
+
+        Returns ``(value, answered)``: the value the field sends (str, float,
+        int, bool or list[str]) and whether the field was answered at all (an
+        optional field may be left empty). Every bound is checked here, so an
+        invalid answer never reaches a provider. Raises :class:`Invalid`.
+        """
+        f = self.field
+        if f is None:
+            raise Invalid(f"question {self.text!r} has no form field")
+        present = [v for v in values if v != ""]
+        if not present:
+            if f.required:
+                raise Invalid(f"field {f.name!r} is required")
+            return None, False
+
+        def mapped(v: str) -> str:
+            # A choice label maps to its value; a raw value is accepted too.
+            if self.choices and f.values:
+                if v in self.choices:
+                    return f.values[self.choices.index(v)]
+                if v in f.values:
+                    return v
+                raise Invalid(f"field {f.name!r}: {v!r} is not one of {self.choices}")
+            if self.choices and v not in self.choices:
+                raise Invalid(f"field {f.name!r}: {v!r} is not one of {self.choices}")
+            return v
+
+        if f.type == "array":
+            chosen = [mapped(v) for v in present]
+            if len(set(chosen)) != len(chosen):
+                raise Invalid(f"field {f.name!r}: a choice is repeated")
+            if f.min_items is not None and len(chosen) < f.min_items:
+                raise Invalid(f"field {f.name!r} takes at least {f.min_items} choices")
+            if f.max_items is not None and len(chosen) > f.max_items:
+                raise Invalid(f"field {f.name!r} takes at most {f.max_items} choices")
+            return chosen, True
+        if len(present) != 1:
+            raise Invalid(f"field {f.name!r} takes exactly one value")
+        raw = present[0]
+        if f.type == "boolean":
+            truth = {"yes": True, "true": True, "no": False, "false": False}
+            v = raw.strip().lower()
+            if self.choices and raw in self.choices and f.values:
+                v = f.values[self.choices.index(raw)].lower()
+            if v not in truth:
+                raise Invalid(f"field {f.name!r} takes yes or no, not {raw!r}")
+            return truth[v], True
+        if f.type in ("number", "integer"):
+            text = mapped(raw).strip()
+            try:
+                num: float | int = int(text) if f.type == "integer" else float(text)
+            except ValueError:
+                raise Invalid(f"field {f.name!r} takes {'an integer' if f.type == 'integer' else 'a number'}, not {raw!r}") from None
+            if isinstance(num, float) and not math.isfinite(num):
+                raise Invalid(f"field {f.name!r} takes a finite number")
+            if f.minimum is not None and num < f.minimum:
+                raise Invalid(f"field {f.name!r} must be >= {f.minimum:g}")
+            if f.maximum is not None and num > f.maximum:
+                raise Invalid(f"field {f.name!r} must be <= {f.maximum:g}")
+            return num, True
+        text = mapped(raw)
+        if f.min_length is not None and len(text) < f.min_length:
+            raise Invalid(f"field {f.name!r} takes at least {f.min_length} characters")
+        if f.max_length is not None and len(text) > f.max_length:
+            raise Invalid(f"field {f.name!r} takes at most {f.max_length} characters")
+        if f.format and not _FORMAT_CHECKS[f.format](text):
+            raise Invalid(f"field {f.name!r} must be a valid {f.format}")
+        return text, True
+
+
+def _is_date(text: str) -> bool:
+    try:
+        _dt.date.fromisoformat(text)
+        return bool(re.fullmatch(r"\d{4}-\d{2}-\d{2}", text))
+    except ValueError:
+        return False
+
+
+def _is_datetime(text: str) -> bool:
+    try:
+        return _dt.datetime.fromisoformat(text.replace("Z", "+00:00")).tzinfo is not None
+    except ValueError:
+        return False
+
+
+_FORMAT_CHECKS = {
+    "email": lambda s: re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", s) is not None,
+    "uri": lambda s: re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*:[^\s]+", s) is not None,
+    "date": _is_date,
+    "date-time": _is_datetime,
+}
+
+
+class Elicitation(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Marks a question interaction standing for a structured request (a form or a link).
+
+    It is user data, never a permission, so yolo mode never answers it.
+    """
+
+    mode: Literal["form", "url"] = "form"
+    source: str = ""
+    url: str = ""
+
+
+PlanAction = Literal["autopilot", "interactive", "exit_only"]
+
+
+class PlanReview(msgspec.Struct, frozen=True, omit_defaults=True):
+    request_id: str
+    summary: str = ""
+    content: str = ""
+    actions: list[PlanAction] = []
+    recommended: PlanAction | None = None
+
+
+class Interaction(msgspec.Struct, omit_defaults=True):
+    """A provider request that needs a person: a permission, a question or a plan review.
+
+    ``options`` lists the decisions a permission accepts; ``questions`` the
+    prompts of a question (an answer has one entry per question). ``auto``
+    is set by the daemon, never a provider: yolo answered it.
+    """
+
+    id: str
+    kind: InteractionKind
+    title: str
+    detail: str = ""
+    options: list[Option] = []
+    questions: list[Question] = []
+    plan: PlanReview | None = None
+    elicitation: Elicitation | None = None
+    state: InteractionState = InteractionState.PENDING
+    resolution: str = ""
+    time: _dt.datetime | None = None
+    agent_id: str = ""
+    tool_call_id: str = ""
+    auto: bool = False
+
+
+class PlanAnswer(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Exactly one offered action, or nonblank feedback that refuses the plan."""
+
+    action: PlanAction | None = None
+    feedback: str = ""
+
+
+class Answer(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A response to an interaction.
+
+    Permissions set ``decision`` (an option id). Questions set ``answers``,
+    one list per question holding chosen choices and/or a custom text, or
+    ``reject`` to decline. ``cancel`` dismisses an elicitation. Plan reviews
+    set ``plan``.
+    """
+
+    decision: str = ""
+    answers: list[list[str]] = []
+    reject: bool = False
+    cancel: bool = False
+    plan: PlanAnswer | None = None
+
+
+class AnswerRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """An answer as journaled: who gave it (``auto`` = yolo) and when."""
+
+    interaction_id: str
+    answer: Answer
+    auto: bool = False
+    by: str = ""
+
+
+def validate_answer(interaction: Interaction, answer: Answer) -> None:
+    """Check that ``answer`` fits ``interaction``; raise :class:`Invalid` when it does not.
+
+    Permission: ``decision`` names one of its options. Question: either
+    ``reject``/``cancel``, or one answer list per question whose values are
+    offered choices or a custom text where custom text is allowed, and whose
+    form fields validate (:meth:`Question.field_value`). Plan review: one
+    offered action or nonblank feedback.
+    """
+    if interaction.kind is InteractionKind.PERMISSION:
+        if not answer.decision:
+            raise Invalid("a permission answer needs a decision (one of its option ids)")
+        if answer.decision not in {o.id for o in interaction.options}:
+            ids = ", ".join(o.id for o in interaction.options)
+            raise Invalid(f"unknown option {answer.decision!r}; choose one of: {ids}")
+        return
+    if interaction.kind is InteractionKind.PLAN_REVIEW:
+        p = answer.plan
+        if p is None:
+            raise Invalid("a plan review answer needs an action or feedback")
+        if (p.action is None) == (not p.feedback.strip()):
+            raise Invalid("a plan review answer takes exactly one action or nonblank feedback")
+        offered = interaction.plan.actions if interaction.plan else []
+        if p.action is not None and p.action not in offered:
+            raise Invalid(f"action {p.action!r} is not offered; choose one of: {', '.join(offered)}")
+        return
+    # question
+    if answer.reject or answer.cancel:
+        if answer.answers:
+            raise Invalid("an answer either rejects or answers, not both")
+        if answer.cancel and interaction.elicitation is None:
+            raise Invalid("only an elicitation can be cancelled")
+        return
+    if len(answer.answers) != len(interaction.questions):
+        raise Invalid(
+            f"expected {len(interaction.questions)} answer(s), one per question; got {len(answer.answers)}"
+        )
+    for q, values in zip(interaction.questions, answer.answers):
+        if q.field is not None:
+            q.field_value(values)
+            continue
+        if not values or all(v == "" for v in values):
+            raise Invalid(f"question {q.text!r} needs an answer")
+        custom = [v for v in values if v not in q.choices]
+        if custom and not q.custom:
+            raise Invalid(f"question {q.text!r} takes one of {q.choices}, not {custom[0]!r}")
+        if len(custom) > 1:
+            raise Invalid(f"question {q.text!r} takes at most one custom text")
+        if len(values) > 1 and not q.multiple:
+            raise Invalid(f"question {q.text!r} takes a single answer")
+
+
+# --------------------------------------------------------------------------- subagents, todos, usage
+
+
+class SubagentStatus(str, enum.Enum):
+    RUNNING = "running"
+    IDLE = "idle"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (SubagentStatus.COMPLETED, SubagentStatus.FAILED, SubagentStatus.CANCELLED)
+
+
+class SubagentRun(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One period of work of a subagent; ``trigger`` is spawn, agent or user."""
+
+    status: SubagentStatus
+    trigger: str = "spawn"
+    started_at: _dt.datetime | None = None
+    ended_at: _dt.datetime | None = None
+
+
+#: A reused subagent keeps at most this many runs: the first and the newest.
+MAX_SUBAGENT_RUNS = 50
+
+
+class Subagent(msgspec.Struct, omit_defaults=True):
+    """One agent instance the main agent delegated work to; its items carry ``agent_id == id``."""
+
+    id: str
+    name: str
+    status: SubagentStatus
+    description: str = ""
+    model: str = ""
+    parent_tool_call_id: str = ""
+    error: str = ""
+    started_at: _dt.datetime | None = None
+    ended_at: _dt.datetime | None = None
+    runs: list[SubagentRun] = []
+    tokens: int = 0
+    tool_calls: int = 0
+
+
+class Todo(msgspec.Struct, frozen=True, omit_defaults=True):
+    id: str
+    title: str
+    status: Literal["pending", "in_progress", "done", "blocked"] = "pending"
+    note: str = ""
+    agent_id: str = ""
+
+
+class TodoList(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The conversation's todo list; ``known`` is False when it could not be read."""
+
+    known: bool = True
+    todos: list[Todo] = []
+
+
+class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a conversation consumed so far: a total, never an increment.
+
+    ``ai_units`` is the provider's own unit (Copilot AI units); ``cost_usd``
+    is present when the provider reports money.
+    """
+
+    ai_units: float = 0.0
+    cost_usd: float | None = None
+
+
+class TokenUsage(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One model call. ``input`` includes cache reads and writes."""
+
+    model: str = ""
+    input: int = 0
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    duration_ms: int = 0
+    cost_usd: float | None = None
+
+
+class Context(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The provider's latest context-window report (tokens), not an estimate."""
+
+    used: int
+    limit: int
+    prompt: int = 0
+    cached: int = 0
+
+
+class Retry(msgspec.Struct, frozen=True, omit_defaults=True):
+    count: int
+    reason: str = ""
+    status: int = 0
+
+
+class Activity(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The main agent's live state in the running turn; never journaled."""
+
+    intent: str = ""
+    retry: Retry | None = None
+    phase: str = ""
+
+
+class ModelSelection(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Provider-confirmed model settings; ``None`` fields were not reported."""
+
+    model: str
+    effort: str | None = None
+
+
+class Model(msgspec.Struct, frozen=True, omit_defaults=True):
+    id: str
+    name: str = ""
+    efforts: list[str] = []
+
+
+# --------------------------------------------------------------------------- events
+
+
+class _Event(msgspec.Struct, frozen=True, omit_defaults=True, tag_field="type"):
+    #: durable events are journaled before they are published; the rest go live only
+    durable: ClassVar[bool] = True
+
+
+class ItemEvent(_Event, tag="item"):
+    """Upserts a transcript item."""
+
+    item: Item
+
+
+class DeltaEvent(_Event, tag="delta"):
+    """Streamed text for an item; live only, a snapshot rebuilds it."""
+
+    durable: ClassVar[bool] = False
+    delta: Delta
+
+
+class TurnEvent(_Event, tag="turn"):
+    turn: Turn
+
+
+class InteractionEvent(_Event, tag="interaction"):
+    """Upserts an interaction by id (pending, then answered/rejected/expired)."""
+
+    interaction: Interaction
+
+
+class AnswerEvent(_Event, tag="answer"):
+    """The daemon's record of an answer given (by a person, or ``auto`` by yolo)."""
+
+    answer: AnswerRecord
+
+
+class ExitEvent(_Event, tag="exit"):
+    """The runtime or the conversation became unusable; ``error`` says why."""
+
+    error: str
+
+
+class TitleEvent(_Event, tag="title"):
+    title: str
+
+
+class SubagentEvent(_Event, tag="subagent"):
+    subagent: Subagent
+
+
+class ContextEvent(_Event, tag="context"):
+    durable: ClassVar[bool] = False
+    context: Context
+
+
+class UsageEvent(_Event, tag="usage"):
+    usage: Usage
+
+
+class TokensEvent(_Event, tag="tokens"):
+    tokens: TokenUsage
+
+
+class CompactionEvent(_Event, tag="compaction"):
+    compacting: bool
+    background: bool = False
+
+
+class ActivityEvent(_Event, tag="activity"):
+    durable: ClassVar[bool] = False
+    activity: Activity
+
+
+class TodosEvent(_Event, tag="todos"):
+    durable: ClassVar[bool] = False
+    todos: TodoList
+
+
+class ModelSelectionEvent(_Event, tag="model_selection"):
+    selection: ModelSelection
+
+
+Event = Union[
+    ItemEvent,
+    DeltaEvent,
+    TurnEvent,
+    InteractionEvent,
+    AnswerEvent,
+    ExitEvent,
+    TitleEvent,
+    SubagentEvent,
+    ContextEvent,
+    UsageEvent,
+    TokensEvent,
+    CompactionEvent,
+    ActivityEvent,
+    TodosEvent,
+    ModelSelectionEvent,
+]
+"""One adapter notification; the ``type`` tag names the kind and the one payload it carries."""
+
+
+# --------------------------------------------------------------------------- provider protocols
+
+
+class Prompt(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One user message as typed, plus attachments the daemon already checked."""
+
+    text: str
+    attachments: list[Attachment] = []
+
+
+@runtime_checkable
+class EventSink(Protocol):
+    """Receives a conversation's events. ``emit`` never blocks and never raises."""
+
+    def emit(self, event: Event) -> None: ...
+
+
+class OpenRequest(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a provider needs to create (``conversation_id`` empty) or reopen a conversation."""
+
+    workdir: str
+    conversation_id: str = ""
+    title: str = ""
+    model: str = ""
+    effort: str = ""
+
+
+class HistoryRecord(msgspec.Struct, omit_defaults=True):
+    """A conversation's provider-recorded transcript, oldest first."""
+
+    items: list[Item] = []
+    subagents: list[Subagent] = []
+    usage: Usage | None = None
+    model: str = ""
+
+
+class PreviousConversation(msgspec.Struct, frozen=True, omit_defaults=True):
+    id: str
+    title: str = ""
+    workdir: str = ""
+    created_at: _dt.datetime | None = None
+    updated_at: _dt.datetime | None = None
+
+
+@runtime_checkable
+class Conversation(Protocol):
+    """One open provider conversation, owned by the daemon.
+
+    Every method bounds only its own call: a turn goes on after ``send``
+    returns. Methods raise :class:`Closed` after ``close`` or after the
+    runtime exited.
+    """
+
+    @property
+    def id(self) -> str:
+        """The exact provider conversation id to persist."""
+        ...
+
+    async def send(self, prompt: Prompt) -> None:
+        """Start a turn with ``prompt``; return once the provider accepted it.
+
+        Raises :class:`Busy` if a turn runs (a provider never folds a prompt
+        into a running turn), :class:`SubmissionUncertain` when the outcome
+        is unknown (never resent).
+        """
+        ...
+
+    async def steer(self, prompt: Prompt) -> None:
+        """Add ``prompt`` to the running turn; :class:`Unsupported` if the provider cannot."""
+        ...
+
+    async def cancel(self) -> None:
+        """Abort the running turn; the conversation stays open."""
+        ...
+
+    async def respond(self, interaction_id: str, answer: Answer) -> None:
+        """Answer a pending interaction; :class:`InteractionGone` if it is not pending."""
+        ...
+
+    async def history(self) -> HistoryRecord:
+        """The provider-recorded transcript; :class:`Unsupported` without history."""
+        ...
+
+    async def set_model(self, model: str, effort: str = "") -> None:
+        """Apply a model from the next turn on; :class:`Unsupported` when impossible."""
+        ...
+
+    async def set_title(self, title: str) -> None:
+        """Name the conversation in the provider's store; :class:`Unsupported` when impossible."""
+        ...
+
+    async def close(self) -> None:
+        """Disconnect without deleting. Pending interactions end with no answer fabricated."""
+        ...
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """Creates and reopens conversations on one provider runtime.
+
+    The daemon runs :meth:`run` in its nursery for the provider's whole life;
+    the provider starts its runtime lazily and owns every task it needs in
+    that nursery. Cancelling :meth:`run` shuts the provider down: it stops
+    the runtimes it started, never one it did not start.
+    """
+
+    name: str
+    display_name: str
+
+    def capabilities(self) -> Capabilities: ...
+
+    async def run(self, *, task_status: Any = ...) -> None:
+        """Serve until cancelled; ``task_status.started()`` once ready for ``open``."""
+        ...
+
+    async def check(self) -> None:
+        """Raise :class:`RuntimeUnavailable` (text shown to the user) if the runtime is unusable."""
+        ...
+
+    async def models(self) -> list[Model]:
+        """Selectable models; :class:`Unsupported` when only the default is offered."""
+        ...
+
+    async def open(self, request: OpenRequest, sink: EventSink) -> Conversation:
+        """Create, or reopen exactly ``request.conversation_id``.
+
+        Raises :class:`ConversationNotFound` when that id no longer exists;
+        the caller never creates a replacement.
+        """
+        ...
+
+
+@runtime_checkable
+class Importer(Protocol):
+    """A provider whose ``capabilities().import_`` is True."""
+
+    async def previous(self, workdir: str) -> list[PreviousConversation]: ...
+
+
+class Account(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A runtime's sign-in; never carries a credential."""
+
+    signed_in: bool
+    login: str = ""
+    source: str = ""
+    env_var: str = ""
+    message: str = ""
+
+
+@runtime_checkable
+class AccountReader(Protocol):
+    """A provider whose ``capabilities().account`` is True."""
+
+    async def account(self) -> Account: ...
