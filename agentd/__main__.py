@@ -1,0 +1,89 @@
+"""``agentd``: run the daemon, check its config, install its systemd user units.
+
+Exit codes: 0 stopped cleanly; 1 could not start (another agentd holds the
+state dir, the socket is in use); 78 the config is broken (EX_CONFIG).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+
+
+def _load(config_path: Path | None):  # -> (Config, Paths)
+    from .config import EXIT_CONFIG, ConfigError, load_config
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        click.echo(f"agentd: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    return config, config.resolved_paths()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="agentd")
+def cli() -> None:
+    """agentd: a supervisor daemon for AI coding-agent runtimes."""
+
+
+@cli.command()
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="AGENTD_CONFIG",
+              help="agentd.toml to load (default: the user config dir's agentd.toml, if any).")
+def run(config_path: Path | None) -> None:
+    """Run the daemon in the foreground until SIGTERM or SIGINT."""
+    config, paths = _load(config_path)
+    from .logs import configure_logging
+
+    configure_logging(config.log.level, config.log.format)
+    from .leases import AlreadyRunning, DaemonLock
+
+    paths.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        lock = DaemonLock.acquire(paths.state_dir)
+    except AlreadyRunning as exc:
+        click.echo(f"agentd: {exc.message}", err=True)
+        sys.exit(1)
+    import trio
+
+    from .daemon import serve
+
+    try:
+        trio.run(serve, config, paths)
+    except OSError as exc:
+        click.echo(f"agentd: {exc}", err=True)
+        sys.exit(1)
+    finally:
+        lock.release()
+
+
+@cli.command("check-config")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="AGENTD_CONFIG")
+def check_config(config_path: Path | None) -> None:
+    """Load the config, print the resolved paths, exit 78 if it is broken."""
+    config, paths = _load(config_path)
+    click.echo(f"state_dir: {paths.state_dir}\nsocket:    {paths.socket}\nconfig ok")
+
+
+@cli.command("install-units")
+@click.option("--dest", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Where to write the units (default ~/.config/systemd/user).")
+def install_units(dest: Path | None) -> None:
+    """Write agentd.service and agentd.socket as systemd user units."""
+    from .systemd import install_units as _install
+
+    for path in _install(dest):
+        click.echo(str(path))
+    click.echo("now: systemctl --user daemon-reload && systemctl --user enable --now agentd.socket", err=True)
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Small file-system helpers shared by the journal and the lease store.
+
+Everything here is synchronous and blocking; callers on the trio thread keep
+the calls short (one small file) or move them to a worker thread.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import secrets
+
+#: State directories hold prompts and transcripts: owner only.
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+# Names that are safe as one path component: no separator, no leading dot (so no "..", no hidden or temp file).
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
+
+
+def is_safe_name(name: str) -> bool:
+    """Whether ``name`` (a conversation id, a lease key) can name a directory under a state dir."""
+    return _SAFE_NAME.match(name) is not None
+
+
+def make_dirs(path: pathlib.Path) -> None:
+    """Create ``path`` and missing parents with mode 0700; an existing directory is left as it is.
+
+    A directory it creates is made durable in its parent (fsync), so files
+    later fsynced inside it cannot vanish with it after a crash.
+    """
+    if os.path.isdir(path):
+        return
+    os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+    fsync_dir(pathlib.Path(path).parent)
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """``os.write`` until every byte of ``data`` is written (regular files may write short)."""
+    n = os.write(fd, data)
+    if n == len(data):
+        return
+    view = memoryview(data)
+    while n < len(view):
+        n += os.write(fd, view[n:])
+
+
+def fsync_dir(path: pathlib.Path) -> None:
+    """fsync a directory, so a rename or unlink in it survives a crash."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: pathlib.Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so a reader (or a crash) sees the old or the new content, never a mix.
+
+    Writes a temporary file in the same directory (mode 0600), fsyncs it,
+    renames it over ``path`` and fsyncs the directory. The directory must
+    exist. Raises ``OSError``; the temporary file is removed on failure.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    try:
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)

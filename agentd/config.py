@@ -1,0 +1,514 @@
+"""agentd.toml as msgspec Structs, and the paths the daemon uses.
+
+The schema is the Structs below: every section forbids unknown keys, so a typo
+is an error naming the key, never a silently ignored setting. ``conf/agentd.toml``
+in the repository lists every key at its default.
+
+Imports msgspec, platformdirs and the standard library, plus
+:mod:`agentd.providers.script` for its ``ScriptConfig`` (which brings trio and
+structlog): a client that only needs the socket path should not import this.
+
+Paths: every path key left empty takes a platformdirs default, and the
+environment variables ``AGENTD_STATE_DIR``, ``AGENTD_RUNTIME_DIR`` and
+``AGENTD_SOCKET`` override the file (see :meth:`Config.resolved_paths`).
+Paths written in the file must be absolute or start with ``~``.
+
+Secrets never appear in the config: ``providers.copilot.byok.api_key_env``
+names the environment variable that holds the key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import pathlib
+import re
+import tomllib
+import types
+import typing
+import warnings
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+import msgspec
+import platformdirs
+
+__all__ = [
+    "APP_NAME",
+    "EXIT_CONFIG",
+    "AcpAgentConfig",
+    "ByokConfig",
+    "ClaudeConfig",
+    "Config",
+    "ConfigError",
+    "CopilotConfig",
+    "DaemonConfig",
+    "InteractionsConfig",
+    "JournalConfig",
+    "LeasesConfig",
+    "LogConfig",
+    "Paths",
+    "ProvidersConfig",
+    "RuntimesConfig",
+    "ScriptConfig",
+    "ServerConfig",
+    "WebSocketConfig",
+    "default_config_path",
+    "load_config",
+    "parse_config",
+]
+
+APP_NAME = "agentd"
+
+#: Process exit status for a configuration that cannot be loaded (sysexits EX_CONFIG).
+#: The systemd unit lists it in RestartPreventExitStatus, so a broken file is not retried.
+EXIT_CONFIG = 78
+
+#: Environment variables that override the file's paths.
+ENV_STATE_DIR = "AGENTD_STATE_DIR"
+ENV_RUNTIME_DIR = "AGENTD_RUNTIME_DIR"
+ENV_SOCKET = "AGENTD_SOCKET"
+
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0)]
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+Environment = dict[EnvName, str]
+
+
+class ConfigError(Exception):
+    """agentd.toml cannot be read, parsed or validated.
+
+    ``str(err)`` is one line naming the file and the key path, e.g.
+    ``agentd.toml: journal.fsync: Invalid enum value 'sometimes'`` or
+    ``agentd.toml: unknown key server.max_frame_byte``; TOML syntax errors read
+    ``agentd.toml:3:9: TOML syntax error: ...``. Attributes: ``path`` (the file,
+    or None), ``key`` (dotted key path, "" when not about one key), ``reason``,
+    and ``line`` / ``column`` (1-based, syntax errors only). A daemon exits with
+    :data:`EXIT_CONFIG` on it.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        path: pathlib.Path | None = None,
+        key: str = "",
+        line: int | None = None,
+        column: int | None = None,
+        unknown: bool = False,
+    ) -> None:
+        self.path = path
+        self.key = key
+        self.reason = reason
+        self.line = line
+        self.column = column
+        where = str(path) if path is not None else "config"
+        if line is not None:
+            where = f"{where}:{line}:{column}"
+        if unknown:
+            text = f"{where}: unknown key {key}" + (f" ({reason})" if reason else "")
+        elif key:
+            text = f"{where}: {key}: {reason}"
+        else:
+            text = f"{where}: {reason}"
+        super().__init__(text)
+
+
+def _check_path(value: str, key: str) -> None:
+    if value and not (value.startswith("~") or os.path.isabs(value)):
+        raise ValueError(f"{key} must be an absolute path or start with ~, not {value!r}")
+
+
+# --------------------------------------------------------------------------- sections
+
+
+class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class DaemonConfig(_Section):
+    """[daemon]: where the daemon keeps its state and socket, and how it stops."""
+
+    #: journal, conversation records and the lock file; "" = platformdirs user_state_dir("agentd")
+    state_dir: str = ""
+    #: socket and WebSocket token; "" = platformdirs user_runtime_dir("agentd")
+    runtime_dir: str = ""
+    #: control socket path; "" = <runtime_dir>/agentd.sock
+    socket: str = ""
+    #: seconds a stopping daemon gives runtimes to exit before killing them
+    shutdown_grace_s: NonNegFloat = 5.0
+
+    def __post_init__(self) -> None:
+        _check_path(self.state_dir, "state_dir")
+        _check_path(self.runtime_dir, "runtime_dir")
+        _check_path(self.socket, "socket")
+
+
+class JournalConfig(_Section):
+    """[journal]: durability of the per-conversation event journal."""
+
+    #: always = fsync each record; batch = group commit every batch_ms; never = leave it to the OS
+    fsync: Literal["always", "batch", "never"] = "batch"
+    #: group-commit window in milliseconds (fsync = "batch" only)
+    batch_ms: NonNegFloat = 5.0
+
+
+class LeasesConfig(_Section):
+    """[leases]: conversation leases held by the running daemon."""
+
+    #: seconds a lease lives without renewal; renewed well before it expires
+    ttl_s: PosFloat = 30.0
+
+
+class ServerConfig(_Section):
+    """[server]: the control socket front."""
+
+    #: largest incoming frame in bytes; a bigger one is an error and closes that connection
+    max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1 << 20
+    #: frames queued per connection before the subscriber gets `lagged` and must resubscribe
+    subscriber_buffer: Annotated[int, msgspec.Meta(ge=1)] = 4096
+    #: concurrent client connections (socket and WebSocket together)
+    max_connections: Annotated[int, msgspec.Meta(ge=1)] = 1024
+
+
+class WebSocketConfig(_Section):
+    """[websocket]: the optional WebSocket gateway (same frames, bearer token)."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    #: TCP port; 0 = any free port (the daemon logs the one it got)
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8765
+    #: file holding the bearer token, created 0600 if missing; "" = <runtime_dir>/ws-token
+    token_file: str = ""
+
+    def __post_init__(self) -> None:
+        _check_path(self.token_file, "token_file")
+
+
+class LogConfig(_Section):
+    """[log]: logging to stderr."""
+
+    level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    #: auto = JSON lines when stderr is not a terminal or under systemd, else console
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+class InteractionsConfig(_Section):
+    """[interactions]: pending permission requests, questions and plan reviews."""
+
+    #: seconds an interaction may stay pending; 0 = never expires
+    timeout_s: NonNegFloat = 0.0
+    #: deny = answer with the reject option on timeout; leave = keep it pending (only logged)
+    on_timeout: Literal["deny", "leave"] = "deny"
+
+
+class RuntimesConfig(_Section):
+    """[runtimes]: supervision of provider runtime processes."""
+
+    #: first delay before restarting a runtime that exited, doubled on each failure
+    restart_backoff_initial_s: NonNegFloat = 1.0
+    #: ceiling of that delay
+    restart_backoff_max_s: NonNegFloat = 60.0
+    #: seconds a running turn may go without any event before its runtime counts as hung; 0 = off
+    hang_timeout_s: NonNegFloat = 0.0
+
+    def __post_init__(self) -> None:
+        if self.restart_backoff_max_s < self.restart_backoff_initial_s:
+            raise ValueError("restart_backoff_max_s must be >= restart_backoff_initial_s")
+
+
+# --------------------------------------------------------------------------- providers
+
+
+try:
+    # The script provider owns its section's schema (same fields as the fallback below).
+    from .providers.script import ScriptConfig
+except ImportError:  # pragma: no cover - only while the provider module is absent
+
+    class ScriptConfig(msgspec.Struct, forbid_unknown_fields=True):  # type: ignore[no-redef]
+        """[providers.script]: the in-process script provider."""
+
+        enabled: bool = True
+        #: directory of *.toml scripts; "" = <state_dir>/scripts
+        scripts_dir: str = ""
+        #: script played when a conversation names none; "" = the built-in echo
+        default_script: str = ""
+
+
+class ByokConfig(_Section, kw_only=True):
+    """[providers.copilot.byok]: bring-your-own-key model provider (no GitHub account needed).
+
+    ``api_key_env`` is the NAME of the environment variable holding the key;
+    the key itself is read at runtime start and never stored, logged or echoed.
+    """
+
+    type: Literal["openai", "azure", "anthropic"]
+    base_url: Annotated[str, msgspec.Meta(min_length=1)]
+    #: "" = the endpoint needs no key (a local model server)
+    api_key_env: Annotated[str, msgspec.Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")] = ""
+    wire_api: Literal["completions", "responses"] = "completions"
+    model: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class CopilotConfig(_Section):
+    """[providers.copilot]: GitHub Copilot CLI through github-copilot-sdk."""
+
+    enabled: bool = True
+    #: path of the `copilot` executable; "" = the SDK's bundled CLI, else `copilot` on PATH
+    cli_path: str = ""
+    #: default model for new conversations; "" = the runtime's default
+    model: str = ""
+    #: extra environment for the CLI process
+    env: Environment = {}
+    #: COPILOT_HOME for the CLI (its config and session state); "" = the CLI's default
+    copilot_home: str = ""
+    byok: ByokConfig | None = None
+
+
+class ClaudeConfig(_Section):
+    """[providers.claude]: Claude Code through claude-agent-sdk."""
+
+    enabled: bool = True
+    #: path of the `claude` executable; "" = the one bundled in the SDK wheel
+    cli_path: str = ""
+    #: default model for new conversations; "" = the runtime's default
+    model: str = ""
+    #: extra environment for the CLI process
+    env: Environment = {}
+
+
+class AcpAgentConfig(_Section):
+    """[providers.acp.<name>]: one Agent Client Protocol agent, spoken to over its stdio."""
+
+    #: argv of the agent, e.g. ["gemini", "--experimental-acp"]
+    command: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(min_length=1)]
+    #: extra environment for the agent process
+    env: Environment = {}
+    #: workdir = start the agent process in the conversation's working directory;
+    #: shared = one process for all conversations, cwd passed per session only
+    cwd_policy: Literal["workdir", "shared"] = "workdir"
+    enabled: bool = True
+
+
+class ProvidersConfig(_Section):
+    """[providers]: one table per provider; acp holds one table per configured agent."""
+
+    script: ScriptConfig = msgspec.field(default_factory=ScriptConfig)
+    copilot: CopilotConfig = msgspec.field(default_factory=CopilotConfig)
+    claude: ClaudeConfig = msgspec.field(default_factory=ClaudeConfig)
+    acp: dict[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")], AcpAgentConfig] = {}
+
+
+# --------------------------------------------------------------------------- root
+
+
+class Paths(msgspec.Struct, frozen=True):
+    """Absolute paths with defaults and environment overrides applied."""
+
+    state_dir: pathlib.Path
+    runtime_dir: pathlib.Path
+    socket: pathlib.Path
+    token_file: pathlib.Path
+
+
+def _env_path(environ: Mapping[str, str], name: str) -> pathlib.Path | None:
+    value = environ.get(name, "")
+    return pathlib.Path(value).expanduser().absolute() if value else None
+
+
+def _file_path(value: str) -> pathlib.Path | None:
+    return pathlib.Path(value).expanduser() if value else None
+
+
+class Config(_Section):
+    """The whole agentd.toml; ``Config()`` is every default."""
+
+    daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
+    journal: JournalConfig = msgspec.field(default_factory=JournalConfig)
+    leases: LeasesConfig = msgspec.field(default_factory=LeasesConfig)
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    websocket: WebSocketConfig = msgspec.field(default_factory=WebSocketConfig)
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
+    interactions: InteractionsConfig = msgspec.field(default_factory=InteractionsConfig)
+    runtimes: RuntimesConfig = msgspec.field(default_factory=RuntimesConfig)
+    providers: ProvidersConfig = msgspec.field(default_factory=ProvidersConfig)
+
+    def resolved_paths(self, environ: Mapping[str, str] | None = None) -> Paths:
+        """The daemon's paths, absolute, ``~`` expanded; creates nothing.
+
+        Precedence per path: environment (``AGENTD_STATE_DIR``,
+        ``AGENTD_RUNTIME_DIR``, ``AGENTD_SOCKET``; empty = unset; relative values
+        are taken from the current directory), then the file, then the default:
+        state_dir = platformdirs user_state_dir("agentd"), runtime_dir =
+        user_runtime_dir("agentd"), socket = <runtime_dir>/agentd.sock,
+        token_file = <runtime_dir>/ws-token. ``environ`` defaults to os.environ.
+        """
+        env = os.environ if environ is None else environ
+        d = self.daemon
+        state = _env_path(env, ENV_STATE_DIR) or _file_path(d.state_dir)
+        if state is None:
+            state = pathlib.Path(platformdirs.user_state_dir(APP_NAME))
+        runtime = _env_path(env, ENV_RUNTIME_DIR) or _file_path(d.runtime_dir)
+        if runtime is None:
+            with warnings.catch_warnings():
+                # Without XDG_RUNTIME_DIR platformdirs falls back to /tmp/runtime-<uid> and warns.
+                warnings.simplefilter("ignore")
+                runtime = pathlib.Path(platformdirs.user_runtime_dir(APP_NAME))
+        sock = _env_path(env, ENV_SOCKET) or _file_path(d.socket) or runtime / "agentd.sock"
+        token = _file_path(self.websocket.token_file) or runtime / "ws-token"
+        return Paths(state_dir=state, runtime_dir=runtime, socket=sock, token_file=token)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def default_config_path() -> pathlib.Path:
+    """<platformdirs user_config_dir("agentd")>/agentd.toml, e.g. ~/.config/agentd/agentd.toml."""
+    return pathlib.Path(platformdirs.user_config_dir(APP_NAME)) / "agentd.toml"
+
+
+def load_config(path: pathlib.Path | None = None) -> Config:
+    """Read and validate agentd.toml.
+
+    ``path`` None means :func:`default_config_path` when that file exists, else
+    ``Config()`` (all defaults). An explicit path must exist. Raises
+    :class:`ConfigError` for a missing or unreadable file, invalid UTF-8, a TOML
+    syntax error (with line and column), an unknown key, or a value of the
+    wrong type or out of range (with its dotted key path).
+    """
+    if path is None:
+        path = default_config_path()
+        if not path.is_file():
+            return Config()
+    path = pathlib.Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError("file not found", path=path) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror or e}", path=path) from None
+    return parse_config(raw, path=path)
+
+
+_SYNTAX_AT = re.compile(r"^(?P<msg>.*) \(at line (?P<line>\d+), column (?P<col>\d+)\)$", re.S)
+
+
+def parse_config(text: bytes | str, *, path: pathlib.Path | None = None) -> Config:
+    """Validate TOML text as a :class:`Config`; ``path`` only names it in errors.
+
+    Equivalent to ``msgspec.toml.decode(text, type=Config)``, with errors turned
+    into :class:`ConfigError`.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"not UTF-8 (byte {e.start})", path=path) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = _SYNTAX_AT.match(str(e))
+        if m:
+            raise ConfigError(
+                f"TOML syntax error: {m['msg']}", path=path, line=int(m["line"]), column=int(m["col"])
+            ) from None
+        raise ConfigError(f"TOML syntax error: {e}", path=path) from None
+    try:
+        return msgspec.convert(data, Config)
+    except msgspec.ValidationError as e:
+        raise _validation_error(str(e), data, path) from None
+
+
+# --------------------------------------------------------------------------- error paths
+
+_AT = re.compile(r"^(?P<msg>.*?) - at (?:`key` in )?`(?P<path>\$[^`]*)`$", re.S)
+_KEY_IN = re.compile(r" - at `key` in `")
+_SEGMENT = re.compile(r"\.([^.\[]+)|\[(\.\.\.|\d+)\]")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]*)`$")
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _toml_key(name: str) -> str:
+    return name if _BARE_KEY.match(name) else '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _unwrap(tp: Any) -> Any:
+    """Strip Annotated and Optional from a type annotation."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+def _fails(value: Any, tp: Any) -> bool:
+    try:
+        msgspec.convert(value, tp)
+    except msgspec.ValidationError:
+        return True
+    return False
+
+
+def _validation_error(message: str, data: Any, path: pathlib.Path | None) -> ConfigError:
+    """Turn msgspec's ``... - at `$.a[...].b``` into a ConfigError with a TOML key path.
+
+    msgspec writes dict keys as ``[...]``; they are found again by validating
+    each entry of that table against its value type.
+    """
+    in_key = bool(_KEY_IN.search(message))
+    m = _AT.match(message)
+    reason, jpath = (m["msg"], m["path"]) if m else (message, "$")
+    parts: list[str] = []
+    node: Any = data
+    tp: Any = Config
+    for seg in _SEGMENT.finditer(jpath[1:]):
+        name, index = seg.group(1), seg.group(2)
+        if name is not None:
+            parts.append(_toml_key(name))
+            node = node.get(name) if isinstance(node, dict) else None
+            hints = typing.get_type_hints(tp, include_extras=True) if isinstance(tp, type) else {}
+            tp = _unwrap(hints.get(name, Any))
+        elif index == "...":
+            args = typing.get_args(tp)
+            vtype = args[1] if len(args) == 2 else Any
+            found = None
+            if isinstance(node, dict):
+                found = next((k for k, v in node.items() if _fails(v, vtype)), None)
+            parts.append(_toml_key(found) if found is not None else "<?>")
+            node = node.get(found) if found is not None else None
+            tp = _unwrap(vtype)
+        else:
+            parts[-1] += f"[{index}]"
+            node = node[int(index)] if isinstance(node, list) and int(index) < len(node) else None
+            args = typing.get_args(tp)
+            tp = _unwrap(args[0]) if args else Any
+    if in_key:
+        # The offending item is a key of the table at the path: find it.
+        args = typing.get_args(tp)
+        ktype = args[0] if args else str
+        bad = next((k for k in node if _fails(k, ktype)), None) if isinstance(node, dict) else None
+        if bad is not None:
+            parts.append(_toml_key(bad))
+            reason = f"invalid key name ({reason.replace('Expected `str` matching', 'must match')})"
+    u = _UNKNOWN.match(reason)
+    if u:
+        parts.append(_toml_key(u["name"]))
+        hint = ""
+        if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+            close = difflib.get_close_matches(u["name"], tp.__struct_fields__, n=1)
+            hint = f"did you mean {close[0]}?" if close else ""
+        return ConfigError(hint, path=path, key=".".join(parts), unknown=True)
+    if parts and parts[-1] == "api_key_env":
+        reason = "must be the NAME of the environment variable holding the key (e.g. OPENAI_API_KEY), not the key"
+    mm = _MISSING.match(reason)
+    if mm:
+        parts.append(_toml_key(mm["name"]))
+        reason = "missing required key"
+    return ConfigError(reason, path=path, key=".".join(parts))

@@ -1,0 +1,742 @@
+"""The conversation service: records, turns, interactions and their policies.
+
+Owns every conversation the daemon knows: its record on disk, its journal,
+its lease, the provider conversation behind it, and the in-flight turn. It
+knows nothing of sockets: it publishes records through the :class:`~agentd.hub.Hub`.
+
+Rules kept here (from the provider contract):
+
+* A conversation belongs to the daemon. A client that goes away leaves its
+  turn running.
+* A prompt is journaled and the record marks the turn active *before* the
+  prompt reaches the provider; after a crash the turn is recorded as
+  ``run_interrupted`` and the prompt is never resent.
+* Nobody answers an interaction on the user's behalf, except yolo mode, which
+  answers permission requests only, only with the allow-once option, and the
+  journal says it was automatic. A pending interaction may expire by policy
+  (``interactions.timeout_s``): it is then denied, recorded ``by: timeout``.
+* ``SubmissionUncertain`` is surfaced to the caller and never retried.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import secrets
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+import trio
+
+from . import contract as c
+from . import wire
+from .hub import Hub
+from .journal import FsyncPolicy, Journal, JournalStore
+
+if TYPE_CHECKING:
+    from .leases import LeaseStore
+    from .runtimes import Runtimes
+
+log = structlog.get_logger("agentd.conversations")
+
+_S = wire.ConversationState
+_record_decoder = msgspec.json.Decoder(wire.ConversationRecord)
+_json = msgspec.json.Encoder()
+
+#: How long ``send(if_busy="interrupt")`` waits for the cancelled turn to end, seconds.
+INTERRUPT_WAIT_S = 10.0
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_id(prefix: str) -> str:
+    """A short random id: ``prefix`` + 12 hex digits (48 bits)."""
+    return prefix + secrets.token_hex(6)
+
+
+def _payload(event: c.Event) -> tuple[str, bytes]:
+    """(record type, encoded payload) of a provider event."""
+    tag = type(event).__struct_config__.tag
+    fields = type(event).__struct_fields__
+    if len(fields) == 1:
+        return tag, _json.encode(getattr(event, fields[0]))
+    return tag, _json.encode({f: getattr(event, f) for f in fields})
+
+
+class _Sink:
+    """The EventSink a provider conversation reports through: never blocks.
+
+    The channel is unbounded on purpose: a provider may not be slowed down,
+    and every durable event must reach the journal. Memory stays bounded by
+    what one turn of a provider produces; subscribers are bounded separately.
+    """
+
+    def __init__(self, live: "_Live") -> None:
+        self._live = live
+
+    def emit(self, event: c.Event) -> None:
+        try:
+            self._live.events_in.send_nowait(event)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            log.debug("conversation.event_after_close", conversation=self._live.record.id)
+
+
+class _Live:
+    """The in-memory side of one loaded conversation."""
+
+    def __init__(self, record: wire.ConversationRecord, journal: Journal) -> None:
+        self.record = record
+        self.journal = journal
+        self.conv: c.Conversation | None = None
+        self.events_in, self.events_out = trio.open_memory_channel[c.Event](math.inf)
+        self.sink = _Sink(self)
+        self.published_seq = journal.last_seq
+        self.pending: dict[str, c.Interaction] = {}
+        self.items: dict[str, wire.InFlightItem] = {}
+        self.todos: c.TodoList | None = None
+        self.activity: c.Activity | None = None
+        self.context: c.Context | None = None
+        self.usage: c.Usage | None = None
+        self.queue: deque[tuple[str, str]] = deque()  # (run, text)
+        self.turn_done = trio.Event()
+        self.turn_done.set()
+        self.open_lock = trio.Lock()
+        self.send_lock = trio.Lock()
+
+    @property
+    def run(self) -> str:
+        return self.record.active_run
+
+
+class ConversationService:
+    """Every conversation of this daemon; see the module docstring for the rules.
+
+    Methods raise the contract's errors (:class:`~agentd.contract.NotFound`,
+    :class:`~agentd.contract.Busy`, :class:`~agentd.contract.Invalid`,
+    :class:`~agentd.contract.Closed`, :class:`~agentd.contract.InteractionGone`,
+    :class:`~agentd.contract.SubmissionUncertain`, ...), which the server maps
+    one to one to wire error codes.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: JournalStore,
+        leases: "LeaseStore",
+        runtimes: "Runtimes",
+        hub: Hub,
+        fsync: FsyncPolicy = FsyncPolicy.BATCH,
+        interaction_timeout_s: float = 0.0,
+        owner: str = "",
+    ) -> None:
+        self.store = store
+        self.leases = leases
+        self.runtimes = runtimes
+        self.hub = hub
+        self.fsync = fsync
+        self.interaction_timeout_s = interaction_timeout_s
+        self.owner = owner
+        self._records: dict[str, wire.ConversationRecord] = {}
+        self._live: dict[str, _Live] = {}
+        self._nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Load records, recover interrupted turns, then serve until cancelled.
+
+        On cancellation, open provider conversations are closed (shielded, a
+        few seconds at most); journals are flushed by the store's owner.
+        """
+        self._load_records()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._recover()
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True) as scope:
+                    scope.deadline = trio.current_time() + 5
+                    for live in list(self._live.values()):
+                        if live.conv is not None:
+                            try:
+                                await live.conv.close()
+                            except Exception:
+                                log.exception("conversation.close_failed", conversation=live.record.id)
+                    # Leave the lease to expire? No: release it, we stopped cleanly.
+                    for cid in list(self._live):
+                        try:
+                            self.leases.release(cid)
+                        except Exception:
+                            log.exception("lease.release_failed", conversation=cid)
+
+    def _load_records(self) -> None:
+        for cid in self.store.ids():
+            data = self.store.read_record(cid)
+            if data is None:
+                continue
+            try:
+                self._records[cid] = _record_decoder.decode(data)
+            except msgspec.DecodeError as exc:
+                log.error("conversation.record_unreadable", conversation=cid, error=str(exc))
+
+    async def _recover(self) -> None:
+        """Take over conversations whose turn was running when a previous daemon died."""
+        for record in list(self._records.values()):
+            if not record.active_run:
+                continue
+            live = await self._load(record.id)
+            run = record.active_run
+            log.warning("turn.interrupted", conversation=record.id, run=run)
+            # Pending interactions of the dead turn can never be answered now.
+            try:
+                lines = live.journal.read_after(self._run_start_seq(record))
+            except c.AgentdError:
+                lines = []
+            pending: dict[str, c.Interaction] = {}
+            for line in lines:
+                rec = wire.decode_record(line)
+                if rec.type == "interaction" and rec.run == run:
+                    inter = msgspec.json.decode(rec.data, type=c.Interaction)
+                    if inter.state is c.InteractionState.PENDING:
+                        pending[inter.id] = inter
+                    else:
+                        pending.pop(inter.id, None)
+            for inter in pending.values():
+                expired = msgspec.structs.replace(
+                    inter, state=c.InteractionState.EXPIRED, resolution=c.RUN_INTERRUPTED
+                )
+                await self._append(live, "interaction", _json.encode(expired), run=run)
+            turn = c.Turn(
+                state=c.TurnState.FAILED,
+                reason=c.RUN_INTERRUPTED,
+                error="agentd stopped while this turn was running; the prompt was not resent",
+            )
+            await self._append(live, "turn", _json.encode(turn), run=run)
+            record.active_run = ""
+            record.state = _S.IDLE
+            self._save(record)
+
+    def _run_start_seq(self, record: wire.ConversationRecord) -> int:
+        return max(0, record.last_seq)
+
+    # ------------------------------------------------------------------ records
+
+    def _save(self, record: wire.ConversationRecord) -> None:
+        record.updated_at = _now()
+        self.store.write_record(record.id, _json.encode(record))
+
+    def resolve(self, ref: str) -> str:
+        """The conversation id ``ref`` names: an exact id or a unique prefix.
+
+        Raises NotFound, or Invalid when the prefix is ambiguous.
+        """
+        if ref in self._records:
+            return ref
+        matches = [cid for cid in self._records if cid.startswith(ref)] if ref else []
+        if not matches:
+            raise c.NotFound(f"no conversation {ref!r}")
+        if len(matches) > 1:
+            raise c.Invalid(f"{ref!r} is ambiguous: {', '.join(sorted(matches)[:5])}")
+        return matches[0]
+
+    def record(self, ref: str) -> wire.ConversationRecord:
+        return self._records[self.resolve(ref)]
+
+    def list(self, *, include_closed: bool = False) -> list[wire.ConversationRecord]:
+        records = sorted(self._records.values(), key=lambda r: r.created_at)
+        if not include_closed:
+            records = [r for r in records if r.state is not _S.CLOSED]
+        return records
+
+    def running(self) -> int:
+        return sum(1 for r in self._records.values() if r.active_run)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    async def create(
+        self, *, provider: str, workdir: str, title: str = "", model: str = "", mode: str = "interactive"
+    ) -> wire.ConversationRecord:
+        """Create a conversation: record, journal, lease, and the provider conversation.
+
+        Raises NotFound for an unknown provider, RuntimeUnavailable when its
+        runtime cannot start, Invalid for a bad workdir or model.
+        """
+        self.runtimes.get(provider)  # unknown provider: fail before writing anything
+        import os
+
+        if not os.path.isabs(workdir) or not os.path.isdir(workdir):
+            raise c.Invalid(f"workdir {workdir!r} is not an existing absolute directory")
+        now = _now()
+        record = wire.ConversationRecord(
+            id=new_id("c"),
+            provider=provider,
+            workdir=workdir,
+            created_at=now,
+            updated_at=now,
+            title=title,
+            model=model,
+            mode=mode,  # type: ignore[arg-type]
+        )
+        self._records[record.id] = record
+        self._save(record)
+        live = await self._load(record.id)
+        created = wire.ConversationCreated(provider=provider, workdir=workdir, title=title, model=model, mode=mode)  # type: ignore[arg-type]
+        await self._append(live, "conversation", _json.encode(created))
+        try:
+            await self._ensure_open(live)
+        except BaseException:
+            await self.delete(record.id)
+            raise
+        return record
+
+    async def _load(self, cid: str) -> _Live:
+        """The live side of a conversation, loading it (journal, lease, pump) on first use."""
+        live = self._live.get(cid)
+        if live is not None:
+            return live
+        record = self._records[cid]
+        journal = self.store.open(cid)
+        live = _Live(record, journal)
+        self._live[cid] = live
+        outcome = self.leases.acquire(cid)
+        assert self._nursery is not None, "ConversationService.run() is not running"
+        self._nursery.start_soon(self._pump, live)
+        if outcome.action == "taken_over":
+            lease = wire.LeaseRecord(action="taken_over", owner=self.owner, previous_owner=outcome.previous_owner)
+            await self._append(live, "lease", _json.encode(lease))
+        elif outcome.action == "acquired" and journal.last_seq:
+            lease = wire.LeaseRecord(action="acquired", owner=self.owner)
+            await self._append(live, "lease", _json.encode(lease))
+        return live
+
+    async def live(self, ref: str) -> _Live:
+        return await self._load(self.resolve(ref))
+
+    async def _ensure_open(self, live: _Live) -> c.Conversation:
+        async with live.open_lock:
+            if live.conv is not None:
+                return live.conv
+            record = live.record
+            provider = self.runtimes.get(record.provider)
+            request = c.OpenRequest(
+                workdir=record.workdir,
+                conversation_id=record.provider_conversation_id,
+                title=record.title,
+                model=record.model,
+            )
+            try:
+                conv = await provider.open(request, live.sink)
+            except c.ConversationNotFound as exc:
+                raise c.NotFound(
+                    f"the provider no longer has conversation {record.provider_conversation_id!r}: {exc.message}"
+                ) from None
+            live.conv = conv
+            if conv.id != record.provider_conversation_id:
+                record.provider_conversation_id = conv.id
+                self._save(record)
+            return conv
+
+    # ------------------------------------------------------------------ journal + publish
+
+    async def _append(self, live: _Live, type_: str, data: bytes, *, run: str = "") -> int:
+        """Journal one durable record, then publish it. Returns its seq.
+
+        With fsync ``always`` the record is on disk before any subscriber sees
+        it. A write error (disk full, read-only) fails the running turn's
+        bookkeeping loudly and propagates as InternalError; the journal stays
+        valid (the journal truncates a partial line).
+        """
+        try:
+            seq, line = live.journal.append(type_, data, run=run)
+        except OSError as exc:
+            log.error("journal.write_failed", conversation=live.record.id, error=str(exc))
+            raise c.InternalError(f"cannot write the journal: {exc.strerror or exc}") from None
+        if self.fsync is FsyncPolicy.ALWAYS:
+            await live.journal.sync()
+        live.published_seq = seq
+        self.hub.publish(live.record.id, seq, line)
+        return seq
+
+    def _publish_live(self, live: _Live, type_: str, data: bytes) -> None:
+        line = _json.encode(wire.Record(type=type_, ts=_now(), data=msgspec.Raw(data), run=live.run))
+        self.hub.publish(live.record.id, 0, line)
+
+    async def _pump(self, live: _Live) -> None:
+        """Consume one conversation's provider events in order: state, journal, publish."""
+        async with live.events_out:
+            async for event in live.events_out:
+                try:
+                    await self._handle(live, event)
+                except c.InternalError:
+                    pass  # logged where it happened; keep serving the conversation
+                except Exception:
+                    log.exception("conversation.event_failed", conversation=live.record.id)
+
+    async def _handle(self, live: _Live, event: c.Event) -> None:
+        type_, data = _payload(event)
+        run = live.run
+        if isinstance(event, c.DeltaEvent):
+            d = event.delta
+            item = live.items.get(d.item_id)
+            if item is None:
+                item = live.items[d.item_id] = wire.InFlightItem(id=d.item_id, kind=d.kind.value, agent_id=d.agent_id)
+            item.text += d.text
+            self._publish_live(live, type_, data)
+            return
+        if isinstance(event, c.ActivityEvent):
+            live.activity = event.activity
+            self._publish_live(live, type_, data)
+            return
+        if isinstance(event, c.ContextEvent):
+            live.context = event.context
+            self._publish_live(live, type_, data)
+            return
+        if isinstance(event, c.TodosEvent):
+            live.todos = event.todos
+            self._publish_live(live, type_, data)
+            return
+
+        if isinstance(event, c.ItemEvent):
+            item = event.item
+            if item.kind in (c.ItemKind.ASSISTANT, c.ItemKind.REASONING) and item.id in live.items:
+                live.items[item.id].text = item.text
+        elif isinstance(event, c.UsageEvent):
+            live.usage = event.usage
+        elif isinstance(event, c.TitleEvent):
+            if event.title and event.title != live.record.title:
+                live.record.title = event.title
+                self._save(live.record)
+        elif isinstance(event, c.InteractionEvent):
+            inter = event.interaction
+            if inter.state is c.InteractionState.PENDING:
+                auto = self._yolo_option(live, inter)
+                if auto is not None:
+                    inter = msgspec.structs.replace(inter, auto=True)
+                    data = _json.encode(inter)
+                live.pending[inter.id] = inter
+                await self._append(live, type_, data, run=run)
+                if auto is not None:
+                    self._spawn(self._auto_answer, live, inter, c.Answer(decision=auto), "yolo")
+                else:
+                    self._set_state(live, _S.REQUIRES_ACTION)
+                    if self.interaction_timeout_s > 0:
+                        self._spawn(self._expire_later, live, inter.id)
+                return
+            live.pending.pop(inter.id, None)
+            if not live.pending and live.record.state is _S.REQUIRES_ACTION:
+                self._set_state(live, _S.RUNNING)
+        elif isinstance(event, c.TurnEvent):
+            turn = event.turn
+            if not turn.state.terminal:
+                if live.record.state is not _S.REQUIRES_ACTION:
+                    self._set_state(live, _S.RUNNING)
+                await self._append(live, type_, data, run=run)
+                return
+            await self._end_turn(live, turn, run)
+            return
+        elif isinstance(event, c.ExitEvent):
+            live.conv = None
+            await self._append(live, type_, data, run=run)
+            if live.run:
+                turn = c.Turn(state=c.TurnState.FAILED, error=event.error, reason="runtime_exit")
+                await self._end_turn(live, turn, live.run, journal_turn=True)
+            return
+        await self._append(live, type_, data, run=run)
+
+    async def _end_turn(self, live: _Live, turn: c.Turn, run: str, *, journal_turn: bool = True) -> None:
+        if not run:
+            # A terminal turn with no turn of ours in flight (a duplicate end): journal, no state change.
+            await self._append(live, "turn", _json.encode(turn))
+            return
+        for inter in list(live.pending.values()):
+            expired = msgspec.structs.replace(inter, state=c.InteractionState.EXPIRED, resolution="turn ended")
+            await self._append(live, "interaction", _json.encode(expired), run=run)
+        live.pending.clear()
+        if journal_turn:
+            await self._append(live, "turn", _json.encode(turn), run=run)
+        live.items.clear()
+        live.activity = None
+        live.record.active_run = ""
+        live.record.last_seq = live.published_seq
+        live.record.state = _S.CLOSED if live.record.state is _S.CLOSED else _S.IDLE
+        live.record.error = turn.error if turn.state is c.TurnState.FAILED else ""
+        self._save(live.record)
+        live.turn_done.set()
+        if live.queue and live.record.state is not _S.CLOSED:
+            next_run, text = live.queue.popleft()
+            self._spawn(self._start_queued, live, next_run, text)
+
+    def _set_state(self, live: _Live, state: wire.ConversationState) -> None:
+        if live.record.state is not state and live.record.state is not _S.CLOSED:
+            live.record.state = state
+            self._save(live.record)
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args)
+
+    # ------------------------------------------------------------------ interactions
+
+    @staticmethod
+    def _yolo_option(live: _Live, inter: c.Interaction) -> str | None:
+        """The option yolo picks: allow-once on a permission, else None (a person decides)."""
+        if live.record.mode != "yolo" or inter.kind is not c.InteractionKind.PERMISSION:
+            return None
+        for option in inter.options:
+            if option.allow_once and not option.reject:
+                return option.id
+        return None
+
+    async def _auto_answer(self, live: _Live, inter: c.Interaction, answer: c.Answer, by: str) -> None:
+        try:
+            await self._respond(live, inter.id, answer, auto=True, by=by)
+        except c.AgentdError as exc:
+            log.warning("interaction.auto_answer_failed", conversation=live.record.id, by=by, error=exc.message)
+
+    async def _expire_later(self, live: _Live, interaction_id: str) -> None:
+        await trio.sleep(self.interaction_timeout_s)
+        inter = live.pending.get(interaction_id)
+        if inter is None:
+            return
+        if inter.kind is c.InteractionKind.PERMISSION:
+            deny = next((o.id for o in inter.options if o.reject), None)
+            answer = c.Answer(decision=deny) if deny else c.Answer(reject=True)
+        elif inter.kind is c.InteractionKind.QUESTION:
+            answer = c.Answer(reject=True)
+        else:
+            answer = c.Answer(plan=c.PlanAnswer(feedback="No answer in time; the plan was not approved."))
+        await self._auto_answer(live, inter, answer, "timeout")
+
+    async def answer(self, ref: str, interaction_id: str, answer: c.Answer, *, by: str = "") -> None:
+        """Answer a pending interaction for a person.
+
+        ``interaction_id`` may be a unique prefix. Raises InteractionGone when
+        it is not pending, Invalid when the answer does not fit it (nothing
+        reaches the provider then).
+        """
+        live = await self.live(ref)
+        matches = [i for i in live.pending if i == interaction_id or i.startswith(interaction_id)]
+        if interaction_id in live.pending:
+            matches = [interaction_id]
+        if not matches:
+            raise c.InteractionGone(f"interaction {interaction_id!r} is not pending")
+        if len(matches) > 1:
+            raise c.Invalid(f"interaction {interaction_id!r} is ambiguous")
+        await self._respond(live, matches[0], answer, auto=False, by=by)
+
+    async def _respond(self, live: _Live, interaction_id: str, answer: c.Answer, *, auto: bool, by: str) -> None:
+        inter = live.pending.get(interaction_id)
+        if inter is None:
+            raise c.InteractionGone(f"interaction {interaction_id!r} is not pending")
+        c.validate_answer(inter, answer)
+        if live.conv is None:
+            raise c.InteractionGone("the provider conversation ended; the interaction can no longer be answered")
+        await live.conv.respond(interaction_id, answer)
+        # Journaled after the provider took it: an answer it refused is not recorded as given.
+        rec = c.AnswerRecord(interaction_id=interaction_id, answer=answer, auto=auto, by=by)
+        await self._append(live, "answer", _json.encode(rec), run=live.run)
+
+    # ------------------------------------------------------------------ turns
+
+    async def send(self, ref: str, text: str, *, if_busy: str = "reject") -> wire.SendResult:
+        """Send a prompt; what happens while a turn runs follows ``if_busy``.
+
+        reject -> Busy; queue -> runs after the current turn (and any queued
+        before it); steer -> added to the running turn; interrupt -> the
+        running turn is cancelled (waits up to INTERRUPT_WAIT_S for it to
+        end), then this prompt starts. Returns once the provider accepted the
+        prompt (or it was queued). Raises Closed, Busy, SubmissionUncertain,
+        RuntimeUnavailable, NotFound.
+        """
+        if not text.strip():
+            raise c.Invalid("the prompt is empty")
+        live = await self.live(ref)
+        if live.record.state is _S.CLOSED:
+            raise c.Closed(f"conversation {live.record.id} is closed")
+        async with live.send_lock:
+            if live.run:
+                if if_busy == "reject":
+                    raise c.Busy(f"a turn is running in {live.record.id} (run {live.run})")
+                if if_busy == "queue":
+                    run = new_id("r")
+                    prompt = wire.PromptRecord(text=text, disposition="queued")
+                    after = await self._append(live, "prompt", _json.encode(prompt), run=run) - 1
+                    live.queue.append((run, text))
+                    return wire.SendResult(run=run, disposition="queued", after=after)
+                if if_busy == "steer":
+                    await self._steer(live, text)
+                    return wire.SendResult(run=live.run, disposition="steered", after=live.published_seq)
+                # interrupt
+                await self._cancel(live)
+                with trio.move_on_after(INTERRUPT_WAIT_S):
+                    await live.turn_done.wait()
+                if live.run:
+                    raise c.Busy("the running turn did not end after it was cancelled")
+                run = new_id("r")
+                after = await self._start(live, run, text, journal_prompt=True)
+                return wire.SendResult(run=run, disposition="interrupted", after=after)
+            run = new_id("r")
+            after = await self._start(live, run, text, journal_prompt=True)
+            return wire.SendResult(run=run, disposition="started", after=after)
+
+    async def _start_queued(self, live: _Live, run: str, text: str) -> None:
+        async with live.send_lock:
+            try:
+                await self._start(live, run, text, journal_prompt=False)
+            except c.AgentdError as exc:
+                log.warning("turn.queued_start_failed", conversation=live.record.id, run=run, error=exc.message)
+
+    async def _start(self, live: _Live, run: str, text: str, *, journal_prompt: bool) -> int:
+        """Mark the turn active on disk, then hand the prompt to the provider. Returns the seq before it."""
+        after = live.published_seq
+        if journal_prompt:
+            await self._append(live, "prompt", _json.encode(wire.PromptRecord(text=text)), run=run)
+        record = live.record
+        record.active_run = run
+        record.last_seq = after
+        record.state = _S.RUNNING
+        record.error = ""
+        live.turn_done = trio.Event()
+        self._save(record)  # before the provider sees the prompt: a crash after this is run_interrupted
+        try:
+            conv = await self._ensure_open(live)
+            await conv.send(c.Prompt(text=text))
+        except c.SubmissionUncertain as exc:
+            # The provider may be running it. Surface it; never resend. The turn stays active
+            # until the provider reports its end or the user cancels it.
+            err = wire.ErrorRecord(code=exc.code, message=exc.message)
+            await self._append(live, "error", _json.encode(err), run=run)
+            raise
+        except BaseException as exc:
+            message = exc.message if isinstance(exc, c.AgentdError) else f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, c.Busy):
+                reason = "busy"
+            else:
+                reason = "send_failed"
+            with trio.CancelScope(shield=True):
+                turn = c.Turn(state=c.TurnState.FAILED, error=message, reason=reason)
+                await self._end_turn(live, turn, run)
+            if isinstance(exc, (c.AgentdError, trio.Cancelled)) or not isinstance(exc, Exception):
+                raise
+            raise c.InternalError(message) from exc
+        return after
+
+    async def steer(self, ref: str, text: str) -> wire.SendResult:
+        live = await self.live(ref)
+        async with live.send_lock:
+            if not live.run:
+                raise c.Invalid("no turn is running; use send")
+            await self._steer(live, text)
+            return wire.SendResult(run=live.run, disposition="steered", after=live.published_seq)
+
+    async def _steer(self, live: _Live, text: str) -> None:
+        if live.conv is None:
+            raise c.Closed("the provider conversation is not open")
+        caps = self.runtimes.get(live.record.provider).capabilities()
+        if not caps.steer:
+            raise c.Unsupported(f"provider {live.record.provider} cannot steer a running turn")
+        prompt = wire.PromptRecord(text=text, disposition="steered")
+        await self._append(live, "prompt", _json.encode(prompt), run=live.run)
+        await live.conv.steer(c.Prompt(text=text))
+
+    async def cancel(self, ref: str) -> None:
+        """Cancel the running turn (and drop queued prompts' hold: they still run after it).
+
+        Returns once the provider acknowledged the cancel; the turn's end
+        arrives as a ``turn`` record. No turn running: a no-op.
+        """
+        live = await self.live(ref)
+        await self._cancel(live)
+
+    async def _cancel(self, live: _Live) -> None:
+        if not live.run:
+            return
+        if live.conv is None:
+            turn = c.Turn(state=c.TurnState.CANCELLED, reason="cancelled", error="the runtime was gone")
+            await self._end_turn(live, turn, live.run)
+            return
+        await live.conv.cancel()
+
+    async def set_title(self, ref: str, title: str) -> None:
+        live = await self.live(ref)
+        live.record.title = title
+        self._save(live.record)
+        await self._append(live, "title", _json.encode(title), run=live.run)
+        if live.conv is not None:
+            try:
+                await live.conv.set_title(title)
+            except c.Unsupported:
+                pass
+
+    async def close(self, ref: str) -> None:
+        """Cancel the running turn, close the provider conversation, release the lease."""
+        live = await self.live(ref)
+        if live.run:
+            await self._cancel(live)
+            with trio.move_on_after(INTERRUPT_WAIT_S):
+                await live.turn_done.wait()
+        live.queue.clear()
+        if live.conv is not None:
+            await live.conv.close()
+            live.conv = None
+        live.record.state = _S.CLOSED
+        self._save(live.record)
+        await self._append(live, "state", _json.encode(wire.StateRecord(state=_S.CLOSED)))
+        await self._append(live, "lease", _json.encode(wire.LeaseRecord(action="released", owner=self.owner)))
+        self.leases.release(live.record.id)
+
+    async def delete(self, ref: str) -> None:
+        """Close the conversation and delete its record and journal."""
+        cid = self.resolve(ref)
+        live = self._live.pop(cid, None)
+        if live is not None:
+            if live.run and live.conv is not None:
+                with trio.move_on_after(INTERRUPT_WAIT_S):
+                    await live.conv.cancel()
+            if live.conv is not None:
+                with trio.move_on_after(INTERRUPT_WAIT_S):
+                    await live.conv.close()
+            live.events_in.close()
+        for sub in self.hub.drop_conversation(cid):
+            sub.outbox.lagged(sub)
+        try:
+            self.leases.release(cid)
+        except Exception:
+            log.exception("lease.release_failed", conversation=cid)
+        self._records.pop(cid, None)
+        self.store.remove(cid)
+
+    # ------------------------------------------------------------------ reads
+
+    async def info(self, ref: str) -> wire.ConversationInfo:
+        cid = self.resolve(ref)
+        live = self._live.get(cid)
+        record = self._records[cid]
+        if live is None:
+            return wire.ConversationInfo(record=record)
+        return wire.ConversationInfo(
+            record=record, pending=list(live.pending.values()), queued=len(live.queue), usage=live.usage
+        )
+
+    def snapshot(self, live: _Live) -> wire.Snapshot:
+        return wire.Snapshot(
+            state=live.record.state,
+            last_seq=live.published_seq,
+            run=live.run,
+            items=[msgspec.structs.replace(i) for i in live.items.values()],
+            pending=list(live.pending.values()),
+            todos=live.todos,
+            activity=live.activity,
+            context=live.context,
+        )
+
+    def loaded(self) -> Iterable[_Live]:
+        return self._live.values()

@@ -1,0 +1,122 @@
+"""Fan-out of journal records to subscribers, without ever blocking the publisher.
+
+The conversation service publishes each record once, already encoded; the hub
+hands it to every live subscription of that conversation (and to the
+all-conversations subscriptions) by a non-blocking put into the subscriber's
+bounded outbox. A subscriber whose outbox is full is cut off: it gets a
+``lagged`` frame telling where to resume, never a silent gap. Back-pressure is
+this decision, written down: the daemon never waits for a slow client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from . import wire
+
+
+class Outbox(Protocol):
+    """A connection's bounded queue of encoded frames."""
+
+    def offer(self, frame: bytes) -> bool:
+        """Queue ``frame`` without blocking; False when the outbox is full."""
+        ...
+
+    def lagged(self, subscription: "Subscription") -> None:
+        """The subscription was cut off for lag; tell the client when there is room."""
+        ...
+
+
+class Subscription:
+    """One ``subscribe`` of one connection.
+
+    ``cursor`` is the seq of the last durable record delivered (per
+    conversation for an all-conversations subscription, in ``positions``).
+    While ``live`` is False the subscription is catching up from the journal
+    and live publishes are skipped; the catch-up switches it live with no
+    checkpoint between reading the last record and the switch, so nothing is
+    lost or duplicated.
+    """
+
+    __slots__ = ("id", "conversation", "outbox", "cursor", "live", "closed", "positions", "_prefix")
+
+    def __init__(self, sub_id: int, conversation: str | None, outbox: Outbox, after: int = 0) -> None:
+        self.id = sub_id
+        self.conversation = conversation
+        self.outbox = outbox
+        self.cursor = after
+        self.live = False
+        self.closed = False
+        self.positions: dict[str, int] = {}
+        self._prefix: dict[str, bytes] = {}
+
+    def frame(self, conversation: str, line: bytes) -> bytes:
+        """An ``event`` frame around an already-encoded record, without re-encoding it."""
+        prefix = self._prefix.get(conversation)
+        if prefix is None:
+            prefix = b'{"type":"event","sub":%d,"conversation":%s,"record":' % (
+                self.id,
+                wire.encode(conversation)[:-1],
+            )
+            self._prefix[conversation] = prefix
+        return b"".join((prefix, line, b"}\n"))
+
+
+class Hub:
+    """Subscriptions by conversation; ``publish`` is synchronous and never blocks."""
+
+    def __init__(self) -> None:
+        self._by_conversation: dict[str, set[Subscription]] = {}
+        self._all: set[Subscription] = set()
+        self.on_lag: Callable[[Subscription], None] | None = None
+
+    def add(self, sub: Subscription) -> None:
+        if sub.conversation is None:
+            self._all.add(sub)
+        else:
+            self._by_conversation.setdefault(sub.conversation, set()).add(sub)
+
+    def remove(self, sub: Subscription) -> None:
+        sub.closed = True
+        if sub.conversation is None:
+            self._all.discard(sub)
+        else:
+            subs = self._by_conversation.get(sub.conversation)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._by_conversation[sub.conversation]
+
+    def subscribers(self, conversation: str) -> int:
+        return len(self._by_conversation.get(conversation, ())) + len(self._all)
+
+    def publish(self, conversation: str, seq: int, line: bytes) -> None:
+        """Deliver one record (``seq`` 0 for live-only records) to every live subscriber."""
+        subs = self._by_conversation.get(conversation)
+        if subs:
+            for sub in list(subs):
+                if not sub.live or (seq and seq <= sub.cursor):
+                    continue  # catching up, or already delivered by the catch-up
+                if not sub.outbox.offer(sub.frame(conversation, line)):
+                    self._lag(sub)
+                elif seq:
+                    sub.cursor = seq
+        for sub in list(self._all):
+            if not sub.live:
+                continue
+            if not sub.outbox.offer(sub.frame(conversation, line)):
+                self._lag(sub)
+            elif seq:
+                sub.positions[conversation] = seq
+
+    def _lag(self, sub: Subscription) -> None:
+        self.remove(sub)
+        sub.outbox.lagged(sub)
+
+    def drop_conversation(self, conversation: str) -> list[Subscription]:
+        """Remove and return every subscription of a deleted conversation."""
+        subs = list(self._by_conversation.pop(conversation, ()))
+        for sub in subs:
+            sub.closed = True
+        return subs

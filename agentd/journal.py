@@ -1,0 +1,624 @@
+"""The durable event journal: one append-only ``events.jsonl`` per conversation.
+
+Layout under the store's root (``<state_dir>/conversations``)::
+
+    <id>/events.jsonl   one wire.Record per line; seq 1, 2, 3 ... in file order, no gap
+    <id>/record.json    the conversation record, replaced atomically
+
+Ownership: the daemon's trio thread owns every :class:`Journal`; ``append``
+and ``read_after`` are synchronous and must be called from that thread only
+(the group-commit flusher relies on it). A record is durable once the fsync
+policy says so: ``always`` after ``await journal.sync()``, ``batch`` within
+``batch_ms`` while :meth:`JournalStore.run` runs, ``never`` when the kernel
+gets to it. Nothing here rewrites a record; on open, only a torn last line
+(a crash mid-write) is cut off.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import os
+import pathlib
+import secrets
+import shutil
+import time
+from typing import Callable
+
+import msgspec
+import structlog
+import trio
+
+from . import _fsutil
+from .contract import AgentdError, Invalid
+from .wire import Record
+
+__all__ = ["FsyncPolicy", "Journal", "JournalCorrupt", "JournalStore"]
+
+EVENTS_FILE = "events.jsonl"
+RECORD_FILE = "record.json"
+
+#: Forward reads start with this many bytes and double up to _CHUNK_MAX.
+_CHUNK = 16 * 1024
+_CHUNK_MAX = 1 << 20
+#: Bisection stops and scans forward once the byte range is this small.
+_SCAN = 64 * 1024
+#: Read size when looking for a line boundary.
+_PROBE = 4096
+#: Every _INDEX_EVERY-th appended seq is indexed (seq & mask == 0); at most _INDEX_MAX entries are kept.
+_INDEX_MASK = 63
+_INDEX_MAX = 4096
+#: Where recent reads stopped (next seq -> offset), so a subscriber paging forward never bisects.
+_CURSORS_MAX = 256
+
+# Leading dot: never a conversation id (see _fsutil.is_safe_name), so ids() skips it.
+_TOMBSTONE = ".rm-"
+
+
+class FsyncPolicy(str, enum.Enum):
+    """When appended records reach the disk."""
+
+    #: the caller awaits ``Journal.sync()`` after each append, before publishing
+    ALWAYS = "always"
+    #: group commit: the store's ``run()`` fsyncs within ``batch_ms``
+    BATCH = "batch"
+    #: the kernel decides; a power loss may lose recent records (a process crash does not)
+    NEVER = "never"
+
+
+class JournalCorrupt(AgentdError):
+    """A journal line is not a valid record; ``path`` and ``line`` (1-based) say where."""
+
+    code = "internal"
+
+    def __init__(self, path: pathlib.Path, line: int, reason: str) -> None:
+        super().__init__(
+            f"journal {path} is corrupt at line {line}: {reason}",
+            details={"path": str(path), "line": line},
+        )
+        self.path = path
+        self.line = line
+
+
+class _Seq(msgspec.Struct):
+    seq: int = 0
+
+
+_seq_decoder = msgspec.json.Decoder(_Seq)
+_encode = msgspec.json.Encoder().encode
+_Raw = msgspec.Raw
+
+
+def _log() -> structlog.typing.FilteringBoundLogger:
+    # Looked up per use (rare paths only), so structlog.testing.capture_logs sees it.
+    return structlog.get_logger("agentd.journal")
+
+
+def _format_ms(ms: int) -> str:
+    """Unix milliseconds -> ``2024-05-01T12:00:00.123Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def _fsync_fds(fds: list[int]) -> None:
+    """fsync then close each fd (dups owned by the caller); raises the first OSError after closing all."""
+    error: OSError | None = None
+    for fd in fds:
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            error = error or exc
+        finally:
+            os.close(fd)
+    if error is not None:
+        raise error
+
+
+async def _sync_journals(journals: list[Journal]) -> None:
+    """fsync every journal with unsynced appends, all in one worker-thread call.
+
+    Works on dup'd fds so a journal closed meanwhile cannot have its fd
+    number reused under the fsync. Raises OSError when an fsync fails.
+    """
+    jobs: list[tuple[Journal, int]] = []
+    fds: list[int] = []
+    try:
+        for j in journals:
+            if j._fd >= 0 and j._policy is not FsyncPolicy.NEVER and j._synced < j._end:
+                fds.append(os.dup(j._fd))
+                jobs.append((j, j._end))
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    if not fds:
+        await trio.lowlevel.checkpoint()
+        return
+    try:
+        await trio.to_thread.run_sync(_fsync_fds, fds)
+    except OSError as exc:
+        # After a failed fsync the kernel may have dropped the dirty pages: durability is unknown.
+        _log().error("journal.fsync_failed", paths=[str(j.path) for j, _ in jobs], error=str(exc))
+        raise
+    for j, end in jobs:
+        if end > j._synced:
+            j._synced = end
+
+
+class Journal:
+    """One conversation's append-only ``events.jsonl``.
+
+    ``last_seq`` is the seq of the last appended record, 0 when empty.
+    Usually obtained from :meth:`JournalStore.open`; constructing one directly
+    opens (creating, mode 0600) ``path``, cuts a torn last line, and raises
+    :class:`JournalCorrupt` when the last complete line is not a record.
+    """
+
+    path: pathlib.Path
+    last_seq: int
+
+    def __init__(
+        self,
+        path: pathlib.Path,
+        *,
+        fsync: FsyncPolicy = FsyncPolicy.BATCH,
+        on_dirty: Callable[[Journal], None] | None = None,
+    ) -> None:
+        self.path = pathlib.Path(path)
+        self._policy = FsyncPolicy(fsync)
+        # Called on the first append after each group commit (BATCH only).
+        self._on_dirty = on_dirty if self._policy is FsyncPolicy.BATCH else None
+        self._queued = False
+        flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
+        try:
+            self._fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, _fsutil.FILE_MODE)
+            _fsutil.fsync_dir(self.path.parent)  # the new name must survive a crash too
+        except FileExistsError:
+            self._fd = os.open(self.path, flags)
+        try:
+            self._end, self.last_seq, last_off = self._recover()
+        except BaseException:
+            os.close(self._fd)
+            self._fd = -1
+            raise
+        #: bytes known to be on disk
+        self._synced = self._end
+        self._broken = False
+        self._idx_seq: list[int] = []
+        self._idx_off: list[int] = []
+        if self.last_seq:
+            self._idx_seq.append(self.last_seq)
+            self._idx_off.append(last_off)
+        self._cursors: dict[int, int] = {}
+        # ts string cached for the current millisecond [lo, hi), in unix seconds
+        self._ts_lo = self._ts_hi = 0.0
+        self._ts = ""
+
+    # ------------------------------------------------------------------ open
+
+    def _last_newline_before(self, pos: int) -> int:
+        """Offset of the last ``\\n`` in ``[0, pos)``, or -1; reads backwards in chunks."""
+        while pos > 0:
+            lo = max(0, pos - _CHUNK)
+            buf = os.pread(self._fd, pos - lo, lo)
+            i = buf.rfind(b"\n")
+            if i >= 0:
+                return lo + i
+            pos = lo
+        return -1
+
+    def _recover(self) -> tuple[int, int, int]:
+        """Cut a torn tail; return (end offset, last seq, offset of the last line)."""
+        size = os.fstat(self._fd).st_size
+        if size and os.pread(self._fd, 1, size - 1) != b"\n":
+            cut = self._last_newline_before(size) + 1
+            os.ftruncate(self._fd, cut)
+            os.fsync(self._fd)  # else a crash could bring the torn bytes back under new appends
+            _log().warning("journal.torn_tail_cut", path=str(self.path), bytes=size - cut)
+            size = cut
+        if not size:
+            return 0, 0, 0
+        start = self._last_newline_before(size - 1) + 1
+        line = os.pread(self._fd, size - 1 - start, start)
+        try:
+            seq = _seq_decoder.decode(line).seq
+        except msgspec.DecodeError as exc:
+            raise JournalCorrupt(self.path, self._count_lines(size), f"last line is not a record ({exc})") from None
+        if seq < 1:
+            raise JournalCorrupt(self.path, self._count_lines(size), "last line has no seq")
+        return size, seq, start
+
+    def _count_lines(self, size: int) -> int:
+        # Error path only: the one place the whole file is read.
+        n, pos = 0, 0
+        while pos < size:
+            buf = os.pread(self._fd, min(_CHUNK_MAX, size - pos), pos)
+            if not buf:
+                break
+            n += buf.count(b"\n")
+            pos += len(buf)
+        return n
+
+    # ------------------------------------------------------------------ append
+
+    def append(self, type: str, data: bytes, *, run: str = "") -> tuple[int, bytes]:
+        """Append one record; returns ``(seq, line)``, the line without its newline.
+
+        Synchronous and not a checkpoint. ``data`` is the JSON-encoded payload
+        (not validated; it must not contain a raw newline, else ValueError).
+        The record gets ``seq = last_seq + 1`` and ``ts`` = now (UTC, ms).
+        Durability follows the policy: with ``always`` await :meth:`sync`
+        before publishing the line. On OSError (disk full, read-only) the
+        file is cut back to its previous end, ``last_seq`` is unchanged and the
+        error propagates. Raises ``trio.ClosedResourceError`` when closed.
+        """
+        fd = self._fd
+        if fd < 0 or self._broken:
+            self._raise_unusable()
+        if 10 in data:  # b"\n"; the int form is a plain memchr, several times faster
+            raise ValueError("journal payload contains a raw newline")
+        now = time.time()
+        if not self._ts_lo <= now < self._ts_hi:
+            self._set_ts(now)
+        seq = self.last_seq + 1
+        line = _encode(Record(type, self._ts, _Raw(data), seq, run))
+        buf = line + b"\n"
+        off = self._end
+        try:
+            n = os.write(fd, buf)
+            if n != len(buf):
+                _fsutil.write_all(fd, memoryview(buf)[n:])
+        except OSError:
+            self._rollback(off)
+            raise
+        self._end = off + len(buf)
+        self.last_seq = seq
+        if not seq & _INDEX_MASK:
+            self._index(seq, off)
+        if not self._queued and self._on_dirty is not None:
+            self._queued = True
+            self._on_dirty(self)
+        return seq, line
+
+    def _set_ts(self, now: float) -> None:
+        ms = int(now * 1000)
+        self._ts = _format_ms(ms)
+        self._ts_lo, self._ts_hi = ms / 1000, (ms + 1) / 1000
+
+    def _rollback(self, off: int) -> None:
+        """Cut a partly written line off after a failed write."""
+        try:
+            os.ftruncate(self._fd, off)
+        except OSError as exc:
+            try:
+                size = os.fstat(self._fd).st_size
+            except OSError:
+                size = -1
+            if size != off:
+                # A torn line stays; appending after it would bury it mid-file. Reopening cuts it.
+                self._broken = True
+                _log().error("journal.rollback_failed", path=str(self.path), error=str(exc))
+
+    def _raise_unusable(self) -> None:
+        if self._fd < 0:
+            raise trio.ClosedResourceError(f"journal {self.path} is closed")
+        raise OSError(f"journal {self.path} has a torn tail that could not be cut; reopen it")
+
+    def _index(self, seq: int, off: int) -> None:
+        self._idx_seq.append(seq)
+        self._idx_off.append(off)
+        if len(self._idx_seq) > _INDEX_MAX:
+            del self._idx_seq[: _INDEX_MAX // 2]
+            del self._idx_off[: _INDEX_MAX // 2]
+
+    # ------------------------------------------------------------------ sync / close
+
+    async def sync(self) -> None:
+        """Return once every record appended before the call is on disk.
+
+        Always a checkpoint. fsyncs in a worker thread (only when something
+        is unsynced); a no-op for ``never``. Cancellation waits for an fsync
+        already started. Raises OSError when the fsync fails, and
+        ``trio.ClosedResourceError`` when closed.
+        """
+        if self._fd < 0:
+            self._raise_unusable()
+        await _sync_journals([self])
+
+    def close(self) -> None:
+        """Close the file; idempotent.
+
+        Blocks on an fsync when appends are unsynced (policy ``always`` or
+        ``batch``); await :meth:`sync` first to keep that off the trio thread.
+        """
+        self._close(sync=True)
+
+    def _close(self, *, sync: bool) -> None:
+        fd, self._fd = self._fd, -1
+        if fd < 0:
+            return
+        try:
+            if sync and self._policy is not FsyncPolicy.NEVER and self._synced < self._end:
+                os.fsync(fd)
+                self._synced = self._end
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ read
+
+    def read_after(self, after: int, limit: int | None = None) -> list[bytes]:
+        """Lines (without newline) of the records with ``seq > after``, in order, at most ``limit``.
+
+        Synchronous. Never scans from the start: the first line is located by
+        an in-memory index of recent offsets or by bisecting the file's byte
+        offsets. Each returned line is checked; a line that is not a record
+        with the expected seq raises :class:`JournalCorrupt` naming its line
+        (ask again with a smaller ``limit`` to get the records before it).
+        Raises ``trio.ClosedResourceError`` when closed.
+        """
+        if self._fd < 0:
+            self._raise_unusable()
+        after = max(after, 0)
+        if after >= self.last_seq or (limit is not None and limit <= 0):
+            return []
+        line_no, off = self._locate(after + 1)
+        return self._read_forward(line_no, off, after, limit)
+
+    def _locate(self, target: int) -> tuple[int, int]:
+        """A line start ``(line number, offset)`` at or before the line holding seq ``target``, close to it."""
+        off = self._cursors.get(target)
+        if off is not None:
+            return target, off
+        i = bisect.bisect_right(self._idx_seq, target) - 1
+        lo_seq, lo_off = (self._idx_seq[i], self._idx_off[i]) if i >= 0 else (1, 0)
+        if lo_seq == target:
+            return lo_seq, lo_off
+        hi_off = self._idx_off[i + 1] if i + 1 < len(self._idx_off) else self._end
+        # Bisect byte offsets: seq grows with the offset, so a probed line says which half holds target.
+        while hi_off - lo_off > _SCAN:
+            mid = (lo_off + hi_off) // 2
+            start = self._next_line_start(mid, hi_off)
+            seq = None
+            while start < hi_off:
+                line = self._line_at(start)
+                try:
+                    seq = _seq_decoder.decode(line).seq
+                    break
+                except msgspec.DecodeError:
+                    # A corrupt line has no usable seq; the next one does. The forward read reports it if needed.
+                    start += len(line) + 1
+            if seq is None:
+                hi_off = mid
+                continue
+            if seq == target:
+                return seq, start
+            if seq < target:
+                lo_seq, lo_off = seq, start
+            else:
+                hi_off = start
+        return lo_seq, lo_off
+
+    def _next_line_start(self, pos: int, limit: int) -> int:
+        """The first line start at or after ``pos``; ``limit`` when none before it."""
+        if pos == 0:
+            return 0
+        p = pos - 1
+        while p < limit:
+            buf = os.pread(self._fd, min(_PROBE, limit - p), p)
+            if not buf:
+                break
+            j = buf.find(b"\n")
+            if j >= 0:
+                return p + j + 1
+            p += len(buf)
+        return limit
+
+    def _line_at(self, start: int) -> bytes:
+        """The line starting at ``start``, without its newline."""
+        buf = os.pread(self._fd, _PROBE, start)
+        j = buf.find(b"\n")
+        if j >= 0:
+            return buf[:j]
+        parts, pos, size = [buf], start + len(buf), _PROBE
+        while pos < self._end:
+            size = min(size * 2, _CHUNK_MAX)
+            chunk = os.pread(self._fd, min(size, self._end - pos), pos)
+            if not chunk:
+                break
+            j = chunk.find(b"\n")
+            if j >= 0:
+                parts.append(chunk[:j])
+                break
+            parts.append(chunk)
+            pos += len(chunk)
+        return b"".join(parts)
+
+    def _read_forward(self, line_no: int, off: int, after: int, limit: int | None) -> list[bytes]:
+        """Read lines from ``off`` (holding line ``line_no``) to the end; keep those numbered > after."""
+        out: list[bytes] = []
+        fd, end, decode = self._fd, self._end, _seq_decoder.decode
+        pos, rest, size, n = off, b"", _CHUNK, line_no
+        while pos < end:
+            chunk = os.pread(fd, min(size, end - pos), pos)
+            if not chunk:
+                break
+            base = pos - len(rest)  # file offset of data[0]
+            pos += len(chunk)
+            data = rest + chunk if rest else chunk
+            i = 0
+            while True:
+                j = data.find(b"\n", i)
+                if j < 0:
+                    break
+                if n > after:
+                    line = data[i:j]
+                    try:
+                        seq = decode(line).seq
+                    except msgspec.DecodeError as exc:
+                        raise JournalCorrupt(self.path, n, f"not a record ({exc})") from None
+                    if seq != n:
+                        raise JournalCorrupt(self.path, n, f"seq {seq} where {n} was expected")
+                    out.append(line)
+                    if limit is not None and len(out) >= limit:
+                        self._remember(n + 1, base + j + 1)
+                        return out
+                i = j + 1
+                n += 1
+            rest = data[i:]
+            size = min(size * 2, _CHUNK_MAX)
+        return out
+
+    def _remember(self, seq: int, off: int) -> None:
+        if seq > self.last_seq:
+            return
+        cursors = self._cursors
+        if len(cursors) >= _CURSORS_MAX:
+            del cursors[next(iter(cursors))]
+        cursors[seq] = off
+
+    def __repr__(self) -> str:
+        return f"<Journal {self.path} last_seq={self.last_seq}>"
+
+
+class JournalStore:
+    """All journals and conversation records under ``root`` (``<state_dir>/conversations``).
+
+    Each conversation is a directory ``root/<id>/`` (mode 0700) holding
+    ``events.jsonl`` and ``record.json``. Journals are opened once and cached
+    until :meth:`remove` or :meth:`aclose`. Use from the trio thread only.
+    """
+
+    def __init__(self, root: pathlib.Path, *, fsync: FsyncPolicy = FsyncPolicy.BATCH, batch_ms: float = 5.0) -> None:
+        self.root = pathlib.Path(root)
+        self.fsync = FsyncPolicy(fsync)
+        self.batch_ms = batch_ms
+        self._journals: dict[str, Journal] = {}
+        self._dirty: list[Journal] = []
+        self._dirty_since = 0.0
+        self._wake = trio.Event()
+
+    # ------------------------------------------------------------------ group commit
+
+    def _mark_dirty(self, journal: Journal) -> None:
+        if not self._dirty:
+            self._dirty_since = time.monotonic()
+        self._dirty.append(journal)
+        self._wake.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Group commit for ``batch``: runs until cancelled.
+
+        Each dirty journal is fsynced at most ``batch_ms`` after its first
+        unsynced append, all dirty journals in one worker-thread call. On
+        cancellation, a final fsync of everything dirty runs shielded. Raises
+        OSError when an fsync fails (durability is then unknown; the daemon
+        should stop).
+        """
+        task_status.started()
+        try:
+            while True:
+                await self._wake.wait()
+                delay = self.batch_ms / 1000 - (time.monotonic() - self._dirty_since)
+                if delay > 0:
+                    await trio.sleep(delay)
+                await self._flush()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._flush()
+
+    async def _flush(self) -> None:
+        self._wake = trio.Event()
+        pending, self._dirty = self._dirty, []
+        for j in pending:
+            j._queued = False
+        await _sync_journals(pending)
+
+    # ------------------------------------------------------------------ conversations
+
+    def _dir(self, conversation_id: str) -> pathlib.Path:
+        if not _fsutil.is_safe_name(conversation_id):
+            raise Invalid(f"invalid conversation id {conversation_id!r}")
+        return self.root / conversation_id
+
+    def open(self, conversation_id: str) -> Journal:
+        """The conversation's journal, cached; creates its directory (0700) and file on first use.
+
+        Raises :class:`Invalid` for an id that cannot name a directory,
+        :class:`JournalCorrupt` when the last line is not a record, OSError.
+        """
+        j = self._journals.get(conversation_id)
+        if j is not None:
+            return j
+        d = self._dir(conversation_id)
+        _fsutil.make_dirs(d)
+        j = Journal(d / EVENTS_FILE, fsync=self.fsync, on_dirty=self._mark_dirty)
+        self._journals[conversation_id] = j
+        return j
+
+    def exists(self, conversation_id: str) -> bool:
+        """Whether the conversation has a ``record.json`` (the same test as :meth:`ids`)."""
+        try:
+            return (self._dir(conversation_id) / RECORD_FILE).is_file()
+        except Invalid:
+            return False
+
+    def ids(self) -> list[str]:
+        """Ids of the conversations on disk (directories with a ``record.json``), sorted.
+
+        Also deletes what an interrupted :meth:`remove` left behind.
+        """
+        out = []
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        for e in entries:
+            if e.name.startswith(_TOMBSTONE):
+                shutil.rmtree(e.path, ignore_errors=True)
+            elif _fsutil.is_safe_name(e.name) and e.is_dir() and os.path.isfile(os.path.join(e.path, RECORD_FILE)):
+                out.append(e.name)
+        return sorted(out)
+
+    def write_record(self, conversation_id: str, data: bytes) -> None:
+        """Replace ``record.json`` atomically (write, fsync, rename, fsync dir); blocking. Raises Invalid, OSError."""
+        d = self._dir(conversation_id)
+        _fsutil.make_dirs(d)
+        _fsutil.atomic_write(d / RECORD_FILE, data)
+
+    def read_record(self, conversation_id: str) -> bytes | None:
+        """The bytes of ``record.json``, or None when there is none (or the id is invalid)."""
+        try:
+            return (self._dir(conversation_id) / RECORD_FILE).read_bytes()
+        except (FileNotFoundError, NotADirectoryError, Invalid):
+            return None
+
+    def remove(self, conversation_id: str) -> None:
+        """Close the journal and delete the conversation's directory; no error when absent.
+
+        The directory is first renamed to a tombstone, so a crash midway never
+        leaves a half-deleted conversation that :meth:`ids` would list.
+        """
+        d = self._dir(conversation_id)
+        j = self._journals.pop(conversation_id, None)
+        if j is not None:
+            j._close(sync=False)  # about to be deleted: no point in an fsync
+        tomb = self.root / f"{_TOMBSTONE}{conversation_id}-{secrets.token_hex(4)}"
+        try:
+            os.rename(d, tomb)
+        except FileNotFoundError:
+            return
+        _fsutil.fsync_dir(self.root)
+        shutil.rmtree(tomb, ignore_errors=True)
+
+    async def aclose(self) -> None:
+        """fsync every open journal with unsynced appends (one worker-thread call), then close all.
+
+        The journals are closed even if the fsync fails or is cancelled; the
+        store may be used again afterwards (journals reopen on demand).
+        """
+        journals = list(self._journals.values())
+        self._journals.clear()
+        try:
+            await _sync_journals(journals)
+        finally:
+            for j in journals:
+                j._close(sync=False)

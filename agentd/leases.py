@@ -1,0 +1,359 @@
+"""Who may run: one daemon per state dir, and one owner per open conversation.
+
+:class:`DaemonLock` is an ``flock`` on ``<state_dir>/agentd.lock``; the kernel
+drops it when the holder dies, however it dies, so a stale lock never blocks
+a restart. A :class:`Lease` says which daemon instance owns a conversation
+until when; it is renewed while the conversation is open, and a lease left by
+a dead daemon is taken over on the next start. The daemon records what that
+means (``run_interrupted``); this module only stores leases.
+
+:class:`LeaseStore` is the interface; :class:`FileLeaseStore` keeps leases as
+files next to the journals. A shared store (PostgreSQL) can implement the
+same interface later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import os
+import pathlib
+import time
+from typing import Iterator, Literal, Protocol, runtime_checkable
+
+import msgspec
+import structlog
+import trio
+
+from . import _fsutil
+from .contract import AgentdError, Invalid, NotFound
+
+__all__ = [
+    "AlreadyRunning",
+    "DaemonLock",
+    "FileLeaseStore",
+    "Lease",
+    "LeaseHeld",
+    "LeaseOutcome",
+    "LeaseStore",
+]
+
+LOCK_FILE = "agentd.lock"
+LEASE_FILE = "lease.json"
+
+
+def _log() -> structlog.typing.FilteringBoundLogger:
+    return structlog.get_logger("agentd.leases")
+
+
+def _rfc3339(t: float) -> str:
+    """Unix seconds -> ``2024-05-01T12:00:00.123Z``."""
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# --------------------------------------------------------------------------- daemon lock
+
+
+class AlreadyRunning(AgentdError):
+    """Another agentd holds this state dir; ``pid`` is its process id (0 when unreadable)."""
+
+    code = "busy"
+
+    def __init__(self, pid: int, lock_path: pathlib.Path) -> None:
+        super().__init__(f"another agentd (pid {pid}) holds {lock_path}", details={"pid": pid, "lock": str(lock_path)})
+        self.pid = pid
+        self.lock_path = lock_path
+
+
+def _read_pid(fd: int) -> int:
+    # The holder writes its pid just after locking; give it a moment rather than report pid 0.
+    deadline = time.monotonic() + 0.5
+    while True:
+        text = os.pread(fd, 64, 0).strip()
+        if text or time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    try:
+        return int(text)
+    except ValueError:
+        return 0
+
+
+class DaemonLock:
+    """An exclusive ``flock`` on ``<state_dir>/agentd.lock`` holding our pid.
+
+    Held until :meth:`release` or until this process exits (the kernel drops
+    it even on SIGKILL). The fd is close-on-exec, so runtimes the daemon
+    spawns never inherit, and never prolong, the lock.
+    """
+
+    def __init__(self, fd: int, path: pathlib.Path) -> None:
+        self._fd = fd
+        self.path = path
+
+    @classmethod
+    def acquire(cls, state_dir: pathlib.Path) -> DaemonLock:
+        """Lock ``state_dir`` (created 0700 if missing) and write our pid into the lock file.
+
+        Does not wait: raises :class:`AlreadyRunning` with the holder's pid
+        when another process (or another DaemonLock in this one) holds it.
+        Raises OSError when the file cannot be opened.
+        """
+        state_dir = pathlib.Path(state_dir)
+        _fsutil.make_dirs(state_dir)
+        path = state_dir / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _fsutil.FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _read_pid(fd)
+            os.close(fd)
+            raise AlreadyRunning(pid, path) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        # The file is never unlinked: unlinking a locked file lets two daemons lock two different inodes.
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return cls(fd, path)
+
+    def release(self) -> None:
+        """Unlock; idempotent."""
+        fd, self._fd = self._fd, -1
+        if fd < 0:
+            return
+        try:
+            os.ftruncate(fd, 0)  # no stale pid for the next reader
+        except OSError:
+            pass
+        finally:
+            os.close(fd)  # closing the only fd of the open file drops the flock
+
+    def __enter__(self) -> DaemonLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# --------------------------------------------------------------------------- leases
+
+
+class Lease(msgspec.Struct, frozen=True):
+    """Conversation ``key`` belongs to daemon instance ``owner`` (process ``pid``) until ``expires_at``.
+
+    ``acquired_at`` is UTC RFC 3339; ``expires_at`` is unix seconds.
+    """
+
+    key: str
+    owner: str
+    pid: int
+    acquired_at: str
+    expires_at: float
+
+
+class LeaseHeld(AgentdError):
+    """The conversation is leased to another owner that is alive; ``lease`` is that lease."""
+
+    code = "busy"
+
+    def __init__(self, lease: Lease) -> None:
+        super().__init__(
+            f"conversation {lease.key} is leased to {lease.owner} (pid {lease.pid}) until {_rfc3339(lease.expires_at)}",
+            details={"owner": lease.owner, "pid": lease.pid, "expires_at": lease.expires_at},
+        )
+        self.lease = lease
+
+
+class LeaseOutcome(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What :meth:`LeaseStore.acquire` did; ``previous_*`` describe a lease taken over."""
+
+    action: Literal["acquired", "taken_over", "renewed"]
+    previous_owner: str = ""
+    previous_expired: bool = False
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """Where leases live. Methods are synchronous and short; keys are conversation ids."""
+
+    def acquire(self, key: str) -> LeaseOutcome:
+        """Lease ``key`` to us; raises :class:`LeaseHeld` when a live other owner holds it."""
+        ...
+
+    def renew(self, key: str) -> None:
+        """Extend our lease; raises :class:`LeaseHeld` (lost to another owner) or :class:`NotFound`."""
+        ...
+
+    def release(self, key: str) -> None:
+        """Give up our lease; idempotent, never touches another owner's lease."""
+        ...
+
+    def get(self, key: str) -> Lease | None: ...
+
+    def held(self) -> list[str]:
+        """Keys this store holds for us, sorted."""
+        ...
+
+
+_lease_decoder = msgspec.json.Decoder(Lease)
+_encode = msgspec.json.Encoder().encode
+
+
+class FileLeaseStore:
+    """Leases as files: ``<root>/<key>/lease.json``, written atomically.
+
+    ``owner`` is this daemon instance's id; ``ttl_s`` how long a lease lasts
+    without renewal. With ``exclusive`` (the default) the caller holds the
+    :class:`DaemonLock` of the state dir, so any other owner is provably dead
+    and its lease is taken over even before it expires. Each read-modify-write
+    holds an ``flock`` on ``<root>/<key>/`` so two processes never interleave.
+    Use from the trio thread; blocking I/O per call is one small file.
+    """
+
+    def __init__(self, root: pathlib.Path, *, owner: str, ttl_s: float = 30.0, exclusive: bool = True) -> None:
+        self.root = pathlib.Path(root)
+        self.owner = owner
+        self.ttl_s = ttl_s
+        self.exclusive = exclusive
+        self._held: set[str] = set()
+
+    def _dir(self, key: str) -> pathlib.Path:
+        if not _fsutil.is_safe_name(key):
+            raise Invalid(f"invalid lease key {key!r}")
+        return self.root / key
+
+    @contextlib.contextmanager
+    def _locked(self, d: pathlib.Path) -> Iterator[None]:
+        """flock the key's directory; raises FileNotFoundError when it does not exist."""
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _read(self, d: pathlib.Path) -> Lease | None:
+        try:
+            data = (d / LEASE_FILE).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            return _lease_decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            # Atomic writes make this unlikely; an unreadable lease proves no owner.
+            _log().warning("lease.unreadable", path=str(d / LEASE_FILE), error=str(exc))
+            return None
+
+    def _write(self, d: pathlib.Path, lease: Lease) -> None:
+        _fsutil.atomic_write(d / LEASE_FILE, _encode(lease))
+
+    def acquire(self, key: str) -> LeaseOutcome:
+        """Lease ``key`` to us for ``ttl_s``; blocking (one small atomic write).
+
+        No lease -> ``acquired``; ours -> ``renewed``; another owner's that
+        expired -> ``taken_over`` with ``previous_expired``; another owner's
+        that has not expired -> ``taken_over`` when ``exclusive``, else raises
+        :class:`LeaseHeld`. Raises :class:`Invalid` for a key that cannot name
+        a directory, OSError.
+        """
+        d = self._dir(key)
+        _fsutil.make_dirs(d)
+        with self._locked(d):
+            now = time.time()
+            cur = self._read(d)
+            acquired_at = _rfc3339(now)
+            if cur is None:
+                outcome = LeaseOutcome("acquired")
+            elif cur.owner == self.owner:
+                outcome = LeaseOutcome("renewed")
+                acquired_at = cur.acquired_at
+            else:
+                expired = cur.expires_at <= now
+                if not expired and not self.exclusive:
+                    raise LeaseHeld(cur)
+                outcome = LeaseOutcome("taken_over", previous_owner=cur.owner, previous_expired=expired)
+            self._write(d, Lease(key, self.owner, os.getpid(), acquired_at, now + self.ttl_s))
+        self._held.add(key)
+        return outcome
+
+    def _renew(self, key: str) -> None:
+        # No self._held changes here: run() calls this from a worker thread.
+        d = self._dir(key)
+        try:
+            with self._locked(d):
+                cur = self._read(d)
+                if cur is None:
+                    raise NotFound(f"no lease on {key}")
+                if cur.owner != self.owner:
+                    raise LeaseHeld(cur)
+                self._write(d, Lease(key, self.owner, os.getpid(), cur.acquired_at, time.time() + self.ttl_s))
+        except FileNotFoundError:
+            raise NotFound(f"no lease on {key}") from None
+
+    def renew(self, key: str) -> None:
+        """Extend our lease on ``key`` to ``ttl_s`` from now; blocking.
+
+        Raises :class:`LeaseHeld` when another owner holds it now and
+        :class:`NotFound` when it has no lease (released, or the conversation
+        was removed); either way ``key`` leaves :meth:`held`. OSError leaves
+        it held (the next renewal retries).
+        """
+        try:
+            self._renew(key)
+        except (LeaseHeld, NotFound):
+            self._held.discard(key)
+            raise
+        self._held.add(key)
+
+    def release(self, key: str) -> None:
+        """Delete our lease on ``key``; idempotent; another owner's lease is left alone."""
+        self._held.discard(key)
+        d = self._dir(key)
+        try:
+            with self._locked(d):
+                cur = self._read(d)
+                if cur is not None and cur.owner == self.owner:
+                    os.unlink(d / LEASE_FILE)
+        except FileNotFoundError:
+            pass
+
+    def get(self, key: str) -> Lease | None:
+        """The current lease on ``key`` whoever owns it, expired or not; None when there is none."""
+        return self._read(self._dir(key))
+
+    def held(self) -> list[str]:
+        """Keys we hold (acquired and not released or lost), sorted."""
+        return sorted(self._held)
+
+    def _renew_many(self, keys: list[str]) -> list[tuple[str, Exception]]:
+        failed: list[tuple[str, Exception]] = []
+        for key in keys:
+            try:
+                self._renew(key)
+            except (AgentdError, OSError) as exc:
+                failed.append((key, exc))
+        return failed
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Renew every held lease every ``ttl_s / 3`` until cancelled.
+
+        The file writes run in a worker thread. A lease lost to another owner,
+        or deleted, is dropped from :meth:`held` and logged
+        (``lease.lost``); an OSError is logged (``lease.renew_failed``) and
+        retried at the next round. Never raises but Cancelled.
+        """
+        task_status.started()
+        while True:
+            await trio.sleep(self.ttl_s / 3)
+            keys = sorted(self._held)
+            if not keys:
+                continue
+            failed = await trio.to_thread.run_sync(self._renew_many, keys)
+            for key, exc in failed:
+                if isinstance(exc, (LeaseHeld, NotFound)):
+                    self._held.discard(key)
+                    _log().warning("lease.lost", key=key, reason=str(exc))
+                else:
+                    _log().error("lease.renew_failed", key=key, error=str(exc))

@@ -1,0 +1,469 @@
+"""The journal: seq continuity, crash recovery, paging without scanning, fsync policies, errors."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+import re
+import stat
+
+import msgspec
+import pytest
+import structlog
+import trio
+
+from agentd import journal as journal_mod
+from agentd.journal import FsyncPolicy, Journal, JournalCorrupt, JournalStore
+from agentd.wire import decode_record
+
+TS_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\Z")
+
+
+def payload(i: int) -> bytes:
+    return msgspec.json.encode({"i": i, "text": "x" * 40})
+
+
+def seqs(lines: list[bytes]) -> list[int]:
+    return [decode_record(line).seq for line in lines]
+
+
+def fill(j: Journal, n: int) -> None:
+    for i in range(n):
+        j.append("item", payload(i), run="r1")
+
+
+@pytest.fixture
+def store(tmp_path: pathlib.Path) -> JournalStore:
+    return JournalStore(tmp_path / "conversations", fsync=FsyncPolicy.NEVER)
+
+
+@pytest.fixture
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts os.fsync calls (the worker threads look it up through the os module too)."""
+    calls: list[int] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    return calls
+
+
+# --------------------------------------------------------------------------- append / reopen
+
+
+async def test_seq_continues_across_close_and_reopen(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "conversations"
+    store = JournalStore(root)
+    j = store.open("c1")
+    assert j.last_seq == 0
+    assert [j.append("item", payload(i), run="r1")[0] for i in range(3)] == [1, 2, 3]
+    await store.aclose()
+
+    store = JournalStore(root)
+    j = store.open("c1")
+    assert j.last_seq == 3
+    seq, line = j.append("turn", b'{"state":"completed"}')
+    assert seq == 4
+    lines = j.read_after(0)
+    assert seqs(lines) == [1, 2, 3, 4]
+    assert lines[-1] == line
+    rec = decode_record(line)
+    assert (rec.type, rec.run, bytes(rec.data)) == ("turn", "", b'{"state":"completed"}')
+    assert TS_RE.match(rec.ts)
+    first = decode_record(lines[0])
+    assert (first.type, first.run, msgspec.json.decode(first.data)["i"]) == ("item", "r1", 0)
+    await store.aclose()
+
+
+def test_append_returns_the_line_written_to_the_file(store: JournalStore) -> None:
+    j = store.open("c1")
+    _, line = j.append("item", payload(1), run="r9")
+    assert j.path.read_bytes() == line + b"\n"
+
+
+def test_payload_with_a_raw_newline_is_refused(store: JournalStore) -> None:
+    j = store.open("c1")
+    with pytest.raises(ValueError):
+        j.append("item", b'{\n"a": 1}')
+    assert j.last_seq == 0 and j.path.read_bytes() == b""
+
+
+def test_torn_tail_is_cut_and_logged(store: JournalStore, tmp_path: pathlib.Path) -> None:
+    j = store.open("c1")
+    fill(j, 2)
+    path = j.path
+    j.close()
+    torn = b'{"type":"item","ts":"2024-01-01T00:00:00.000Z","data":{"i":'
+    with open(path, "ab") as f:
+        f.write(torn)
+
+    with structlog.testing.capture_logs() as logs:
+        j = Journal(path)
+    assert j.last_seq == 2
+    assert path.read_bytes().endswith(b"\n")
+    cut = [e for e in logs if e["event"] == "journal.torn_tail_cut"]
+    assert len(cut) == 1
+    assert cut[0]["bytes"] == len(torn) and cut[0]["path"] == str(path) and cut[0]["log_level"] == "warning"
+
+    assert j.append("item", payload(3))[0] == 3
+    assert seqs(j.read_after(0)) == [1, 2, 3]
+    j.close()
+
+
+def test_torn_first_line_leaves_an_empty_journal(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b'{"type":"it')
+    with structlog.testing.capture_logs() as logs:
+        j = Journal(path)
+    assert j.last_seq == 0 and path.read_bytes() == b""
+    assert [e["event"] for e in logs] == ["journal.torn_tail_cut"]
+    assert j.append("item", b"{}")[0] == 1
+    j.close()
+
+
+def test_open_reads_only_the_tail(store: JournalStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    j = store.open("c1")
+    fill(j, 20_000)
+    size = j.path.stat().st_size
+    j.close()
+    read = count_reads(monkeypatch)
+    j = Journal(j.path)
+    assert j.last_seq == 20_000
+    assert 0 < sum(read) < size // 50
+    j.close()
+
+
+# --------------------------------------------------------------------------- read_after
+
+
+@pytest.mark.parametrize("reopen", [False, True], ids=["indexed", "reopened"])
+@pytest.mark.parametrize(
+    ("after", "limit"),
+    [(0, None), (0, 1), (0, 7), (1, None), (63, 2), (64, 3), (1234, 10), (2999, None), (2999, 5), (3000, None), (4000, None), (-5, 2), (10, 0)],
+)
+def test_read_after_returns_the_records_after_seq_up_to_limit(
+    store: JournalStore, reopen: bool, after: int, limit: int | None
+) -> None:
+    # 3000 records of ~110 bytes: several bisection steps over ~330 KB once the index is gone.
+    j = store.open("c1")
+    fill(j, 3000)
+    if reopen:
+        j.close()
+        j = Journal(j.path)
+    lines = j.read_after(after, limit)
+    expected = list(range(max(after, 0) + 1, 3001))
+    if limit is not None:
+        expected = expected[:limit]
+    assert seqs(lines) == expected
+    j.close()
+
+
+def test_paging_forward_reads_every_record_once(store: JournalStore) -> None:
+    j = store.open("c1")
+    fill(j, 1000)
+    j.close()
+    j = Journal(j.path)
+    got: list[int] = []
+    after = 0
+    while page := j.read_after(after, 37):
+        got += seqs(page)
+        after = got[-1]
+    assert got == list(range(1, 1001))
+    j.close()
+
+
+def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Bytes returned by every os.read / os.pread from now on."""
+    read: list[int] = []
+    real_pread, real_read = os.pread, os.read
+
+    def pread(fd: int, n: int, off: int) -> bytes:
+        data = real_pread(fd, n, off)
+        read.append(len(data))
+        return data
+
+    def read_(fd: int, n: int) -> bytes:
+        data = real_read(fd, n)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "pread", pread)
+    monkeypatch.setattr(os, "read", read_)
+    return read
+
+
+def test_read_after_does_not_read_the_whole_file(store: JournalStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    j = store.open("c1")
+    fill(j, 200_000)
+    size = j.path.stat().st_size
+    j.close()
+    j = Journal(j.path)  # fresh: no index but the last line, so this bisects
+    read = count_reads(monkeypatch)
+
+    assert seqs(j.read_after(199_990)) == list(range(199_991, 200_001))
+    assert sum(read) < size // 100, (sum(read), size)
+
+    read.clear()
+    assert seqs(j.read_after(100_000, 5)) == list(range(100_001, 100_006))
+    assert seqs(j.read_after(1, 2)) == [2, 3]
+    assert sum(read) < size // 100, (sum(read), size)
+    j.close()
+
+
+# --------------------------------------------------------------------------- corruption
+
+
+def corrupt_line(path: pathlib.Path, line_no: int, junk: bytes = b"@@ not json @@") -> None:
+    lines = path.read_bytes().split(b"\n")
+    lines[line_no - 1] = junk
+    path.write_bytes(b"\n".join(lines))
+
+
+def test_corrupt_middle_line_raises_with_its_line_number_and_earlier_records_stay_readable(store: JournalStore) -> None:
+    j = store.open("c1")
+    fill(j, 10)
+    path = j.path
+    j.close()
+    corrupt_line(path, 5)
+
+    j = Journal(path)  # the last line is fine, so opening works and nothing is rewritten
+    before = path.read_bytes()
+    assert j.last_seq == 10
+    assert seqs(j.read_after(0, 4)) == [1, 2, 3, 4]
+    with pytest.raises(JournalCorrupt) as info:
+        j.read_after(0)
+    assert info.value.line == 5
+    assert "line 5" in info.value.message and str(path) in info.value.message
+    assert info.value.code == "internal"
+    with pytest.raises(JournalCorrupt):
+        j.read_after(4, 1)
+    assert seqs(j.read_after(5)) == [6, 7, 8, 9, 10]
+    assert path.read_bytes() == before
+    j.close()
+
+
+def test_corrupt_line_in_a_large_journal_is_found_by_line_number(store: JournalStore) -> None:
+    j = store.open("c1")
+    fill(j, 6000)
+    path = j.path
+    j.close()
+    corrupt_line(path, 3000)
+    corrupt_line(path, 3001, b'{"type":"item","ts":"x","seq":77}')  # valid JSON, wrong seq
+
+    j = Journal(path)
+    assert seqs(j.read_after(3001, 3)) == [3002, 3003, 3004]
+    assert seqs(j.read_after(2990, 9)) == list(range(2991, 3000))
+    with pytest.raises(JournalCorrupt) as info:
+        j.read_after(2990)
+    assert info.value.line == 3000
+    with pytest.raises(JournalCorrupt) as info:
+        j.read_after(3000)
+    assert info.value.line == 3001
+    j.close()
+
+
+def test_open_refuses_a_journal_whose_last_line_is_corrupt(store: JournalStore) -> None:
+    j = store.open("c1")
+    fill(j, 3)
+    path = j.path
+    j.close()
+    with open(path, "ab") as f:
+        f.write(b"garbage\n")
+    with pytest.raises(JournalCorrupt) as info:
+        Journal(path)
+    assert info.value.line == 4
+
+
+# --------------------------------------------------------------------------- write errors
+
+
+def test_write_error_leaves_the_file_valid_and_last_seq_unchanged(
+    store: JournalStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    j = store.open("c1")
+    fill(j, 3)
+    size = j.path.stat().st_size
+    real_write = os.write
+    failures = [1]
+
+    def failing_write(fd: int, data: bytes) -> int:
+        if failures:
+            failures.pop()
+            real_write(fd, bytes(data)[: len(data) // 2])  # a torn half line reaches the file first
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", failing_write)
+    with pytest.raises(OSError) as info:
+        j.append("item", payload(99))
+    assert info.value.errno == errno.ENOSPC
+    assert j.last_seq == 3
+    assert j.path.stat().st_size == size
+
+    assert j.append("item", payload(4))[0] == 4
+    j.close()
+    with structlog.testing.capture_logs() as logs:
+        j = Journal(j.path)
+    assert logs == []
+    assert seqs(j.read_after(0)) == [1, 2, 3, 4]
+    j.close()
+
+
+def test_short_writes_are_completed(store: JournalStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data)[:7]))
+    j = store.open("c1")
+    _, line = j.append("item", payload(1))
+    assert j.path.read_bytes() == line + b"\n"
+
+
+def test_closed_journal_refuses_appends(store: JournalStore) -> None:
+    j = store.open("c1")
+    j.close()
+    j.close()
+    with pytest.raises(trio.ClosedResourceError):
+        j.append("item", b"{}")
+
+
+# --------------------------------------------------------------------------- fsync policies
+
+
+async def test_always_syncs_once_per_sync_call(tmp_path: pathlib.Path, fsyncs: list[int]) -> None:
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.ALWAYS)
+    j = store.open("c1")
+    fsyncs.clear()  # creating the file synced its directory
+    for i in range(3):
+        j.append("item", payload(i))
+        await j.sync()
+        assert len(fsyncs) == i + 1
+    await j.sync()  # nothing new since: nothing to sync
+    await store.aclose()
+    assert len(fsyncs) == 3
+
+
+async def test_batch_syncs_many_appends_once_within_batch_ms(tmp_path: pathlib.Path, fsyncs: list[int]) -> None:
+    batch_s = 0.05
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=batch_s * 1000)
+    a, b = store.open("a"), store.open("b")
+    fsyncs.clear()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        t0 = trio.current_time()
+        for i in range(1000):
+            a.append("item", payload(i))
+            b.append("item", payload(i))
+        with trio.fail_after(5):
+            while len(fsyncs) < 2:
+                await trio.sleep(0.001)
+        elapsed = trio.current_time() - t0
+        assert batch_s * 0.9 <= elapsed < batch_s + 0.5  # waited to group, then did not dawdle
+        await trio.sleep(batch_s * 3)
+        assert len(fsyncs) == 2  # one per journal for 2000 appends, none while clean
+
+        a.append("item", payload(0))
+        nursery.cancel_scope.cancel()  # the final flush still syncs it
+    assert len(fsyncs) == 3
+    await store.aclose()
+    assert len(fsyncs) == 3
+
+
+async def test_batch_flusher_survives_a_journal_removed_while_dirty(tmp_path: pathlib.Path) -> None:
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        store.open("a").append("item", b"{}")
+        store.write_record("a", b"{}")
+        store.remove("a")
+        await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    assert store.ids() == []
+
+
+async def test_never_does_not_fsync(tmp_path: pathlib.Path, fsyncs: list[int]) -> None:
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.NEVER, batch_ms=1)
+    j = store.open("c1")
+    fsyncs.clear()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        fill(j, 100)
+        await j.sync()
+        await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    await store.aclose()
+    assert fsyncs == []
+
+
+# --------------------------------------------------------------------------- records and the store
+
+
+def test_record_write_is_atomic(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "conversations"
+    store = JournalStore(root)
+    store.write_record("c1", b'{"v":1}')
+    conv = root / "c1"
+    assert stat.S_IMODE(conv.stat().st_mode) == 0o700
+    assert stat.S_IMODE((conv / "record.json").stat().st_mode) == 0o600
+
+    # A crash before the rename: the old record is intact, no temporary file is left.
+    def crash(src: object, dst: object) -> None:
+        raise OSError(errno.EIO, "simulated crash")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        store.write_record("c1", b'{"v":2}')
+    assert store.read_record("c1") == b'{"v":1}'
+    assert sorted(p.name for p in conv.iterdir()) == ["record.json"]
+    monkeypatch.undo()
+
+    # The new content is fsynced before the rename and the directory after it.
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync_dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync_file")
+        real_fsync(fd)
+
+    def replace(src: object, dst: object) -> None:
+        events.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    store.write_record("c1", b'{"v":2}')
+    assert events == ["fsync_file", "rename", "fsync_dir"]
+    assert store.read_record("c1") == b'{"v":2}'
+
+
+def test_ids_exists_and_remove(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "conversations"
+    store = JournalStore(root, fsync=FsyncPolicy.NEVER)
+    assert store.ids() == []
+    store.open("b").append("item", b"{}")  # a journal without a record is not listed
+    store.write_record("c", b"{}")
+    store.write_record("a", b"{}")
+    assert store.ids() == ["a", "c"]
+    assert store.exists("a") and not store.exists("b") and not store.exists("zz")
+    assert store.read_record("zz") is None
+
+    j = store.open("a")
+    j.append("item", b"{}")
+    store.remove("a")
+    store.remove("a")  # idempotent
+    assert not (root / "a").exists()
+    assert store.ids() == ["c"] and not store.exists("a")
+    with pytest.raises(trio.ClosedResourceError):
+        j.append("item", b"{}")
+    assert store.open("a").last_seq == 0  # a new conversation under the same id starts over
+    assert [p.name for p in root.iterdir() if p.name.startswith(".")] == []
+
+
+def test_store_caches_journals_and_rejects_unsafe_ids(store: JournalStore) -> None:
+    assert store.open("c1") is store.open("c1")
+    for bad in ("", "..", ".hidden", "a/b", "../x"):
+        with pytest.raises(journal_mod.Invalid):
+            store.open(bad)
+        assert not store.exists(bad)
