@@ -4,9 +4,8 @@ The schema is the Structs below: every section forbids unknown keys, so a typo
 is an error naming the key, never a silently ignored setting. ``conf/agentd.toml``
 in the repository lists every key at its default.
 
-Imports msgspec, platformdirs and the standard library, plus
-:mod:`agentd.providers.script` for its ``ScriptConfig`` (which brings trio and
-structlog): a client that only needs the socket path should not import this.
+Import-light: msgspec, platformdirs and the standard library only, so a
+client may import it to find the socket.
 
 Paths: every path key left empty takes a platformdirs default, and the
 environment variables ``AGENTD_STATE_DIR``, ``AGENTD_RUNTIME_DIR`` and
@@ -220,19 +219,17 @@ class RuntimesConfig(_Section):
 # --------------------------------------------------------------------------- providers
 
 
-try:
-    # The script provider owns its section's schema (same fields as the fallback below).
-    from .providers.script import ScriptConfig
-except ImportError:  # pragma: no cover - only while the provider module is absent
+class ScriptConfig(_Section):
+    """[providers.script]: the in-process script provider.
 
-    class ScriptConfig(msgspec.Struct, forbid_unknown_fields=True):  # type: ignore[no-redef]
-        """[providers.script]: the in-process script provider."""
+    ``scripts_dir``: where bare script names are looked up after the workdir
+    ("" = ``<state_dir>/scripts``). ``default_script``: the script of a
+    conversation opened with an empty model ("" = the built-in echo).
+    """
 
-        enabled: bool = True
-        #: directory of *.toml scripts; "" = <state_dir>/scripts
-        scripts_dir: str = ""
-        #: script played when a conversation names none; "" = the built-in echo
-        default_script: str = ""
+    enabled: bool = True
+    scripts_dir: str = ""
+    default_script: str = ""
 
 
 class ByokConfig(_Section, kw_only=True):

@@ -97,7 +97,8 @@ class _Live:
         self.sink = _Sink(self)
         self.published_seq = journal.last_seq
         self.pending: dict[str, c.Interaction] = {}
-        self.items: dict[str, wire.InFlightItem] = {}
+        #: text so far of the turn's streamed items: id -> (kind, agent_id, chunks)
+        self.items: dict[str, tuple[str, str, list[str]]] = {}
         self.todos: c.TodoList | None = None
         self.activity: c.Activity | None = None
         self.context: c.Context | None = None
@@ -385,10 +386,10 @@ class ConversationService:
         run = live.run
         if isinstance(event, c.DeltaEvent):
             d = event.delta
-            item = live.items.get(d.item_id)
-            if item is None:
-                item = live.items[d.item_id] = wire.InFlightItem(id=d.item_id, kind=d.kind.value, agent_id=d.agent_id)
-            item.text += d.text
+            entry = live.items.get(d.item_id)
+            if entry is None:
+                entry = live.items[d.item_id] = (d.kind.value, d.agent_id, [])
+            entry[2].append(d.text)  # joined only for a snapshot: appends stay O(1)
             self._publish_live(live, type_, data)
             return
         if isinstance(event, c.ActivityEvent):
@@ -406,8 +407,8 @@ class ConversationService:
 
         if isinstance(event, c.ItemEvent):
             item = event.item
-            if item.kind in (c.ItemKind.ASSISTANT, c.ItemKind.REASONING) and item.id in live.items:
-                live.items[item.id].text = item.text
+            if item.id in live.items:
+                live.items[item.id] = (item.kind.value, item.agent_id, [item.text])
         elif isinstance(event, c.UsageEvent):
             live.usage = event.usage
         elif isinstance(event, c.TitleEvent):
@@ -731,7 +732,10 @@ class ConversationService:
             state=live.record.state,
             last_seq=live.published_seq,
             run=live.run,
-            items=[msgspec.structs.replace(i) for i in live.items.values()],
+            items=[
+                wire.InFlightItem(id=item_id, kind=kind, agent_id=agent_id, text="".join(chunks))
+                for item_id, (kind, agent_id, chunks) in live.items.items()
+            ],
             pending=list(live.pending.values()),
             todos=live.todos,
             activity=live.activity,

@@ -84,7 +84,7 @@ class _Connection:
                 while len(batch) < 256:
                     try:
                         batch.append(self.receive_channel.receive_nowait())
-                    except trio.WouldBlock:
+                    except (trio.WouldBlock, trio.EndOfChannel):
                         break
                 try:
                     await self.stream.send_all(b"".join(batch))

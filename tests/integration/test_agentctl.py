@@ -1,0 +1,460 @@
+"""agentctl against the real daemon: every command's --json output and exit code.
+
+agentd runs as ``python -m agentd run`` on a temp socket and state dir (see
+``daemon_harness``); agentctl runs as a subprocess, as a user or a script
+would run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon_harness import REPO, Daemon
+
+SCRIPTS = REPO / "conf" / "scripts"
+
+
+def one_json(cp: subprocess.CompletedProcess[str]) -> Any:
+    """stdout holds exactly one JSON value and nothing else."""
+    return json.loads(cp.stdout)
+
+
+def json_lines(cp: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    lines = cp.stdout.splitlines()
+    assert lines, cp.stderr
+    return [json.loads(line) for line in lines]
+
+
+def new_conversation(daemon: Daemon, workdir: Path, script: str, *extra: str) -> str:
+    cp = daemon.agentctl("new", "-p", "script", "-m", str(SCRIPTS / script), "--cwd", str(workdir), "--json", *extra)
+    assert cp.returncode == 0, cp.stderr
+    return one_json(cp)["id"]
+
+
+def wait_for_state(daemon: Daemon, conv: str, *states: str, timeout: float = 15.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = one_json(daemon.agentctl("show", conv, "--json"))
+        if info["record"]["state"] in states:
+            return info
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{conv} stayed {info['record']['state']}, wanted {states}")
+        time.sleep(0.05)
+
+
+def spawn_agentctl(daemon: Daemon, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), *args],
+        env=daemon.env, cwd=daemon.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+# ---------------------------------------------------------------------- daemon-level commands
+
+
+def test_status_providers_and_ls_print_one_json_object_each(daemon: Daemon) -> None:
+    status = daemon.agentctl("status", "--json")
+    assert status.returncode == 0, status.stderr
+    body = one_json(status)
+    assert body["pid"] == daemon.proc.pid
+    assert body["protocol"] == 1
+    assert "script" in body["providers"]
+
+    providers = daemon.agentctl("providers", "--json")
+    assert providers.returncode == 0
+    by_name = {p["name"]: p for p in one_json(providers)["providers"]}
+    assert by_name["script"]["available"] is True
+    assert by_name["script"]["capabilities"]["cancel"] is True
+
+    ls = daemon.agentctl("ls", "--json")
+    assert (ls.returncode, one_json(ls)) == (0, {"conversations": []})
+
+
+def test_global_options_work_before_the_command_too(daemon: Daemon) -> None:
+    cp = daemon.agentctl("--json", "status")
+    assert cp.returncode == 0 and one_json(cp)["pid"] == daemon.proc.pid
+
+
+def test_models_of_a_provider_without_a_model_list_is_an_error_on_stderr(daemon: Daemon) -> None:
+    cp = daemon.agentctl("models", "script", "--json")
+    assert cp.returncode == 1
+    assert cp.stdout == ""
+    assert "unsupported" in cp.stderr
+
+
+# ---------------------------------------------------------------------- conversations and turns
+
+
+def test_new_ls_show_title_close_rm_round_trip(daemon: Daemon, workdir: Path) -> None:
+    conv = new_conversation(daemon, workdir, "echo.toml", "--title", "first")
+    listed = one_json(daemon.agentctl("ls", "--json"))["conversations"]
+    assert [(c["id"], c["title"], c["state"]) for c in listed] == [(conv, "first", "idle")]
+
+    show = daemon.agentctl("show", conv[:6], "--json")  # a unique prefix names it
+    assert show.returncode == 0
+    info = one_json(show)
+    assert info["record"]["workdir"] == str(workdir)
+    assert info["pending"] == []
+
+    assert one_json(daemon.agentctl("title", conv, "renamed", "--json"))["ok"] is True
+    assert one_json(daemon.agentctl("show", conv, "--json"))["record"]["title"] == "renamed"
+
+    assert daemon.agentctl("close", conv, "--json").returncode == 0
+    assert one_json(daemon.agentctl("ls", "--json"))["conversations"] == []
+    assert [c["state"] for c in one_json(daemon.agentctl("ls", "--all", "--json"))["conversations"]] == ["closed"]
+
+    assert daemon.agentctl("rm", conv, "--json").returncode == 0
+    assert daemon.agentctl("show", conv, "--json").returncode == 6
+
+
+def test_human_new_prints_only_the_id(daemon: Daemon, workdir: Path) -> None:
+    cp = daemon.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "echo.toml"), "--cwd", str(workdir))
+    assert cp.returncode == 0
+    conv = cp.stdout.strip()
+    assert one_json(daemon.agentctl("show", conv, "--json"))["record"]["id"] == conv
+
+
+def test_run_of_a_completing_script_streams_json_lines_and_exits_0(daemon: Daemon, workdir: Path) -> None:
+    cp = daemon.agentctl("run", "-p", "script", "-m", str(SCRIPTS / "echo.toml"), "--cwd", str(workdir),
+                         "hello there", "--json")
+    assert cp.returncode == 0, cp.stderr
+    lines = json_lines(cp)
+    result = lines[-1]
+    assert result["type"] == "result" and result["state"] == "completed" and result["exit_code"] == 0
+    records = [x for x in lines[:-1] if x["type"] != "snapshot"]
+    assert all(x["conversation"] == result["conversation"] for x in lines)
+    assert records[0]["type"] == "prompt" and records[0]["data"]["text"] == "hello there"
+    assert records[-1]["type"] == "turn" and records[-1]["run"] == result["run"]
+    durable = [x["seq"] for x in records if x["seq"]]
+    assert durable == sorted(set(durable)), "each journal record exactly once, in order"
+    text = "".join(x["data"]["text"] for x in records if x["type"] == "item" and x["data"]["kind"] == "assistant")
+    assert "You said: hello there" in text
+
+
+def test_run_human_output_shows_the_streamed_answer_and_the_outcome(daemon: Daemon, workdir: Path) -> None:
+    cp = daemon.agentctl("run", "-p", "script", "-m", str(SCRIPTS / "echo.toml"), "--cwd", str(workdir), "hi")
+    assert cp.returncode == 0
+    assert "\x1b" not in cp.stdout  # NO_COLOR and not a terminal
+    assert "You said: hi." in cp.stdout
+    assert cp.stdout.rstrip().endswith("turn completed")
+
+
+def test_run_of_a_failing_script_exits_1(daemon: Daemon, workdir: Path) -> None:
+    cp = daemon.agentctl("run", "-p", "script", "-m", str(SCRIPTS / "fail.toml"), "--cwd", str(workdir),
+                         "x", "--json")
+    assert cp.returncode == 1
+    result = json_lines(cp)[-1]
+    assert (result["state"], result["exit_code"]) == ("failed", 1)
+    assert "fails" in result["error"]
+
+
+def test_a_cancelled_turn_makes_run_exit_3(daemon: Daemon, workdir: Path) -> None:
+    proc = spawn_agentctl(daemon, "run", "-p", "script", "-m", str(SCRIPTS / "wait.toml"), "--cwd", str(workdir),
+                          "wait for me", "--json")
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            convs = one_json(daemon.agentctl("ls", "--json"))["conversations"]
+            if convs and convs[0]["state"] == "running":
+                break
+            assert time.monotonic() < deadline, "the turn never started"
+            time.sleep(0.05)
+        cancel = daemon.agentctl("cancel", convs[0]["id"], "--json")
+        assert cancel.returncode == 0 and one_json(cancel)["ok"] is True
+        out, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, err
+    assert json.loads(out.splitlines()[-1])["state"] == "cancelled"
+
+
+def test_send_answers_with_the_run_and_follow_exits_with_the_outcome(daemon: Daemon, workdir: Path) -> None:
+    conv = new_conversation(daemon, workdir, "cycle.toml")
+    sent = daemon.agentctl("send", conv, "first", "--json")
+    assert sent.returncode == 0
+    body = one_json(sent)
+    assert body["disposition"] == "started" and body["run"]
+    wait_for_state(daemon, conv, "idle")
+    followed = daemon.agentctl("send", conv, "hello", "--follow", "--json")
+    assert followed.returncode == 0
+    lines = json_lines(followed)
+    assert lines[-1]["state"] == "completed"
+    assert any(x["type"] == "item" and x["data"].get("text") == "Hello to you too." for x in lines)
+
+
+def test_send_while_busy_exits_7_and_queue_is_accepted(daemon: Daemon, workdir: Path) -> None:
+    conv = new_conversation(daemon, workdir, "wait.toml")
+    assert daemon.agentctl("send", conv, "one").returncode == 0
+    busy = daemon.agentctl("send", conv, "two", "--json")
+    assert busy.returncode == 7
+    assert busy.stdout == "" and "busy" in busy.stderr
+    queued = daemon.agentctl("send", conv, "two", "--if-busy", "queue", "--json")
+    assert queued.returncode == 0 and one_json(queued)["disposition"] == "queued"
+    assert daemon.agentctl("cancel", conv).returncode == 0
+
+
+def test_steer_joins_the_running_turn(daemon: Daemon, workdir: Path) -> None:
+    conv = new_conversation(daemon, workdir, "wait.toml")
+    follower = spawn_agentctl(daemon, "send", conv, "please steer", "--follow", "--json")
+    try:
+        wait_for_state(daemon, conv, "running")
+        steer = daemon.agentctl("steer", conv, "go left", "--json")
+        assert steer.returncode == 0 and one_json(steer)["disposition"] == "steered"
+        out, err = follower.communicate(timeout=15)
+    finally:
+        follower.kill()
+    assert follower.returncode == 0, err
+    texts = [json.loads(x)["data"].get("text", "") for x in out.splitlines() if '"item"' in x]
+    assert "Steered: go left" in texts
+
+
+def test_unknown_conversations_exit_6(daemon: Daemon) -> None:
+    for args in (["show", "nope"], ["send", "nope", "hi"], ["cancel", "nope"], ["tail", "nope", "--no-follow"],
+                 ["answer", "nope", "--allow"], ["rm", "nope"]):
+        cp = daemon.agentctl(*args, "--json")
+        assert cp.returncode == 6, (args, cp.stderr)
+        assert cp.stdout == ""
+        assert "not_found" in cp.stderr
+
+
+def test_tail_no_follow_prints_the_journal_then_a_snapshot(daemon: Daemon, workdir: Path) -> None:
+    run = daemon.agentctl("run", "-p", "script", "-m", str(SCRIPTS / "echo.toml"), "--cwd", str(workdir), "x", "--json")
+    conv = json_lines(run)[-1]["conversation"]
+    cp = daemon.agentctl("tail", conv, "--no-follow", "--json")
+    assert cp.returncode == 0
+    lines = json_lines(cp)
+    assert [x["seq"] for x in lines[:-1]] == list(range(1, len(lines)))
+    assert lines[0]["type"] == "conversation"
+    assert lines[-1]["type"] == "snapshot" and lines[-1]["data"]["state"] == "idle"
+    later = json_lines(daemon.agentctl("tail", conv, "--after", "3", "--no-follow", "--json"))
+    assert later[0]["seq"] == 4
+
+
+# ---------------------------------------------------------------------- interactions
+
+
+def test_a_pending_permission_exits_4_then_answers_are_checked(daemon: Daemon, workdir: Path) -> None:
+    run = daemon.agentctl("run", "-p", "script", "-m", str(SCRIPTS / "tool.toml"), "--cwd", str(workdir), "go",
+                          "--exit-on-action", "--json")
+    assert run.returncode == 4, run.stderr
+    result = json_lines(run)[-1]
+    assert result["state"] == "requires_action"
+    conv, inter = result["conversation"], result["interaction"]
+    assert inter["kind"] == "permission"
+
+    bad = daemon.agentctl("answer", conv, "--option", "bogus", "--json")
+    assert bad.returncode == 8 and bad.stdout == ""
+    wrong_kind = daemon.agentctl("answer", conv, "--choice", "red", "--json")
+    assert wrong_kind.returncode == 8
+    missing = daemon.agentctl("answer", conv, inter["id"] + "-nope", "--allow", "--json")
+    assert missing.returncode == 6
+
+    ok = daemon.agentctl("answer", conv, "--allow", "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert one_json(ok)["interaction"] == inter["id"]
+    wait_for_state(daemon, conv, "idle")
+    assert (workdir / "agentd-tool.txt").read_text() == "written by agentd\n"
+    again = daemon.agentctl("answer", conv, "--allow", "--json")
+    assert again.returncode == 6  # nothing pending any more
+
+
+def test_a_follower_without_a_terminal_prints_how_to_answer_and_keeps_following(daemon: Daemon, workdir: Path) -> None:
+    proc = spawn_agentctl(daemon, "run", "-p", "script", "-m", str(SCRIPTS / "tool.toml"), "--cwd", str(workdir), "go")
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            convs = one_json(daemon.agentctl("ls", "--json"))["conversations"]
+            if convs and convs[0]["state"] == "requires_action":
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert daemon.agentctl("answer", convs[0]["id"], "--deny").returncode == 0
+        out, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert f"answer with: agentctl --socket {daemon.socket} answer {convs[0]['id']} 1-1-permission --allow" in out
+    assert "failed: denied" in out or "failed" in out
+    assert out.rstrip().endswith("turn completed")
+
+
+def test_yolo_runs_to_the_end_without_asking(daemon: Daemon, workdir: Path) -> None:
+    cp = daemon.agentctl("run", "-p", "script", "-m", str(SCRIPTS / "tool.toml"), "--cwd", str(workdir), "go",
+                         "--yolo", "--exit-on-action")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "answered: allow_once (yolo)" in cp.stdout
+    assert "answer with" not in cp.stdout
+
+
+def _drive_pty(argv: list[str], env: dict[str, str], cwd: Path, replies: list[tuple[str, str]],
+               timeout: float = 30.0) -> tuple[int, str]:
+    """Run ``argv`` on a pseudo-terminal, typing each reply when its prompt shows."""
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.chdir(cwd)
+        os.execve(argv[0], argv, env)
+    out = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if not ready:
+                continue
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                break
+            if not data:
+                break
+            out += data
+            if replies and replies[0][0].encode() in out.rsplit(b"\n", 1)[-1]:
+                os.write(fd, replies.pop(0)[1].encode() + b"\n")
+        else:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+def test_run_at_a_terminal_asks_for_the_permission_and_goes_on(daemon: Daemon, workdir: Path) -> None:
+    code, out = _drive_pty(
+        [sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), "run", "-p", "script",
+         "-m", str(SCRIPTS / "tool.toml"), "--cwd", str(workdir), "go"],
+        daemon.env, daemon.root, [("choose 1-3:", "7"), ("choose 1-3:", "1")],
+    )
+    assert code == 0, out
+    assert "type a number from 1 to 3" in out
+    assert "answer with" not in out  # asked, not told
+    assert (workdir / "agentd-tool.txt").exists()
+
+
+def test_attach_at_a_terminal_fills_a_form_and_reviews_a_plan(daemon: Daemon, workdir: Path) -> None:
+    run = spawn_agentctl(daemon, "run", "-p", "script", "-m", str(REPO / "conf" / "demo.toml"), "--cwd",
+                         str(workdir), "tour", "--json")
+    try:
+        wait_for_state(daemon, run_conv := _first_conversation(daemon), "requires_action")
+        code, out = _drive_pty(
+            [sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), "attach", run_conv, "--until-idle"],
+            daemon.env, daemon.root,
+            [("choose 1-3:", "1"), ("[1-3, or type an answer]:", "2"),
+             ("name (", "Ann"), ("email (", "not-an-email"), ("email (", ""), ("lines (", "5"),
+             ("verbose (", "n"), ("topics (", "1"), ("or f to give feedback", "f"), ("feedback:", "shorter")],
+            timeout=30,
+        )
+        out_run, _ = run.communicate(timeout=30)
+    finally:
+        run.kill()
+    assert "must be a valid email" in out
+    assert code == 0, out
+    assert run.returncode == 0, out
+    result = json.loads(out_run.splitlines()[-1])
+    assert result["state"] == "completed"
+    answers = [json.loads(x)["data"] for x in out_run.splitlines() if '"type":"answer"' in x]
+    assert [a["answer"].get("decision") for a in answers[:1]] == ["allow_once"]
+    assert answers[1]["answer"]["answers"] == [["green"]]
+    assert answers[2]["answer"]["answers"] == [["Ann"], [], ["5"], ["no"], ["Tools"]]
+    assert answers[3]["answer"]["plan"] == {"feedback": "shorter"}
+
+
+def _first_conversation(daemon: Daemon, timeout: float = 15.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        convs = one_json(daemon.agentctl("ls", "--json"))["conversations"]
+        if convs:
+            return convs[0]["id"]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------- reaching the daemon
+
+
+def test_an_unreachable_daemon_exits_5_without_autostart(tmp_path: Path) -> None:
+    env = dict(os.environ, AGENTD_SOCKET=str(tmp_path / "none.sock"), AGENTD_STATE_DIR=str(tmp_path / "state"))
+    env.pop("AGENTD_NO_AUTOSTART", None)
+    cp = subprocess.run([sys.executable, "-m", "agentctl", "status", "--json", "--no-autostart"],
+                        env=env, capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert cp.returncode == 5
+    assert cp.stdout == ""
+    assert "not running" in cp.stderr
+    env["AGENTD_NO_AUTOSTART"] = "1"
+    cp = subprocess.run([sys.executable, "-m", "agentctl", "ls"], env=env, capture_output=True, text=True,
+                        timeout=30, cwd=REPO)
+    assert cp.returncode == 5
+    assert not (tmp_path / "state").exists(), "nothing was started"
+
+
+def test_autostart_starts_agentd_once_and_reuses_it(tmp_path: Path) -> None:
+    root = Path(os.environ.get("TMPDIR", "/tmp"))
+    rundir = tmp_path / "run"
+    env = dict(
+        os.environ,
+        AGENTD_SOCKET=str(rundir / "agentd.sock"),
+        AGENTD_STATE_DIR=str(tmp_path / "state"),
+        AGENTD_RUNTIME_DIR=str(rundir),
+        AGENTD_CONFIG=str(tmp_path / "agentd.toml"),
+    )
+    (tmp_path / "agentd.toml").write_text("")
+    env.pop("AGENTD_NO_AUTOSTART", None)
+    assert root
+    first = subprocess.run([sys.executable, "-m", "agentctl", "status", "--json"], env=env,
+                           capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    pid = one_json(first)["pid"]
+    try:
+        assert f"started agentd (pid {pid}); log: {rundir / 'agentd.log'}" in first.stderr
+        assert one_json(first)["socket"] == str(rundir / "agentd.sock")
+        second = subprocess.run([sys.executable, "-m", "agentctl", "status", "--json"], env=env,
+                                capture_output=True, text=True, timeout=30, cwd=tmp_path)
+        assert second.returncode == 0
+        assert one_json(second)["pid"] == pid
+        assert "started" not in second.stderr
+    finally:
+        _terminate(pid)
+
+
+def _terminate(pid: int, timeout: float = 20.0) -> None:
+    """Stop a detached daemon we did not spawn directly (it is not our child)."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            return
+        if state == "Z":
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_a_lagging_follower_resubscribes_and_shows_each_record_once(tmp_path: Path, workdir: Path) -> None:
+    (tmp_path / "lag").mkdir()
+    d = Daemon(tmp_path / "lag", config_text="[server]\nsubscriber_buffer = 2\n").start()
+    try:
+        cp = d.agentctl("run", "-p", "script", "-m", str(SCRIPTS / "slow.toml"), "--cwd", str(workdir), "x",
+                        "--json")
+        assert cp.returncode == 0, cp.stderr
+        lines = json_lines(cp)
+        durable = [x["seq"] for x in lines if x["type"] not in ("snapshot", "result") and x["seq"]]
+        assert durable == sorted(set(durable))
+        assert durable == list(range(durable[0], durable[-1] + 1)), "no gap"
+        final = [x for x in lines if x["type"] == "item" and x["data"]["kind"] == "assistant"][-1]
+        assert "When the text ends, the turn completes." in final["data"]["text"]
+    finally:
+        d.stop()

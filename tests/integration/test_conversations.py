@@ -1,0 +1,308 @@
+"""Conversations, turns, subscriptions and interactions through the real daemon."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from agentd import contract as c
+from agentd import wire
+from daemon_harness import Client, Daemon
+
+from .conftest import SCRIPTS
+
+SLOW = Path(__file__).resolve().parents[2] / "conf" / "scripts" / "slow.toml"
+WAIT = Path(__file__).resolve().parents[2] / "conf" / "scripts" / "wait.toml"
+
+
+def new(client: Client, workdir: Path, script: Path | str, **kw) -> str:
+    return client.request(wire.New, provider="script", workdir=str(workdir), model=str(script), **kw)["id"]
+
+
+def durable_seqs(records: list[wire.Record]) -> list[int]:
+    return [r.seq for r in records if r.seq]
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError("condition not met")
+
+
+def test_turn_is_journaled_before_it_is_published_and_ends_completed(daemon: Daemon, workdir: Path) -> None:
+    with daemon.client() as client:
+        cid = new(client, workdir, SCRIPTS / "steps.toml")
+        client.subscribe(cid)
+        run = client.request(wire.Send, conversation=cid, text="go")["run"]
+        records = client.follow(run)
+    journal = daemon.journal(cid)
+    on_disk = [r["seq"] for r in journal]
+    assert on_disk == list(range(1, len(on_disk) + 1))
+    seen = durable_seqs(records)
+    assert seen == on_disk  # every durable record, in order, once
+    assert any(r.type == "delta" and r.seq == 0 for r in records)  # deltas live only
+    assert not any(r["type"] == "delta" for r in journal)
+    assert journal[-1]["type"] == "turn" and journal[-1]["data"]["state"] == "completed"
+    assert [r["type"] for r in journal if r.get("run") == run][0] == "prompt"
+    assert daemon.record(cid).get("active_run", "") == ""
+
+
+def test_subscriber_joining_mid_turn_sees_each_durable_event_once_then_the_snapshot(
+    daemon: Daemon, workdir: Path
+) -> None:
+    with daemon.client() as a, daemon.client() as b:
+        cid = new(a, workdir, SCRIPTS / "steps.toml")
+        run = a.request(wire.Send, conversation=cid, text="go")["run"]
+        time.sleep(0.5)  # the turn is well under way
+        sub = b.subscribe(cid, after=0)
+        frames = []
+        for frame in b.frames(timeout=20):
+            frames.append(frame)
+            if isinstance(frame, wire.EventFrame):
+                rec = wire.decode_record(frame.record)
+                if rec.type == "turn" and rec.run == run and msgspec.json.decode(rec.data)["state"] != "working":
+                    break
+    events = [wire.decode_record(f.record) for f in frames if isinstance(f, wire.EventFrame)]
+    seqs = durable_seqs(events)
+    assert seqs == list(range(1, seqs[-1] + 1)), "gap or duplicate"
+    assert seqs == [r["seq"] for r in daemon.journal(cid)]
+    snaps = [i for i, f in enumerate(frames) if isinstance(f, wire.SnapshotFrame)]
+    assert len(snaps) == 1
+    snap = frames[snaps[0]].snapshot
+    before = [wire.decode_record(f.record).seq for f in frames[: snaps[0]] if isinstance(f, wire.EventFrame)]
+    after = [wire.decode_record(f.record).seq for f in frames[snaps[0] :] if isinstance(f, wire.EventFrame)]
+    assert snap.last_seq == max(before)  # the snapshot follows the replay ...
+    assert all(s == 0 or s > snap.last_seq for s in after)  # ... and precedes everything live
+    assert snap.run == run and snap.state in ("running", "requires_action")
+    assert all(f.sub == sub for f in frames if hasattr(f, "sub"))
+
+
+def test_replay_after_a_seq_starts_right_after_it(daemon: Daemon, workdir: Path) -> None:
+    with daemon.client() as client:
+        cid = new(client, workdir, SCRIPTS / "steps.toml")
+        client.subscribe(cid)
+        run = client.request(wire.Send, conversation=cid, text="go")["run"]
+        total = durable_seqs(client.follow(run))[-1]
+    with daemon.client() as client:
+        client.subscribe(cid, after=total - 5)
+        got = []
+        for frame in client.frames(timeout=5):
+            if isinstance(frame, wire.SnapshotFrame):
+                break
+            got.append(wire.decode_record(frame.record).seq)
+    assert got == list(range(total - 4, total + 1))
+
+
+def test_slow_subscriber_gets_lagged_while_another_keeps_receiving(tmp_path: Path, workdir: Path) -> None:
+    # ~3 MB of deltas: far more than the socket buffer plus a 16-frame outbox.
+    flood = tmp_path / "flood.toml"
+    flood.write_text('model = "flood"\n[[turn]]\n[[turn.step]]\nkind = "text"\nchunk = 500\ndelay_ms = 0\n'
+                     f'text = "{"x" * 3_000_000}"\n')
+    d = Daemon(tmp_path, "[server]\nsubscriber_buffer = 16\n").start()
+    try:
+        with d.client() as fast, d.client() as slow:
+            cid = new(fast, workdir, flood)
+            slow_sub = slow.subscribe(cid)
+            fast.subscribe(cid)
+            t0 = time.monotonic()
+            run = fast.request(wire.Send, conversation=cid, text="go")["run"]
+            records = fast.follow(run, timeout=60)
+            elapsed = time.monotonic() - t0
+            assert records[-1].type == "turn"
+            # The slow one only reads now: what it got, then `lagged` telling where to resume.
+            lagged = None
+            seen: list[int] = []
+            for frame in slow.frames(timeout=5):
+                if isinstance(frame, wire.LaggedFrame):
+                    lagged = frame
+                    break
+                if isinstance(frame, wire.EventFrame):
+                    seq = wire.decode_record(frame.record).seq
+                    if seq:
+                        seen.append(seq)
+            assert lagged is not None and lagged.sub == slow_sub
+            assert lagged.resume_after == (seen[-1] if seen else 0)
+            # Resubscribing from there fills the gap exactly.
+            slow.subscribe(cid, after=lagged.resume_after)
+            for frame in slow.frames(timeout=5):
+                if isinstance(frame, wire.SnapshotFrame):
+                    break
+                if isinstance(frame, wire.EventFrame):
+                    seq = wire.decode_record(frame.record).seq
+                    if seq:
+                        seen.append(seq)
+        assert seen == [r["seq"] for r in d.journal(cid)]
+        assert elapsed < 30, f"the daemon was held up by the slow client ({elapsed:.1f}s)"
+    finally:
+        d.stop()
+
+
+def test_busy_send_follows_if_busy(daemon: Daemon, workdir: Path) -> None:
+    with daemon.client() as client:
+        cid = new(client, workdir, WAIT)
+        first = client.request(wire.Send, conversation=cid, text="one")["run"]
+        with pytest.raises(c.Busy):
+            client.request(wire.Send, conversation=cid, text="two", if_busy="reject")
+        queued = client.request(wire.Send, conversation=cid, text="three", if_busy="queue")
+        assert queued["disposition"] == "queued"
+        assert client.request(wire.Show, conversation=cid)["queued"] == 1
+        interrupted = client.request(wire.Send, conversation=cid, text="four", if_busy="interrupt")
+        assert interrupted["disposition"] == "interrupted"
+    journal = daemon.journal(cid)
+    ends = {r["run"]: r["data"]["state"] for r in journal if r["type"] == "turn" and r["data"]["state"] != "working"}
+    assert ends[first] == "cancelled"
+    # The queued prompt ran after the cancelled turn; "four" waits behind nothing.
+    prompts = [r["data"]["text"] for r in journal if r["type"] == "prompt"]
+    assert prompts == ["one", "three", "four"]
+
+
+def test_steer_reaches_the_running_turn(daemon: Daemon, workdir: Path) -> None:
+    with daemon.client() as client:
+        cid = new(client, workdir, WAIT)
+        client.subscribe(cid)
+        run = client.request(wire.Send, conversation=cid, text="please steer me")["run"]
+        steered = client.request(wire.Steer, conversation=cid, text="left")
+        assert steered["run"] == run
+        records = client.follow(run)
+    texts = [msgspec.json.decode(r.data)["text"] for r in records if r.type == "item"]
+    assert "Steered: left" in texts
+    assert records[-1].type == "turn" and msgspec.json.decode(records[-1].data)["state"] == "completed"
+
+
+def test_cancel_ends_the_turn_cancelled_quickly_and_the_conversation_goes_on(daemon: Daemon, workdir: Path) -> None:
+    with daemon.client() as client:
+        cid = new(client, workdir, WAIT)
+        client.subscribe(cid)
+        run = client.request(wire.Send, conversation=cid, text="wait")["run"]
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        client.request(wire.Cancel, conversation=cid)
+        records = client.follow(run, timeout=5)
+        assert time.monotonic() - t0 < 1.0
+        assert msgspec.json.decode(records[-1].data)["state"] == "cancelled"
+        run2 = client.request(wire.Send, conversation=cid, text="again")["run"]
+        assert run2 != run
+
+
+def test_answers_from_another_client_and_invalid_answers_are_refused(daemon: Daemon, workdir: Path) -> None:
+    with daemon.client() as watcher, daemon.client() as answerer:
+        cid = new(watcher, workdir, SCRIPTS / "ask.toml")
+        watcher.subscribe(cid)
+        run = watcher.request(wire.Send, conversation=cid, text="go")["run"]
+        perm = wait_for(lambda: answerer.request(wire.Show, conversation=cid).get("pending"))[0]
+        assert perm["kind"] == "permission"
+        assert answerer.request(wire.Show, conversation=cid)["record"]["state"] == "requires_action"
+        with pytest.raises(c.Invalid):
+            answerer.request(wire.AnswerInteraction, conversation=cid, interaction=perm["id"],
+                             answer={"decision": "maybe"})
+        answerer.request(wire.AnswerInteraction, conversation=cid, interaction=perm["id"],
+                         answer={"decision": "allow_once"})
+        with pytest.raises(c.InteractionGone):
+            answerer.request(wire.AnswerInteraction, conversation=cid, interaction=perm["id"],
+                             answer={"decision": "allow_once"})
+        question = wait_for(lambda: answerer.request(wire.Show, conversation=cid).get("pending"))[0]
+        with pytest.raises(c.Invalid):
+            answerer.request(wire.AnswerInteraction, conversation=cid, interaction=question["id"],
+                             answer={"answers": [["red", "blue"]]})
+        answerer.request(wire.AnswerInteraction, conversation=cid, interaction=question["id"][:6],
+                         answer={"answers": [["teal"]]})
+        records = watcher.follow(run)
+    assert (workdir / "ran.txt").read_text() == "ran\n"
+    answers = [msgspec.json.decode(r.data) for r in records if r.type == "answer"]
+    assert [a.get("auto", False) for a in answers] == [False, False]
+    assert any("teal" in msgspec.json.decode(r.data).get("text", "") for r in records if r.type == "item")
+
+
+def test_yolo_answers_permissions_allow_once_and_the_journal_says_so(daemon: Daemon, workdir: Path) -> None:
+    with daemon.client() as client:
+        cid = new(client, workdir, SCRIPTS / "perm.toml", mode="yolo")
+        client.subscribe(cid)
+        run = client.request(wire.Send, conversation=cid, text="go")["run"]
+        records = client.follow(run)
+    assert (workdir / "ran.txt").exists()
+    answers = [msgspec.json.decode(r.data) for r in records if r.type == "answer"]
+    assert answers == [{"interaction_id": answers[0]["interaction_id"], "answer": {"decision": "allow_once"},
+                        "auto": True, "by": "yolo"}]
+    asked = [msgspec.json.decode(r.data) for r in records if r.type == "interaction"]
+    assert asked[0]["auto"] is True
+
+
+def test_yolo_never_answers_questions(daemon: Daemon, workdir: Path) -> None:
+    with daemon.client() as client:
+        cid = new(client, workdir, SCRIPTS / "ask.toml", mode="yolo")
+        client.request(wire.Send, conversation=cid, text="go")
+        pending = wait_for(
+            lambda: [p for p in client.request(wire.Show, conversation=cid).get("pending", []) if p["kind"] == "question"]
+        )
+        time.sleep(0.3)
+        assert client.request(wire.Show, conversation=cid).get("pending", []) == pending  # still waiting for a person
+
+
+def test_pending_interaction_expires_by_policy_and_is_denied(tmp_path: Path, workdir: Path) -> None:
+    d = Daemon(tmp_path, "[interactions]\ntimeout_s = 0.5\n").start()
+    try:
+        with d.client() as client:
+            cid = new(client, workdir, SCRIPTS / "perm.toml")
+            client.subscribe(cid)
+            run = client.request(wire.Send, conversation=cid, text="go")["run"]
+            records = client.follow(run)
+        answers = [msgspec.json.decode(r.data) for r in records if r.type == "answer"]
+        assert answers[0]["answer"] == {"decision": "reject"} and answers[0]["by"] == "timeout"
+        assert not (workdir / "ran.txt").exists()
+    finally:
+        d.stop()
+
+
+def test_conversation_ids_accept_a_unique_prefix(daemon: Daemon, workdir: Path) -> None:
+    with daemon.client() as client:
+        cid = new(client, workdir, WAIT)
+        assert client.request(wire.Show, conversation=cid[:5])["record"]["id"] == cid
+        listed = client.request(wire.List)
+        assert [r["id"] for r in listed] == [cid]
+        client.request(wire.Close, conversation=cid)
+        assert client.request(wire.List) == []
+        assert [r["id"] for r in client.request(wire.List, all=True)] == [cid]
+        with pytest.raises(c.Closed):
+            client.request(wire.Send, conversation=cid, text="x")
+        client.request(wire.Remove, conversation=cid)
+        with pytest.raises(c.NotFound):
+            client.request(wire.Show, conversation=cid)
+    assert not (daemon.state_dir / "conversations" / cid).exists()
+
+
+def test_kill_mid_turn_records_run_interrupted_and_never_resends(tmp_path: Path, workdir: Path) -> None:
+    d = Daemon(tmp_path).start()
+    with d.client() as client:
+        cid = new(client, workdir, WAIT)
+        run = client.request(wire.Send, conversation=cid, text="wait for me")["run"]
+        wait_for(lambda: any(r["type"] == "turn" for r in d.journal(cid)))
+    d.kill()
+    received = d.state_dir / "providers" / "script" / "received.jsonl"
+    before = received.read_text().splitlines()
+    d.start()
+    try:
+        journal = d.journal(cid)
+        ends = [r for r in journal if r["type"] == "turn" and r.get("run") == run and r["data"]["state"] != "working"]
+        assert len(ends) == 1
+        assert ends[0]["data"]["reason"] == c.RUN_INTERRUPTED
+        assert any(r["type"] == "lease" and r["data"]["action"] == "taken_over" for r in journal)
+        assert d.record(cid).get("active_run", "") == ""
+        assert received.read_text().splitlines() == before  # nothing resent
+        with d.client() as client:
+            client.subscribe(cid, after=journal[-1]["seq"])
+            run2 = client.request(wire.Send, conversation=cid, text="steer me then", if_busy="reject")["run"]
+            client.request(wire.Cancel, conversation=cid)
+            records = client.follow(run2)
+        assert msgspec.json.decode(records[-1].data)["state"] == "cancelled"
+        prompts = [json.loads(line)["text"] for line in received.read_text().splitlines()]
+        assert prompts == ["wait for me", "steer me then"]
+    finally:
+        d.stop()
