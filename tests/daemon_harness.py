@@ -186,7 +186,7 @@ class Client:
                 rec = wire.decode_record(frame.record)
                 records.append(rec)
                 if rec.type == "turn" and rec.run == until_run:
-                    state = json.loads(rec.data)["state"]
+                    state = msgspec.json.decode(rec.data)["state"]
                     if state != "working":
                         return records
             if time.monotonic() > deadline:
