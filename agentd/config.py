@@ -179,9 +179,14 @@ class WebSocketConfig(_Section):
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8765
     #: file holding the bearer token, created 0600 if missing; "" = <runtime_dir>/ws-token
     token_file: str = ""
+    #: browser Origins allowed besides http://127.0.0.1:<port> and http://localhost:<port>;
+    #: a request with any other Origin header is refused (clients without one are not browsers)
+    allowed_origins: list[str] = []
 
     def __post_init__(self) -> None:
         _check_path(self.token_file, "token_file")
+        if self.host not in ("127.0.0.1", "::1", "localhost"):
+            raise ValueError("the WebSocket gateway listens on loopback only (127.0.0.1, ::1 or localhost)")
 
 
 class LogConfig(_Section):
