@@ -256,7 +256,7 @@ class CopilotConfig(_Section):
     """[providers.copilot]: GitHub Copilot CLI through github-copilot-sdk."""
 
     enabled: bool = True
-    #: path of the `copilot` executable; "" = the SDK's bundled CLI, else `copilot` on PATH
+    #: path of the `copilot` executable; "" = `copilot` on PATH (the SDK is never allowed to download one)
     cli_path: str = ""
     #: default model for new conversations; "" = the runtime's default
     model: str = ""
@@ -277,6 +277,16 @@ class ClaudeConfig(_Section):
     model: str = ""
     #: extra environment for the CLI process
     env: Environment = {}
+    #: NAME of the environment variable holding the Anthropic API key ("" = none: the CLI's own login);
+    #: the key is passed to the CLI as ANTHROPIC_API_KEY and never logged, journaled or shown
+    api_key_env: Annotated[str, msgspec.Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")] = "ANTHROPIC_API_KEY"
+    #: ANTHROPIC_BASE_URL for the CLI (a gateway or proxy); "" = Anthropic's API
+    base_url: str = ""
+    #: CLAUDE_CONFIG_DIR for the CLI (its settings and session transcripts); "" = the CLI's default (~/.claude)
+    config_dir: str = ""
+
+    def __post_init__(self) -> None:
+        _check_path(self.config_dir, "config_dir")
 
 
 class AcpAgentConfig(_Section):
@@ -290,6 +300,18 @@ class AcpAgentConfig(_Section):
     #: shared = one process for all conversations, cwd passed per session only
     cwd_policy: Literal["workdir", "shared"] = "workdir"
     enabled: bool = True
+    #: name shown by `agentctl providers`; "" = the agent's own name, else "ACP: <name>"
+    display_name: str = ""
+    #: fs/read_text_file of a missing file: error = a JSON-RPC error; empty = empty content (Gemini CLI needs it)
+    missing_file: Literal["error", "empty"] = "error"
+    #: seconds the agent gets to start: initialize plus session/new, session/load or session/resume
+    startup_timeout_s: PosFloat = 60.0
+    #: seconds cancel waits for the agent to end the turn after session/cancel before ending it itself
+    cancel_timeout_s: PosFloat = 5.0
+    #: session mode to set on new conversations (an id the agent offers, e.g. "yolo"); "" = the agent's default
+    mode: str = ""
+    #: model for new conversations when the open request names none; "" = the agent's default
+    model: str = ""
 
 
 class ProvidersConfig(_Section):

@@ -188,27 +188,48 @@ class ConversationService:
                 log.error("conversation.record_unreadable", conversation=cid, error=str(exc))
 
     async def _recover(self) -> None:
-        """Take over conversations whose turn was running when a previous daemon died."""
+        """Take over conversations whose turn was running when a previous daemon died.
+
+        Idempotent across crashes: a run whose terminal ``turn`` is already
+        journaled (the daemon died before saving the record, or during an
+        earlier recovery) gets no second one. A conversation that cannot be
+        recovered (corrupt journal, write error) is logged and left as it is;
+        the daemon serves the others.
+        """
         for record in list(self._records.values()):
             if not record.active_run:
                 continue
-            live = await self._load(record.id)
-            run = record.active_run
-            log.warning("turn.interrupted", conversation=record.id, run=run)
-            # Pending interactions of the dead turn can never be answered now.
             try:
-                lines = live.journal.read_after(self._run_start_seq(record))
-            except c.AgentdError:
-                lines = []
-            pending: dict[str, c.Interaction] = {}
-            for line in lines:
-                rec = wire.decode_record(line)
-                if rec.type == "interaction" and rec.run == run:
-                    inter = msgspec.json.decode(rec.data, type=c.Interaction)
-                    if inter.state is c.InteractionState.PENDING:
-                        pending[inter.id] = inter
-                    else:
-                        pending.pop(inter.id, None)
+                await self._recover_one(record)
+            except (c.AgentdError, OSError) as exc:
+                log.error("turn.recovery_failed", conversation=record.id, run=record.active_run,
+                          error=getattr(exc, "message", None) or str(exc))
+
+    async def _recover_one(self, record: wire.ConversationRecord) -> None:
+        live = await self._load(record.id)
+        run = record.active_run
+        log.warning("turn.interrupted", conversation=record.id, run=run)
+        # Pending interactions of the dead turn can never be answered now.
+        try:
+            lines = live.journal.read_after(self._run_start_seq(record))
+        except c.AgentdError as exc:
+            log.error("journal.unreadable", conversation=record.id, error=exc.message)
+            lines = []
+        pending: dict[str, c.Interaction] = {}
+        ended = False
+        for line in lines:
+            rec = wire.decode_record(line)
+            if rec.run != run:
+                continue
+            if rec.type == "interaction":
+                inter = msgspec.json.decode(rec.data, type=c.Interaction)
+                if inter.state is c.InteractionState.PENDING:
+                    pending[inter.id] = inter
+                else:
+                    pending.pop(inter.id, None)
+            elif rec.type == "turn" and msgspec.json.decode(rec.data, type=c.Turn).state.terminal:
+                ended = True
+        if not ended:
             for inter in pending.values():
                 expired = msgspec.structs.replace(
                     inter, state=c.InteractionState.EXPIRED, resolution=c.RUN_INTERRUPTED
@@ -220,9 +241,9 @@ class ConversationService:
                 error="agentd stopped while this turn was running; the prompt was not resent",
             )
             await self._append(live, "turn", _json.encode(turn), run=run)
-            record.active_run = ""
-            record.state = _S.IDLE
-            self._save(record)
+        record.active_run = ""
+        record.state = _S.IDLE
+        self._save(record)
 
     def _run_start_seq(self, record: wire.ConversationRecord) -> int:
         return max(0, record.last_seq)
@@ -270,7 +291,7 @@ class ConversationService:
         Raises NotFound for an unknown provider, RuntimeUnavailable when its
         runtime cannot start, Invalid for a bad workdir or model.
         """
-        self.runtimes.get(provider)  # unknown provider: fail before writing anything
+        await self.runtimes.get(provider)  # unknown or broken provider: fail before writing anything
         import os
 
         if not os.path.isabs(workdir) or not os.path.isdir(workdir):
@@ -326,7 +347,7 @@ class ConversationService:
             if live.conv is not None:
                 return live.conv
             record = live.record
-            provider = self.runtimes.get(record.provider)
+            provider = await self.runtimes.get(record.provider)
             request = c.OpenRequest(
                 workdir=record.workdir,
                 conversation_id=record.provider_conversation_id,
@@ -596,17 +617,38 @@ class ConversationService:
                 log.warning("turn.queued_start_failed", conversation=live.record.id, run=run, error=exc.message)
 
     async def _start(self, live: _Live, run: str, text: str, *, journal_prompt: bool) -> int:
-        """Mark the turn active on disk, then hand the prompt to the provider. Returns the seq before it."""
+        """Mark the turn active on disk, journal the prompt, then hand it to the provider.
+
+        Returns the seq before the prompt. The record says the run is active
+        before the prompt is journaled, so a crash at any point after that
+        ends the run ``run_interrupted`` on restart and never leaves a prompt
+        without an outcome. When the record or the prompt cannot be written
+        (disk full, read-only), nothing reached the provider: the conversation
+        stays idle and InternalError says why.
+        """
         after = live.published_seq
-        if journal_prompt:
-            await self._append(live, "prompt", _json.encode(wire.PromptRecord(text=text)), run=run)
         record = live.record
         record.active_run = run
         record.last_seq = after
         record.state = _S.RUNNING
         record.error = ""
         live.turn_done = trio.Event()
-        self._save(record)  # before the provider sees the prompt: a crash after this is run_interrupted
+        try:
+            self._save(record)
+            if journal_prompt:
+                await self._append(live, "prompt", _json.encode(wire.PromptRecord(text=text)), run=run)
+        except BaseException as exc:
+            record.active_run = ""
+            record.state = _S.IDLE
+            live.turn_done.set()
+            try:
+                self._save(record)
+            except OSError as save_exc:
+                log.error("conversation.record_write_failed", conversation=record.id, error=str(save_exc))
+            if isinstance(exc, OSError):
+                log.error("conversation.record_write_failed", conversation=record.id, error=str(exc))
+                raise c.InternalError(f"cannot write the conversation record: {exc.strerror or exc}") from None
+            raise
         try:
             conv = await self._ensure_open(live)
             await conv.send(c.Prompt(text=text))
@@ -641,7 +683,7 @@ class ConversationService:
     async def _steer(self, live: _Live, text: str) -> None:
         if live.conv is None:
             raise c.Closed("the provider conversation is not open")
-        caps = self.runtimes.get(live.record.provider).capabilities()
+        caps = (await self.runtimes.get(live.record.provider)).capabilities()
         if not caps.steer:
             raise c.Unsupported(f"provider {live.record.provider} cannot steer a running turn")
         prompt = wire.PromptRecord(text=text, disposition="steered")

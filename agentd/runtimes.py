@@ -5,10 +5,15 @@ daemon's whole life; the provider starts its runtime process lazily (on the
 first ``open`` or ``models``) and stops only what it started when ``run()``
 is cancelled. If a provider's ``run()`` itself fails, it is restarted with
 exponential backoff; conversations on it see ``closed`` until then.
+
+Providers whose SDK is slow to import (github-copilot-sdk takes seconds) are
+built in a worker thread after the daemon is ready, so start-up never waits
+for them; a request for such a provider waits until it is built.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +30,19 @@ log = structlog.get_logger("agentd.runtimes")
 
 #: How long ``providers`` waits for one provider's check, seconds.
 CHECK_TIMEOUT_S = 10.0
+#: How long a request waits for a provider that is still being built, seconds.
+LOAD_TIMEOUT_S = 60.0
+
+
+class _Slot:
+    """One configured provider: how to build it, and once built, the provider or why it broke."""
+
+    def __init__(self, name: str, factory: Callable[[], c.Provider]) -> None:
+        self.name = name
+        self.factory = factory
+        self.provider: c.Provider | None = None
+        self.error = ""
+        self.loaded = trio.Event()
 
 
 class Runtimes:
@@ -33,83 +51,129 @@ class Runtimes:
     def __init__(self, config: "Config", state_dir: Path) -> None:
         self.config = config
         self.state_dir = state_dir
-        self._providers: dict[str, c.Provider] = {}
-        #: providers that are configured but could not be built, with the reason
-        self._broken: dict[str, str] = {}
-        self._build()
+        self._slots: dict[str, _Slot] = {}
+        self._declare()
 
-    def _build(self) -> None:
+    def _declare(self) -> None:
         providers = self.config.providers
-        if providers.script.enabled:
-            from .providers.script import ScriptProvider
+        state_dir = self.state_dir
 
-            self._providers["script"] = ScriptProvider(providers.script, state_dir=self.state_dir, name="script")
+        if providers.script.enabled:
+
+            def script() -> c.Provider:
+                from .providers.script import ScriptProvider
+
+                return ScriptProvider(providers.script, state_dir=state_dir, name="script")
+
+            self._slots["script"] = _Slot("script", script)
+
         if providers.copilot.enabled:
-            try:
+
+            def copilot() -> c.Provider:
                 from .providers.copilot import CopilotProvider
-            except ImportError as exc:
-                self._broken["copilot"] = f"the copilot provider needs github-copilot-sdk ({exc})"
-            else:
-                self._providers["copilot"] = CopilotProvider(
-                    providers.copilot, state_dir=self.state_dir, name="copilot"
-                )
-        for name, agent in getattr(providers, "acp", {}).items():
+
+                return CopilotProvider(providers.copilot, state_dir=state_dir, name="copilot")
+
+            self._slots["copilot"] = _Slot("copilot", copilot)
+
+        if providers.claude.enabled:
+
+            def claude() -> c.Provider:
+                from .providers.claude import ClaudeProvider
+
+                return ClaudeProvider(providers.claude, state_dir=state_dir, name="claude")
+
+            self._slots["claude"] = _Slot("claude", claude)
+
+        for agent_name, agent in providers.acp.items():
             if not agent.enabled:
                 continue
-            full = f"acp:{name}"
-            try:
+            full = f"acp:{agent_name}"
+
+            def acp(agent: Any = agent, full: str = full) -> c.Provider:
                 from .providers.acp import AcpProvider
-            except ImportError as exc:
-                self._broken[full] = f"the acp provider is not available ({exc})"
-            else:
-                self._providers[full] = AcpProvider(agent, state_dir=self.state_dir, name=full)
+
+                return AcpProvider(agent, state_dir=state_dir, name=full)
+
+            self._slots[full] = _Slot(full, acp)
 
     def names(self) -> list[str]:
-        return sorted([*self._providers, *self._broken])
+        return sorted(self._slots)
 
-    def get(self, name: str) -> c.Provider:
-        """The provider ``name``; NotFound when not configured, RuntimeUnavailable when broken."""
-        provider = self._providers.get(name)
-        if provider is not None:
-            return provider
-        if name in self._broken:
-            raise c.RuntimeUnavailable(self._broken[name])
-        raise c.NotFound(f"no provider {name!r}; configured: {', '.join(self.names()) or 'none'}")
+    async def get(self, name: str) -> c.Provider:
+        """The provider ``name``, waiting while it is being built.
+
+        Raises NotFound when it is not configured, RuntimeUnavailable when it
+        could not be built (its SDK is missing, say).
+        """
+        slot = self._slots.get(name)
+        if slot is None:
+            raise c.NotFound(f"no provider {name!r}; configured: {', '.join(self.names()) or 'none'}")
+        if not slot.loaded.is_set():
+            with trio.move_on_after(LOAD_TIMEOUT_S):
+                await slot.loaded.wait()
+        if slot.provider is None:
+            raise c.RuntimeUnavailable(slot.error or f"provider {name} is still loading")
+        return slot.provider
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Run every provider until cancelled; restart a provider whose run() failed."""
+        """Build and run every provider until cancelled; restart a provider whose run() failed.
+
+        ``task_status.started()`` comes at once: providers are built in the background.
+        """
         backoff = self.config.runtimes
         async with trio.open_nursery() as nursery:
-            for name, provider in self._providers.items():
-                await nursery.start(self._supervise, name, provider, backoff.restart_backoff_initial_s, backoff.restart_backoff_max_s)
+            for slot in self._slots.values():
+                nursery.start_soon(self._supervise, slot, backoff.restart_backoff_initial_s, backoff.restart_backoff_max_s)
             task_status.started()
 
-    async def _supervise(self, name: str, provider: c.Provider, initial: float, maximum: float, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def _supervise(self, slot: _Slot, initial: float, maximum: float) -> None:
+        try:
+            # abandon_on_cancel: a shutdown during a slow SDK import does not wait for it
+            slot.provider = await trio.to_thread.run_sync(slot.factory, abandon_on_cancel=True)
+        except Exception as exc:  # ImportError of an optional SDK, a bad path, ...
+            slot.error = f"provider {slot.name} is not available: {type(exc).__name__}: {exc}"
+            log.error("provider.unavailable", provider=slot.name, error=slot.error)
+            slot.loaded.set()
+            return
         delay = initial
         first = True
         while True:
             try:
                 if first:
                     first = False
-                    await provider.run(task_status=task_status)
+                    await self._run_first(slot)
                 else:
-                    await provider.run()
-                log.warning("provider.stopped", provider=name)
+                    await slot.provider.run()
+                log.warning("provider.stopped", provider=slot.name)
             except Exception:
-                log.exception("provider.failed", provider=name, restart_in_s=delay)
-            self._broken.pop(name, None)
+                log.exception("provider.failed", provider=slot.name, restart_in_s=delay)
             await trio.sleep(delay)
             delay = min(delay * 2, maximum)
+
+    @staticmethod
+    async def _run_first(slot: _Slot) -> None:
+        assert slot.provider is not None
+        provider = slot.provider
+
+        async def run(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            await provider.run(task_status=task_status)
+
+        async with trio.open_nursery() as nursery:
+            try:
+                await nursery.start(run)
+            finally:
+                slot.loaded.set()
 
     async def describe(self) -> list[wire.ProviderInfo]:
         """Every provider with its capabilities and whether its runtime is usable now."""
         out: list[wire.ProviderInfo] = []
         for name in self.names():
-            provider = self._providers.get(name)
-            if provider is None:
-                out.append(
-                    wire.ProviderInfo(name=name, display_name=name, capabilities=c.Capabilities(), available=False, error=self._broken[name])
-                )
+            try:
+                provider = await self.get(name)
+            except c.AgentdError as exc:
+                out.append(wire.ProviderInfo(name=name, display_name=name, capabilities=c.Capabilities(),
+                                             available=False, error=exc.message))
                 continue
             error = ""
             with trio.move_on_after(CHECK_TIMEOUT_S) as scope:
@@ -133,5 +197,5 @@ class Runtimes:
         return out
 
     async def models(self, name: str) -> list[c.Model]:
-        provider = self.get(name)
+        provider = await self.get(name)
         return await provider.models()

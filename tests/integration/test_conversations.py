@@ -104,7 +104,7 @@ def test_replay_after_a_seq_starts_right_after_it(daemon: Daemon, workdir: Path)
 def test_slow_subscriber_gets_lagged_while_another_keeps_receiving(tmp_path: Path, workdir: Path) -> None:
     # ~3 MB of deltas: far more than the socket buffer plus a 16-frame outbox.
     flood = tmp_path / "flood.toml"
-    flood.write_text('model = "flood"\n[[turn]]\n[[turn.step]]\nkind = "text"\nchunk = 500\ndelay_ms = 0\n'
+    flood.write_text('model = "flood"\n[[turn]]\n[[turn.step]]\nkind = "text"\nchunk = 500\ndelay_ms = 1\n'
                      f'text = "{"x" * 3_000_000}"\n')
     d = Daemon(tmp_path, "[server]\nsubscriber_buffer = 16\n").start()
     try:

@@ -1,0 +1,665 @@
+"""One conversation (a Copilot CLI session) held open by the provider.
+
+Threads: SDK callbacks (:meth:`CopilotConversation._sdk_event` and the
+question handlers) run on the bridge's asyncio thread and do nothing there
+but hand over to trio (``bridge.to_trio``) or await an asyncio future. All
+state below, and every ``sink.emit``, lives on the trio thread.
+
+A turn: ``send`` marks it *submitting* and hands the prompt to the CLI;
+events that arrive before the CLI's answer are held back, so the
+``TurnEvent(working)`` always comes first. The CLI's ``session.idle`` ends
+the turn: ``failed`` after a ``session.error``, ``cancelled`` after an abort
+(ours, or the CLI's own after a denied permission), else ``completed``. A
+runtime exit ends it ``failed`` with reason ``runtime_exit``. Each turn gets
+exactly one terminal ``TurnEvent``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import trio
+from copilot._jsonrpc import JsonRpcError, ProcessExitedError
+from copilot.generated import rpc as _rpc
+from copilot.generated import session_events as se
+
+from ...contract import (
+    Answer,
+    Closed,
+    Event,
+    EventSink,
+    ExitEvent,
+    HistoryRecord,
+    Interaction,
+    InteractionEvent,
+    InteractionGone,
+    InteractionState,
+    InternalError,
+    Invalid,
+    Prompt,
+    SubmissionUncertain,
+    TodoList,
+    TodosEvent,
+    Turn,
+    TurnEvent,
+    TurnState,
+    Busy,
+    validate_answer,
+)
+from . import _mapping as m
+from ._bridge import BridgeClosed
+
+if TYPE_CHECKING:
+    from ._provider import CopilotProvider, _Runtime
+
+log = structlog.get_logger(__name__)
+
+T = se.SessionEventType
+
+#: How long the CLI may take to accept a prompt before the submission counts as uncertain.
+SUBMIT_TIMEOUT_S = 30.0
+#: How long control calls (abort, answer, model, title, history) may take.
+RPC_TIMEOUT_S = 30.0
+#: After a cancel, the turn is ended by us if the CLI has not ended it within this long.
+CANCEL_GRACE_S = 5.0
+
+_TITLE_BAD = re.compile(r'["\x00-\x1f\x7f]')
+
+
+class _TurnPhase(enum.Enum):
+    IDLE = "idle"
+    SUBMITTING = "submitting"  # send() is waiting for the CLI; events are held back
+    UNCERTAIN = "uncertain"  # send() gave up waiting; the CLI may or may not run it
+    RUNNING = "running"
+
+
+@dataclass
+class _Pending:
+    """A pending interaction and how to answer it."""
+
+    interaction: Interaction
+    #: permission: the SDK event data; questions and plans: the asyncio future the handler awaits
+    data: Any = None
+    future: asyncio.Future[Any] | None = None
+    #: "permission", "ask_user", "elicitation" or "plan"
+    via: str = ""
+
+
+class CopilotConversation:
+    """A Copilot CLI session as a :class:`agentd.contract.Conversation`; see the module docstring."""
+
+    def __init__(self, provider: CopilotProvider, runtime: _Runtime, sink: EventSink, *, workdir: str, model: str, effort: str) -> None:
+        self._provider = provider
+        self._runtime = runtime
+        self._bridge = provider._require_bridge()
+        self._sink = sink
+        self.workdir = workdir
+        self.model = model
+        self.effort = effort
+        self.session: Any = None
+        self._id = ""
+        self._mapper = m.EventMapper()
+        self._closed = False
+        self._closed_reason = ""
+        self._phase = _TurnPhase.IDLE
+        self._held: list[se.SessionEvent] = []
+        self._turn_no = 0
+        self._turn_error = ""
+        self._aborted = ""
+        self._cancel_requested = False
+        self._denied = False
+        self._pending: dict[str, _Pending] = {}
+        self._flush_scheduled = False
+        # asyncio-thread side: requests announced by events, waiting for their handler
+        self._announced: dict[str, collections.deque[tuple[str, str, str]]] = collections.defaultdict(collections.deque)
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def id(self) -> str:
+        """The Copilot session id (persist it to reopen this conversation)."""
+        return self._id
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        return f"<CopilotConversation {self._id or '?'} {self._phase.value}{' closed' if self._closed else ''}>"
+
+    # ------------------------------------------------------------------ SDK wiring (asyncio thread)
+
+    def session_options(self) -> dict[str, Any]:
+        """Handlers and options for ``create_session`` / ``resume_session``."""
+        return {
+            "on_event": self._sdk_event,
+            "on_permission_request": _leave_pending,
+            "on_user_input_request": self._ask_user,
+            "on_elicitation_request": self._elicit,
+            "on_exit_plan_mode_request": self._review_plan,
+            "streaming": True,
+            "working_directory": self.workdir,
+            "client_name": "agentd",
+        }
+
+    def _sdk_event(self, event: se.SessionEvent) -> None:
+        """SDK callback (asyncio thread): note request ids, then hand the event to trio."""
+        t = event.type
+        d: Any = event.data
+        if t is T.USER_INPUT_REQUESTED:
+            self._announced["ask_user"].append((d.request_id, d.question, d.tool_call_id or ""))
+        elif t is T.ELICITATION_REQUESTED:
+            self._announced["elicitation"].append((d.request_id, d.message, d.tool_call_id or ""))
+        elif t is T.EXIT_PLAN_MODE_REQUESTED:
+            self._announced["plan"].append((d.request_id, d.summary, ""))
+        self._bridge.to_trio(self._on_event, event)
+
+    def _claim(self, via: str, key: str) -> tuple[str, str]:
+        """(request id, tool call id) the CLI announced for a handler call (asyncio thread).
+
+        The SDK calls a question handler right after dispatching the event
+        that announced it, without its request id; the oldest announcement
+        with the same text is the one. Unknown: a fresh id.
+        """
+        queue = self._announced[via]
+        for i, (rid, text, tool_call_id) in enumerate(queue):
+            if text == key:
+                del queue[i]
+                return rid, tool_call_id
+        if queue:
+            rid, _, tool_call_id = queue.popleft()
+            return rid, tool_call_id
+        return f"{via}-{uuid.uuid4()}", ""
+
+    async def _ask_user(self, request: dict[str, Any], invocation: dict[str, str]) -> dict[str, Any]:
+        """SDK user-input handler (asyncio thread): waits for :meth:`respond`."""
+        question = request.get("question", "")
+        rid, tool_call_id = self._claim("ask_user", question)
+        inter = m.ask_user_interaction(rid, question, list(request.get("choices") or []), bool(request.get("allowFreeform", True)), tool_call_id=tool_call_id)
+        return await self._wait_for_answer(inter, "ask_user")
+
+    async def _elicit(self, context: dict[str, Any]) -> dict[str, Any]:
+        """SDK elicitation handler (asyncio thread): waits for :meth:`respond`."""
+        rid, tool_call_id = self._claim("elicitation", context.get("message", ""))
+        inter = m.elicitation_interaction(rid, context)
+        inter.tool_call_id = tool_call_id
+        return await self._wait_for_answer(inter, "elicitation")
+
+    async def _review_plan(self, request: dict[str, Any], invocation: dict[str, str]) -> dict[str, Any]:
+        """SDK exit-plan-mode handler (asyncio thread): waits for :meth:`respond`."""
+        rid, _ = self._claim("plan", request.get("summary", ""))
+        inter = m.plan_interaction(rid, request)
+        return await self._wait_for_answer(inter, "plan")
+
+    async def _wait_for_answer(self, inter: Interaction, via: str) -> dict[str, Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._bridge.to_trio(self._open_interaction, _Pending(interaction=inter, future=future, via=via))
+        try:
+            return await future
+        finally:
+            if not future.done():
+                future.cancel()
+
+    # ------------------------------------------------------------------ events (trio thread)
+
+    def _emit(self, event: Event) -> None:
+        try:
+            self._sink.emit(event)
+        except Exception:
+            log.exception("copilot.sink_failed", conversation=self._id, event=type(event).__name__)
+
+    def _on_event(self, event: se.SessionEvent) -> None:
+        if self._closed:
+            return
+        if self._phase is _TurnPhase.SUBMITTING:
+            self._held.append(event)
+            return
+        self._handle(event)
+
+    def _handle(self, ev: se.SessionEvent) -> None:
+        t = ev.type
+        main = not ev.agent_id
+        if main and t in (T.USER_MESSAGE, T.ASSISTANT_TURN_START) and self._phase is not _TurnPhase.RUNNING:
+            # The CLI runs a turn we did not see start: an uncertain submission that
+            # went through, or work the CLI started by itself. Report it as a turn.
+            self._reset_turn()
+            self._begin_turn()
+        for out in self._mapper.map(ev):
+            self._emit(out)
+        if self._mapper.flush_pending():
+            self._schedule_tail_flush()
+        d: Any = ev.data
+        if t is T.PERMISSION_REQUESTED:
+            if not d.resolved_by_hook:
+                inter = m.permission_interaction(d, agent_id=ev.agent_id or "", time=ev.timestamp)
+                self._open_interaction(_Pending(interaction=inter, data=d, via="permission"))
+        elif t is T.PERMISSION_COMPLETED:
+            state, resolution = m.permission_outcome(d.result)
+            self._resolved_elsewhere(d.request_id, InteractionState(state), resolution)
+        elif t is T.USER_INPUT_COMPLETED or t is T.ELICITATION_COMPLETED or t is T.EXIT_PLAN_MODE_COMPLETED:
+            self._resolved_elsewhere(d.request_id, InteractionState.ANSWERED, "answered")
+        elif t is T.SESSION_TODOS_CHANGED:
+            self._provider._spawn(self._refresh_todos)
+        elif main and t is T.SESSION_ERROR and self._phase is not _TurnPhase.IDLE:
+            self._turn_error = d.message or d.error_type or "the Copilot CLI reported an error"
+        elif main and t is T.ABORT and self._phase is not _TurnPhase.IDLE:
+            self._aborted = d.reason.value if d.reason is not None else "aborted"
+        elif main and t is T.SESSION_IDLE:
+            self._idle(bool(d.aborted))
+
+    def _begin_turn(self) -> None:
+        self._phase = _TurnPhase.RUNNING
+        self._turn_no += 1
+        self._emit(TurnEvent(turn=Turn(state=TurnState.WORKING, model=self._mapper.model or self.model)))
+
+    def _reset_turn(self) -> None:
+        self._phase = _TurnPhase.IDLE
+        self._held = []
+        self._turn_error = ""
+        self._aborted = ""
+        self._cancel_requested = False
+        self._denied = False
+
+    def _idle(self, aborted: bool) -> None:
+        if self._phase is _TurnPhase.IDLE:
+            return  # an idle with no turn of ours (e.g. right after resume)
+        if self._turn_error:
+            self._end_turn(TurnState.FAILED, error=self._turn_error, reason="error")
+        elif aborted or self._aborted:
+            if self._cancel_requested:
+                reason = "cancelled"
+            elif self._denied:
+                reason = "permission_denied"
+            else:
+                reason = self._aborted or "aborted"
+            self._end_turn(TurnState.CANCELLED, reason=reason)
+        else:
+            self._end_turn(TurnState.COMPLETED)
+
+    def _end_turn(self, state: TurnState, *, error: str = "", reason: str = "") -> None:
+        """Emit the turn's one terminal event (after closing what it left open)."""
+        if self._phase is _TurnPhase.IDLE:
+            return
+        for out in self._mapper.finish_turn():
+            self._emit(out)
+        self._expire_all("turn ended")
+        self._reset_turn()
+        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=self._mapper.model or self.model)))
+
+    def _schedule_tail_flush(self) -> None:
+        if self._flush_scheduled:
+            return
+        self._flush_scheduled = True
+        self._provider._spawn(self._flush_tails_later)
+
+    async def _flush_tails_later(self) -> None:
+        await trio.sleep(m.TAIL_EMIT_INTERVAL)
+        self._flush_scheduled = False
+        if self._closed:
+            return
+        for out in self._mapper.flush_tails():
+            self._emit(out)
+
+    async def _refresh_todos(self) -> None:
+        if self._closed or self.session is None:
+            return
+        try:
+            with trio.fail_after(RPC_TIMEOUT_S):
+                result = await self._bridge.run(self.session.rpc.plan.read_sql_todos)
+            todos = m.todo_list(result.rows)
+        except Exception as exc:
+            log.debug("copilot.todos_unreadable", conversation=self._id, error=str(exc))
+            todos = TodoList(known=False)
+        if not self._closed:
+            self._emit(TodosEvent(todos=todos))
+
+    # ------------------------------------------------------------------ interactions (trio thread)
+
+    def _open_interaction(self, pending: _Pending) -> None:
+        if self._closed:
+            if pending.future is not None:
+                self._bridge.call_soon(_cancel_future, pending.future)
+            return
+        inter = pending.interaction
+        self._pending[inter.id] = pending
+        self._emit(InteractionEvent(interaction=inter))
+
+    def _close_interaction(self, pending: _Pending, state: InteractionState, resolution: str) -> None:
+        inter = pending.interaction
+        ended = Interaction(
+            id=inter.id,
+            kind=inter.kind,
+            title=inter.title,
+            detail=inter.detail,
+            options=inter.options,
+            questions=inter.questions,
+            plan=inter.plan,
+            elicitation=inter.elicitation,
+            state=state,
+            resolution=resolution,
+            time=inter.time,
+            agent_id=inter.agent_id,
+            tool_call_id=inter.tool_call_id,
+        )
+        self._emit(InteractionEvent(interaction=ended))
+
+    def _resolved_elsewhere(self, request_id: str, state: InteractionState, resolution: str) -> None:
+        pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            if pending.future is not None:
+                self._bridge.call_soon(_cancel_future, pending.future)
+            self._close_interaction(pending, state, resolution)
+
+    def _expire_all(self, resolution: str) -> None:
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            if p.future is not None:
+                self._bridge.call_soon(_cancel_future, p.future)
+            self._close_interaction(p, InteractionState.EXPIRED, resolution)
+
+    # ------------------------------------------------------------------ runtime exit (trio thread)
+
+    def runtime_exited(self, reason: str) -> None:
+        """The CLI process is gone: fail the turn (``runtime_exit``), expire, emit ``exit``, close."""
+        if self._closed:
+            return
+        if self._phase is not _TurnPhase.IDLE:
+            self._end_turn(TurnState.FAILED, error=reason, reason="runtime_exit")
+        self._expire_all("the runtime exited")
+        self._closed = True
+        self._closed_reason = reason
+        self._emit(ExitEvent(error=reason))
+
+    def detach(self, reason: str) -> None:
+        """Stop reporting (the provider stopped, or the id was reopened elsewhere)."""
+        self.runtime_exited(reason)
+
+    # ------------------------------------------------------------------ Conversation protocol
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Closed(self._closed_reason or "the conversation is closed")
+        if not self._runtime.alive:
+            raise Closed(self._runtime.exit_reason or "the Copilot CLI exited")
+
+    async def _call(self, what: str, fn: Any, *args: Any, timeout: float = RPC_TIMEOUT_S, **kwargs: Any) -> Any:
+        """One SDK call with the runtime's failures mapped to the contract's errors."""
+        try:
+            with trio.fail_after(timeout):
+                return await self._bridge.run(fn, *args, **kwargs)
+        except (ProcessExitedError, BridgeClosed, BrokenPipeError, ConnectionError) as exc:
+            raise Closed(self._runtime.exit_reason or f"the Copilot CLI exited during {what}: {exc}") from None
+        except trio.TooSlowError:
+            raise InternalError(f"the Copilot CLI did not answer {what} within {timeout:g} s") from None
+
+    async def send(self, prompt: Prompt) -> None:
+        """Start a turn with ``prompt``; return once the CLI accepted it.
+
+        Emits ``TurnEvent(working)`` then the turn's events; the user item
+        comes from the CLI's own record of the prompt. Raises :class:`Busy`
+        while a turn runs, :class:`Closed` when the runtime is known to be
+        gone, :class:`SubmissionUncertain` when the CLI died or stalled
+        during the submission (never resend then), :class:`Invalid` when the
+        CLI refused the prompt. Cancelling the caller mid-submission leaves
+        the outcome uncertain; the turn is reported if the CLI runs it.
+        """
+        self._check_open()
+        if self._phase is not _TurnPhase.IDLE:
+            raise Busy("a turn is running in this conversation")
+        attachments = _attachments(prompt)
+        self._reset_turn()
+        self._phase = _TurnPhase.SUBMITTING
+        try:
+            with trio.fail_after(SUBMIT_TIMEOUT_S):
+                await self._bridge.run(self.session.send, prompt.text, attachments=attachments or None)
+        except JsonRpcError as exc:
+            held, self._held = self._held, []
+            self._phase = _TurnPhase.IDLE
+            self._replay(held)
+            if "busy" in exc.message.lower() or "already" in exc.message.lower():
+                raise Busy(f"the Copilot CLI is busy: {exc.message}") from None
+            raise Invalid(f"the Copilot CLI refused the prompt: {exc.message}") from None
+        except (ProcessExitedError, BridgeClosed, BrokenPipeError, ConnectionError, trio.TooSlowError) as exc:
+            self._uncertain()
+            why = self._runtime.exit_reason or str(exc) or type(exc).__name__
+            raise SubmissionUncertain(f"the Copilot CLI may or may not have received the prompt ({why}); it is not resent") from None
+        except BaseException:
+            self._uncertain()
+            raise
+        if self._phase is _TurnPhase.SUBMITTING:
+            held, self._held = self._held, []
+            self._begin_turn()
+            self._replay(held)
+
+    def _uncertain(self) -> None:
+        if self._phase is not _TurnPhase.SUBMITTING:
+            return  # already ended (the runtime exit was handled first)
+        held, self._held = self._held, []
+        self._phase = _TurnPhase.UNCERTAIN
+        self._replay(held)
+
+    def _replay(self, held: list[se.SessionEvent]) -> None:
+        for event in held:
+            if self._closed:
+                return
+            self._handle(event)
+
+    async def steer(self, prompt: Prompt) -> None:
+        """Add ``prompt`` to the running turn (the CLI delivers it at its next step).
+
+        Raises :class:`Invalid` when no turn runs, :class:`SubmissionUncertain`
+        when the CLI died during the submission.
+        """
+        self._check_open()
+        if self._phase is _TurnPhase.IDLE:
+            raise Invalid("no turn is running; send the prompt instead")
+        try:
+            with trio.fail_after(SUBMIT_TIMEOUT_S):
+                await self._bridge.run(self.session.send, prompt.text, attachments=_attachments(prompt) or None, mode="immediate")
+        except JsonRpcError as exc:
+            raise Invalid(f"the Copilot CLI refused the steering prompt: {exc.message}") from None
+        except (ProcessExitedError, BridgeClosed, BrokenPipeError, ConnectionError, trio.TooSlowError) as exc:
+            raise SubmissionUncertain(f"the Copilot CLI may or may not have received the steering prompt ({exc}); it is not resent") from None
+
+    async def cancel(self) -> None:
+        """Abort the running turn; return once the CLI acknowledged the abort.
+
+        The turn's end (``cancelled``) follows as an event; should the CLI not
+        report it within a few seconds, it is reported anyway. No turn: a no-op.
+        """
+        self._check_open()
+        if self._phase is _TurnPhase.IDLE:
+            return
+        self._cancel_requested = True
+        turn = self._turn_no
+        try:
+            await self._call("abort", self.session.abort)
+        except JsonRpcError as exc:
+            raise InternalError(f"the Copilot CLI refused to abort: {exc.message}") from None
+        self._provider._spawn(self._cancel_watchdog, turn)
+
+    async def _cancel_watchdog(self, turn: int) -> None:
+        await trio.sleep(CANCEL_GRACE_S)
+        if not self._closed and self._turn_no == turn and self._phase is not _TurnPhase.IDLE and self._cancel_requested:
+            log.warning("copilot.cancel_unacknowledged", conversation=self._id)
+            self._end_turn(TurnState.CANCELLED, reason="cancelled")
+
+    async def respond(self, interaction_id: str, answer: Answer) -> None:
+        """Answer a pending interaction.
+
+        Raises :class:`InteractionGone` when it is not pending (answered,
+        expired, or its turn ended), :class:`Invalid` when the answer does
+        not fit it. Returns once the CLI took the answer.
+        """
+        self._check_open()
+        pending = self._pending.get(interaction_id)
+        if pending is None:
+            raise InteractionGone(f"interaction {interaction_id!r} is not pending")
+        inter = pending.interaction
+        validate_answer(inter, answer)
+        if pending.via == "permission":
+            await self._answer_permission(pending, answer)
+            return
+        value, state, resolution = _handler_result(pending, answer)
+        self._pending.pop(interaction_id, None)
+        assert pending.future is not None
+        self._bridge.call_soon(_resolve_future, pending.future, value)
+        self._close_interaction(pending, state, resolution)
+
+    async def _answer_permission(self, pending: _Pending, answer: Answer) -> None:
+        inter = pending.interaction
+        decision = m.permission_decision(answer.decision, pending.data)
+        self._pending.pop(inter.id, None)  # no second answer while this one travels
+        try:
+            result = await self._call(
+                "the permission answer",
+                self.session.rpc.permissions.handle_pending_permission_request,
+                _rpc.PermissionDecisionRequest(request_id=inter.id, result=decision),
+            )
+        except JsonRpcError as exc:
+            self._close_interaction(pending, InteractionState.EXPIRED, "the runtime no longer waits for it")
+            raise InteractionGone(f"the Copilot CLI no longer waits for this permission: {exc.message}") from None
+        except BaseException:
+            if not self._closed and inter.id not in self._pending:
+                self._pending[inter.id] = pending  # not delivered: still pending
+            raise
+        if not getattr(result, "success", True):
+            self._close_interaction(pending, InteractionState.EXPIRED, "the runtime no longer waits for it")
+            raise InteractionGone("the Copilot CLI no longer waits for this permission")
+        rejected = answer.decision == m.REJECT
+        if rejected:
+            self._denied = True
+        self._close_interaction(pending, InteractionState.REJECTED if rejected else InteractionState.ANSWERED, answer.decision)
+
+    async def history(self) -> HistoryRecord:
+        """The CLI's recorded transcript of this session (its stored events), oldest first."""
+        self._check_open()
+        events = await self._call("history", self.session.get_events)
+        return m.history_from_events(events)
+
+    async def set_model(self, model: str, effort: str = "") -> None:
+        """Use ``model`` (and reasoning ``effort``) from the next model call on.
+
+        The CLI confirms with a ``model_selection`` event. Raises
+        :class:`Invalid` when it refuses the model or the effort.
+        """
+        self._check_open()
+        if not model.strip():
+            raise Invalid("a model name is required")
+        try:
+            await self._call("the model change", self.session.set_model, model.strip(), reasoning_effort=effort or None)
+        except JsonRpcError as exc:
+            raise Invalid(f"the Copilot CLI refused model {model!r}: {exc.message}") from None
+        self.model, self.effort = model.strip(), effort
+
+    async def set_title(self, title: str) -> None:
+        """Name the session in the CLI's store (shown by ``copilot --resume``)."""
+        self._check_open()
+        name = clean_title(title)
+        if not name:
+            raise Invalid("the title is empty")
+        try:
+            await self._call("the title change", self.session.rpc.name.set, _rpc.NameSetRequest(name=name))
+        except JsonRpcError as exc:
+            raise Invalid(f"the Copilot CLI refused the title: {exc.message}") from None
+
+    async def close(self) -> None:
+        """Detach from the session without deleting it; idempotent.
+
+        A turn still running is reported ``cancelled`` (reason ``closed``);
+        pending interactions expire with no answer given.
+        """
+        if self._closed:
+            return
+        self._end_turn(TurnState.CANCELLED, reason="closed")
+        self._expire_all("the conversation was closed")
+        self._closed = True
+        self._closed_reason = "the conversation is closed"
+        self._provider._forget(self)
+        if self.session is not None and self._runtime.alive:
+            with trio.move_on_after(5), trio.CancelScope(shield=True):
+                try:
+                    await self._bridge.run(self.session.disconnect)
+                except Exception as exc:
+                    log.debug("copilot.detach_failed", conversation=self._id, error=str(exc))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _leave_pending(request: Any, invocation: Any) -> Any:
+    """Permission handler: answer nothing here; the interaction is answered by ``respond``."""
+    from copilot import PermissionNoResult
+
+    return PermissionNoResult()
+
+
+def _resolve_future(future: asyncio.Future[Any], value: Any) -> None:
+    if future.done():
+        return
+    if isinstance(value, BaseException):
+        future.set_exception(value)
+    else:
+        future.set_result(value)
+
+
+def _cancel_future(future: asyncio.Future[Any]) -> None:
+    """End a handler's wait with an error, so the SDK answers the CLI (a cancelled task would not)."""
+    if not future.done():
+        future.set_exception(AnswerDeclined("the question expired unanswered"))
+
+
+class AnswerDeclined(Exception):
+    """The person declined to answer the agent's question."""
+
+
+def _handler_result(pending: _Pending, answer: Answer) -> tuple[Any, InteractionState, str]:
+    """(what the SDK handler returns, the interaction's new state, resolution)."""
+    inter = pending.interaction
+    if pending.via == "ask_user":
+        if answer.reject:
+            return AnswerDeclined("the user declined to answer"), InteractionState.REJECTED, "declined"
+        q = inter.questions[0]
+        values = [v for v in answer.answers[0] if v != ""]
+        text = ", ".join(values)
+        freeform = not (len(values) == 1 and values[0] in q.choices)
+        return {"answer": text, "wasFreeform": freeform}, InteractionState.ANSWERED, "answered"
+    if pending.via == "elicitation":
+        if answer.cancel:
+            return {"action": "cancel"}, InteractionState.REJECTED, "cancelled"
+        if answer.reject:
+            return {"action": "decline"}, InteractionState.REJECTED, "declined"
+        return {"action": "accept", "content": m.elicitation_content(inter, answer.answers)}, InteractionState.ANSWERED, "accepted"
+    # plan review
+    plan = answer.plan
+    assert plan is not None
+    if plan.action is not None:
+        return {"approved": True, "selectedAction": plan.action}, InteractionState.ANSWERED, plan.action
+    return {"approved": False, "feedback": plan.feedback}, InteractionState.REJECTED, "feedback"
+
+
+def _attachments(prompt: Prompt) -> list[dict[str, Any]]:
+    """SDK attachments for a prompt: files named by an absolute path in the attachment id."""
+    out = []
+    for a in prompt.attachments:
+        path = a.id or a.name
+        if not os.path.isabs(path):
+            raise Invalid(f"attachment {a.name!r}: the copilot provider takes files by absolute path")
+        kind = "directory" if os.path.isdir(path) else "file"
+        out.append({"type": kind, "path": path, "displayName": a.name or os.path.basename(path)})
+    return out
+
+
+def clean_title(title: str) -> str:
+    """A title the CLI accepts: no control characters or double quotes, at most 100 characters."""
+    name = _TITLE_BAD.sub(" ", title.replace('"', "'")).strip()
+    name = re.sub(r"\s+", " ", name)
+    return name[:100].strip()

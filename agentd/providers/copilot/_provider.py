@@ -1,0 +1,604 @@
+"""The ``copilot`` provider: GitHub's Copilot CLI driven through ``github-copilot-sdk``.
+
+One CLI process (the *runtime*) per provider, started on first use and
+shared by every open conversation. It is supervised: when it exits on its
+own, every open conversation gets its running turn ended ``failed``
+(reason ``runtime_exit``) and an ``exit`` event, and is closed; the next
+``open`` (or ``models``, ...) starts a new runtime, waiting first 1 s after
+a crash, doubling up to 60 s while it keeps crashing. The provider stops
+only the runtime it started.
+
+The SDK is asyncio-only; it runs on an :class:`~._bridge.AsyncioBridge`
+thread. Every SDK event is handed to the trio thread, where the
+conversation maps it and calls ``EventSink.emit``: sinks are only ever
+called from the trio thread that runs :meth:`CopilotProvider.run`.
+
+The SDK is never allowed to download a CLI: the provider always passes the
+CLI path (``providers.copilot.cli_path``, else ``copilot`` on PATH).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+from copilot import CopilotClient, RuntimeConnection, SessionListFilter
+from copilot._jsonrpc import JsonRpcError, ProcessExitedError
+
+from ...contract import (
+    Account,
+    Capabilities,
+    Closed,
+    ConversationNotFound,
+    EventSink,
+    HistoryRecord,
+    InternalError,
+    Model,
+    OpenRequest,
+    PreviousConversation,
+    RuntimeUnavailable,
+    Unsupported,
+)
+from . import _mapping as m
+from ._bridge import AsyncioBridge, BridgeClosed
+from ._conversation import CopilotConversation, clean_title
+
+log = structlog.get_logger(__name__)
+
+#: How long the CLI may take to start and answer the protocol handshake.
+START_TIMEOUT_S = 60.0
+#: How long create/resume/list calls may take.
+CALL_TIMEOUT_S = 60.0
+#: Restart backoff after a runtime exit: first delay, ceiling (doubling in between).
+BACKOFF_INITIAL_S = 1.0
+BACKOFF_MAX_S = 60.0
+#: A runtime that ran at least this long before exiting starts the backoff over.
+HEALTHY_UPTIME_S = 60.0
+#: How long a graceful stop may take before the CLI is killed.
+STOP_TIMEOUT_S = 10.0
+
+NOT_FOUND_MESSAGE = (
+    "GitHub Copilot CLI not found: install it with `npm install -g @github/copilot` "
+    "or set providers.copilot.cli_path"
+)
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _register_secret(value: str) -> None:
+    try:
+        from ...logs import register_secret
+    except ImportError:  # pragma: no cover - logs module absent
+        return
+    register_secret(value)
+
+
+def resolve_cli_path(cli_path: str, env: dict[str, str] | None = None) -> str:
+    """The Copilot CLI executable to run: ``cli_path``, else ``copilot`` on PATH.
+
+    The npm package's launcher (``npm-loader.js``, a node script that spawns
+    the native binary and waits) is replaced by the native binary it would
+    run, so the supervised process is the CLI itself. Raises
+    :class:`RuntimeUnavailable` when nothing usable is found.
+    """
+    path_var = (env or {}).get("PATH") or os.environ.get("PATH")
+    if cli_path:
+        candidate = os.path.expanduser(cli_path)
+        if os.sep not in candidate:
+            candidate = shutil.which(candidate, path=path_var) or candidate
+    else:
+        candidate = shutil.which("copilot", path=path_var) or ""
+    if not candidate or not os.path.exists(candidate):
+        where = f" at {cli_path}" if cli_path else ""
+        raise RuntimeUnavailable(f"{NOT_FOUND_MESSAGE} (nothing{where} found)" if cli_path else NOT_FOUND_MESSAGE)
+    real = os.path.realpath(candidate)
+    if real.endswith("npm-loader.js"):
+        native = _native_binary(Path(real).parent)
+        if native:
+            return native
+    if not os.access(real, os.X_OK) and not real.endswith(".js"):
+        raise RuntimeUnavailable(f"{candidate} is not executable; {NOT_FOUND_MESSAGE}")
+    return candidate
+
+
+def _native_binary(package_dir: Path) -> str:
+    """The platform binary next to an ``@github/copilot`` package directory, or ""."""
+    scope = package_dir.parent  # node_modules/@github
+    arch = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(os.uname().machine.lower(), os.uname().machine)
+    plat = {"linux": ["linux", "linuxmusl"], "darwin": ["darwin"]}.get(sys.platform, [sys.platform])
+    for p in plat:
+        exe = scope / f"copilot-{p}-{arch}" / "copilot"
+        if exe.is_file() and os.access(exe, os.X_OK):
+            return str(exe)
+    return ""
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "it closed its connection"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+class _Runtime:
+    """One Copilot CLI process and the SDK client that speaks to it."""
+
+    def __init__(self, client: CopilotClient, generation: int, started: float) -> None:
+        self.client = client
+        self.generation = generation
+        self.started = started
+        self.alive = True
+        self.stopping = False
+        self.exit_reason = ""
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        # The SDK keeps its child process here; used only to supervise it.
+        return getattr(self.client, "_cli_process", None)
+
+    @property
+    def pid(self) -> int | None:
+        proc = self.process
+        return proc.pid if proc is not None else None
+
+    def stderr_tail(self, limit: int = 800) -> str:
+        rpc = getattr(self.client, "_client", None)
+        getter = getattr(rpc, "get_stderr_output", None)
+        text = getter() if callable(getter) else ""
+        return text[-limit:].strip() if text else ""
+
+
+class CopilotProvider:
+    """GitHub Copilot CLI as an agentd provider (see the module docstring).
+
+    Build it with the ``[providers.copilot]`` config section (attributes
+    ``cli_path``, ``model``, ``copilot_home``, ``env``, ``byok``), the daemon's
+    state dir and the provider's name; run :meth:`run` in a nursery for the
+    provider's whole life.
+    """
+
+    display_name = "GitHub Copilot"
+
+    def __init__(self, config: Any, *, state_dir: Path, name: str = "copilot") -> None:
+        self.config = config
+        self.name = name
+        self.state_dir = Path(state_dir)
+        self._bridge: AsyncioBridge | None = None
+        self._nursery: trio.Nursery | None = None
+        self._runtime: _Runtime | None = None
+        self._start_lock = trio.Lock()
+        self._generation = 0
+        self._failures = 0
+        self._not_before = 0.0
+        self._conversations: set[CopilotConversation] = set()
+
+    # ------------------------------------------------------------------ description
+
+    @property
+    def byok(self) -> Any:
+        return getattr(self.config, "byok", None)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            cancel=True,
+            steer=True,
+            permissions=True,
+            questions=True,
+            plan=True,
+            history=True,
+            reopen=True,
+            models=self.byok is None,
+            titles=True,
+            usage=True,
+            context_size=True,
+            subagents=True,
+            todos=True,
+            import_=True,
+            account=True,
+        )
+
+    @property
+    def runtime_pid(self) -> int | None:
+        """Process id of the running Copilot CLI, or None when none runs."""
+        rt = self._runtime
+        return rt.pid if rt is not None and rt.alive else None
+
+    @property
+    def copilot_home(self) -> Path:
+        """The CLI's home (config and session state): config, else $COPILOT_HOME, else ~/.copilot."""
+        home = self.config.copilot_home or (self.config.env or {}).get("COPILOT_HOME") or os.environ.get("COPILOT_HOME") or "~/.copilot"
+        return Path(os.path.expanduser(home))
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; started once ``open`` can be called.
+
+        On cancellation: open conversations get an ``exit`` event and the
+        runtime this provider started is stopped (gracefully, then killed).
+        """
+        bridge = AsyncioBridge(f"agentd-{self.name}-asyncio")
+        await bridge.start()
+        self._bridge = bridge
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            with trio.CancelScope(shield=True):
+                for conv in list(self._conversations):
+                    conv.detach("agentd stopped the Copilot CLI")
+                self._conversations.clear()
+                rt, self._runtime = self._runtime, None
+                if rt is not None:
+                    await self._stop_runtime(rt)
+                await bridge.stop()
+                self._bridge = None
+
+    def _require_bridge(self) -> AsyncioBridge:
+        if self._bridge is None or self._nursery is None:
+            raise InternalError(f"provider {self.name} is not running (run() was not started)")
+        return self._bridge
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` in the provider's nursery; dropped when the provider stopped."""
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
+
+    def _forget(self, conv: CopilotConversation) -> None:
+        self._conversations.discard(conv)
+
+    # ------------------------------------------------------------------ the runtime
+
+    def _cli_env(self) -> dict[str, str]:
+        """The CLI's environment: ours plus ``config.env``, without the BYOK key variable.
+
+        The key reaches the CLI over its JSON-RPC pipe; leaving it out of the
+        environment keeps it from every shell command the agent runs.
+        """
+        env = dict(os.environ)
+        env.update(self.config.env or {})
+        byok = self.byok
+        if byok is not None and byok.api_key_env:
+            env.pop(byok.api_key_env, None)
+        return env
+
+    def _api_key(self) -> str:
+        byok = self.byok
+        if byok is None or not byok.api_key_env:
+            return ""
+        key = os.environ.get(byok.api_key_env, "")
+        if not key:
+            raise RuntimeUnavailable(
+                f"providers.copilot.byok.api_key_env names {byok.api_key_env}, but that environment variable is not set"
+            )
+        _register_secret(key)
+        return key
+
+    def provider_config(self) -> dict[str, Any] | None:
+        """The SDK's bring-your-own-key provider dict (with the key), or None when signed in."""
+        byok = self.byok
+        if byok is None:
+            return None
+        cfg: dict[str, Any] = {"type": byok.type, "base_url": byok.base_url}
+        key = self._api_key()
+        if key:
+            cfg["api_key"] = key
+        if byok.type in ("openai", "azure") and byok.wire_api:
+            cfg["wire_api"] = byok.wire_api
+        return cfg
+
+    async def check(self) -> None:
+        """Raise :class:`RuntimeUnavailable` when the CLI is missing or the BYOK key is unset."""
+        resolve_cli_path(self.config.cli_path, self.config.env or {})
+        self._api_key()
+        if self.byok is not None and not (self.byok.model or self.config.model):
+            raise RuntimeUnavailable("providers.copilot.byok.model is required with bring-your-own-key")
+
+    async def _ensure_runtime(self) -> _Runtime:
+        """The running CLI, started if needed (after the crash backoff). Raises RuntimeUnavailable."""
+        bridge = self._require_bridge()
+        async with self._start_lock:
+            rt = self._runtime
+            if rt is not None and rt.alive:
+                return rt
+            wait = self._not_before - trio.current_time()
+            if wait > 0:
+                log.info("copilot.restart_backoff", provider=self.name, wait_s=round(wait, 2))
+                await trio.sleep(wait)
+            cli = resolve_cli_path(self.config.cli_path, self.config.env or {})
+            self._api_key()  # fail early (and register the secret) before spawning
+            home = self.copilot_home
+            workdir = self.state_dir / "providers" / self.name
+
+            def make_dirs() -> None:
+                home.mkdir(parents=True, exist_ok=True)
+                workdir.mkdir(parents=True, exist_ok=True)
+
+            await trio.to_thread.run_sync(make_dirs)
+            self._generation += 1
+            generation = self._generation
+
+            async def start() -> CopilotClient:
+                client = CopilotClient(
+                    connection=RuntimeConnection.for_stdio(path=cli),
+                    working_directory=str(workdir),
+                    env=self._cli_env(),
+                    base_directory=str(home),
+                    use_logged_in_user=self.byok is None,
+                    client_info={"application_name": "agentd"},
+                )
+                try:
+                    await client.start()
+                except BaseException:
+                    try:
+                        await client.force_stop()
+                    except Exception:
+                        pass
+                    raise
+                return client
+
+            log.info("copilot.runtime_starting", provider=self.name, cli=cli, home=str(home), byok=self.byok is not None)
+            try:
+                with trio.fail_after(START_TIMEOUT_S):
+                    client = await bridge.run(start)
+            except trio.TooSlowError:
+                self._note_failure(0.0)
+                raise RuntimeUnavailable(f"the Copilot CLI ({cli}) did not start within {START_TIMEOUT_S:g} s") from None
+            except (RuntimeError, OSError, ProcessExitedError, JsonRpcError) as exc:
+                self._note_failure(0.0)
+                raise RuntimeUnavailable(f"the Copilot CLI ({cli}) did not start: {exc}") from None
+            rt = _Runtime(client, generation, trio.current_time())
+            self._runtime = rt
+            self._watch(rt)
+            log.info("copilot.runtime_started", provider=self.name, pid=rt.pid, generation=generation)
+            return rt
+
+    def _note_failure(self, uptime: float) -> None:
+        self._failures = 1 if uptime >= HEALTHY_UPTIME_S else self._failures + 1
+        delay = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** (self._failures - 1))
+        self._not_before = trio.current_time() + delay
+
+    def _watch(self, rt: _Runtime) -> None:
+        """Notice the runtime's end: its connection closing, or its process exiting."""
+        bridge = self._require_bridge()
+        rpc = getattr(rt.client, "_client", None)
+        if rpc is not None and hasattr(rpc, "on_close"):
+            previous = rpc.on_close
+
+            def on_close() -> None:  # the SDK's reader thread
+                try:
+                    if previous is not None:
+                        previous()
+                finally:
+                    bridge.to_trio(self._runtime_lost, rt)
+
+            rpc.on_close = on_close
+        proc = rt.process
+        if proc is not None:
+            self._spawn(self._wait_process, rt, proc)
+
+    async def _wait_process(self, rt: _Runtime, proc: subprocess.Popen[bytes]) -> None:
+        await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True)
+        self._runtime_lost(rt)
+
+    def _runtime_lost(self, rt: _Runtime) -> None:
+        """The runtime's connection closed or its process exited (trio thread)."""
+        if not rt.alive:
+            return
+        rt.alive = False
+        if rt.stopping:
+            return
+        self._note_failure(trio.current_time() - rt.started)
+        rt.exit_reason = "the Copilot CLI exited"
+        self._spawn(self._after_exit, rt)
+
+    async def _after_exit(self, rt: _Runtime) -> None:
+        proc = rt.process
+        code = None
+        if proc is not None:
+            with trio.move_on_after(1.0):
+                code = await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True)
+        reason = f"the Copilot CLI exited unexpectedly ({_describe_exit(code)})"
+        tail = rt.stderr_tail()
+        if tail:
+            reason += f": {tail.splitlines()[-1][:300]}"
+        rt.exit_reason = reason
+        log.warning("copilot.runtime_exited", provider=self.name, pid=rt.pid, code=code, generation=rt.generation)
+        for conv in [c for c in self._conversations if c._runtime is rt]:
+            conv.runtime_exited(reason)
+            self._conversations.discard(conv)
+        if self._runtime is rt:
+            self._runtime = None
+        bridge = self._bridge
+        if bridge is not None:
+            with trio.move_on_after(STOP_TIMEOUT_S):
+                try:
+                    await bridge.run(rt.client.force_stop)
+                except Exception as exc:
+                    log.debug("copilot.cleanup_failed", error=str(exc))
+
+    async def _stop_runtime(self, rt: _Runtime) -> None:
+        """Stop a runtime this provider started: gracefully, then by force."""
+        rt.stopping = True
+        bridge = self._bridge
+        if bridge is None or not bridge.running:
+            return
+        stopped = False
+        with trio.move_on_after(STOP_TIMEOUT_S):
+            try:
+                await bridge.run(rt.client.stop)
+                stopped = True
+            except BaseException as exc:  # an ExceptionGroup of StopErrors, or a dead transport
+                if isinstance(exc, trio.Cancelled):
+                    raise
+                log.debug("copilot.stop_failed", error=str(exc))
+        if not stopped:
+            with trio.move_on_after(STOP_TIMEOUT_S):
+                try:
+                    await bridge.run(rt.client.force_stop)
+                except Exception as exc:
+                    log.debug("copilot.force_stop_failed", error=str(exc))
+        rt.alive = False
+        log.info("copilot.runtime_stopped", provider=self.name, generation=rt.generation)
+
+    async def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            with trio.fail_after(CALL_TIMEOUT_S):
+                return await self._require_bridge().run(fn, *args, **kwargs)
+        except (ProcessExitedError, BridgeClosed, BrokenPipeError, ConnectionError) as exc:
+            raise Closed(f"the Copilot CLI exited during {what}: {exc}") from None
+        except trio.TooSlowError:
+            raise InternalError(f"the Copilot CLI did not answer {what} within {CALL_TIMEOUT_S:g} s") from None
+
+    # ------------------------------------------------------------------ conversations
+
+    async def open(self, request: OpenRequest, sink: EventSink) -> CopilotConversation:
+        """Create a session, or resume exactly ``request.conversation_id``.
+
+        Starts the runtime if needed. Raises :class:`ConversationNotFound` when
+        the CLI has no session with that id (never creates one instead),
+        :class:`RuntimeUnavailable` when the CLI cannot start.
+        """
+        rt = await self._ensure_runtime()
+        byok = self.byok
+        if request.conversation_id and byok is None:
+            model = request.model  # a resumed session keeps its own model unless asked otherwise
+        else:
+            model = request.model or (byok.model if byok is not None else "") or self.config.model
+        effort = request.effort
+        conv = CopilotConversation(self, rt, sink, workdir=request.workdir, model=model, effort=effort)
+        options = conv.session_options()
+        provider_cfg = self.provider_config()
+        if provider_cfg is not None:
+            options["provider"] = provider_cfg
+        if model:
+            options["model"] = model
+        if effort:
+            options["reasoning_effort"] = effort
+        client = rt.client
+        if request.conversation_id:
+            sid = request.conversation_id
+            if not _SESSION_ID.match(sid):
+                raise ConversationNotFound(f"no Copilot session {sid!r}")
+            meta = await self._call("the session lookup", client.get_session_metadata, sid)
+            if meta is None:
+                raise ConversationNotFound(f"the Copilot CLI has no session {sid!r} (in {self.copilot_home})")
+            for other in [c for c in self._conversations if c.id == sid]:
+                other.detach("the conversation was reopened")
+                self._conversations.discard(other)
+            try:
+                session = await self._call("the session resume", client.resume_session, sid, **options)
+            except JsonRpcError as exc:
+                if "not found" in exc.message.lower():
+                    raise ConversationNotFound(f"the Copilot CLI has no session {sid!r}: {exc.message}") from None
+                raise InternalError(f"the Copilot CLI could not resume session {sid!r}: {exc.message}") from None
+        else:
+            title = clean_title(request.title) if request.title else ""
+            if title:
+                options["name"] = title
+            try:
+                session = await self._call("the session creation", client.create_session, **options)
+            except JsonRpcError as exc:
+                raise InternalError(f"the Copilot CLI could not create a session: {exc.message}") from None
+        conv.session = session
+        conv._id = session.session_id
+        self._conversations.add(conv)
+        if not rt.alive:  # died while we were opening
+            conv.runtime_exited(rt.exit_reason or "the Copilot CLI exited")
+            self._conversations.discard(conv)
+        log.info("copilot.opened", provider=self.name, conversation=conv.id, resumed=bool(request.conversation_id))
+        return conv
+
+    async def models(self) -> list[Model]:
+        """The models the signed-in account may use.
+
+        Raises :class:`Unsupported` with bring-your-own-key (the model is the
+        configured one; any name the endpoint accepts works with set_model),
+        :class:`RuntimeUnavailable` when not signed in.
+        """
+        if self.byok is not None:
+            raise Unsupported(
+                "with bring-your-own-key the model is set in providers.copilot.byok.model; "
+                "the endpoint's model names are not listed"
+            )
+        rt = await self._ensure_runtime()
+        try:
+            infos = await self._call("the model list", rt.client.list_models)
+        except JsonRpcError as exc:
+            raise RuntimeUnavailable(f"the Copilot CLI cannot list models: {exc.message} (sign in with `copilot login`)") from None
+        return [Model(id=i.id, name=i.name, efforts=list(i.supported_reasoning_efforts or [])) for i in infos]
+
+    async def account(self) -> Account:
+        """The CLI's sign-in (never a credential); with BYOK, which key variable is used."""
+        byok = self.byok
+        if byok is not None:
+            present = bool(byok.api_key_env and os.environ.get(byok.api_key_env)) or not byok.api_key_env
+            return Account(
+                signed_in=present,
+                source="byok",
+                env_var=byok.api_key_env,
+                message=f"bring-your-own-key: {byok.type} at {byok.base_url}, model {byok.model or self.config.model}"
+                + ("" if present else f" ({byok.api_key_env} is not set)"),
+            )
+        rt = await self._ensure_runtime()
+        status = await self._call("the sign-in status", rt.client.get_auth_status)
+        return Account(
+            signed_in=status.isAuthenticated,
+            login=status.login or "",
+            source=status.authType or "",
+            message=status.statusMessage or "",
+        )
+
+    async def previous(self, workdir: str) -> list[PreviousConversation]:
+        """The CLI's sessions started in ``workdir``, newest first."""
+        rt = await self._ensure_runtime()
+        sessions = await self._call("the session list", rt.client.list_sessions, SessionListFilter(working_directory=workdir))
+        out = [
+            PreviousConversation(
+                id=s.session_id,
+                title=s.summary or "",
+                workdir=s.context.working_directory if s.context else workdir,
+                created_at=m.utc(s.start_time),
+                updated_at=m.utc(s.modified_time),
+            )
+            for s in sessions
+            if not s.is_remote
+        ]
+        out.sort(key=lambda p: p.updated_at or p.created_at, reverse=True)  # type: ignore[arg-type,return-value]
+        return out
+
+    async def history(self, conversation_id: str) -> HistoryRecord:
+        """A session's transcript read from the CLI's store, without opening it or starting the CLI.
+
+        Raises :class:`ConversationNotFound` when the store has no such session.
+        """
+        if not _SESSION_ID.match(conversation_id):
+            raise ConversationNotFound(f"no Copilot session {conversation_id!r}")
+        path = self.copilot_home / "session-state" / conversation_id / "events.jsonl"
+
+        def read() -> list[str] | None:
+            try:
+                with path.open(encoding="utf-8", errors="replace") as f:
+                    return f.readlines()
+            except FileNotFoundError:
+                return None
+
+        lines = await trio.to_thread.run_sync(read)
+        if lines is None:
+            raise ConversationNotFound(f"the Copilot CLI has no session {conversation_id!r} (in {self.copilot_home})")
+        return m.history_from_events(m.parse_events_jsonl(lines))
