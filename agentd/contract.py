@@ -162,6 +162,10 @@ class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
     #: list the runtime's earlier conversations for a folder
     import_: bool = msgspec.field(default=False, name="import")
     account: bool = False
+    #: the runtime is a process of its own, which can die apart from agentd
+    runtime_process: bool = False
+    #: turns call a model endpoint, which can fail apart from the runtime
+    model_endpoint: bool = False
 
 
 # --------------------------------------------------------------------------- items

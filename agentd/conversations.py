@@ -97,6 +97,8 @@ class _Live:
         self.sink = _Sink(self)
         self.published_seq = journal.last_seq
         self.pending: dict[str, c.Interaction] = {}
+        #: interactions the daemon answered itself (yolo, timeout), until the provider resolves them
+        self.auto_answered: set[str] = set()
         #: text so far of the turn's streamed items: id -> (kind, agent_id, chunks)
         self.items: dict[str, tuple[str, str, list[str]]] = {}
         self.todos: c.TodoList | None = None
@@ -197,7 +199,7 @@ class ConversationService:
         the daemon serves the others.
         """
         for record in list(self._records.values()):
-            if not record.active_run:
+            if not record.active_run and not record.queued:
                 continue
             try:
                 await self._recover_one(record)
@@ -207,8 +209,8 @@ class ConversationService:
 
     async def _recover_one(self, record: wire.ConversationRecord) -> None:
         live = await self._load(record.id)
-        run = record.active_run
-        log.warning("turn.interrupted", conversation=record.id, run=run)
+        runs = [r for r in (record.active_run, *record.queued) if r]
+        log.warning("turn.interrupted", conversation=record.id, run=record.active_run, queued=list(record.queued))
         # Pending interactions of the dead turn can never be answered now.
         try:
             lines = live.journal.read_after(self._run_start_seq(record))
@@ -216,10 +218,10 @@ class ConversationService:
             log.error("journal.unreadable", conversation=record.id, error=exc.message)
             lines = []
         pending: dict[str, c.Interaction] = {}
-        ended = False
+        ended: set[str] = set()
         for line in lines:
             rec = wire.decode_record(line)
-            if rec.run != run:
+            if rec.run not in runs:
                 continue
             if rec.type == "interaction":
                 inter = msgspec.json.decode(rec.data, type=c.Interaction)
@@ -228,25 +230,28 @@ class ConversationService:
                 else:
                     pending.pop(inter.id, None)
             elif rec.type == "turn" and msgspec.json.decode(rec.data, type=c.Turn).state.terminal:
-                ended = True
-        if not ended:
-            for inter in pending.values():
-                expired = msgspec.structs.replace(
-                    inter, state=c.InteractionState.EXPIRED, resolution=c.RUN_INTERRUPTED
-                )
-                await self._append(live, "interaction", _json.encode(expired), run=run)
-            turn = c.Turn(
-                state=c.TurnState.FAILED,
-                reason=c.RUN_INTERRUPTED,
-                error="agentd stopped while this turn was running; the prompt was not resent",
-            )
+                ended.add(rec.run)
+        for run in runs:
+            if run in ended:
+                continue
+            if run == record.active_run:
+                for inter in pending.values():
+                    expired = msgspec.structs.replace(
+                        inter, state=c.InteractionState.EXPIRED, resolution=c.RUN_INTERRUPTED
+                    )
+                    await self._append(live, "interaction", _json.encode(expired), run=run)
+                error = "agentd stopped while this turn was running; the prompt was not resent"
+            else:
+                error = "agentd stopped before this queued prompt was sent; it was not sent"
+            turn = c.Turn(state=c.TurnState.FAILED, reason=c.RUN_INTERRUPTED, error=error)
             await self._append(live, "turn", _json.encode(turn), run=run)
         record.active_run = ""
+        record.queued = []
         record.state = _S.IDLE
         self._save(record)
 
     def _run_start_seq(self, record: wire.ConversationRecord) -> int:
-        return max(0, record.last_seq)
+        return max(0, record.turn_after)
 
     # ------------------------------------------------------------------ records
 
@@ -433,9 +438,10 @@ class ConversationService:
         elif isinstance(event, c.UsageEvent):
             live.usage = event.usage
         elif isinstance(event, c.TitleEvent):
-            if event.title and event.title != live.record.title:
-                live.record.title = event.title
-                self._save(live.record)
+            if event.title == live.record.title:
+                return  # the provider confirming a title set here, already journaled
+            live.record.title = event.title
+            self._save(live.record)
         elif isinstance(event, c.InteractionEvent):
             inter = event.interaction
             if inter.state is c.InteractionState.PENDING:
@@ -453,6 +459,9 @@ class ConversationService:
                         self._spawn(self._expire_later, live, inter.id)
                 return
             live.pending.pop(inter.id, None)
+            if inter.id in live.auto_answered and not inter.auto:
+                live.auto_answered.discard(inter.id)
+                data = _json.encode(msgspec.structs.replace(inter, auto=True))
             if not live.pending and live.record.state is _S.REQUIRES_ACTION:
                 self._set_state(live, _S.RUNNING)
         elif isinstance(event, c.TurnEvent):
@@ -487,7 +496,7 @@ class ConversationService:
         live.items.clear()
         live.activity = None
         live.record.active_run = ""
-        live.record.last_seq = live.published_seq
+        live.record.turn_after = live.published_seq
         live.record.state = _S.CLOSED if live.record.state is _S.CLOSED else _S.IDLE
         live.record.error = turn.error if turn.state is c.TurnState.FAILED else ""
         self._save(live.record)
@@ -559,6 +568,8 @@ class ConversationService:
         if inter is None:
             raise c.InteractionGone(f"interaction {interaction_id!r} is not pending")
         c.validate_answer(inter, answer)
+        if auto:
+            live.auto_answered.add(interaction_id)
         if live.conv is None:
             raise c.InteractionGone("the provider conversation ended; the interaction can no longer be answered")
         await live.conv.respond(interaction_id, answer)
@@ -590,7 +601,17 @@ class ConversationService:
                 if if_busy == "queue":
                     run = new_id("r")
                     prompt = wire.PromptRecord(text=text, disposition="queued")
-                    after = await self._append(live, "prompt", _json.encode(prompt), run=run) - 1
+                    # On disk before the prompt is journaled, as for a started one: a crash
+                    # before it runs ends it run_interrupted on restart.
+                    live.record.queued.append(run)
+                    try:
+                        self._save(live.record)
+                        after = await self._append(live, "prompt", _json.encode(prompt), run=run) - 1
+                    except BaseException as exc:
+                        live.record.queued.remove(run)
+                        if isinstance(exc, OSError):
+                            raise c.InternalError(f"cannot write the conversation record: {exc.strerror or exc}") from None
+                        raise
                     live.queue.append((run, text))
                     return wire.SendResult(run=run, disposition="queued", after=after)
                 if if_busy == "steer":
@@ -629,7 +650,9 @@ class ConversationService:
         after = live.published_seq
         record = live.record
         record.active_run = run
-        record.last_seq = after
+        if run in record.queued:
+            record.queued.remove(run)
+        record.turn_after = after
         record.state = _S.RUNNING
         record.error = ""
         live.turn_done = trio.Event()
@@ -722,11 +745,17 @@ class ConversationService:
     async def close(self, ref: str) -> None:
         """Cancel the running turn, close the provider conversation, release the lease."""
         live = await self.live(ref)
+        # Queued prompts first, so the cancelled turn's end does not start one; each gets its outcome.
+        queued, live.queue = list(live.queue), deque()
+        live.record.queued = []
+        for run, _text in queued:
+            turn = c.Turn(state=c.TurnState.CANCELLED, reason="closed",
+                          error="the conversation was closed before this queued prompt was sent")
+            await self._append(live, "turn", _json.encode(turn), run=run)
         if live.run:
             await self._cancel(live)
             with trio.move_on_after(INTERRUPT_WAIT_S):
                 await live.turn_done.wait()
-        live.queue.clear()
         if live.conv is not None:
             await live.conv.close()
             live.conv = None
@@ -766,7 +795,11 @@ class ConversationService:
         if live is None:
             return wire.ConversationInfo(record=record)
         return wire.ConversationInfo(
-            record=record, pending=list(live.pending.values()), queued=len(live.queue), usage=live.usage
+            record=record,
+            last_seq=live.published_seq,
+            pending=list(live.pending.values()),
+            queued=len(live.queue),
+            usage=live.usage,
         )
 
     def snapshot(self, live: _Live) -> wire.Snapshot:

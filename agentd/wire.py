@@ -218,7 +218,11 @@ class ConversationRecord(msgspec.Struct, omit_defaults=True):
     provider_conversation_id: str = ""
     #: the turn in flight, "" when none; set before a prompt reaches the provider
     active_run: str = ""
-    last_seq: int = 0
+    #: runs of prompts queued behind it (journaled, not yet sent), oldest first
+    queued: list[str] = []
+    #: the journal seq just before the current turn's prompt (as of the last turn's end when
+    #: idle): subscribing after it replays the turn in flight, or the one that ended last
+    turn_after: int = 0
     error: str = ""
 
 
@@ -226,6 +230,8 @@ class ConversationInfo(msgspec.Struct, omit_defaults=True):
     """``show``: the record, its live state and pending interactions."""
 
     record: ConversationRecord
+    #: the journal's last seq (0 when the conversation is not loaded yet)
+    last_seq: int = 0
     pending: list[Interaction] = []
     queued: int = 0
     usage: Usage | None = None

@@ -207,6 +207,8 @@ class CopilotProvider:
             todos=True,
             import_=True,
             account=True,
+            runtime_process=True,
+            model_endpoint=True,
         )
 
     @property

@@ -1,0 +1,11 @@
+"""agentctl: the command-line client of agentd.
+
+A thin client: it speaks the control protocol of :mod:`agentd.wire` over the
+daemon's Unix socket and renders what comes back. It imports only the wire
+types (never trio or structlog), and loads rendering and prompting lazily, so
+``agentctl status --json`` pays for click, msgspec and the frames alone.
+"""
+
+from agentd import __version__
+
+__all__ = ["__version__"]

@@ -1,0 +1,505 @@
+"""A blocking client of the agentd control socket.
+
+Transport only: it frames requests, matches replies to requests by id, routes
+pushed subscription frames to their subscription, and starts the daemon when
+asked to. It knows nothing of terminals.
+
+One reader thread owns the receiving side of the socket. Replies and pushed
+frames are handed to the calling thread through queues, so a caller can wait
+for a reply, or read a subscription, while other frames keep arriving (attach
+prompts at the terminal while a turn streams on).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import msgspec
+
+from agentd import wire
+from agentd.contract import AgentdError
+
+from . import __version__
+
+T = TypeVar("T")
+
+#: How long to wait for a daemon we started to answer, seconds (it starts in about
+#: a second; a loaded machine can take several).
+AUTOSTART_TIMEOUT_S = 10.0
+#: Environment variables that disable autostart when set to a true value.
+NO_AUTOSTART_ENV = "AGENTD_NO_AUTOSTART"
+
+
+class Unreachable(Exception):
+    """agentd could not be reached (no socket, refused, or the connection broke)."""
+
+
+class _Closed:
+    """Put into every queue when the connection ends; ``error`` says why."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def default_socket_path() -> str:
+    """``$AGENTD_SOCKET``, else ``<user runtime dir>/agentd/agentd.sock`` (platformdirs)."""
+    env = os.environ.get("AGENTD_SOCKET")
+    if env:
+        return env
+    import warnings
+
+    import platformdirs
+
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback is what agentd uses too.
+        warnings.simplefilter("ignore")
+        return os.path.join(platformdirs.user_runtime_dir("agentd"), "agentd.sock")
+
+
+def autostart_disabled() -> bool:
+    return os.environ.get(NO_AUTOSTART_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class Client:
+    """One connection to agentd, after the hello exchange.
+
+    Use :meth:`connect`. :meth:`request` sends a request and waits for its
+    reply; :meth:`subscribe` returns a :class:`Subscription` whose frames are
+    read with :meth:`Subscription.get`. Thread-safe for one caller thread plus
+    the reader thread. A broken connection raises :class:`Unreachable` from
+    every waiting call.
+    """
+
+    def __init__(self, sock: socket.socket, path: str) -> None:
+        self.path = path
+        self._sock = sock
+        self._ids = itertools.count(1)
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._replies: dict[int, queue.SimpleQueue[Any]] = {}
+        self._subs: dict[int, queue.SimpleQueue[Any]] = {}
+        self._closed: BaseException | None = None
+        self.hello: wire.HelloFrame | None = None
+        self._reader = threading.Thread(target=self._read_loop, name="agentctl-reader", daemon=True)
+
+    # ------------------------------------------------------------------ connecting
+
+    @classmethod
+    def connect(
+        cls,
+        path: str | None = None,
+        *,
+        autostart: bool = True,
+        notify: Any = None,
+    ) -> Client:
+        """Connect to the daemon at ``path`` and exchange hellos.
+
+        When nothing listens there (no socket file, connection refused) and
+        ``autostart`` is true, starts ``python -m agentd run`` detached, calls
+        ``notify(message)`` once to say so, and retries for up to
+        :data:`AUTOSTART_TIMEOUT_S`. Raises :class:`Unreachable`, or the
+        daemon's error (e.g. a protocol mismatch) as an :class:`AgentdError`.
+        """
+        path = path or default_socket_path()
+        try:
+            sock = _open_socket(path)
+        except OSError as exc:
+            if not _nobody_listening(exc):
+                raise Unreachable(f"cannot connect to agentd at {path}: {exc.strerror or exc}") from None
+            if not autostart:
+                raise Unreachable(
+                    f"agentd is not running at {path} ({exc.strerror or exc}); "
+                    "start it with `agentd run` (autostart is disabled)"
+                ) from None
+            sock = _autostart(path, notify)
+        client = cls(sock, path)
+        client._start()
+        return client
+
+    def _start(self) -> None:
+        # The daemon speaks first, but both hellos can cross: send ours right away.
+        self._reader.start()
+        hello_q = self._register_reply(0)
+        self._send(wire.Hello(id=0, protocol=wire.PROTOCOL_VERSION, client=f"agentctl/{__version__}"))
+        self._wait(hello_q, 0)
+
+    # ------------------------------------------------------------------ requests
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def request(self, req: Any, result_type: type[T] | Any = Any) -> T:
+        """Send ``req`` (a :data:`wire.Request` struct) and return its decoded result.
+
+        Raises the daemon's error as its :class:`AgentdError` subclass.
+        """
+        reply_q = self._register_reply(req.id)
+        self._send(req)
+        raw = self._wait(reply_q, req.id)
+        return msgspec.json.decode(raw, type=result_type)
+
+    def call(self, cls: type, result_type: Any = Any, **fields: Any) -> Any:
+        """Build ``cls(id=<next id>, **fields)`` and :meth:`request` it."""
+        return self.request(cls(id=self.next_id(), **fields), result_type)
+
+    def subscribe(self, conversation: str | None, after: int = 0, *, snapshot: bool = True) -> Subscription:
+        """Subscribe to one conversation after ``after`` (or every one, live, when None).
+
+        Returns once the daemon confirmed; frames arrive on the returned
+        :class:`Subscription`, which also resubscribes transparently after a
+        ``lagged`` frame.
+        """
+        sub = Subscription(self, conversation, snapshot)
+        sub._open(after)
+        return sub
+
+    def _subscribe_raw(
+        self, conversation: str | None, after: int, snapshot: bool, frames: queue.SimpleQueue[Any]
+    ) -> tuple[int, wire.SubscribeResult]:
+        req = wire.Subscribe(id=self.next_id(), conversation=conversation, after=after, snapshot=snapshot)
+        with self._lock:
+            # Registered before sending: pushed frames may follow the reply at once.
+            self._subs[req.id] = frames
+        try:
+            result = self.request(req, wire.SubscribeResult)
+        except BaseException:
+            with self._lock:
+                self._subs.pop(req.id, None)
+            raise
+        return req.id, result
+
+    def _unsubscribe(self, sub_id: int) -> None:
+        with self._lock:
+            self._subs.pop(sub_id, None)
+        if self._closed is None:
+            try:
+                self.request(wire.Unsubscribe(id=self.next_id(), subscription=sub_id), Any)
+            except AgentdError:
+                pass  # already gone on the daemon's side
+
+    def close(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _register_reply(self, req_id: int) -> queue.SimpleQueue[Any]:
+        q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        with self._lock:
+            if self._closed is not None:
+                raise Unreachable(f"connection to agentd closed: {self._closed}")
+            self._replies[req_id] = q
+        return q
+
+    def _send(self, frame: Any) -> None:
+        data = wire.encode(frame)
+        try:
+            with self._send_lock:
+                self._sock.sendall(data)
+        except OSError as exc:
+            raise Unreachable(f"connection to agentd lost: {exc.strerror or exc}") from None
+
+    def _wait(self, q: queue.SimpleQueue[Any], req_id: int) -> msgspec.Raw:
+        try:
+            item = q.get()
+        finally:
+            with self._lock:
+                self._replies.pop(req_id, None)
+        if isinstance(item, _Closed):
+            if isinstance(item.error, AgentdError):
+                raise item.error
+            raise Unreachable(f"connection to agentd lost: {item.error}")
+        if isinstance(item, wire.ErrorFrame):
+            raise wire.error_from_body(item.error)
+        return item.result
+
+    def _read_loop(self) -> None:
+        reason: BaseException = EOFError("agentd closed the connection")
+        try:
+            with self._sock.makefile("rb") as f:
+                while True:
+                    line = f.readline(wire.CLIENT_MAX_FRAME_BYTES + 1)
+                    if not line:
+                        break
+                    if not line.endswith(b"\n"):
+                        if len(line) > wire.CLIENT_MAX_FRAME_BYTES:
+                            raise wire.ProtocolError("frame from agentd over the client limit")
+                        break  # torn last frame: the daemon went away mid-write
+                    self._dispatch(wire.decode_server_frame(line[:-1]))
+        except (OSError, ValueError) as exc:
+            reason = exc if not isinstance(exc, ValueError) else EOFError("connection closed")
+        except AgentdError as exc:
+            reason = exc
+        finally:
+            self._shutdown(reason)
+
+    def _dispatch(self, frame: Any) -> None:
+        if isinstance(frame, wire.HelloFrame):
+            self.hello = frame
+            return
+        if isinstance(frame, (wire.ResultFrame, wire.ErrorFrame)):
+            with self._lock:
+                q = self._replies.get(frame.id) if frame.id is not None else None
+                if q is None and frame.id is None and isinstance(frame, wire.ErrorFrame):
+                    # An error about a frame without a readable id: fail every waiter.
+                    for waiting in self._replies.values():
+                        waiting.put(frame)
+                    return
+            if q is not None:
+                q.put(frame)
+            return
+        # event / snapshot / lagged
+        with self._lock:
+            q = self._subs.get(frame.sub)
+        if q is not None:
+            q.put(frame)
+
+    def _shutdown(self, reason: BaseException) -> None:
+        with self._lock:
+            if self._closed is not None:
+                return
+            self._closed = reason
+            waiting = list(self._replies.values()) + list(self._subs.values())
+        for q in waiting:
+            q.put(_Closed(reason))
+
+
+class Subscription:
+    """The frames of one subscription, lagged frames handled on the way.
+
+    :meth:`get` returns :class:`wire.EventFrame`, :class:`wire.SnapshotFrame`,
+    or None on timeout; it never returns a ``lagged`` frame: it resubscribes
+    after ``resume_after`` instead (for every conversation: live again, after
+    catching each conversation up from its last delivered seq). Records already
+    delivered (same conversation, same seq) are dropped, so a resubscription
+    shows no duplicate.
+    """
+
+    def __init__(self, client: Client, conversation: str | None, snapshot: bool) -> None:
+        self._client = client
+        self.conversation = conversation
+        self._snapshot = snapshot
+        self._frames: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._backlog: list[Any] = []
+        self.id = 0
+        self.result: wire.SubscribeResult | None = None
+        #: conversation id -> last durable seq delivered
+        self.positions: dict[str, int] = {}
+
+    def _open(self, after: int) -> None:
+        self.id, self.result = self._client._subscribe_raw(self.conversation, after, self._snapshot, self._frames)
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The next frame, or None after ``timeout`` seconds (None: wait for ever).
+
+        Raises :class:`Unreachable` when the connection ends.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._backlog:
+                frame = self._backlog.pop(0)
+            else:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    frame = self._frames.get(timeout=remaining) if remaining != 0.0 else self._frames.get_nowait()
+                except queue.Empty:
+                    return None
+            if isinstance(frame, _Closed):
+                self._frames.put(frame)  # stay closed for later calls
+                if isinstance(frame.error, AgentdError):
+                    raise frame.error
+                raise Unreachable(f"connection to agentd lost: {frame.error}")
+            if isinstance(frame, wire.LaggedFrame):
+                if frame.sub == self.id:
+                    self._resubscribe(frame)
+                continue
+            if frame.sub != self.id:
+                continue  # left over from a subscription we replaced
+            if isinstance(frame, wire.EventFrame):
+                seq = _peek_seq(frame.record)
+                if seq:
+                    if seq <= self.positions.get(frame.conversation, 0):
+                        continue
+                    self.positions[frame.conversation] = seq
+            return frame
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            yield self.get()
+
+    def close(self) -> None:
+        if self.id:
+            self._client._unsubscribe(self.id)
+            self.id = 0
+
+    def _resubscribe(self, lagged: wire.LaggedFrame) -> None:
+        old = self.id
+        with self._client._lock:
+            self._client._subs.pop(old, None)
+        if self.conversation is not None:
+            after = max(lagged.resume_after, self.positions.get(lagged.conversation, 0))
+            self._open(after)
+            return
+        # Every conversation: live again first (buffering), then catch each one
+        # up from what it last delivered; duplicates are dropped by seq.
+        self._open(0)
+        positions = dict(lagged.positions)
+        for conv, pos in self.positions.items():
+            positions[conv] = max(pos, positions.get(conv, 0))
+        for conv, pos in positions.items():
+            self._catch_up(conv, pos)
+
+    def _catch_up(self, conversation: str, after: int) -> None:
+        frames: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        try:
+            sub_id, result = self._client._subscribe_raw(conversation, after, False, frames)
+        except AgentdError:
+            return  # removed meanwhile
+        try:
+            last = result.last_seq
+            while after < last:
+                frame = frames.get()
+                if isinstance(frame, _Closed):
+                    frames.put(frame)
+                    self._frames.put(frame)
+                    return
+                if isinstance(frame, wire.EventFrame) and frame.sub == sub_id:
+                    seq = _peek_seq(frame.record)
+                    if seq:
+                        after = max(after, seq)
+                        self._backlog.append(frame)
+                elif isinstance(frame, wire.LaggedFrame):
+                    break  # give up on this one; the live subscription goes on
+        finally:
+            self._client._unsubscribe(sub_id)
+        # Deliver the caught-up records as if they came on the live subscription.
+        self._backlog = [
+            wire.EventFrame(sub=self.id, conversation=f.conversation, record=f.record)
+            if isinstance(f, wire.EventFrame)
+            else f
+            for f in self._backlog
+        ]
+
+
+class _SeqOnly(msgspec.Struct):
+    seq: int = 0
+
+
+_seq_decoder = msgspec.json.Decoder(_SeqOnly)
+
+
+def _peek_seq(raw: msgspec.Raw) -> int:
+    try:
+        return _seq_decoder.decode(raw).seq
+    except msgspec.DecodeError:
+        return 0
+
+
+# ---------------------------------------------------------------------- sockets and autostart
+
+
+def _open_socket(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _nobody_listening(exc: OSError) -> bool:
+    return isinstance(exc, (FileNotFoundError, ConnectionRefusedError)) or exc.errno in (
+        errno.ENOENT,
+        errno.ECONNREFUSED,
+    )
+
+
+def _daemon_env(path: str) -> dict[str, str]:
+    """The environment for an autostarted daemon: ours, with the socket and paths made absolute."""
+    env = dict(os.environ)
+    env["AGENTD_SOCKET"] = os.path.abspath(path)
+    for key in ("AGENTD_STATE_DIR", "AGENTD_CONFIG"):
+        if env.get(key):
+            env[key] = os.path.abspath(env[key])
+    # Run the same agentd as this agentctl, also from a source checkout.
+    import agentd
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(agentd.__file__)))
+    if os.path.basename(root) not in ("site-packages", "dist-packages"):
+        parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if root not in parts:
+            env["PYTHONPATH"] = os.pathsep.join([root, *parts])
+    return env
+
+
+def _autostart(path: str, notify: Any) -> socket.socket:
+    """Start ``python -m agentd run`` detached and connect once it listens."""
+    import subprocess
+
+    rundir = os.path.dirname(os.path.abspath(path))
+    log_path = os.path.join(rundir, "agentd.log")
+    log_fd: int | None = None
+    try:
+        os.makedirs(rundir, mode=0o700, exist_ok=True)
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError:
+        log_path = ""
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentd", "run"],
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd if log_fd is not None else subprocess.DEVNULL,
+            stderr=log_fd if log_fd is not None else subprocess.DEVNULL,
+            env=_daemon_env(path),
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        raise Unreachable(f"agentd is not running at {path}, and starting it failed: {exc}") from None
+    finally:
+        if log_fd is not None:
+            os.close(log_fd)
+    if notify is not None:
+        notify(f"started agentd (pid {proc.pid}); log: {log_path or '/dev/null'}")
+    deadline = time.monotonic() + AUTOSTART_TIMEOUT_S
+    last: OSError | None = None
+    while time.monotonic() < deadline:
+        try:
+            return _open_socket(path)
+        except OSError as exc:
+            if not _nobody_listening(exc):
+                raise Unreachable(f"cannot connect to agentd at {path}: {exc.strerror or exc}") from None
+            last = exc
+        if proc.poll() is not None:
+            # Ours exited: maybe another agentd holds the state dir and is still
+            # starting, so keep trying a little longer, but not the whole wait.
+            deadline = min(deadline, time.monotonic() + 1.0)
+        time.sleep(0.05)
+    where = f"; see {log_path}" if log_path else ""
+    code = proc.poll()
+    if code is not None:
+        raise Unreachable(f"agentd exited with status {code} right after starting{where}") from None
+    raise Unreachable(
+        f"started agentd (pid {proc.pid}) but it did not listen at {path} within "
+        f"{AUTOSTART_TIMEOUT_S:g} s ({last.strerror if last else 'no answer'}){where}"
+    ) from None

@@ -1,0 +1,149 @@
+"""agentctl's socket client against a scripted peer: hello, errors, lagged resubscription.
+
+The real daemon cannot be made to lag on demand, so a thread plays agentd's
+side of the protocol on a real Unix socket, frame by frame.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from agentctl.client import Client, Unreachable
+from agentd import contract as c
+from agentd import wire
+
+
+def event(sub: int, seq: int, text: str = "x") -> wire.EventFrame:
+    rec = wire.Record(type="title", ts="t", seq=seq, data=msgspec.Raw(msgspec.json.encode(text)))
+    return wire.EventFrame(sub=sub, conversation="c1", record=msgspec.Raw(msgspec.json.encode(rec)))
+
+
+class Peer:
+    """Plays agentd: greets, then hands each request to ``script`` with a ``send``."""
+
+    def __init__(self, path: Path, script: Callable[[Any, Callable[[Any], None]], None]) -> None:
+        self.path = path
+        self.requests: list[Any] = []
+        self.errors: list[BaseException] = []
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(path))
+        self._listener.listen(1)
+        self._script = script
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self._listener.accept()
+        f = conn.makefile("rb")
+
+        def send(frame: Any) -> None:
+            conn.sendall(wire.encode(frame))
+
+        try:
+            send(wire.HelloFrame(protocol=wire.PROTOCOL_VERSION, server="fake"))
+            for line in f:
+                req = wire.decode_request(line.rstrip(b"\n"))
+                self.requests.append(req)
+                if isinstance(req, wire.Hello):
+                    send(wire.ResultFrame(id=0))
+                    continue
+                self._script(req, send)
+        except ConnectionAbortedError:
+            pass  # the script hangs up
+        except BaseException as exc:  # pragma: no cover - reported by the test
+            self.errors.append(exc)
+        finally:
+            f.close()
+            conn.close()
+            self._listener.close()
+
+
+def test_an_error_frame_raises_the_matching_contract_error(tmp_path: Path) -> None:
+    def script(req: Any, send: Callable[[Any], None]) -> None:
+        send(wire.ErrorFrame(id=req.id, error=wire.ErrorBody(code="busy", message="a turn runs")))
+
+    Peer(tmp_path / "s", script)
+    with Client.connect(str(tmp_path / "s"), autostart=False) as client:
+        with pytest.raises(c.Busy, match="a turn runs"):
+            client.call(wire.Send, wire.SendResult, conversation="c1", text="hi")
+
+
+def test_a_refused_hello_is_raised(tmp_path: Path) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "s"))
+    listener.listen(1)
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(wire.encode(wire.HelloFrame(protocol=99, server="future")))
+        conn.recv(4096)
+        conn.sendall(wire.encode(wire.ErrorFrame(id=0, error=wire.ErrorBody(code="invalid", message="protocol mismatch"))))
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    with pytest.raises(c.Invalid, match="protocol mismatch"):
+        Client.connect(str(tmp_path / "s"), autostart=False)
+    listener.close()
+
+
+def test_no_socket_without_autostart_is_unreachable(tmp_path: Path) -> None:
+    with pytest.raises(Unreachable, match="not running"):
+        Client.connect(str(tmp_path / "missing.sock"), autostart=False)
+
+
+def test_a_lagged_subscription_resumes_after_what_it_already_got_with_no_duplicate(tmp_path: Path) -> None:
+    subs: list[wire.Subscribe] = []
+
+    def script(req: Any, send: Callable[[Any], None]) -> None:
+        if isinstance(req, wire.Subscribe):
+            subs.append(req)
+            send(wire.ResultFrame(id=req.id, result=msgspec.Raw(msgspec.json.encode(
+                wire.SubscribeResult(subscription=req.id, last_seq=3)))))
+            if len(subs) == 1:
+                send(event(req.id, 1))
+                send(event(req.id, 2))
+                # agentd's cursor may trail what reached the client
+                send(wire.LaggedFrame(sub=req.id, conversation="c1", resume_after=1))
+                send(event(req.id, 9))  # a straggler of the ended subscription
+            else:
+                send(event(req.id, 2))  # already delivered: dropped
+                send(event(req.id, 3))
+                send(wire.SnapshotFrame(sub=req.id, conversation="c1", snapshot=wire.Snapshot(
+                    state=wire.ConversationState.IDLE, last_seq=3)))
+
+    peer = Peer(tmp_path / "s", script)
+    with Client.connect(str(tmp_path / "s"), autostart=False) as client:
+        sub = client.subscribe("c1", after=0)
+        got: list[Any] = []
+        while True:
+            frame = sub.get(timeout=5)
+            assert frame is not None, "timed out"
+            got.append(frame)
+            if isinstance(frame, wire.SnapshotFrame):
+                break
+    seqs = [wire.decode_record(f.record).seq for f in got if isinstance(f, wire.EventFrame)]
+    assert seqs == [1, 2, 3]
+    assert [s.after for s in subs] == [0, 2]
+    assert not peer.errors
+
+
+def test_a_connection_lost_mid_stream_is_unreachable(tmp_path: Path) -> None:
+    def script(req: Any, send: Callable[[Any], None]) -> None:
+        send(wire.ResultFrame(id=req.id, result=msgspec.Raw(msgspec.json.encode(
+            wire.SubscribeResult(subscription=req.id)))))
+        raise ConnectionAbortedError  # the peer goes away
+
+    Peer(tmp_path / "s", script)
+    with Client.connect(str(tmp_path / "s"), autostart=False) as client:
+        sub = client.subscribe("c1")
+        with pytest.raises(Unreachable):
+            sub.get(timeout=5)
+        with pytest.raises(Unreachable):
+            client.call(wire.Status, wire.StatusResult)

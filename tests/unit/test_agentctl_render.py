@@ -1,0 +1,332 @@
+"""agentctl's terminal rendering, answer building and exit codes, without a daemon."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import msgspec
+import pytest
+
+from agentctl import exitcodes
+from agentctl.__main__ import Fail, _build_answer
+from agentctl.prompting import Prompter
+from agentctl.render import Renderer, answer_commands, full, json_record, use_color
+from agentd import contract as c
+from agentd import wire
+
+CONV = "c0ffee1234567"
+
+
+def rec(type_: str, data: Any, seq: int = 0, run: str = "r1") -> wire.Record:
+    return wire.Record(
+        type=type_, ts="2026-11-30T00:00:00Z", data=msgspec.Raw(msgspec.json.encode(data)), seq=seq, run=run
+    )
+
+
+def render(records: list[wire.Record], **kw: Any) -> str:
+    out = io.StringIO()
+    r = Renderer(out, color=False, unicode=True, **kw)
+    for x in records:
+        r.record(CONV, x)
+    r.end_line()
+    return out.getvalue()
+
+
+PERMISSION = c.Interaction(
+    id="p1",
+    kind=c.InteractionKind.PERMISSION,
+    title="Allow bash?",
+    detail="rm -rf build",
+    options=[
+        c.Option(id="once", label="Allow once", allow_once=True),
+        c.Option(id="always", label="Always allow"),
+        c.Option(id="no", label="Reject", reject=True),
+    ],
+)
+
+TOOL_RUNNING = c.Item(id="t1", kind=c.ItemKind.TOOL, tool=c.ToolCall(name="bash", input="rm -rf build"))
+TOOL_DONE = c.Item(
+    id="t1", kind=c.ItemKind.TOOL, tool=c.ToolCall(name="bash", input="rm -rf build", status=c.ToolStatus.COMPLETED, exit_code=0)
+)
+
+A_TURN = [
+    rec("conversation", wire.ConversationCreated(provider="script", workdir="/w"), seq=1, run=""),
+    rec("prompt", wire.PromptRecord(text="clean up"), seq=2),
+    rec("item", c.Item(id="u", kind=c.ItemKind.USER, text="clean up"), seq=3),
+    rec("turn", c.Turn(state=c.TurnState.WORKING), seq=4),
+    rec("delta", c.Delta(item_id="r", kind=c.ItemKind.REASONING, text="Let me ")),
+    rec("delta", c.Delta(item_id="r", kind=c.ItemKind.REASONING, text="think.")),
+    rec("item", c.Item(id="r", kind=c.ItemKind.REASONING, text="Let me think."), seq=5),
+    rec("delta", c.Delta(item_id="a", kind=c.ItemKind.ASSISTANT, text="I will ")),
+    rec("item", c.Item(id="a", kind=c.ItemKind.ASSISTANT, text="I will remove it."), seq=6),
+    rec("item", TOOL_RUNNING, seq=7),
+    rec("interaction", PERMISSION, seq=8),
+    rec("answer", c.AnswerRecord(interaction_id="p1", answer=c.Answer(decision="once")), seq=9),
+    rec("interaction", msgspec.structs.replace(PERMISSION, state=c.InteractionState.ANSWERED, resolution="once"), seq=10),
+    rec("item", TOOL_DONE, seq=11),
+    rec("subagent", c.Subagent(id="s1", name="checker", status=c.SubagentStatus.RUNNING, description="check it"), seq=12),
+    rec("item", c.Item(id="sa", kind=c.ItemKind.ASSISTANT, text="all clean", agent_id="s1"), seq=13),
+    rec("subagent", c.Subagent(id="s1", name="checker", status=c.SubagentStatus.COMPLETED), seq=14),
+    rec("usage", c.Usage(ai_units=1.0), seq=15),
+    rec("activity", c.Activity(intent="finishing")),
+    rec("turn", c.Turn(state=c.TurnState.COMPLETED), seq=16),
+]
+
+
+def test_a_recorded_turn_renders_as_plain_text_without_ansi() -> None:
+    text = render(A_TURN)
+    assert "\x1b" not in text
+    assert text == (
+        "· conversation c0ffee1234567 (script, /w)\n"
+        "› clean up\n"
+        "┊ Let me think.\n"
+        "I will remove it.\n"
+        "⚙ bash rm -rf build  running\n"
+        "? permission: Allow bash?\n"
+        "  rm -rf build\n"
+        "  1) Allow once  [--allow]\n"
+        "  2) Always allow  [--option always]\n"
+        "  3) Reject  [--deny]\n"
+        "  answer with: agentctl answer c0ffee1234567 p1 --allow\n"
+        "          or: agentctl answer c0ffee1234567 p1 --deny\n"
+        "          or: agentctl answer c0ffee1234567 p1 --option ID\n"
+        "  ↳ answered: once\n"
+        "✓ bash rm -rf build  completed, exit 0\n"
+        "▸ subagent checker started: check it\n"
+        "[checker] all clean\n"
+        "◂ subagent checker completed\n"
+        "✓ turn completed\n"
+    )
+
+
+def test_ascii_glyphs_when_the_terminal_is_not_utf8() -> None:
+    out = io.StringIO()
+    r = Renderer(out, color=False, unicode=False)
+    r.record(CONV, rec("turn", c.Turn(state=c.TurnState.FAILED, error="boom")))
+    r.record(CONV, rec("turn", c.Turn(state=c.TurnState.CANCELLED)))
+    assert out.getvalue() == "x turn failed: boom\n- turn cancelled\n"
+
+
+def test_no_color_disables_ansi_even_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    assert use_color(Tty()) is True
+    assert use_color(io.StringIO()) is False  # not a terminal
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert use_color(Tty()) is False
+    out = Tty()
+    r = Renderer(out)
+    r.record(CONV, rec("turn", c.Turn(state=c.TurnState.COMPLETED)))
+    assert "\x1b" not in out.getvalue()
+
+
+def test_colour_dims_reasoning_and_rewrites_a_finished_tool_line() -> None:
+    out = io.StringIO()
+    r = Renderer(out, color=True, unicode=True)
+    r.record(CONV, rec("delta", c.Delta(item_id="r", kind=c.ItemKind.REASONING, text="hmm")))
+    r.record(CONV, rec("item", TOOL_RUNNING))
+    r.record(CONV, rec("item", TOOL_DONE))
+    text = out.getvalue()
+    assert "\x1b[2;3mhmm\x1b[0m" in text
+    assert "\x1b[1A\r\x1b[2K" in text  # the running line is replaced, not repeated
+
+
+def test_text_streamed_before_a_snapshot_is_not_printed_twice() -> None:
+    out = io.StringIO()
+    r = Renderer(out, color=False, unicode=True)
+    r.record(CONV, rec("delta", c.Delta(item_id="a", kind=c.ItemKind.ASSISTANT, text="Hel")))
+    snap = wire.Snapshot(
+        state=wire.ConversationState.REQUIRES_ACTION,
+        last_seq=3,
+        items=[wire.InFlightItem(id="a", kind="assistant", text="Hello wor")],
+        pending=[PERMISSION],
+    )
+    r.snapshot(CONV, snap)
+    r.record(CONV, rec("delta", c.Delta(item_id="a", kind=c.ItemKind.ASSISTANT, text="ld")))
+    r.snapshot(CONV, snap)  # a second snapshot (after a resubscription) changes nothing
+    r.end_line()
+    text = out.getvalue()
+    assert text.startswith("Hello wor\n? permission: Allow bash?\n")
+    assert text.count("Allow bash?") == 1
+    assert text.endswith("ld\n")
+
+
+def test_a_user_item_echoing_the_prompt_is_shown_once_but_a_steer_is_shown() -> None:
+    text = render([
+        rec("prompt", wire.PromptRecord(text="go")),
+        rec("item", c.Item(id="u1", kind=c.ItemKind.USER, text="go")),
+        rec("item", c.Item(id="u2", kind=c.ItemKind.USER, text="left", delivery="steer")),
+    ])
+    assert text == "› go\n› left (steer)\n"
+
+
+def test_yolo_conversations_show_no_answer_hints_for_permissions() -> None:
+    text = render([
+        rec("conversation", wire.ConversationCreated(provider="script", workdir="/w", mode="yolo"), seq=1),
+        rec("interaction", PERMISSION),
+        rec("answer", c.AnswerRecord(interaction_id="p1", answer=c.Answer(decision="once"), auto=True)),
+    ])
+    assert "answer with" not in text
+    assert "↳ answered: once (yolo)" in text
+    # agentd marks a permission it is about to answer itself: no prompt is shown for it
+    auto = msgspec.structs.replace(PERMISSION, auto=True)
+    text = render([
+        rec("interaction", auto),
+        rec("interaction", msgspec.structs.replace(PERMISSION, state=c.InteractionState.ANSWERED, resolution="once")),
+    ])
+    assert text == "  ↳ Allow bash?: answered: once (yolo)\n"
+
+
+def test_unreadable_or_unknown_records_are_skipped() -> None:
+    broken = wire.Record(type="turn", ts="t", data=msgspec.Raw(b'{"state": "exploded"}'))
+    text = render([broken, rec("future_kind", {"x": 1})])
+    assert text == ""
+
+
+def test_answer_commands_for_forms_questions_and_plans() -> None:
+    form = c.Interaction(
+        id="f1",
+        kind=c.InteractionKind.QUESTION,
+        title="Details",
+        elicitation=c.Elicitation(),
+        questions=[
+            c.Question(text="Name", field=c.Field(name="name", type="string", required=True)),
+            c.Question(text="Lines", field=c.Field(name="lines", type="integer")),
+        ],
+    )
+    assert answer_commands("c1", form) == [
+        "agentctl answer c1 f1 --field name=TEXT --field lines=INTEGER",
+        "agentctl answer c1 f1 --reject",
+        "agentctl answer c1 f1 --dismiss",
+    ]
+    plan = c.Interaction(
+        id="pl", kind=c.InteractionKind.PLAN_REVIEW, title="Plan",
+        plan=c.PlanReview(request_id="x", actions=["autopilot"]),
+    )
+    assert answer_commands("c1", plan, socket="/tmp/a b.sock") == [
+        "agentctl --socket '/tmp/a b.sock' answer c1 pl --action autopilot",
+        "agentctl --socket '/tmp/a b.sock' answer c1 pl --feedback TEXT",
+    ]
+
+
+# ---------------------------------------------------------------------- answers
+
+
+def build(inter: c.Interaction, **kw: Any) -> c.Answer:
+    args: dict[str, Any] = dict(
+        option=None, allow=False, deny=False, choices=[], texts=[], fields=[], reject=False,
+        dismiss=False, accept=False, action=None, feedback=None,
+    )
+    args.update(kw)
+    return _build_answer(inter, **args)
+
+
+def test_allow_and_deny_pick_the_marked_options() -> None:
+    assert build(PERMISSION, allow=True) == c.Answer(decision="once")
+    assert build(PERMISSION, deny=True) == c.Answer(decision="no")
+    assert build(PERMISSION, option="always") == c.Answer(decision="always")
+
+
+def test_answer_options_of_the_wrong_kind_are_refused_as_invalid() -> None:
+    with pytest.raises(Fail) as exc:
+        build(PERMISSION, choices=["red"])
+    assert exc.value.code == exitcodes.INVALID
+    with pytest.raises(Fail) as exc:
+        build(PERMISSION)
+    assert exc.value.code == exitcodes.USAGE
+
+
+def test_choices_texts_and_fields_go_to_their_questions() -> None:
+    inter = c.Interaction(
+        id="q",
+        kind=c.InteractionKind.QUESTION,
+        title="Q",
+        questions=[
+            c.Question(text="Colour", choices=["red", "blue"], custom=True),
+            c.Question(text="Why"),
+            c.Question(text="Age", field=c.Field(name="age", type="integer")),
+            c.Question(text="Tags", field=c.Field(name="tags", type="array")),
+        ],
+    )
+    a = build(inter, choices=["blue"], texts=["because"], fields=["age=7", "tags=a", "tags=b"])
+    assert a.answers == [["blue"], ["because"], ["7"], ["a", "b"]]
+    with pytest.raises(Fail) as exc:
+        build(inter, fields=["height=3"])
+    assert exc.value.code == exitcodes.INVALID
+    assert build(inter, reject=True) == c.Answer(reject=True)
+
+
+def test_a_form_prompt_re_asks_a_field_until_it_fits() -> None:
+    inter = c.Interaction(
+        id="f",
+        kind=c.InteractionKind.QUESTION,
+        title="Form",
+        elicitation=c.Elicitation(),
+        questions=[
+            c.Question(text="Lines", field=c.Field(name="lines", type="integer", minimum=1, maximum=20, required=True)),
+            c.Question(text="Verbose", field=c.Field(name="verbose", type="boolean")),
+            c.Question(text="Topics", choices=["Tools", "Subagents"],
+                       field=c.Field(name="topics", type="array", values=["tools", "subagents"], min_items=1)),
+        ],
+    )
+    replies = iter(["", "50", "abc", "5", "y", "1,2"])
+    said: list[str] = []
+    p = Prompter(lambda prompt: next(replies), said.append)
+    answer = p.ask(inter)
+    assert answer.answers == [["5"], ["yes"], ["Tools", "Subagents"]]
+    c.validate_answer(inter, answer)
+    assert any("required" in s for s in said)
+    assert any("<= 20" in s for s in said)
+
+
+def test_a_permission_prompt_takes_a_number_or_an_option_id() -> None:
+    replies = iter(["9", "2"])
+    assert Prompter(lambda _: next(replies), lambda _: None).ask(PERMISSION) == c.Answer(decision="always")
+    assert Prompter(lambda _: "no", lambda _: None).ask(PERMISSION) == c.Answer(decision="no")
+
+
+# ---------------------------------------------------------------------- JSON and exit codes
+
+
+def test_json_output_names_every_field_and_records_carry_their_conversation() -> None:
+    record = wire.ConversationRecord(id="c", provider="p", workdir="/", created_at="t", updated_at="t")
+    assert msgspec.json.decode(msgspec.json.encode(full(record)))["state"] == "idle"
+    line = msgspec.json.decode(json_record(CONV, rec("title", "hi", seq=4, run="")))
+    assert line == {"type": "title", "conversation": CONV, "seq": 4, "ts": "2026-11-30T00:00:00Z", "run": "", "data": "hi"}
+
+
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (c.NotFound("x"), exitcodes.NOT_FOUND),
+        (c.ConversationNotFound("x"), exitcodes.NOT_FOUND),
+        (c.InteractionGone("x"), exitcodes.NOT_FOUND),
+        (c.Busy("x"), exitcodes.BUSY),
+        (c.Invalid("x"), exitcodes.INVALID),
+        (c.Closed("x"), exitcodes.FAILED),
+        (c.Unsupported("x"), exitcodes.FAILED),
+        (c.SubmissionUncertain("x"), exitcodes.FAILED),
+        (c.InternalError("x"), exitcodes.FAILED),
+        (RuntimeError("x"), exitcodes.FAILED),
+    ],
+)
+def test_error_codes_map_to_documented_exit_codes(error: BaseException, code: int) -> None:
+    assert exitcodes.for_error(error) == code
+
+
+def test_wire_errors_map_through_their_code() -> None:
+    err = wire.error_from_body(wire.ErrorBody(code="busy", message="a turn runs"))
+    assert exitcodes.for_error(err) == 7
+
+
+def test_turn_outcomes_map_to_exit_codes() -> None:
+    assert exitcodes.for_turn(c.TurnState.COMPLETED) == 0
+    assert exitcodes.for_turn(c.TurnState.FAILED) == 1
+    assert exitcodes.for_turn(c.TurnState.CANCELLED) == 3
+    assert exitcodes.for_turn("cancelled") == 3
+    assert (exitcodes.NEEDS_ACTION, exitcodes.UNREACHABLE, exitcodes.USAGE) == (4, 5, 2)
