@@ -308,6 +308,9 @@ class AcpAgentConfig(_Section):
     startup_timeout_s: PosFloat = 60.0
     #: seconds cancel waits for the agent to end the turn after session/cancel before ending it itself
     cancel_timeout_s: PosFloat = 5.0
+    #: stop the agent after a cancelled turn; the next prompt starts it again and loads or resumes the
+    #: session (for agents whose next turn after a cancel is out of step, like claude-agent-acp 0.23.1)
+    restart_after_cancel: bool = False
     #: session mode to set on new conversations (an id the agent offers, e.g. "yolo"); "" = the agent's default
     mode: str = ""
     #: model for new conversations when the open request names none; "" = the agent's default

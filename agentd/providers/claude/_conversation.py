@@ -1,0 +1,883 @@
+"""One conversation: a Claude Code session, driven by one CLI process at a time.
+
+Tasks. Each CLI process is a *session* whose runner task
+(:meth:`ClaudeConversation._run_session`) lives in the provider's nursery: it
+connects a ``ClaudeSDKClient`` (which starts the CLI with
+``--input-format stream-json``), reads every message the CLI sends and maps it
+to events, and disconnects when the process ends, the conversation closes or
+the provider stops. The SDK's helpers (its stdout reader, the
+``can_use_tool`` callbacks) are trio system tasks that ``disconnect``
+cancels. Everything runs on the trio thread, so ``EventSink.emit`` is only
+ever called there.
+
+A turn. :meth:`ClaudeConversation.send` emits the user item and
+``TurnEvent(working)``, then writes the prompt to the CLI. The CLI's
+``result`` message ends the turn: ``cancelled`` after an interrupt,
+``failed`` with the runtime's own error text (``API Error: 500 ...``) when
+the result is an error, else ``completed``. When the process dies mid-turn
+the turn ends ``failed`` (reason ``runtime_exit``, the exit status and the
+last stderr line as the error) and an ``ExitEvent`` follows; the next
+``send`` starts a new process that resumes the same session id. Every turn
+gets exactly one terminal ``TurnEvent``.
+
+Mapping. Partial messages (``include_partial_messages``) give
+``DeltaEvent``s for text and thinking; each finished content block becomes
+an item with id ``<message id>-<block index>`` (a tool call's id is its
+``tool_use`` id); tool results complete or fail the tool item; each model
+call's usage becomes a ``TokensEvent``, each result's cost a ``UsageEvent``
+(a running total) and the context window a ``ContextEvent``. The CLI's
+permission requests (``can_use_tool``) become permission interactions;
+``AskUserQuestion`` calls become question interactions.
+"""
+
+from __future__ import annotations
+
+import collections
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+import trio
+
+from ...contract import (
+    Activity,
+    ActivityEvent,
+    Answer,
+    Busy,
+    Closed,
+    Context,
+    ContextEvent,
+    Delta,
+    DeltaEvent,
+    Event,
+    EventSink,
+    ExitEvent,
+    HistoryRecord,
+    Interaction,
+    InteractionEvent,
+    InteractionGone,
+    InteractionKind,
+    InteractionState,
+    InternalError,
+    Invalid,
+    Item,
+    ItemEvent,
+    ItemKind,
+    ModelSelection,
+    ModelSelectionEvent,
+    Prompt,
+    Retry,
+    SubmissionUncertain,
+    TokenUsage,
+    TokensEvent,
+    ToolStatus,
+    Turn,
+    TurnEvent,
+    TurnState,
+    Unsupported,
+    Usage,
+    UsageEvent,
+    utcnow,
+    validate_answer,
+)
+from . import _mapping as m
+
+if TYPE_CHECKING:
+    from ._provider import ClaudeProvider, _Record
+
+log = structlog.get_logger(__name__)
+
+#: How long starting the CLI and its initialize handshake may take.
+CONNECT_TIMEOUT_S = 90.0
+#: How long writing a prompt to the CLI may take before the submission counts as uncertain.
+SUBMIT_TIMEOUT_S = 30.0
+#: How long the CLI may take to acknowledge an interrupt.
+INTERRUPT_TIMEOUT_S = 5.0
+#: After an acknowledged interrupt, how long the CLI may take to end the turn before its process is killed.
+CANCEL_GRACE_S = 5.0
+#: How long a stopping session may take to end (the SDK bounds its own shutdown at about 20 s).
+STOP_TIMEOUT_S = 30.0
+#: stderr lines of the CLI kept to explain an exit.
+STDERR_LINES = 20
+#: Effort levels Claude Code accepts.
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
+
+def sdk() -> Any:
+    """The ``claude_agent_sdk`` module; imported on first use (the provider imports it in a thread first)."""
+    import claude_agent_sdk
+
+    return claude_agent_sdk
+
+
+class _Pending:
+    """An interaction a ``can_use_tool`` callback waits on."""
+
+    __slots__ = ("interaction", "done", "answer", "questions", "tool", "tool_input")
+
+    def __init__(self, interaction: Interaction, tool: str, tool_input: Any, questions: list[Any] | None) -> None:
+        self.interaction = interaction
+        self.done = trio.Event()
+        self.answer: Answer | None = None
+        self.tool = tool
+        self.tool_input = tool_input
+        self.questions = questions
+
+
+class _Call:
+    """One model call being streamed (``message_start`` .. ``message_stop``)."""
+
+    __slots__ = ("id", "model", "usage", "started", "blocks")
+
+    def __init__(self, message: dict[str, Any]) -> None:
+        self.id = str(message.get("id") or f"msg-{uuid.uuid4().hex[:12]}")
+        self.model = str(message.get("model") or "")
+        self.usage: dict[str, Any] = dict(message.get("usage") or {})
+        self.started = trio.current_time()
+        #: content block index -> item id, for text and thinking blocks
+        self.blocks: dict[int, str] = {}
+
+
+class _Turn:
+    """A running turn: what cancelling or failing it must finish."""
+
+    def __init__(self, no: int) -> None:
+        self.no = no
+        self.uuid = str(uuid.uuid4())
+        self.done = trio.Event()
+        self.cancelling = False
+        self.ended = False
+        #: the runtime's own error report seen during the turn (an "API Error: ..." message)
+        self.error = ""
+        self.pending: dict[str, _Pending] = {}
+        #: the last model call's usage, for the context size
+        self.last_usage: dict[str, Any] = {}
+
+
+class _Session:
+    """One CLI process (one ``ClaudeSDKClient``) of a conversation."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.client: Any = None
+        self.scope = trio.CancelScope()
+        self.started = trio.Event()
+        self.done = trio.Event()
+        self.stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
+        #: why we stop it ourselves: "closed", "shutdown", "cancel", "restart"; "" = it ends on its own
+        self.stopping = ""
+        #: the last session-cumulative cost this process reported (None: none yet)
+        self.cost_seen: float | None = None
+        #: options changed (effort): replace the process before the next turn
+        self.stale = False
+
+    def on_stderr(self, line: str) -> None:
+        self.stderr.append(line)
+
+    @property
+    def process(self) -> Any:
+        transport = getattr(self.client, "_transport", None)
+        return getattr(transport, "_process", None)
+
+    @property
+    def pid(self) -> int | None:
+        proc = self.process
+        return getattr(proc, "pid", None) if proc is not None else None
+
+    @property
+    def alive(self) -> bool:
+        proc = self.process
+        return self.started.is_set() and not self.done.is_set() and proc is not None and proc.returncode is None
+
+    def kill(self) -> None:
+        proc = self.process
+        if proc is not None and proc.returncode is None:
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+
+    def last_error_line(self) -> str:
+        for line in reversed(self.stderr):
+            text = line.strip()
+            # The CLI's tagged diagnostics ("[claude-code:...]") are not errors.
+            if text and not text.startswith("[claude-code:"):
+                return text[:300]
+        return ""
+
+
+async def _one(message: dict[str, Any]) -> Any:
+    yield message
+
+
+class ClaudeConversation:
+    """One Claude Code session held open by :class:`~._provider.ClaudeProvider`.
+
+    Implements :class:`agentd.contract.Conversation`. Its ``id`` is the
+    Claude Code session id (a UUID), the same across processes and daemon
+    restarts. Methods raise :class:`Closed` after :meth:`close` or once the
+    provider stopped; a process that died does not close it (the next
+    ``send`` starts another).
+    """
+
+    def __init__(self, provider: ClaudeProvider, record: _Record, sink: EventSink) -> None:
+        self._provider = provider
+        self._record = record
+        self._sink = sink
+        self._session: _Session | None = None
+        self._start_lock = trio.Lock()
+        self._generation = 0
+        self._turn: _Turn | None = None
+        self._turns = 0
+        self._submitting = False
+        self._closed = False
+        self._closed_reason = ""
+        #: items streamed or running (text so far, running tools) by id: finished when the turn ends
+        self._live: dict[str, Item] = {}
+        #: content blocks seen per message id (the block index of the next one)
+        self._blocks: dict[str, int] = {}
+        self._call: _Call | None = None
+        self._reported_model = ""
+
+    # ------------------------------------------------------------------ description
+
+    @property
+    def id(self) -> str:
+        return self._record.id
+
+    @property
+    def workdir(self) -> str:
+        return self._record.workdir
+
+    @property
+    def model(self) -> str:
+        return self._record.model
+
+    @property
+    def effort(self) -> str:
+        return self._record.effort
+
+    @property
+    def runtime_pid(self) -> int | None:
+        """Process id of this conversation's running CLI, or None when none runs."""
+        s = self._session
+        return s.pid if s is not None and s.alive else None
+
+    # ------------------------------------------------------------------ Conversation protocol
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Closed(self._closed_reason or f"conversation {self.id} is closed")
+        if self._provider._nursery is None:
+            raise Closed(f"provider {self._provider.name!r} is not running")
+
+    async def send(self, prompt: Prompt) -> None:
+        """Start a turn with ``prompt``; return once the CLI has it.
+
+        Starts a CLI process first when none runs (resuming this session).
+        Emits the user item and ``TurnEvent(working)``, then the turn's
+        events and exactly one terminal ``TurnEvent``. Raises :class:`Busy`
+        while a turn runs, :class:`RuntimeUnavailable` when the CLI cannot
+        start, :class:`SubmissionUncertain` when writing the prompt failed
+        part-way (the process is then stopped and the turn ends ``failed``;
+        never resend). Cancelling the caller during the write does not
+        interrupt it.
+        """
+        self._check_open()
+        if self._turn is not None or self._submitting:
+            raise Busy(f"a turn is running in conversation {self.id}")
+        self._submitting = True
+        try:
+            session = await self._ensure_session()
+            self._check_open()
+            self._turns += 1
+            turn = _Turn(self._turns)
+            self._turn = turn
+            self._emit(ItemEvent(item=Item(id=f"user-{turn.uuid}", kind=ItemKind.USER, text=prompt.text,
+                                           time=utcnow(), attachments=list(prompt.attachments))))
+            self._emit(TurnEvent(turn=Turn(state=TurnState.WORKING, model=self.model)))
+            message = {
+                "type": "user",
+                "message": {"role": "user", "content": prompt.text},
+                "parent_tool_use_id": None,
+                "session_id": self.id,
+                "uuid": turn.uuid,
+            }
+            with trio.CancelScope(shield=True):
+                try:
+                    with trio.fail_after(SUBMIT_TIMEOUT_S):
+                        await session.client.query(_one(message))
+                except (Exception, trio.TooSlowError) as exc:
+                    log.warning("claude.submit_failed", conversation=self.id, error=str(exc))
+                    # A definite end: the runner ends the turn failed when the process is gone.
+                    session.kill()
+                    with trio.move_on_after(STOP_TIMEOUT_S):
+                        await session.done.wait()
+                    if not turn.ended:
+                        self._end_turn(turn, TurnState.FAILED, error=f"the prompt could not be handed to Claude Code: {exc}",
+                                       reason="runtime_exit")
+                    raise SubmissionUncertain(f"the prompt may or may not have reached Claude Code: {exc}") from None
+            if not self._record.prompted:
+                self._record.prompted = True
+                self._provider.spawn(self._save_quietly)
+        finally:
+            self._submitting = False
+
+    async def steer(self, prompt: Prompt) -> None:
+        """Raises :class:`Unsupported`: a prompt sent mid-turn is not delivered into the running turn here."""
+        self._check_open()
+        raise Unsupported("the claude provider cannot add a prompt to a running turn; send it after the turn ends")
+
+    async def cancel(self) -> None:
+        """Interrupt the running turn and wait until it ended ``cancelled``; no turn: a no-op.
+
+        Sends the CLI an interrupt (it ends the turn within about 100 ms).
+        If the CLI does not acknowledge it within 5 s, or does not end the
+        turn 5 s after, its process is killed (the next ``send`` starts a
+        new one). Pending interactions end ``expired``, streamed items keep
+        their text so far, running tools end ``failed``.
+        """
+        self._check_open()
+        turn = self._turn
+        if turn is None:
+            await trio.lowlevel.checkpoint()
+            return
+        turn.cancelling = True
+        session = self._session
+        with trio.CancelScope(shield=True):
+            if session is not None and session.alive:
+                try:
+                    with trio.fail_after(INTERRUPT_TIMEOUT_S):
+                        await session.client.interrupt()
+                except (Exception, trio.TooSlowError) as exc:
+                    log.warning("claude.interrupt_failed", conversation=self.id, error=str(exc))
+                with trio.move_on_after(CANCEL_GRACE_S):
+                    await turn.done.wait()
+            if not turn.done.is_set() and session is not None and not session.done.is_set():
+                session.stopping = "cancel"
+                session.kill()
+                with trio.move_on_after(STOP_TIMEOUT_S):
+                    await turn.done.wait()
+            if not turn.ended:
+                self._end_turn(turn, TurnState.CANCELLED)
+
+    async def respond(self, interaction_id: str, answer: Answer) -> None:
+        """Answer a pending interaction; the waiting CLI request gets the decision.
+
+        Raises :class:`Invalid` when the answer does not fit (it stays
+        pending), :class:`InteractionGone` when it is not pending. Emits the
+        interaction again as answered or rejected, with its resolution.
+        """
+        self._check_open()
+        turn = self._turn
+        pending = turn.pending.get(interaction_id) if turn else None
+        if turn is None or pending is None:
+            raise InteractionGone(f"interaction {interaction_id!r} is not pending")
+        validate_answer(pending.interaction, answer)
+        state, resolution = m.resolve(pending.interaction, answer)
+        del turn.pending[interaction_id]
+        pending.answer = answer
+        self._emit(InteractionEvent(interaction=msgspec.structs.replace(
+            pending.interaction, state=state, resolution=resolution)))
+        pending.done.set()
+        await trio.lowlevel.checkpoint()
+
+    async def history(self) -> HistoryRecord:
+        """The session's transcript as Claude Code recorded it (its ``<id>.jsonl``), oldest first.
+
+        Empty before the first prompt. Usage is agentd's running total.
+        """
+        self._check_open()
+        items = await self._provider.transcript(self.id)
+        return HistoryRecord(items=items or [], usage=self._usage(), model=self.model)
+
+    async def set_model(self, model: str, effort: str = "") -> None:
+        """Use ``model`` (and ``effort``, when given) from the next turn on.
+
+        A model change reaches a running CLI at once; an effort change
+        replaces the CLI process before the next turn (same session). Raises
+        :class:`Busy` while a turn runs, :class:`Invalid` for an unknown
+        effort.
+        """
+        self._check_open()
+        if self._turn is not None:
+            raise Busy("the model cannot change while a turn runs")
+        if effort and effort not in EFFORTS:
+            raise Invalid(f"unknown effort {effort!r}; Claude Code takes one of: {', '.join(EFFORTS)}")
+        session = self._session
+        if model != self._record.model and session is not None and session.alive:
+            try:
+                with trio.fail_after(INTERRUPT_TIMEOUT_S):
+                    await session.client.set_model(model or None)
+            except (Exception, trio.TooSlowError) as exc:
+                raise InternalError(f"Claude Code did not switch the model: {exc}") from None
+        if effort and effort != self._record.effort and session is not None:
+            session.stale = True
+        self._record.model = model
+        if effort:
+            self._record.effort = effort
+        with trio.CancelScope(shield=True):
+            await self._save_quietly()
+        self._emit(ModelSelectionEvent(selection=ModelSelection(model=model, effort=self._record.effort or None)))
+
+    async def set_title(self, title: str) -> None:
+        """Raises :class:`Unsupported`: agentd keeps the title; Claude Code's session names are not written."""
+        self._check_open()
+        raise Unsupported("the claude provider does not name Claude Code sessions")
+
+    async def close(self) -> None:
+        """Interrupt a running turn, stop the CLI process, forget the conversation. Idempotent.
+
+        A turn still running when the process stops ends ``cancelled``
+        (reason ``closed``); pending interactions end ``expired``. The
+        session stays on disk and can be reopened.
+        """
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        with trio.CancelScope(shield=True):
+            if self._turn is not None and self._provider._nursery is not None:
+                with trio.move_on_after(CANCEL_GRACE_S):
+                    await self.cancel()
+            self._closed = True
+            await self._stop_session("closed")
+            await self._save_quietly()
+        self._provider._forget(self)
+
+    # ------------------------------------------------------------------ lifetime (provider side)
+
+    async def detach(self, reason: str) -> None:
+        """Stop reporting and stop the process: the id was reopened by another open, or agentd stops."""
+        if self._closed:
+            return
+        self._closed = True
+        self._closed_reason = reason
+        with trio.CancelScope(shield=True):
+            await self._stop_session("closed")
+
+    async def _stop_session(self, why: str) -> None:
+        session = self._session
+        if session is None:
+            return
+        session.stopping = session.stopping or why
+        session.scope.cancel()
+        with trio.move_on_after(STOP_TIMEOUT_S):
+            await session.done.wait()
+
+    async def _ensure_session(self) -> _Session:
+        """The running CLI session, started (resuming this session id when it exists) if needed.
+
+        Raises RuntimeUnavailable when the CLI cannot start,
+        ConversationNotFound when it reports the session missing.
+        """
+        async with self._start_lock:
+            session = self._session
+            if session is not None and session.alive and not session.stale:
+                return session
+            if session is not None:
+                await self._stop_session("restart")
+            self._session = None
+            self._check_open()
+            self._generation += 1
+            session = _Session(self._generation)
+            resume = await self._provider.session_exists(self.id)
+            options = await self._provider.options(self, session, resume=resume)
+            await self._provider.start_task(self._run_session, session, options)
+            self._session = session
+            return session
+
+    async def _run_session(self, session: _Session, options: Any, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The runner of one CLI process (in the provider's nursery); see the module docstring.
+
+        Raises (before ``started``) RuntimeUnavailable or ConversationNotFound
+        when the CLI cannot start; afterwards it never raises but Cancelled.
+        """
+        client = sdk().ClaudeSDKClient(options)
+        session.client = client
+        reason = ""
+        log.info("claude.session_starting", conversation=self.id, generation=session.generation,
+                 resume=bool(getattr(options, "resume", None)))
+        try:
+            with session.scope:
+                try:
+                    with trio.fail_after(CONNECT_TIMEOUT_S):
+                        await client.connect()
+                except trio.TooSlowError:
+                    raise self._provider.start_error(session, f"it did not start within {CONNECT_TIMEOUT_S:g} s") from None
+                except Exception as exc:
+                    raise self._provider.start_error(session, exc) from None
+                session.started.set()
+                task_status.started()
+                log.info("claude.session_started", conversation=self.id, pid=session.pid, generation=session.generation)
+                reason = await self._pump(session, client)
+        except trio.Cancelled:
+            session.stopping = session.stopping or "shutdown"
+            raise
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    await client.disconnect()
+                except Exception as exc:
+                    log.debug("claude.disconnect_failed", conversation=self.id, error=str(exc))
+                session.done.set()
+                if self._session is session:
+                    self._session = None
+                if session.started.is_set():
+                    self._session_ended(session, reason)
+
+    async def _pump(self, session: _Session, client: Any) -> str:
+        """Map every message of the CLI until its output ends; returns why it ended."""
+        lib = sdk()
+        query = getattr(client, "_query", None)
+        try:
+            if query is not None:
+                # Parse message by message, so one message this SDK cannot parse is skipped, not fatal.
+                from claude_agent_sdk._internal.message_parser import parse_message
+
+                async for data in query.receive_messages():
+                    try:
+                        message = parse_message(data)
+                    except lib.ClaudeSDKError as exc:
+                        log.warning("claude.unparsed_message", conversation=self.id, error=str(exc))
+                        continue
+                    if message is not None:
+                        self._dispatch(session, message)
+            else:  # pragma: no cover - an SDK without the private query object
+                async for message in client.receive_messages():
+                    self._dispatch(session, message)
+        except lib.ProcessError as exc:
+            return self._exit_text(session, exc.exit_code)
+        except Exception as exc:  # a broken pipe, undecodable output: the session is unusable either way
+            return f"the connection to Claude Code failed: {exc}"
+        proc = session.process
+        return self._exit_text(session, proc.returncode if proc is not None else None)
+
+    def _exit_text(self, session: _Session, code: int | None) -> str:
+        text = f"Claude Code exited unexpectedly ({m.describe_exit(code)})"
+        line = session.last_error_line()
+        return f"{text}: {line}" if line else text
+
+    def _session_ended(self, session: _Session, reason: str) -> None:
+        """The process is gone: end the running turn, and report an unexpected exit."""
+        turn = self._turn
+        why = session.stopping
+        if why in ("closed", "shutdown", "restart", "cancel"):
+            if turn is not None:
+                self._end_turn(turn, TurnState.CANCELLED, reason="" if why == "cancel" else why)
+            return
+        reason = reason or "Claude Code exited"
+        log.warning("claude.session_exited", conversation=self.id, generation=session.generation, reason=reason)
+        if turn is not None:
+            state = TurnState.CANCELLED if turn.cancelling else TurnState.FAILED
+            self._end_turn(turn, state, error="" if turn.cancelling else reason, reason="runtime_exit")
+        self._emit(ExitEvent(error=reason))
+
+    # ------------------------------------------------------------------ permissions and questions
+
+    async def _can_use_tool(self, tool_name: str, tool_input: dict[str, Any], context: Any) -> Any:
+        """The SDK's ``can_use_tool`` callback (an SDK system task): ask, wait for respond(), decide.
+
+        Cancelled when the CLI withdraws the request (an interrupt): the
+        interaction then ends ``expired``.
+        """
+        lib = sdk()
+        turn = self._turn
+        if turn is None or turn.ended or turn.cancelling:
+            return lib.PermissionResultDeny(message="No agentd turn is running to ask the user in.")
+        questions = m.ask_questions(tool_input) if tool_name == m.ASK_TOOL else None
+        if questions is None and tool_name in self._record.allowed_tools:
+            return lib.PermissionResultAllow()
+        tool_use_id = getattr(context, "tool_use_id", None) or f"tool-{uuid.uuid4().hex[:12]}"
+        agent_id = getattr(context, "agent_id", None) or ""
+        now = utcnow()
+        if questions is not None:
+            interaction = Interaction(id=f"{tool_use_id}-question", kind=InteractionKind.QUESTION,
+                                      title=questions[0].header or "Claude asks", questions=questions, time=now,
+                                      agent_id=agent_id, tool_call_id=tool_use_id)
+        else:
+            interaction = m.permission_interaction(
+                f"{tool_use_id}-permission", tool_name, tool_input, tool_call_id=tool_use_id,
+                title=getattr(context, "title", None), description=getattr(context, "description", None),
+                display_name=getattr(context, "display_name", None),
+                decision_reason=getattr(context, "decision_reason", None),
+                blocked_path=getattr(context, "blocked_path", None), agent_id=agent_id, time=now)
+            self._tool_status(tool_use_id, ToolStatus.PENDING)
+        pending = _Pending(interaction, tool_name, tool_input, questions)
+        turn.pending[interaction.id] = pending
+        self._emit(InteractionEvent(interaction=interaction))
+        try:
+            await pending.done.wait()
+        finally:
+            if turn.pending.pop(interaction.id, None) is not None:  # withdrawn, not answered
+                self._emit(InteractionEvent(interaction=msgspec.structs.replace(
+                    interaction, state=InteractionState.EXPIRED, resolution="withdrawn by Claude Code")))
+        try:
+            return self._decision(pending, tool_use_id)
+        except Exception:
+            log.exception("claude.decision_failed", conversation=self.id, tool=tool_name)
+            raise
+
+    def _decision(self, pending: _Pending, tool_use_id: str) -> Any:
+        """The ``can_use_tool`` result for an answered (or expired) interaction."""
+        lib = sdk()
+        answer, questions, interaction = pending.answer, pending.questions, pending.interaction
+        tool_name, tool_input = pending.tool, pending.tool_input
+        if answer is None:  # the turn ended without an answer
+            return lib.PermissionResultDeny(message="The request expired without an answer.", interrupt=True)
+        if questions is not None:
+            if answer.reject or answer.cancel:
+                return lib.PermissionResultDeny(message="The user declined to answer these questions.")
+            answers = m.question_answers(questions, answer)
+            return lib.PermissionResultAllow(updated_input={**tool_input, "answers": answers})
+        option = next(o for o in interaction.options if o.id == answer.decision)
+        if option.reject:
+            return lib.PermissionResultDeny(message="The user rejected this tool call.")
+        self._tool_status(tool_use_id, ToolStatus.RUNNING)
+        if option.allow_once:
+            return lib.PermissionResultAllow()
+        # allow_always: this tool, for the rest of this conversation (kept across processes).
+        self._record.allowed_tools.append(tool_name)
+        self._provider.spawn(self._save_quietly)
+        from claude_agent_sdk.types import PermissionRuleValue, PermissionUpdate
+
+        rule = PermissionUpdate(type="addRules", rules=[PermissionRuleValue(tool_name=tool_name)],
+                                behavior="allow", destination="session")
+        return lib.PermissionResultAllow(updated_permissions=[rule])
+
+    def _tool_status(self, tool_use_id: str, status: ToolStatus) -> None:
+        item = self._live.get(tool_use_id)
+        if item is None or item.tool is None or item.tool.status is status:
+            return
+        item = msgspec.structs.replace(item, tool=msgspec.structs.replace(item.tool, status=status))
+        self._live[tool_use_id] = item
+        self._emit(ItemEvent(item=item))
+
+    # ------------------------------------------------------------------ message mapping
+
+    def _emit(self, event: Event) -> None:
+        self._sink.emit(event)
+
+    def _dispatch(self, session: _Session, message: Any) -> None:
+        try:
+            self._on_message(session, message)
+        except Exception:  # a mapping bug must not take the session down
+            log.exception("claude.mapping_failed", conversation=self.id, message=type(message).__name__)
+
+    def _on_message(self, session: _Session, msg: Any) -> None:
+        lib = sdk()
+        if isinstance(msg, lib.StreamEvent):
+            if msg.parent_tool_use_id is None:
+                self._on_stream(msg.event)
+        elif isinstance(msg, lib.AssistantMessage):
+            self._on_assistant(msg)
+        elif isinstance(msg, lib.UserMessage):
+            agent_id = msg.parent_tool_use_id or ""
+            for block in msg.content if isinstance(msg.content, list) else []:
+                if isinstance(block, lib.ToolResultBlock):
+                    self._tool_result(block.tool_use_id, block.content, bool(block.is_error), agent_id)
+        elif isinstance(msg, lib.ResultMessage):
+            self._on_result(session, msg)
+        elif isinstance(msg, lib.ConversationResetMessage):
+            session.cost_seen = 0.0
+        elif isinstance(msg, lib.SystemMessage):
+            self._on_system(msg.subtype, msg.data)
+
+    def _on_system(self, subtype: str, data: dict[str, Any]) -> None:
+        if subtype == "init":
+            model = str(data.get("model") or "")
+            if model and model != self._reported_model:
+                self._reported_model = model
+                self._emit(ModelSelectionEvent(selection=ModelSelection(model=model, effort=self.effort or None)))
+        elif subtype == "api_retry" and self._turn is not None:
+            attempt = data.get("attempt") or data.get("retry_attempt") or 1
+            status = data.get("error_status") or data.get("status") or 0
+            retry = Retry(count=int(attempt) if isinstance(attempt, int) else 1,
+                          reason=str(data.get("error") or ""), status=status if isinstance(status, int) else 0)
+            self._emit(ActivityEvent(activity=Activity(phase="retrying", retry=retry)))
+
+    def _on_stream(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "message_start":
+            self._call = _Call(event.get("message") or {})
+            return
+        call = self._call
+        if call is None:
+            return
+        if kind == "content_block_start":
+            block = event.get("content_block") or {}
+            btype = block.get("type")
+            if btype in ("text", "thinking"):
+                index = int(event.get("index", 0))
+                item_id = f"{call.id}-{index}"
+                call.blocks[index] = item_id
+                item_kind = ItemKind.ASSISTANT if btype == "text" else ItemKind.REASONING
+                self._live[item_id] = Item(id=item_id, kind=item_kind, text="", time=utcnow())
+        elif kind == "content_block_delta":
+            delta = event.get("delta") or {}
+            dtype = delta.get("type")
+            text = delta.get("text") if dtype == "text_delta" else delta.get("thinking") if dtype == "thinking_delta" else None
+            item_id = call.blocks.get(int(event.get("index", 0)))
+            live = self._live.get(item_id) if item_id else None
+            if text and live is not None and item_id is not None:
+                live.text += text  # a tracking copy, never emitted as is
+                self._emit(DeltaEvent(delta=Delta(item_id=item_id, kind=live.kind, text=text)))
+        elif kind == "message_delta":
+            usage = event.get("usage") or {}
+            call.usage.update({k: v for k, v in usage.items() if v is not None})
+        elif kind == "message_stop":
+            self._call = None
+            u = call.usage
+            cache_read = int(u.get("cache_read_input_tokens") or 0)
+            cache_write = int(u.get("cache_creation_input_tokens") or 0)
+            tokens = TokenUsage(
+                model=call.model, input=int(u.get("input_tokens") or 0) + cache_read + cache_write,
+                output=int(u.get("output_tokens") or 0), cache_read=cache_read, cache_write=cache_write,
+                duration_ms=int((trio.current_time() - call.started) * 1000))
+            self._emit(TokensEvent(tokens=tokens))
+            if self._turn is not None:
+                self._turn.last_usage = dict(u)
+
+    def _on_assistant(self, msg: Any) -> None:
+        lib = sdk()
+        agent_id = msg.parent_tool_use_id or ""
+        now = utcnow()
+        if msg.error:
+            # The runtime's own report of a failed model call ("API Error: 500 ...").
+            text = "\n".join(b.text for b in msg.content if isinstance(b, lib.TextBlock)) or f"Claude Code: {msg.error}"
+            if self._turn is not None and not agent_id:
+                self._turn.error = text
+            self._emit(ItemEvent(item=Item(id=f"notice-{msg.uuid or uuid.uuid4()}", kind=ItemKind.NOTICE, text=text,
+                                           time=now, ended_at=now, agent_id=agent_id)))
+            return
+        mid = msg.message_id or msg.uuid or f"msg-{uuid.uuid4().hex[:12]}"
+        for block in msg.content:
+            index = self._blocks.get(mid, 0)
+            self._blocks[mid] = index + 1
+            item_id = f"{mid}-{index}"
+            if isinstance(block, lib.TextBlock | lib.ThinkingBlock):
+                live = self._live.pop(item_id, None)
+                kind = ItemKind.ASSISTANT if isinstance(block, lib.TextBlock) else ItemKind.REASONING
+                text = block.text if isinstance(block, lib.TextBlock) else block.thinking
+                if not text:
+                    continue
+                self._emit(ItemEvent(item=Item(id=item_id, kind=kind, text=text, time=live.time if live else now,
+                                               ended_at=now, agent_id=agent_id)))
+            elif isinstance(block, lib.ToolUseBlock | lib.ServerToolUseBlock):
+                item = Item(id=block.id, kind=ItemKind.TOOL, tool=m.tool_call(block.name, block.input), time=now,
+                            agent_id=agent_id)
+                self._live[block.id] = item
+                self._emit(ItemEvent(item=item))
+            elif isinstance(block, lib.ToolResultBlock):
+                self._tool_result(block.tool_use_id, block.content, bool(block.is_error), agent_id)
+            elif isinstance(block, lib.ServerToolResultBlock):
+                self._tool_result(block.tool_use_id, block.content, False, agent_id)
+
+    def _tool_result(self, tool_use_id: str, content: Any, is_error: bool, agent_id: str) -> None:
+        now = utcnow()
+        item = self._live.pop(tool_use_id, None)
+        if item is None or item.tool is None:
+            item = Item(id=tool_use_id, kind=ItemKind.TOOL, tool=m.tool_call("tool", None), time=now, agent_id=agent_id)
+        assert item.tool is not None
+        tool = msgspec.structs.replace(item.tool, status=ToolStatus.FAILED if is_error else ToolStatus.COMPLETED,
+                                       output=m.bounded(m.content_text(content)), tail=[])
+        self._emit(ItemEvent(item=msgspec.structs.replace(item, tool=tool, ended_at=now)))
+
+    def _on_result(self, session: _Session, msg: Any) -> None:
+        self._account_cost(session, msg.total_cost_usd)
+        self._emit(UsageEvent(usage=self._usage()))
+        turn = self._turn
+        if turn is None:  # a turn the CLI started on its own (a background task's report)
+            return
+        window = 0
+        for usage in (msg.model_usage or {}).values():
+            if isinstance(usage, dict):
+                window = max(window, int(usage.get("contextWindow") or 0))
+        u = turn.last_usage
+        if window and u:
+            prompt = int(u.get("input_tokens") or 0)
+            cached = int(u.get("cache_read_input_tokens") or 0) + int(u.get("cache_creation_input_tokens") or 0)
+            used = prompt + cached + int(u.get("output_tokens") or 0)
+            self._emit(ContextEvent(context=Context(used=used, limit=window, prompt=prompt + cached, cached=cached)))
+        aborted = msg.terminal_reason in ("aborted_streaming", "aborted_tools")
+        if turn.cancelling or aborted:
+            self._end_turn(turn, TurnState.CANCELLED)
+        elif msg.is_error:
+            reason = msg.subtype if msg.subtype and msg.subtype != "success" else "api_error"
+            self._end_turn(turn, TurnState.FAILED, error=self._result_error(turn, msg), reason=reason)
+        else:
+            self._end_turn(turn, TurnState.COMPLETED)
+        self._provider.spawn(self._save_quietly)
+
+    @staticmethod
+    def _result_error(turn: _Turn, msg: Any) -> str:
+        errors = [e for e in (msg.errors or []) if isinstance(e, str) and e.strip()]
+        if errors:
+            return "; ".join(errors)
+        if isinstance(msg.result, str) and msg.result.strip():
+            return msg.result.strip()
+        if turn.error:
+            return turn.error
+        if msg.api_error_status:
+            return f"API error (HTTP {msg.api_error_status})"
+        return f"Claude Code ended the turn with an error ({msg.subtype})"
+
+    def _account_cost(self, session: _Session, total: float | None) -> None:
+        """Fold a session-cumulative cost into the conversation's running total.
+
+        A resumed CLI restores the session's earlier cost, an older one
+        starts from zero: the first report of a process tells them apart.
+        """
+        if total is None:
+            return
+        known = self._record.cost_usd or 0.0
+        if session.cost_seen is None:
+            self._record.cost_usd = total if total >= known else known + total
+        elif total >= session.cost_seen:
+            self._record.cost_usd = known + (total - session.cost_seen)
+        else:  # the CLI's totals started over (a conversation reset)
+            self._record.cost_usd = known + total
+        session.cost_seen = total
+
+    def _usage(self) -> Usage:
+        return Usage(cost_usd=self._record.cost_usd)
+
+    def _end_turn(self, turn: _Turn, state: TurnState, *, error: str = "", reason: str = "") -> None:
+        """Finish what the turn left open, then emit its one terminal TurnEvent."""
+        if turn.ended:
+            return
+        turn.ended = True
+        why = error or reason or ("cancelled" if state is TurnState.CANCELLED else "the turn ended")
+        for pending in list(turn.pending.values()):
+            self._emit(InteractionEvent(interaction=msgspec.structs.replace(
+                pending.interaction, state=InteractionState.EXPIRED, resolution=why)))
+            pending.done.set()
+        turn.pending.clear()
+        now = utcnow()
+        for item in list(self._live.values()):
+            if item.tool is not None:
+                out = item.tool.output
+                tool = msgspec.structs.replace(item.tool, status=ToolStatus.FAILED, tail=[],
+                                               output=f"{out}\n{why}" if out else why)
+                item = msgspec.structs.replace(item, tool=tool)
+            elif not item.text:
+                continue
+            self._emit(ItemEvent(item=msgspec.structs.replace(item, ended_at=now)))
+        self._live.clear()
+        self._blocks.clear()
+        self._call = None
+        if self._turn is turn:
+            self._turn = None
+        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=self._reported_model or self.model)))
+        turn.done.set()
+
+    # ------------------------------------------------------------------ persistence
+
+    async def _save(self) -> None:
+        await self._provider.save_record(self._record)
+
+    async def _save_quietly(self) -> None:
+        try:
+            await self._save()
+        except OSError as exc:
+            log.warning("claude.record_not_saved", conversation=self.id, error=str(exc))

@@ -1,0 +1,430 @@
+"""The ``claude`` provider: Claude Code driven through ``claude-agent-sdk``.
+
+One CLI process per open conversation (a ``ClaudeSDKClient`` kept open
+between turns), started when the conversation opens and again by the next
+``send`` after it died. The SDK is anyio-based and runs on the trio thread;
+it is imported lazily, in a worker thread, on first use (it takes seconds
+to import), so the daemon's start-up does not pay for it.
+
+The CLI runs with the conversation's workdir as its cwd and this
+environment, on top of the daemon's: ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC``,
+``DISABLE_AUTOUPDATER``, ``DISABLE_TELEMETRY`` and ``DISABLE_ERROR_REPORTING``
+set to 1, then ``providers.claude.env``, then ``ANTHROPIC_API_KEY`` (read
+from the variable ``api_key_env`` names; registered as a secret, never
+logged or journaled), ``ANTHROPIC_BASE_URL`` (``base_url``) and
+``CLAUDE_CONFIG_DIR`` (``config_dir``) when set.
+
+Conversation ids are Claude Code session ids (UUIDs). A new conversation
+starts the CLI with ``--session-id <id>``; a reopen resumes it
+(``--resume <id>``) when the CLI's transcript
+``<config dir>/projects/*/<id>.jsonl`` exists. ``<state_dir>/providers/<name>/<id>.json``
+keeps what the CLI does not (workdir, model, effort, the running cost, tools
+allowed for the conversation), so a conversation opened but never prompted
+reopens too. An id with neither, or a prompted one whose transcript is gone,
+raises ConversationNotFound.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.util
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+import trio
+
+from ..._fsutil import atomic_write, make_dirs
+from ...contract import (
+    Account,
+    Capabilities,
+    Closed,
+    ConversationNotFound,
+    EventSink,
+    HistoryRecord,
+    Invalid,
+    Item,
+    Model,
+    OpenRequest,
+    RuntimeUnavailable,
+    Unsupported,
+    Usage,
+    utcnow,
+)
+from . import _mapping as m
+from ._conversation import EFFORTS, ClaudeConversation, _Session
+
+if TYPE_CHECKING:
+    from ...config import ClaudeConfig
+
+log = structlog.get_logger(__name__)
+
+#: Environment every CLI process gets (``providers.claude.env`` may override it).
+DEFAULT_ENV = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+}
+
+NOT_FOUND_MESSAGE = (
+    "Claude Code not found: install it with `pip install claude-agent-sdk` (the wheel bundles it) "
+    "or set providers.claude.cli_path"
+)
+
+
+def _register_secret(value: str) -> None:
+    from ...logs import register_secret
+
+    register_secret(value)
+
+
+def bundled_cli() -> str:
+    """The Claude Code binary bundled in the installed claude-agent-sdk wheel, or "" (no import)."""
+    try:
+        spec = importlib.util.find_spec("claude_agent_sdk")
+    except (ImportError, ValueError):
+        return ""
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    for base in spec.submodule_search_locations:
+        exe = Path(base) / "_bundled" / ("claude.exe" if os.name == "nt" else "claude")
+        if exe.is_file() and os.access(exe, os.X_OK):
+            return str(exe)
+    return ""
+
+
+def resolve_cli_path(cli_path: str, env: dict[str, str] | None = None) -> str:
+    """The Claude Code executable: ``cli_path`` (a path, or a name on PATH), else the
+    wheel's bundled binary, else ``claude`` on PATH. Raises RuntimeUnavailable."""
+    path_var = (env or {}).get("PATH") or os.environ.get("PATH")
+    if cli_path:
+        candidate = os.path.expanduser(cli_path)
+        if os.sep not in candidate:
+            candidate = shutil.which(candidate, path=path_var) or candidate
+        if not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
+            raise RuntimeUnavailable(f"providers.claude.cli_path {cli_path!r} is not an executable file")
+        return candidate
+    found = bundled_cli() or shutil.which("claude", path=path_var) or ""
+    if not found:
+        raise RuntimeUnavailable(NOT_FOUND_MESSAGE)
+    return found
+
+
+def _session_id(value: str) -> str:
+    """``value`` as a canonical UUID string; ConversationNotFound when it is none."""
+    try:
+        return str(uuid.UUID(value))
+    except (ValueError, AttributeError, TypeError):
+        raise ConversationNotFound(f"{value!r} is not a Claude Code session id (a UUID)") from None
+
+
+class _Record(msgspec.Struct, omit_defaults=True):
+    """``<state_dir>/providers/<name>/<id>.json``: what a reopen needs beyond the CLI's transcript."""
+
+    id: str
+    workdir: str
+    model: str = ""
+    effort: str = ""
+    #: the conversation's running cost as reported by Claude Code
+    cost_usd: float | None = None
+    #: tools the user allowed for the whole conversation (allow_always)
+    allowed_tools: list[str] = []
+    #: a prompt was handed to the CLI: from then on its transcript must exist for a reopen
+    prompted: bool = False
+    created_at: _dt.datetime | None = None
+    updated_at: _dt.datetime | None = None
+
+
+_record_decoder = msgspec.json.Decoder(_Record)
+_encoder = msgspec.json.Encoder()
+
+
+class ClaudeProvider:
+    """Claude Code as an agentd provider; implements :class:`agentd.contract.Provider`
+    (and ``AccountReader``). See the module docstring.
+
+    Build it with the ``[providers.claude]`` section, the daemon's state dir
+    and the provider's name; run :meth:`run` in a nursery for its whole life.
+    """
+
+    display_name = "Claude Code"
+
+    def __init__(self, config: ClaudeConfig, *, state_dir: Path, name: str = "claude") -> None:
+        self.config = config
+        self.name = name
+        self.state_dir = Path(state_dir)
+        self.dir = self.state_dir / "providers" / name
+        self._nursery: trio.Nursery | None = None
+        self._open: dict[str, ClaudeConversation] = {}
+        self._sdk_loaded = False
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            cancel=True,
+            permissions=True,
+            questions=True,
+            history=True,
+            reopen=True,
+            usage=True,
+            context_size=True,
+            account=True,
+            runtime_process=True,
+            model_endpoint=True,
+        )
+
+    # ------------------------------------------------------------------ configuration
+
+    @property
+    def config_home(self) -> Path:
+        """The CLI's config dir (sessions under ``projects/``): config, env, else ~/.claude."""
+        home = (self.config.config_dir or (self.config.env or {}).get("CLAUDE_CONFIG_DIR")
+                or os.environ.get("CLAUDE_CONFIG_DIR") or "~/.claude")
+        return Path(os.path.expanduser(home))
+
+    def _api_key(self) -> str:
+        name = self.config.api_key_env
+        key = os.environ.get(name, "") if name else ""
+        if key:
+            _register_secret(key)
+        return key
+
+    def cli_env(self) -> dict[str, str]:
+        """The environment the CLI gets on top of the daemon's (holds the API key: never log it)."""
+        env = dict(DEFAULT_ENV)
+        env.update(self.config.env or {})
+        key = self._api_key()
+        if key:
+            env["ANTHROPIC_API_KEY"] = key
+        if self.config.base_url:
+            env["ANTHROPIC_BASE_URL"] = self.config.base_url
+        if self.config.config_dir:
+            env["CLAUDE_CONFIG_DIR"] = os.path.expanduser(self.config.config_dir)
+        return env
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; every CLI process's runner is a task of the nursery owned here.
+
+        On cancellation every CLI process is stopped (stdin closed, then
+        SIGTERM/SIGKILL by the SDK) and running turns end ``cancelled``
+        (reason ``shutdown``); open conversations become closed.
+        """
+        if self._nursery is not None:
+            raise RuntimeError(f"provider {self.name!r} is already running")
+        await trio.to_thread.run_sync(make_dirs, self.dir)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            for conv in list(self._open.values()):
+                conv._closed = True
+                conv._closed_reason = f"provider {self.name!r} stopped"
+            self._open.clear()
+
+    def spawn(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` in the provider's nursery; dropped when the provider stopped."""
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
+
+    async def start_task(self, fn: Any, *args: Any) -> Any:
+        """``nursery.start(fn, *args)`` in the provider's nursery; Closed when it stopped."""
+        if self._nursery is None:
+            raise Closed(f"provider {self.name!r} is not running")
+        return await self._nursery.start(fn, *args)
+
+    def _forget(self, conv: ClaudeConversation) -> None:
+        if self._open.get(conv.id) is conv:
+            del self._open[conv.id]
+
+    async def _load_sdk(self) -> None:
+        """Import claude_agent_sdk in a worker thread (it takes seconds); RuntimeUnavailable if absent."""
+        if self._sdk_loaded:
+            return
+        try:
+            await trio.to_thread.run_sync(importlib.import_module, "claude_agent_sdk")
+        except ImportError as exc:
+            raise RuntimeUnavailable(f"the claude provider needs claude-agent-sdk: {exc}") from None
+        self._sdk_loaded = True
+
+    async def check(self) -> None:
+        """Raise :class:`RuntimeUnavailable` when the SDK or the CLI is missing."""
+        if importlib.util.find_spec("claude_agent_sdk") is None:
+            raise RuntimeUnavailable("the claude provider needs the claude-agent-sdk package (pip install claude-agent-sdk)")
+        await trio.to_thread.run_sync(resolve_cli_path, self.config.cli_path, self.config.env or {})
+
+    async def models(self) -> list[Model]:
+        """Raises :class:`Unsupported`: Claude Code has no model list offline; any name its endpoint accepts works."""
+        raise Unsupported("Claude Code does not list models; set a model name (e.g. sonnet, opus) in the config or on open")
+
+    async def account(self) -> Account:
+        """How the CLI authenticates: the API key variable, or the CLI's own login; never the key itself."""
+        name = self.config.api_key_env
+        key_set = bool(name and os.environ.get(name))
+        creds = await trio.to_thread.run_sync((self.config_home / ".credentials.json").is_file)
+        where = f" at {self.config.base_url}" if self.config.base_url else ""
+        if key_set:
+            return Account(signed_in=True, source="api_key", env_var=name, message=f"API key from ${name}{where}")
+        if creds:
+            return Account(signed_in=True, source="login", env_var=name, message=f"Claude Code login in {self.config_home}")
+        hint = f"set ${name}" if name else "set providers.claude.api_key_env"
+        return Account(signed_in=False, env_var=name, message=f"no API key and no Claude Code login: {hint} or run `claude login`")
+
+    # ------------------------------------------------------------------ sessions on disk
+
+    def _session_file(self, session_id: str) -> Path | None:
+        projects = self.config_home / "projects"
+        try:
+            for path in projects.glob(f"*/{session_id}.jsonl"):
+                if path.is_file():
+                    return path
+        except OSError:
+            return None
+        return None
+
+    async def session_exists(self, session_id: str) -> bool:
+        """Whether the CLI has a transcript for ``session_id`` (so ``--resume`` finds it)."""
+        return await trio.to_thread.run_sync(self._session_file, session_id) is not None
+
+    async def transcript(self, session_id: str) -> list[Item] | None:
+        """The items of a session's transcript, or None when the CLI has none."""
+
+        def read() -> list[str] | None:
+            path = self._session_file(session_id)
+            if path is None:
+                return None
+            try:
+                with path.open(encoding="utf-8", errors="replace") as f:
+                    return f.readlines()
+            except FileNotFoundError:
+                return None
+
+        lines = await trio.to_thread.run_sync(read)
+        return None if lines is None else m.transcript_items(lines)
+
+    def _record_path(self, session_id: str) -> Path:
+        return self.dir / f"{session_id}.json"
+
+    async def _read_record(self, session_id: str) -> _Record | None:
+        path = self._record_path(session_id)
+        try:
+            data = await trio.to_thread.run_sync(path.read_bytes)
+        except FileNotFoundError:
+            return None
+        try:
+            return _record_decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            log.warning("claude.record_damaged", path=str(path), error=str(exc))
+            return None
+
+    async def save_record(self, record: _Record) -> None:
+        """Write ``record`` atomically. Raises OSError."""
+        record.updated_at = utcnow()
+        data = _encoder.encode(record)
+        path = self._record_path(record.id)
+
+        def write() -> None:
+            make_dirs(path.parent)
+            atomic_write(path, data)
+
+        await trio.to_thread.run_sync(write)
+
+    # ------------------------------------------------------------------ conversations
+
+    async def options(self, conv: ClaudeConversation, session: _Session, *, resume: bool) -> Any:
+        """The SDK options of one CLI process of ``conv`` (resuming its session, or creating it)."""
+        from claude_agent_sdk import ClaudeAgentOptions
+
+        cli = await trio.to_thread.run_sync(resolve_cli_path, self.config.cli_path, self.config.env or {})
+        return ClaudeAgentOptions(
+            cwd=conv.workdir,
+            cli_path=cli,
+            env=self.cli_env(),
+            model=conv.model or None,
+            effort=conv.effort or None,  # type: ignore[arg-type]
+            # Claude Code's own system prompt (None would send an empty one).
+            system_prompt={"type": "preset", "preset": "claude_code"},
+            can_use_tool=conv._can_use_tool,
+            include_partial_messages=True,
+            resume=conv.id if resume else None,
+            session_id=None if resume else conv.id,
+            stderr=session.on_stderr,
+        )
+
+    def start_error(self, session: _Session, exc: BaseException | str) -> Exception:
+        """The contract error for a CLI process that could not start."""
+        text = str(exc).strip()
+        if "No conversation found" in text:
+            return ConversationNotFound(f"Claude Code has no such session: {text.split(': ', 1)[-1]}")
+        if not isinstance(exc, str) and type(exc).__name__ == "CLINotFoundError":
+            return RuntimeUnavailable(f"{NOT_FOUND_MESSAGE} ({text.splitlines()[0] if text else 'not found'})")
+        line = session.last_error_line()
+        detail = f" ({line})" if line and line not in text else ""
+        return RuntimeUnavailable(f"Claude Code could not start: {text}{detail}")
+
+    async def open(self, request: OpenRequest, sink: EventSink) -> ClaudeConversation:
+        """Create a conversation, or reopen exactly ``request.conversation_id``; starts its CLI process.
+
+        Raises :class:`ConversationNotFound` when neither the CLI nor agentd
+        knows that id (never creates a replacement), :class:`Invalid` for a
+        missing workdir or an unknown effort, :class:`RuntimeUnavailable`
+        when the SDK or the CLI is missing or the CLI cannot start,
+        :class:`Closed` when :meth:`run` is not serving. A conversation with
+        the same id already open here is detached (its process stopped).
+        """
+        if self._nursery is None:
+            raise Closed(f"provider {self.name!r} is not running")
+        if request.effort and request.effort not in EFFORTS:
+            raise Invalid(f"unknown effort {request.effort!r}; Claude Code takes one of: {', '.join(EFFORTS)}")
+        await self._load_sdk()
+        await trio.to_thread.run_sync(resolve_cli_path, self.config.cli_path, self.config.env or {})
+        if request.conversation_id:
+            sid = _session_id(request.conversation_id)
+            record = await self._read_record(sid)
+            exists = await self.session_exists(sid)
+            if not exists and (record is None or record.prompted):
+                raise ConversationNotFound(f"Claude Code has no session {sid} (in {self.config_home / 'projects'})")
+            if record is None:  # a session started outside agentd
+                record = _Record(id=sid, workdir=request.workdir, model=request.model or self.config.model,
+                                 effort=request.effort, created_at=utcnow())
+            if request.workdir:
+                record.workdir = request.workdir
+            if request.model:
+                record.model = request.model
+            if request.effort:
+                record.effort = request.effort
+            old = self._open.pop(sid, None)
+            if old is not None:
+                await old.detach("the conversation was reopened")
+        else:
+            record = _Record(id=str(uuid.uuid4()), workdir=request.workdir, model=request.model or self.config.model,
+                             effort=request.effort, created_at=utcnow())
+        if not record.workdir or not await trio.to_thread.run_sync(os.path.isdir, record.workdir):
+            raise Invalid(f"workdir {record.workdir!r} is not a directory")
+        conv = ClaudeConversation(self, record, sink)
+        await conv._ensure_session()
+        await conv._save_quietly()
+        self._open[record.id] = conv
+        log.info("claude.opened", provider=self.name, conversation=record.id, reopened=bool(request.conversation_id))
+        return conv
+
+    async def history(self, conversation_id: str) -> HistoryRecord:
+        """A session's transcript read from the CLI's store, without opening it or starting the CLI.
+
+        Raises :class:`ConversationNotFound` when the CLI has no transcript for the id.
+        """
+        sid = _session_id(conversation_id)
+        items = await self.transcript(sid)
+        if items is None:
+            raise ConversationNotFound(f"Claude Code has no session {sid} (in {self.config_home / 'projects'})")
+        record = await self._read_record(sid)
+        usage = Usage(cost_usd=record.cost_usd) if record is not None and record.cost_usd is not None else None
+        return HistoryRecord(items=items, usage=usage, model=record.model if record else "")
