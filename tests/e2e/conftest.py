@@ -144,3 +144,47 @@ def copilot_byok_toml(copilot_cli: str, model_server: ModelServer, copilot_home:
         f"api_key_env = {q(model_key_env)}\n"
         f"model = {q(MODEL)}\n"
     )
+
+
+# --------------------------------------------------------------------------- conformance matrix
+
+MATRIX_FILE = HERE / "conformance-matrix.md"
+_matrix: dict[tuple[str, str], str] = {}
+_RANK = {"pass": 0, "unsupported": 1, "skipped": 2, "fail": 3}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "runtime" not in params or "scenario" not in params:
+        return
+    if report.when != "call" and not (report.skipped or report.failed):
+        return
+    if report.skipped:
+        reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        result = "unsupported" if "unsupported:" in reason else "skipped"
+    elif report.failed:
+        result = "fail"
+    else:
+        result = "pass"
+    key = (params["runtime"], params["scenario"])
+    if _RANK[result] >= _RANK.get(_matrix.get(key, "pass"), 0) or key not in _matrix:
+        _matrix[key] = result  # a scenario with variants shows its worst
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _matrix:
+        return
+    from runtimes_e2e import RUNTIMES
+
+    scenarios = list(dict.fromkeys(s for _, s in sorted(_matrix, key=lambda k: list(_matrix).index(k))))
+    runtimes = [r for r in RUNTIMES if any(k[0] == r for k in _matrix)]
+    lines = ["| runtime | " + " | ".join(scenarios) + " |", "| --- |" + " --- |" * len(scenarios)]
+    for rt in runtimes:
+        lines.append(f"| {rt} | " + " | ".join(_matrix.get((rt, s), "-") for s in scenarios) + " |")
+    table = "\n".join(lines)
+    terminalreporter.write_sep("=", "conformance matrix (runtime x scenario)")
+    terminalreporter.write_line(table)
+    MATRIX_FILE.write_text(table + "\n")

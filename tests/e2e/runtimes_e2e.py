@@ -1,0 +1,185 @@
+"""How each real runtime is installed, configured and pointed at the scripted model server.
+
+A :class:`Runtime` gives the conformance suite everything runtime-specific:
+the agentd.toml that selects and configures the provider, the environment,
+and how to make "the model" answer text, call a tool, or stream slowly. For
+the ``script`` provider, which has no model, the same wishes are written as a
+TOML script instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pathlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from modelserver import ModelServer
+
+HERE = pathlib.Path(__file__).resolve().parent
+MODEL = "scripted-model"
+KEY_ENV = "AGENTD_E2E_MODEL_KEY"
+DUMMY_KEY = "sk-agentd-e2e-dummy-key"
+
+RUNTIMES = ["script", "copilot", "claude"]
+
+LONG_TEXT = " ".join(f"word{i}" for i in range(400))
+q = json.dumps  # a JSON string is a valid TOML basic string
+
+
+def _skip(reason: str) -> None:
+    print(f"\nSKIP: {reason}", file=sys.stderr)
+    pytest.skip(reason)
+
+
+class Runtime:
+    """One runtime under test; subclasses fill in the runtime-specific parts."""
+
+    name = ""
+    provider = ""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.root = root
+        self.config_toml = ""
+        self.env: dict[str, str] = {}
+        self.server: ModelServer | None = None
+
+    def model_for(self, scenario: str) -> str:
+        return ""
+
+    # What the model should do next.
+    def text_only(self, text: str) -> None:
+        assert self.server is not None
+        self.server.reset()
+        self.server.answer_text_only(text)
+
+    def call_tool(self, command: str) -> None:
+        assert self.server is not None
+        self.server.reset()
+        self.server.command = command
+
+    def slow_text(self) -> None:
+        assert self.server is not None
+        self.server.reset()
+        self.server.answer_text_only(LONG_TEXT)
+        self.server.stream_slowly(0.1)
+
+    def saw_earlier_turn(self, daemon: Any, cid: str, earlier: str, later: str) -> bool:
+        """Whether the model request of ``later`` carried the earlier prompt (the runtime kept history)."""
+        assert self.server is not None
+        bodies = [json.dumps(r) for r in self.server.requests if later in json.dumps(r)]
+        return bool(bodies) and earlier in bodies[-1]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+class ScriptRuntime(Runtime):
+    """The in-process script provider: 'the model' is a TOML script written per scenario."""
+
+    name = provider = "script"
+
+    def __init__(self, root: pathlib.Path) -> None:
+        super().__init__(root)
+        self.config_toml = "[providers.copilot]\nenabled = false\n[providers.claude]\nenabled = false\n"
+        self.script = root / "conformance-script.toml"
+
+    def model_for(self, scenario: str) -> str:
+        return str(self.script)
+
+    def _write(self, steps: str) -> None:
+        self.script.write_text(f'model = "conformance"\n[[turn]]\n{steps}')
+
+    def text_only(self, text: str) -> None:
+        self._write(f'[[turn.step]]\nkind = "text"\ntext = {q(text + " You said: {prompt}. Earlier: {history}")}\nchunk = 8\ndelay_ms = 5\n')
+
+    def call_tool(self, command: str) -> None:
+        self._write(
+            f'[[turn.step]]\nkind = "tool"\nname = "bash"\ncommand = {q(command)}\npermission = true\n'
+            '[[turn.step]]\nkind = "text"\ntext = "Done."\n'
+        )
+
+    def slow_text(self) -> None:
+        self._write(f'[[turn.step]]\nkind = "text"\ntext = {q(LONG_TEXT)}\nchunk = 4\ndelay_ms = 50\n')
+
+    def saw_earlier_turn(self, daemon: Any, cid: str, earlier: str, later: str) -> bool:
+        items = [r["data"] for r in daemon.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "assistant"]
+        return earlier in items[-1]["text"]
+
+
+class CopilotRuntime(Runtime):
+    """GitHub Copilot CLI (npm @github/copilot, pinned in tests/e2e), bring-your-own-key to the model server."""
+
+    name = provider = "copilot"
+
+    def __init__(self, root: pathlib.Path) -> None:
+        super().__init__(root)
+        from conftest import install_copilot_cli
+
+        try:
+            cli = install_copilot_cli()
+        except (RuntimeError, OSError) as exc:
+            _skip(f"the Copilot CLI could not be installed: {exc}")
+        self.server = ModelServer(root / "model-requests.jsonl", model=MODEL)
+        self.server.start()
+        home = root / "copilot-home"
+        home.mkdir()
+        self.env = {KEY_ENV: DUMMY_KEY}
+        self.config_toml = (
+            "[providers.claude]\nenabled = false\n"
+            "[providers.copilot]\n"
+            f"cli_path = {q(str(cli))}\ncopilot_home = {q(str(home))}\n"
+            "[providers.copilot.byok]\n"
+            f'type = "openai"\nbase_url = {q(self.server.url)}\napi_key_env = {q(KEY_ENV)}\nmodel = {q(MODEL)}\n'
+        )
+
+
+class ClaudeRuntime(Runtime):
+    """Claude Code, the binary bundled in the claude-agent-sdk wheel, pointed at the Anthropic flavour."""
+
+    name = provider = "claude"
+
+    def __init__(self, root: pathlib.Path) -> None:
+        super().__init__(root)
+        import shutil
+
+        from agentd.providers.claude import bundled_cli
+
+        cli = bundled_cli() or shutil.which("claude")
+        if not cli:
+            _skip("Claude Code is not installed: `pip install claude-agent-sdk` bundles it")
+        self.server = ModelServer(root / "model-requests.jsonl", model=MODEL)
+        self.server.start()
+        config_dir, home = root / "claude-config", root / "claude-home"
+        config_dir.mkdir()
+        home.mkdir()
+        self.env = {KEY_ENV: DUMMY_KEY}
+        self.config_toml = (
+            "[providers.copilot]\nenabled = false\n"
+            "[providers.claude]\n"
+            f"cli_path = {q(str(cli))}\nmodel = {q(MODEL)}\napi_key_env = {q(KEY_ENV)}\n"
+            f"base_url = {q(self.server.url.removesuffix('/v1'))}\nconfig_dir = {q(str(config_dir))}\n"
+            "[providers.claude.env]\n"
+            f"HOME = {q(str(home))}\nCLAUDE_CODE_MAX_RETRIES = \"0\"\nCLAUDE_CODE_DISABLE_NONSTREAMING_FALLBACK = \"1\"\n"
+        )
+
+
+_PROFILES: dict[str, type[Runtime]] = {
+    "script": ScriptRuntime,
+    "copilot": CopilotRuntime,
+    "claude": ClaudeRuntime,
+}
+
+
+@contextlib.contextmanager
+def runtime_profile(name: str, root: pathlib.Path) -> Iterator[Runtime]:
+    rt = _PROFILES[name](root)
+    try:
+        yield rt
+    finally:
+        rt.close()

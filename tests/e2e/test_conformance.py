@@ -1,0 +1,303 @@
+"""One conformance suite over every runtime, through the real daemon and agentctl.
+
+Each scenario is written once and runs unchanged against every runtime:
+``script``, ``copilot``, ``claude``, ``acp:claude``, ``acp:gemini``,
+``acp:copilot``. The runtimes are the real programs installed from the package
+registries; only the model is scripted (tests/e2e/modelserver.py on 127.0.0.1).
+A scenario a runtime cannot do is reported ``unsupported`` from the
+capabilities the provider reports (``agentctl providers --json``), never from a
+hand-kept list. The matrix of results is printed at the end of the run (see
+conftest.py) and written to tests/e2e/conformance-matrix.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon_harness import Daemon
+from runtimes_e2e import RUNTIMES, Runtime, runtime_profile
+
+pytestmark = pytest.mark.e2e
+
+#: scenario -> the capabilities it needs
+SCENARIOS: dict[str, tuple[str, ...]] = {
+    "text": (),
+    "permission": ("permissions",),
+    "yolo": ("permissions",),
+    "cancel": ("cancel",),
+    "restart": ("reopen",),
+    "runtime_killed": ("runtime_process",),
+    "model_fails": ("model_endpoint",),
+}
+
+FILE = "conformance.txt"
+COMMAND = f"echo conformance > {FILE}"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _json(proc: subprocess.CompletedProcess[str]) -> Any:
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}"
+    return json.loads(proc.stdout)
+
+
+class Follower:
+    """``agentctl send CONV TEXT --follow --json`` in the background, its lines collected as they come."""
+
+    def __init__(self, d: Daemon, cid: str, text: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agentctl", "--socket", str(d.socket), "send", cid, text, "--follow", "--json"],
+            env=d.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=d.root,
+        )
+        self.lines: list[dict[str, Any]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(json.loads(line))
+
+    def wait_for(self, predicate, timeout: float = 60.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if predicate(line):
+                    return line
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.02)
+        raise TimeoutError(f"no such line; got {[l.get('type') for l in self.lines][-20:]}; stderr: {self.stderr()}")
+
+    def finish(self, timeout: float = 120.0) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self._reader.join(5)
+        return code
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None or self.proc.stderr is None:
+            return ""
+        return self.proc.stderr.read()
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return self.lines[-1] if self.lines and self.lines[-1].get("type") == "result" else {}
+
+
+def _pending(d: Daemon, cid: str, timeout: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = _json(d.agentctl("show", cid, "--json"))
+        if info.get("pending"):
+            return info["pending"][0]
+        time.sleep(0.05)
+    raise TimeoutError("no interaction became pending")
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _turn_ends(d: Daemon, cid: str) -> list[dict[str, Any]]:
+    return [r for r in d.journal(cid) if r["type"] == "turn" and r["data"]["state"] != "working"]
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request, tmp_path: Path) -> Iterator[Runtime]:
+    with runtime_profile(request.param, tmp_path) as rt:
+        yield rt
+
+
+@pytest.fixture
+def daemon(runtime: Runtime, tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path, runtime.config_toml, env=runtime.env).start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def _require(d: Daemon, runtime: Runtime, scenario: str) -> dict[str, Any]:
+    providers = {p["name"]: p for p in _json(d.agentctl("providers", "--json"))["providers"]}
+    info = providers[runtime.provider]
+    assert info["available"], f"{runtime.provider} is not available: {info.get('error')}"
+    caps = info["capabilities"]
+    missing = [cap for cap in SCENARIOS[scenario] if not caps.get(cap)]
+    if missing:
+        pytest.skip(f"unsupported: {runtime.name} reports {', '.join(missing)} = false")
+    return caps
+
+
+def _new(d: Daemon, runtime: Runtime, workdir: Path, scenario: str, *extra: str) -> str:
+    args = ["new", "-p", runtime.provider, "--cwd", str(workdir), "--json", *extra]
+    model = runtime.model_for(scenario)
+    if model:
+        args += ["-m", model]
+    return _json(d.agentctl(*args))["id"]
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+@pytest.mark.parametrize("scenario", ["text"])
+def test_text_turn_is_streamed_and_journaled(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str) -> None:
+    _require(daemon, runtime, scenario)
+    runtime.text_only("Hello from the conformance suite, streamed in pieces.")
+    cid = _new(daemon, runtime, workdir, scenario)
+    follower = Follower(daemon, cid, "Say hello")
+    assert follower.finish() == 0, follower.stderr()
+    assert any(line.get("type") == "delta" for line in follower.lines), "nothing was streamed"
+    journal = daemon.journal(cid)
+    items = [r["data"] for r in journal if r["type"] == "item"]
+    assert any(i["kind"] == "user" and "Say hello" in i.get("text", "") for i in items)
+    assistant = [i for i in items if i["kind"] == "assistant"]
+    assert assistant and "conformance suite" in assistant[-1]["text"]
+    assert _turn_ends(daemon, cid)[-1]["data"]["state"] == "completed"
+
+
+@pytest.mark.parametrize("scenario", ["permission"])
+def test_permission_allow_runs_the_tool_and_deny_does_not(runtime: Runtime, daemon: Daemon, tmp_path: Path, scenario: str) -> None:
+    _require(daemon, runtime, scenario)
+    runtime.call_tool(COMMAND)
+    for decision in ("--allow", "--deny"):
+        workdir = tmp_path / f"work{decision}"
+        workdir.mkdir()
+        cid = _new(daemon, runtime, workdir, scenario)
+        follower = Follower(daemon, cid, "Run the command")
+        inter = _pending(daemon, cid)
+        assert inter["kind"] == "permission"
+        answered = daemon.agentctl("answer", cid, inter["id"], decision)
+        assert answered.returncode == 0, answered.stderr
+        code = follower.finish()
+        if decision == "--allow":
+            assert code == 0, follower.stderr()
+            assert (workdir / FILE).read_text().strip() == "conformance"
+            tools = [r["data"] for r in daemon.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "tool"]
+            assert any("conformance" in (t.get("tool", {}).get("input", "") + json.dumps(t)) for t in tools)
+        else:
+            assert code in (0, 3), follower.stderr()  # some runtimes end the turn on a denial
+            assert not (workdir / FILE).exists(), "a denied command ran"
+
+
+@pytest.mark.parametrize("scenario", ["yolo"])
+def test_yolo_answers_the_permission_allow_once_with_no_person(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str) -> None:
+    _require(daemon, runtime, scenario)
+    runtime.call_tool(COMMAND)
+    cid = _new(daemon, runtime, workdir, scenario, "--yolo")
+    follower = Follower(daemon, cid, "Run the command")
+    assert follower.finish() == 0, follower.stderr()
+    assert (workdir / FILE).exists()
+    answers = [r["data"] for r in daemon.journal(cid) if r["type"] == "answer"]
+    assert answers and all(a["auto"] and a["by"] == "yolo" for a in answers)
+    asked = {r["data"]["id"]: r["data"] for r in daemon.journal(cid) if r["type"] == "interaction"}
+    options = {o["id"]: o for i in asked.values() for o in i.get("options", [])}
+    assert all(options[a["answer"]["decision"]].get("allow_once") for a in answers)
+
+
+@pytest.mark.parametrize("scenario", ["cancel"])
+def test_cancel_during_a_slow_answer_ends_cancelled_within_a_second(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str) -> None:
+    _require(daemon, runtime, scenario)
+    runtime.slow_text()
+    cid = _new(daemon, runtime, workdir, scenario)
+    follower = Follower(daemon, cid, "Tell me a long story")
+    follower.wait_for(lambda line: line.get("type") == "delta")
+    # The bound is on agentd and the runtime: allow for agentctl's own start, measured now.
+    s0 = time.monotonic()
+    daemon.agentctl("status", "--json")
+    agentctl_start = time.monotonic() - s0
+    t0 = time.monotonic()
+    cancelled = daemon.agentctl("cancel", cid)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert follower.finish(timeout=10) == 3, follower.stderr()
+    elapsed = time.monotonic() - t0
+    assert _turn_ends(daemon, cid)[-1]["data"]["state"] == "cancelled"
+    assert elapsed < 1.0 + agentctl_start, f"cancel took {elapsed:.2f}s (agentctl itself {agentctl_start:.2f}s)"
+    runtime.text_only("Back again.")
+    again = Follower(daemon, cid, "Another prompt")
+    assert again.finish() == 0, again.stderr()
+
+
+@pytest.mark.parametrize("scenario", ["restart"])
+def test_restart_reopens_by_id_and_the_follow_up_carries_the_earlier_turns(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str) -> None:
+    _require(daemon, runtime, scenario)
+    runtime.text_only("Nice to meet you.")
+    cid = _new(daemon, runtime, workdir, scenario)
+    first = Follower(daemon, cid, "My name is Ada Lovelace")
+    assert first.finish() == 0, first.stderr()
+    daemon.stop()
+    daemon.start()
+    second = Follower(daemon, cid, "What is my name?")
+    assert second.finish() == 0, second.stderr()
+    assert runtime.saw_earlier_turn(daemon, cid, "My name is Ada Lovelace", "What is my name?")
+
+
+@pytest.mark.parametrize("scenario", ["runtime_killed"])
+def test_runtime_killed_mid_turn_fails_the_turn_and_the_next_prompt_works(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str) -> None:
+    _require(daemon, runtime, scenario)
+    runtime.slow_text()
+    cid = _new(daemon, runtime, workdir, scenario)
+    follower = Follower(daemon, cid, "Tell me a long story")
+    follower.wait_for(lambda line: line.get("type") == "delta")
+    victims = _descendants(daemon.proc.pid)
+    assert victims, "the runtime process was not found under agentd"
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert follower.finish(timeout=60) == 1, follower.stderr()
+    end = _turn_ends(daemon, cid)[-1]["data"]
+    assert end["state"] == "failed" and end.get("error"), end
+    runtime.text_only("Alive again.")
+    again = Follower(daemon, cid, "Are you there?")
+    assert again.finish() == 0, again.stderr()
+
+
+@pytest.mark.parametrize("scenario", ["model_fails"])
+@pytest.mark.parametrize("failure", ["http_500", "dropped_stream"])
+def test_model_endpoint_failure_fails_the_turn_with_the_runtime_error(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str, failure: str) -> None:
+    _require(daemon, runtime, scenario)
+    runtime.text_only("This answer never arrives whole.")
+    if failure == "http_500":
+        runtime.server.fail_with(500, retry_after=0)
+    else:
+        runtime.server.drop_stream(after_chunks=2)
+    cid = _new(daemon, runtime, workdir, scenario)
+    follower = Follower(daemon, cid, "Say something")
+    assert follower.finish(timeout=120) == 1, follower.stderr()
+    end = _turn_ends(daemon, cid)[-1]["data"]
+    assert end["state"] == "failed" and end.get("error"), end
