@@ -258,22 +258,68 @@ def _new_options(f: Any) -> Any:
     return f
 
 
-def _create(provider: str, cwd: str, title: str, model: str, yolo: bool) -> wire.ConversationRecord:
+def _budget_options(f: Any) -> Any:
+    f = click.option("--on-reach", type=click.Choice(["pause", "stop"]), default=None,
+                     help="What happens when spend reaches --max-cost-usd: pause (default) or stop (close).")(f)
+    f = click.option("--max-cost-usd", type=click.FloatRange(min=0), default=None, metavar="USD",
+                     help="Budget of the conversation (default: the provider's from the config, if any).")(f)
+    return f
+
+
+def _budget_arg(max_cost_usd: float | None, on_reach: str | None) -> wire.Budget | None:
+    if max_cost_usd is None:
+        if on_reach is not None:
+            raise click.UsageError("--on-reach needs --max-cost-usd")
+        return None
+    return wire.Budget(max_cost_usd=max_cost_usd, on_reach=on_reach or "pause")  # type: ignore[arg-type]
+
+
+_attach_option = click.option(
+    "--attach", "attach", multiple=True, metavar="FILE",
+    type=click.Path(exists=True, dir_okay=False, readable=True),
+    help="Send FILE with the prompt (repeatable); agentd's [attachments] limits apply.",
+)
+
+
+def _uploads(paths: tuple[str, ...]) -> list[wire.Upload]:
+    """The files to send, read and base64-encoded (agentd checks names, sizes and types)."""
+    import base64
+
+    out = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise Fail(exitcodes.USAGE, f"cannot read {path}: {exc.strerror or exc}") from None
+        out.append(wire.Upload(name=os.path.basename(path), data=base64.b64encode(data).decode("ascii")))
+    return out
+
+
+def _create(provider: str, cwd: str, title: str, model: str, yolo: bool,
+            budget: wire.Budget | None = None) -> wire.ConversationRecord:
     if provider == "script" and model and not os.path.isabs(model) and os.path.isfile(model):
         # A script path is read by the daemon, which does not share our cwd.
         model = os.path.abspath(model)
     return _opts().client().call(
         wire.New, wire.ConversationRecord,
         provider=provider, workdir=cwd, title=title, model=model, mode="yolo" if yolo else "interactive",
+        budget=budget,
     )
 
 
 @cli.command()
 @_new_options
+@_budget_options
 @common
-def new(provider: str, cwd: str, title: str, model: str, yolo: bool) -> None:
-    """Create a conversation; print its id (--json: the conversation record)."""
-    rec = _create(provider, cwd, title, model, yolo)
+def new(provider: str, cwd: str, title: str, model: str, yolo: bool, max_cost_usd: float | None,
+        on_reach: str | None) -> None:
+    """Create a conversation; print its id (--json: the conversation record).
+
+    --max-cost-usd sets its budget: when its spend reaches it, the running turn
+    is cut short and the conversation pauses (or, with --on-reach stop, closes).
+    """
+    rec = _create(provider, cwd, title, model, yolo, _budget_arg(max_cost_usd, on_reach))
     if _opts().json:
         return _json(rec)
     click.echo(rec.id)
@@ -327,9 +373,9 @@ def show(conversation: str) -> None:
     if info.queued:
         lines.append(("queued", str(info.queued)))
     if info.usage is not None:
-        u = info.usage
-        spend = f"{u.ai_units:g} AI units" + (f", ${u.cost_usd:.4f}" if u.cost_usd is not None else "")
-        lines.append(("usage", spend))
+        lines.append(("usage", _usage_text(info.usage)))
+    if r.budget is not None:
+        lines.append(("budget", _budget_text(r)))
     if r.error:
         lines.append(("error", r.error))
     for k, v in lines:
@@ -426,9 +472,11 @@ def _with(options: list[Any]) -> Any:
 @click.option("--if-busy", type=click.Choice(["reject", "queue", "steer", "interrupt"]), default="reject",
               show_default=True, help="What to do when a turn is running (reject exits 7).")
 @click.option("--follow", "-f", is_flag=True, help="Follow the turn until it ends; exit with its outcome.")
+@_attach_option
 @_with(_follow_options)
 @common
-def send(conversation: str, text: str, if_busy: str, follow: bool, no_input: bool, exit_on_action: bool) -> None:
+def send(conversation: str, text: str, if_busy: str, follow: bool, attach: tuple[str, ...], no_input: bool,
+         exit_on_action: bool) -> None:
     """Send TEXT to a conversation (TEXT - reads stdin).
 
     Without --follow it returns once agentd took the prompt (--json: the send
@@ -436,7 +484,8 @@ def send(conversation: str, text: str, if_busy: str, follow: bool, no_input: boo
     exits 0 completed, 1 failed, 3 cancelled.
     """
     o = _opts()
-    res = o.client().call(wire.Send, wire.SendResult, conversation=conversation, text=_text_arg(text), if_busy=if_busy)
+    res = o.client().call(wire.Send, wire.SendResult, conversation=conversation, text=_text_arg(text), if_busy=if_busy,
+                          attachments=_uploads(attach))
     if not follow:
         if o.json:
             return _json(res)
@@ -449,10 +498,12 @@ def send(conversation: str, text: str, if_busy: str, follow: bool, no_input: boo
 @cli.command()
 @click.argument("text")
 @_new_options
+@_budget_options
+@_attach_option
 @_with(_follow_options)
 @common
-def run(text: str, provider: str, cwd: str, title: str, model: str, yolo: bool, no_input: bool,
-        exit_on_action: bool) -> None:
+def run(text: str, provider: str, cwd: str, title: str, model: str, yolo: bool, max_cost_usd: float | None,
+        on_reach: str | None, attach: tuple[str, ...], no_input: bool, exit_on_action: bool) -> None:
     """Create a conversation, send TEXT, follow the turn to its end.
 
     Exits 0 when the turn completed, 1 failed, 3 cancelled, 4 needs action
@@ -461,10 +512,11 @@ def run(text: str, provider: str, cwd: str, title: str, model: str, yolo: bool, 
     """
     o = _opts()
     text = _text_arg(text)
-    rec = _create(provider, cwd, title, model, yolo)
+    uploads = _uploads(attach)
+    rec = _create(provider, cwd, title, model, yolo, _budget_arg(max_cost_usd, on_reach))
     if not o.json:
         click.echo(_style().dim(f"conversation {rec.id} ({rec.provider})"))
-    res = o.client().call(wire.Send, wire.SendResult, conversation=rec.id, text=text)
+    res = o.client().call(wire.Send, wire.SendResult, conversation=rec.id, text=text, attachments=uploads)
     _exit(_follow(rec.id, res.after, run=res.run, interactive=_interactive(no_input),
                   exit_on_action=exit_on_action, yolo=yolo))
 
@@ -571,8 +623,110 @@ def rm(conversation: str) -> None:
 @click.argument("title")
 @common
 def title(conversation: str, title: str) -> None:
-    """Set a conversation's title."""
+    """Set a conversation's title (also in the provider's own store, where it keeps titles)."""
     _simple(wire.SetTitle, conversation, "title set", title=title)
+
+
+# ---------------------------------------------------------------------- usage, budgets, export
+
+
+def _usage_text(u: Any) -> str:
+    bits = [f"{u.input_tokens:,} input tokens ({u.cached_tokens:,} cached), {u.output_tokens:,} output"]
+    if u.cost_usd is not None:
+        bits.append(f"{'~' if u.estimated else ''}${u.cost_usd:.4f}" + (" (estimated from [pricing])" if u.estimated else ""))
+    else:
+        bits.append("no cost known")
+    if u.ai_units:
+        bits.append(f"{u.ai_units:g} AI units")
+    return ", ".join(bits)
+
+
+def _budget_text(r: wire.ConversationRecord) -> str:
+    b = r.budget
+    if b is None or b.max_cost_usd is None:
+        return "-"
+    spent = r.usage.cost_usd if r.usage is not None and r.usage.cost_usd is not None else None
+    used = f"${spent:.4f} of " if spent is not None else "no cost known yet, of "
+    return f"{used}${b.max_cost_usd:.4f}, on reach: {b.on_reach}"
+
+
+@cli.command()
+@click.argument("conversation")
+@click.option("--max-cost-usd", type=click.FloatRange(min=0), default=None, metavar="USD",
+              help="The new budget (raise or lower it).")
+@click.option("--on-reach", type=click.Choice(["pause", "stop"]), default=None,
+              help="pause (default) or stop (close) when spend reaches it; default: as before.")
+@click.option("--none", "none_", is_flag=True, help="Remove the budget.")
+@common
+def budget(conversation: str, max_cost_usd: float | None, on_reach: str | None, none_: bool) -> None:
+    """Set a conversation's budget: raise, lower or remove it (journaled).
+
+    A conversation paused on its budget stays paused: resume it with
+    agentctl continue. --json: the conversation record.
+    """
+    if none_ == (max_cost_usd is not None):
+        raise click.UsageError("give --max-cost-usd USD or --none")
+    o = _opts()
+    if not none_ and on_reach is None:
+        info = o.client().call(wire.Show, wire.ConversationInfo, conversation=conversation)
+        on_reach = info.record.budget.on_reach if info.record.budget is not None else "pause"
+    new_budget = wire.Budget() if none_ else wire.Budget(max_cost_usd=max_cost_usd, on_reach=on_reach)  # type: ignore[arg-type]
+    rec = o.client().call(wire.SetBudget, wire.ConversationRecord, conversation=conversation, budget=new_budget)
+    if o.json:
+        return _json(rec)
+    click.echo(f"budget: {_budget_text(rec)}" + (f" (state {rec.state.value})" if rec.state.value != "idle" else ""))
+
+
+@cli.command("continue")
+@click.argument("conversation")
+@common
+def continue_(conversation: str) -> None:
+    """Resume a conversation paused on its budget, once the budget was raised.
+
+    Nothing is resent: send the next prompt yourself. Exits 8 when the
+    conversation is not paused, 1 (limit) while it is still at its budget.
+    --json: the conversation record.
+    """
+    o = _opts()
+    rec = o.client().call(wire.Continue, wire.ConversationRecord, conversation=conversation)
+    if o.json:
+        return _json(rec)
+    click.echo(f"continued: {rec.id} is {rec.state.value}")
+
+
+@cli.command()
+@click.argument("conversation")
+@click.option("--format", "fmt", type=click.Choice(["md", "json", "html"]), default="md", show_default=True,
+              help="Markdown, JSON, or one self-contained HTML file.")
+@click.option("--include-tools", is_flag=True,
+              help="Add tool calls and their output, permission requests, reasoning and subagents' work.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write to FILE instead of stdout.")
+@common
+def export(conversation: str, fmt: str, include_tools: bool, output: str | None) -> None:
+    """Export a conversation's transcript, rendered by agentd from its journal.
+
+    --json: {"conversation", "format", "title", "text"}, or with -o
+    {"ok", "conversation", "format", "path", "bytes"}.
+    """
+    o = _opts()
+    res = o.client().call(wire.Export, wire.ExportResult, conversation=conversation, format=fmt,
+                          include_tools=include_tools)
+    if output is None:
+        if o.json:
+            return _json(res)
+        sys.stdout.write(res.text)
+        sys.stdout.flush()
+        return
+    data = res.text.encode("utf-8")
+    try:
+        with open(output, "wb") as f:
+            f.write(data)
+    except OSError as exc:
+        raise Fail(exitcodes.FAILED, f"cannot write {output}: {exc.strerror or exc}") from None
+    if o.json:
+        return _ok_json(conversation=res.conversation, format=fmt, path=os.path.abspath(output), bytes=len(data))
+    click.echo(f"wrote {output} ({len(data)} bytes)", err=True)
 
 
 # ---------------------------------------------------------------------- answering
@@ -747,6 +901,207 @@ def _answer_flags(inter: Interaction) -> str:
     if inter.elicitation is not None and not inter.questions:
         return "use --accept, --reject or --dismiss"
     return "use --choice, --text, --field NAME=VALUE, or --reject"
+
+
+# ---------------------------------------------------------------------- tasks
+
+
+@cli.group(cls=AgentctlGroup)
+@common
+def task() -> None:
+    """Queue non-interactive jobs and follow them: create, ls, show, cancel, comment, wait.
+
+    A task runs its input as the first turn of a new conversation of its own,
+    at most tasks.concurrency per provider at once. Tasks are named by their id
+    or any unique prefix of it.
+    """
+
+
+def _task_model(provider: str, model: str) -> str:
+    if provider == "script" and model and not os.path.isabs(model) and os.path.isfile(model):
+        return os.path.abspath(model)  # the daemon does not share our cwd
+    return model
+
+
+@task.command("create")
+@click.argument("text")
+@click.option("--provider", "-p", required=True, help="Provider name (see agentctl providers).")
+@click.option(
+    "--cwd", default=".", show_default=True, type=click.Path(exists=True, file_okay=False, resolve_path=True),
+    help="The agent's working directory.",
+)
+@click.option("--model", "-m", default="", help="Model id (for the script provider: the script's path).")
+@click.option("--callback", default="", metavar="URL",
+              help="http(s) URL that gets a JSON POST when the task ends (retried with backoff).")
+@common
+def task_create(text: str, provider: str, cwd: str, model: str, callback: str) -> None:
+    """Queue TEXT as a task (TEXT - reads stdin); print its id (--json: the task record)."""
+    o = _opts()
+    rec = o.client().call(
+        wire.TaskCreate, wire.TaskRecord, provider=provider, workdir=cwd, input=_text_arg(text),
+        model=_task_model(provider, model), callback=callback,
+    )
+    if o.json:
+        return _json(rec)
+    click.echo(rec.id)
+
+
+@task.command("ls")
+@click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in wire.TaskStatus]),
+              help="Only tasks in this status (repeatable).")
+@common
+def task_ls(statuses: tuple[str, ...]) -> None:
+    """List tasks, oldest first (--json: {"tasks": [task, ...]})."""
+    o = _opts()
+    res = o.client().call(wire.TaskList, wire.TaskListResult, status=[wire.TaskStatus(s) for s in statuses])
+    if o.json:
+        return _json(res)
+    if not res.tasks:
+        _err("no tasks")
+        return
+    from .render import table
+
+    rows = [
+        [t.id, t.status.value, t.provider, t.created_at[:19].replace("T", " "), t.conversation or "-",
+         " ".join(t.input.split())[:40]]
+        for t in res.tasks
+    ]
+    click.echo(table(rows, ["ID", "STATUS", "PROVIDER", "CREATED", "CONVERSATION", "INPUT"], _style()))
+
+
+@task.command("show")
+@click.argument("task_id", metavar="TASK")
+@common
+def task_show(task_id: str) -> None:
+    """Show a task: status, result, usage, conversation, times, comments, callback attempts."""
+    o = _opts()
+    info = o.client().call(wire.TaskShow, wire.TaskInfo, task=task_id)
+    if o.json:
+        return _json(info)
+    t = info.task
+    status = t.status.value + (f" ({t.reason})" if t.reason and t.reason != t.status.value else "")
+    lines = [
+        ("id", t.id),
+        ("status", status),
+        ("provider", t.provider + (f" (model {t.model})" if t.model else "")),
+        ("workdir", t.workdir),
+        ("conversation", t.conversation or "-"),
+        ("created", t.created_at),
+    ]
+    if t.started_at:
+        lines.append(("started", t.started_at))
+    if t.ended_at:
+        lines.append(("ended", t.ended_at))
+    if t.usage is not None:
+        u = t.usage
+        spend = f"{u.input_tokens} in, {u.output_tokens} out ({u.cached_tokens} cached) tokens"
+        if u.cost_usd is not None:
+            spend += f", ${u.cost_usd:.4f}"
+        if u.ai_units:
+            spend += f", {u.ai_units:g} AI units"
+        lines.append(("usage", spend))
+    if t.callback:
+        state = t.callback_state or "not sent yet"
+        lines.append(("callback", f"{t.callback} ({state}, {len(t.callback_attempts)} attempts)"))
+    if t.error:
+        lines.append(("error", t.error))
+    for k, v in lines:
+        click.echo(f"{k + ':':<14}{v}")
+    for a in t.callback_attempts:
+        outcome = "ok" if a.ok else a.error
+        code = f"HTTP {a.status_code}" if a.status_code else "no response"
+        click.echo(f"  attempt {a.attempt}  {a.at}  {code}  {outcome}")
+    click.echo("input:")
+    click.echo("  " + t.input.replace("\n", "\n  "))
+    if t.result:
+        click.echo("result:")
+        click.echo("  " + t.result.replace("\n", "\n  "))
+    if t.comments:
+        click.echo("comments:")
+        for cm in t.comments:
+            how = "steered" if cm.delivery == "steered" else f"recorded{': ' + cm.note if cm.note else ''}"
+            click.echo(f"  {cm.created_at}  {cm.text}  [{how}]")
+    if info.pending:
+        from .render import Renderer
+
+        click.echo("waiting for:")
+        ren = Renderer(sys.stdout, socket=o.socket)
+        ren.conversation = t.conversation
+        for inter in info.pending:
+            ren.interaction(inter)
+
+
+@task.command("cancel")
+@click.argument("task_id", metavar="TASK")
+@common
+def task_cancel(task_id: str) -> None:
+    """Cancel a task: a pending one never runs; a running one has its turn cancelled.
+
+    Exits 8 when the task already ended. --json: {"task": task, "disposition"}
+    with disposition dequeued, cancelled, cancelling or ended.
+    """
+    o = _opts()
+    res = o.client().call(wire.TaskCancel, wire.TaskCancelResult, task=task_id)
+    if o.json:
+        return _json(res)
+    text = {
+        "dequeued": "cancelled; it never ran",
+        "cancelled": "cancelled; its turn was cancelled",
+        "cancelling": "its turn was asked to stop and has not ended yet",
+        "ended": f"it ended {res.task.status.value} before the cancel took effect",
+    }[res.disposition]
+    click.echo(f"task {res.task.id}: {text}")
+
+
+@task.command("comment")
+@click.argument("task_id", metavar="TASK")
+@click.argument("text")
+@common
+def task_comment(task_id: str, text: str) -> None:
+    """Add a comment to a task (TEXT - reads stdin); while its turn runs, also steer it when the provider can.
+
+    Prints whether it was steered or only recorded (and why). --json:
+    {"task", "comment": {"id", "text", "created_at", "delivery", "note"}}.
+    """
+    o = _opts()
+    res = o.client().call(wire.TaskAddComment, wire.TaskCommentResult, task=task_id, text=_text_arg(text))
+    if o.json:
+        return _json(res)
+    cm = res.comment
+    if cm.delivery == "steered":
+        click.echo(f"comment {cm.id}: recorded and steered into the running turn")
+    else:
+        click.echo(f"comment {cm.id}: recorded only ({cm.note})" if cm.note else f"comment {cm.id}: recorded")
+
+
+@task.command("wait")
+@click.argument("task_id", metavar="TASK")
+@click.option("--timeout", type=float, default=None, metavar="SECONDS", help="Give up after this long (exit 1).")
+@click.option("--exit-on-action", is_flag=True, help="Exit 4 when the task waits for input.")
+@common
+def task_wait(task_id: str, timeout: float | None, exit_on_action: bool) -> None:
+    """Wait until a task ends; exit 0 completed, 1 failed, 3 cancelled (--json: the task record).
+
+    With --exit-on-action it exits 4 as soon as the task is waiting_for_input.
+    """
+    import time
+
+    o = _opts()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        info = o.client().call(wire.TaskShow, wire.TaskInfo, task=task_id)
+        t = info.task
+        waiting = exit_on_action and t.status is wire.TaskStatus.WAITING_FOR_INPUT
+        if t.status.terminal or waiting:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            raise Fail(exitcodes.FAILED, f"task {t.id} is still {t.status.value} after {timeout:g}s")
+        time.sleep(0.2)
+    if o.json:
+        _json(t)
+    else:
+        click.echo(f"task {t.id}: {t.status.value}" + (f": {t.error}" if t.error else ""))
+    _exit(exitcodes.NEEDS_ACTION if waiting else exitcodes.for_turn(t.status.value))
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from agentd import wire
-from agentd.contract import AgentdError
+from agentd.contract import AgentdError, LimitExceeded
 
 from . import __version__
 
@@ -89,6 +89,8 @@ class Client:
         self._subs: dict[int, queue.SimpleQueue[Any]] = {}
         self._closed: BaseException | None = None
         self.hello: wire.HelloFrame | None = None
+        #: the daemon's limit of one incoming frame (from its hello result); None = not told
+        self.max_frame_bytes: int | None = None
         self._reader = threading.Thread(target=self._read_loop, name="agentctl-reader", daemon=True)
 
     # ------------------------------------------------------------------ connecting
@@ -130,7 +132,12 @@ class Client:
         self._reader.start()
         hello_q = self._register_reply(0)
         self._send(wire.Hello(id=0, protocol=wire.PROTOCOL_VERSION, client=f"agentctl/{__version__}"))
-        self._wait(hello_q, 0)
+        raw = self._wait(hello_q, 0)
+        try:
+            limit = msgspec.json.decode(raw).get("max_frame_bytes")
+        except (msgspec.DecodeError, AttributeError):
+            limit = None
+        self.max_frame_bytes = limit if isinstance(limit, int) and limit > 0 else None
 
     # ------------------------------------------------------------------ requests
 
@@ -211,6 +218,12 @@ class Client:
 
     def _send(self, frame: Any) -> None:
         data = wire.encode(frame)
+        if self.max_frame_bytes is not None and len(data) - 1 > self.max_frame_bytes:
+            # agentd would refuse it and drop the connection: say why here instead.
+            raise LimitExceeded(
+                f"the request is {len(data) - 1} bytes, over agentd's limit of {self.max_frame_bytes} "
+                "(server.max_frame_bytes); attachments count base64-encoded, 4/3 of their size"
+            )
         try:
             with self._send_lock:
                 self._sock.sendall(data)

@@ -486,7 +486,8 @@ class Renderer:
         if turn.state is TurnState.COMPLETED:
             self.line(self.style.green(f"{self.g['ok']} turn completed"))
         elif turn.state is TurnState.CANCELLED:
-            self.line(self.style.yellow(f"{self.g['cancelled']} turn cancelled"))
+            why = f": {turn.error}" if turn.reason == "budget" and turn.error else ""
+            self.line(self.style.yellow(f"{self.g['cancelled']} turn cancelled{why}"))
         else:
             why = turn.error or turn.reason
             self.line(self.style.red(f"{self.g['failed']} turn failed" + (f": {why}" if why else "")))
@@ -631,7 +632,10 @@ class Renderer:
         elif st.state is wire.ConversationState.ERROR:
             self.line(self.style.red(f"{self.g['failed']} conversation in error{why}"))
         elif st.state is wire.ConversationState.BUDGET_PAUSED:
-            self.line(self.style.yellow(f"{self.g['notice']} paused: budget reached{why}"))
+            self.line(self.style.yellow(f"{self.g['notice']} paused: budget reached"
+                                        f"{'' if st.reason == 'budget' else why}"))
+        elif st.state is wire.ConversationState.IDLE and st.reason == "continued":
+            self.line(self.style.dim(f"{self.g['info']} continued after a budget raise"))
 
     def _on_compaction(self, rec: wire.Record, c: Any) -> None:
         if isinstance(c, dict) and c.get("compacting"):

@@ -36,6 +36,9 @@ __all__ = [
     "APP_NAME",
     "EXIT_CONFIG",
     "AcpAgentConfig",
+    "AttachmentsConfig",
+    "BudgetConfig",
+    "PricingConfig",
     "ByokConfig",
     "ClaudeConfig",
     "Config",
@@ -51,6 +54,7 @@ __all__ = [
     "RuntimesConfig",
     "ScriptConfig",
     "ServerConfig",
+    "TasksConfig",
     "WebSocketConfig",
     "default_config_path",
     "load_config",
@@ -162,8 +166,9 @@ class LeasesConfig(_Section):
 class ServerConfig(_Section):
     """[server]: the control socket front."""
 
-    #: largest incoming frame in bytes; a bigger one is an error and closes that connection
-    max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1 << 20
+    #: largest incoming frame in bytes; a bigger one is an error and closes that connection.
+    #: A prompt's attachments travel in its frame, base64-encoded (4/3 of their size)
+    max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 << 20
     #: frames queued per connection before the subscriber gets `lagged` and must resubscribe
     subscriber_buffer: Annotated[int, msgspec.Meta(ge=1)] = 4096
     #: concurrent client connections (socket and WebSocket together)
@@ -219,6 +224,69 @@ class RuntimesConfig(_Section):
     def __post_init__(self) -> None:
         if self.restart_backoff_max_s < self.restart_backoff_initial_s:
             raise ValueError("restart_backoff_max_s must be >= restart_backoff_initial_s")
+
+
+class TasksConfig(_Section):
+    """[tasks]: queued non-interactive jobs and their result callbacks."""
+
+    #: tasks of one provider running at once (pending ones wait their turn, oldest first)
+    concurrency: Annotated[int, msgspec.Meta(ge=1)] = 2
+    #: per-provider limits that replace `concurrency`, e.g. { claude = 1 }
+    provider_concurrency: dict[str, Annotated[int, msgspec.Meta(ge=1)]] = {}
+    #: seconds one callback POST may take
+    callback_timeout_s: PosFloat = 10.0
+    #: seconds after the task ended during which a failing callback is retried
+    callback_retry_window_s: NonNegFloat = 600.0
+    #: first delay between callback attempts, doubled after each failure
+    callback_backoff_initial_s: PosFloat = 1.0
+    #: ceiling of that delay
+    callback_backoff_max_s: PosFloat = 60.0
+
+    def __post_init__(self) -> None:
+        if self.callback_backoff_max_s < self.callback_backoff_initial_s:
+            raise ValueError("callback_backoff_max_s must be >= callback_backoff_initial_s")
+
+
+#: [attachments] allowed_types by default: text, common images, PDF, structured text.
+DEFAULT_ATTACHMENT_TYPES = (
+    "text/*", "image/png", "image/jpeg", "image/gif", "image/webp", "application/pdf",
+    "application/json", "application/xml", "application/toml", "application/yaml",
+)
+
+
+class AttachmentsConfig(_Section):
+    """[attachments]: files sent with a prompt (``agentctl send --attach``)."""
+
+    #: largest file in bytes; a prompt's files travel base64-encoded in one frame, so keep
+    #: server.max_frame_bytes above 4/3 of what one prompt may carry
+    max_bytes: Annotated[int, msgspec.Meta(ge=1)] = 10 << 20
+    #: files one prompt may carry
+    max_files: Annotated[int, msgspec.Meta(ge=1)] = 10
+    #: MIME types accepted (``type/subtype`` or ``type/*``); empty = any. The daemon decides a
+    #: file's type from its content and name, never from what the client claims.
+    allowed_types: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_ATTACHMENT_TYPES))
+    #: days a stored file is kept; swept at start-up and daily. 0 = until its conversation is removed
+    retention_days: NonNegFloat = 30.0
+
+
+class PricingConfig(_Section, kw_only=True):
+    """[pricing."<model>"]: USD per million tokens, for providers that report no cost.
+
+    The key is a model id, or a prefix of model ids (the longest matching key wins).
+    """
+
+    input_per_mtok: NonNegFloat
+    output_per_mtok: NonNegFloat
+    #: cache reads; unset = the input price
+    cached_per_mtok: NonNegFloat | None = None
+
+
+class BudgetConfig(_Section, kw_only=True):
+    """[budgets.<provider>]: the budget new conversations of a provider get when none is given."""
+
+    max_cost_usd: NonNegFloat
+    #: pause = wait for a raise and `agentctl continue`; stop = close the conversation
+    on_reach: Literal["pause", "stop"] = "pause"
 
 
 # --------------------------------------------------------------------------- providers
@@ -358,7 +426,11 @@ class Config(_Section):
     log: LogConfig = msgspec.field(default_factory=LogConfig)
     interactions: InteractionsConfig = msgspec.field(default_factory=InteractionsConfig)
     runtimes: RuntimesConfig = msgspec.field(default_factory=RuntimesConfig)
+    tasks: TasksConfig = msgspec.field(default_factory=TasksConfig)
     providers: ProvidersConfig = msgspec.field(default_factory=ProvidersConfig)
+    attachments: AttachmentsConfig = msgspec.field(default_factory=AttachmentsConfig)
+    pricing: dict[Annotated[str, msgspec.Meta(min_length=1)], PricingConfig] = {}
+    budgets: dict[Annotated[str, msgspec.Meta(min_length=1)], BudgetConfig] = {}
 
     def resolved_paths(self, environ: Mapping[str, str] | None = None) -> Paths:
         """The daemon's paths, absolute, ``~`` expanded; creates nothing.
@@ -538,4 +610,9 @@ def _validation_error(message: str, data: Any, path: pathlib.Path | None) -> Con
     if mm:
         parts.append(_toml_key(mm["name"]))
         reason = "missing required key"
+    elif isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        # A __post_init__ rule ("state_dir must be ..."): name the key it is about, not just its section.
+        first = reason.split(" ", 1)[0]
+        if first in tp.__struct_fields__:
+            parts.append(_toml_key(first))
     return ConfigError(reason, path=path, key=".".join(parts))

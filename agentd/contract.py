@@ -166,6 +166,8 @@ class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
     runtime_process: bool = False
     #: turns call a model endpoint, which can fail apart from the runtime
     model_endpoint: bool = False
+    #: prompts may carry files (``Prompt.attachments``), passed on in a form the runtime takes
+    attachments: bool = False
 
 
 # --------------------------------------------------------------------------- items
@@ -214,10 +216,18 @@ class ToolCall(msgspec.Struct, omit_defaults=True):
 
 
 class Attachment(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A file sent with a prompt: its (sanitized) name, MIME type, size in bytes and content id.
+
+    ``path`` is the absolute path of the stored copy, under the daemon's state
+    dir; the daemon sets it on what it hands a provider (its ``prompt``
+    records leave it out). A provider reads the file there, never writes it.
+    """
+
     name: str
     mime: str
     size: int = 0
     id: str = ""
+    path: str = ""
 
 
 class Item(msgspec.Struct, omit_defaults=True):
@@ -630,11 +640,20 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
     """What a conversation consumed so far: a total, never an increment.
 
     ``ai_units`` is the provider's own unit (Copilot AI units); ``cost_usd``
-    is present when the provider reports money.
+    is present when the provider reports money. A provider may leave the
+    token totals at 0: the daemon sums them from each :class:`TokensEvent`.
+    On the daemon's running total, ``estimated`` says that ``cost_usd``
+    includes prices from the configured pricing table, not only the
+    provider's own figures; ``cached_tokens`` counts cache reads, which
+    ``input_tokens`` includes.
     """
 
     ai_units: float = 0.0
     cost_usd: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    estimated: bool = False
 
 
 class TokenUsage(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -20,9 +20,9 @@ Rules kept here (from the provider contract):
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import secrets
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -31,12 +31,19 @@ import msgspec
 import structlog
 import trio
 
+from . import attachments as _attachments
 from . import contract as c
+from . import usage as _usage
 from . import wire
 from .hub import Hub
 from .journal import FsyncPolicy, Journal, JournalStore
 
+from .config import AttachmentsConfig
+
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from .config import BudgetConfig
     from .leases import LeaseStore
     from .runtimes import Runtimes
 
@@ -46,12 +53,26 @@ _S = wire.ConversationState
 _record_decoder = msgspec.json.Decoder(wire.ConversationRecord)
 _json = msgspec.json.Encoder()
 
+#: The pump handles at most this many queued events, or for this long, before it yields.
+PUMP_BATCH = 1024
+PUMP_SLICE_S = 0.002
 #: How long ``send(if_busy="interrupt")`` waits for the cancelled turn to end, seconds.
 INTERRUPT_WAIT_S = 10.0
+#: Turn end reason when the journal refused the turn's records (disk full, read-only, fsync error).
+JOURNAL_WRITE_FAILED = "journal_write_failed"
+
+
+_now_cache: list[Any] = [-1, ""]  # [unix ms, its text]
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """Now, UTC, RFC 3339 with milliseconds (``2024-05-01T12:00:00.123Z``); formatted once per ms."""
+    ms = time.time_ns() // 1_000_000
+    cache = _now_cache
+    if ms != cache[0]:
+        cache[0] = ms
+        cache[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+    return cache[1]
 
 
 def new_id(prefix: str) -> str:
@@ -96,6 +117,8 @@ class _Live:
         self.events_in, self.events_out = trio.open_memory_channel[c.Event](math.inf)
         self.sink = _Sink(self)
         self.published_seq = journal.last_seq
+        #: records held back while the pump handles a burst, published at its end; None: publish at once
+        self.held: list[tuple[int, bytes]] | None = None
         self.pending: dict[str, c.Interaction] = {}
         #: interactions the daemon answered itself (yolo, timeout), until the provider resolves them
         self.auto_answered: set[str] = set()
@@ -106,10 +129,21 @@ class _Live:
         self.context: c.Context | None = None
         self.usage: c.Usage | None = None
         self.queue: deque[tuple[str, str]] = deque()  # (run, text)
+        #: attachments of queued prompts, by run
+        self.queued_attachments: dict[str, list[c.Attachment]] = {}
+        #: the running turn is being cancelled because spend reached the budget
+        self.budget_cut = False
+        #: the conversation is being closed because spend reached a budget with on_reach stop
+        self.budget_closing = False
         self.turn_done = trio.Event()
         self.turn_done.set()
         self.open_lock = trio.Lock()
         self.send_lock = trio.Lock()
+        #: the last journal write failed (logged once until one succeeds again)
+        self.write_failing = False
+        #: the run being failed because its journal cannot be written, and why
+        self.failing_run = ""
+        self.fail_error = ""
 
     @property
     def run(self) -> str:
@@ -136,6 +170,9 @@ class ConversationService:
         fsync: FsyncPolicy = FsyncPolicy.BATCH,
         interaction_timeout_s: float = 0.0,
         owner: str = "",
+        pricing: "Mapping[str, _usage.Price] | None" = None,
+        budgets: "Mapping[str, BudgetConfig] | None" = None,
+        attachments: "AttachmentsConfig | None" = None,
     ) -> None:
         self.store = store
         self.leases = leases
@@ -144,6 +181,10 @@ class ConversationService:
         self.fsync = fsync
         self.interaction_timeout_s = interaction_timeout_s
         self.owner = owner
+        #: [pricing."<model>"], [budgets.<provider>], [attachments] of the config
+        self.pricing = dict(pricing or {})
+        self.budgets = dict(budgets or {})
+        self.attachments = attachments or AttachmentsConfig()
         self._records: dict[str, wire.ConversationRecord] = {}
         self._live: dict[str, _Live] = {}
         self._nursery: trio.Nursery | None = None
@@ -160,6 +201,7 @@ class ConversationService:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await self._recover()
+            nursery.start_soon(self._retention_loop)
             task_status.started()
             try:
                 await trio.sleep_forever()
@@ -259,6 +301,16 @@ class ConversationService:
         record.updated_at = _now()
         self.store.write_record(record.id, _json.encode(record))
 
+    def _save_quietly(self, record: wire.ConversationRecord) -> bool:
+        """``_save`` for bookkeeping that must go on when the disk refuses (full, read-only):
+        logs the error, returns False. The record in memory stays authoritative."""
+        try:
+            self._save(record)
+            return True
+        except OSError as exc:
+            log.error("conversation.record_write_failed", conversation=record.id, error=str(exc))
+            return False
+
     def resolve(self, ref: str) -> str:
         """The conversation id ``ref`` names: an exact id or a unique prefix.
 
@@ -289,9 +341,14 @@ class ConversationService:
         return len(self._records)
 
     async def create(
-        self, *, provider: str, workdir: str, title: str = "", model: str = "", mode: str = "interactive"
+        self, *, provider: str, workdir: str, title: str = "", model: str = "", mode: str = "interactive",
+        budget: wire.Budget | None = None,
     ) -> wire.ConversationRecord:
         """Create a conversation: record, journal, lease, and the provider conversation.
+
+        ``budget`` None takes the provider's default budget from the config
+        (``[budgets.<provider>]``), if any; a budget with no ``max_cost_usd``
+        means none.
 
         Raises NotFound for an unknown provider, RuntimeUnavailable when its
         runtime cannot start, Invalid for a bad workdir or model.
@@ -312,15 +369,39 @@ class ConversationService:
             model=model,
             mode=mode,  # type: ignore[arg-type]
         )
-        self._records[record.id] = record
-        self._save(record)
-        live = await self._load(record.id)
-        created = wire.ConversationCreated(provider=provider, workdir=workdir, title=title, model=model, mode=mode)  # type: ignore[arg-type]
-        await self._append(live, "conversation", _json.encode(created))
+        budget_source = "new"
+        if budget is None and provider in self.budgets:
+            default = self.budgets[provider]
+            budget, budget_source = wire.Budget(max_cost_usd=default.max_cost_usd, on_reach=default.on_reach), "config"
+        if budget is not None and budget.max_cost_usd is not None:
+            record.budget = budget
+        if title:
+            record.title_source = "user"
         try:
+            self._save(record)
+        except OSError as exc:
+            try:
+                self.store.remove(record.id)  # the directory made for it
+            except OSError:
+                pass
+            raise c.InternalError(f"cannot write the conversation record: {exc.strerror or exc}") from None
+        self._records[record.id] = record
+        try:
+            live = await self._load(record.id)
+            created = wire.ConversationCreated(provider=provider, workdir=workdir, title=title, model=model, mode=mode)  # type: ignore[arg-type]
+            await self._append(live, "conversation", _json.encode(created))
+            if record.budget is not None:
+                change = wire.BudgetRecord(budget=record.budget, source=budget_source)  # type: ignore[arg-type]
+                await self._append(live, "budget", _json.encode(change))
             await self._ensure_open(live)
-        except BaseException:
-            await self.delete(record.id)
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                try:
+                    await self.delete(record.id)
+                except Exception:
+                    log.exception("conversation.create_cleanup_failed", conversation=record.id)
+            if isinstance(exc, OSError):
+                raise c.InternalError(f"cannot create the conversation's journal: {exc.strerror or exc}") from None
             raise
         return record
 
@@ -333,15 +414,22 @@ class ConversationService:
         journal = self.store.open(cid)
         live = _Live(record, journal)
         self._live[cid] = live
-        outcome = self.leases.acquire(cid)
         assert self._nursery is not None, "ConversationService.run() is not running"
         self._nursery.start_soon(self._pump, live)
-        if outcome.action == "taken_over":
-            lease = wire.LeaseRecord(action="taken_over", owner=self.owner, previous_owner=outcome.previous_owner)
-            await self._append(live, "lease", _json.encode(lease))
-        elif outcome.action == "acquired" and journal.last_seq:
-            lease = wire.LeaseRecord(action="acquired", owner=self.owner)
-            await self._append(live, "lease", _json.encode(lease))
+        # The lease is bookkeeping under the daemon lock: when the disk refuses it (full,
+        # read-only) the conversation is still served, and the failure logged.
+        try:
+            outcome = self.leases.acquire(cid)
+            if outcome.action == "taken_over":
+                lease = wire.LeaseRecord(action="taken_over", owner=self.owner, previous_owner=outcome.previous_owner)
+                await self._append(live, "lease", _json.encode(lease))
+            elif outcome.action == "acquired" and journal.last_seq:
+                lease = wire.LeaseRecord(action="acquired", owner=self.owner)
+                await self._append(live, "lease", _json.encode(lease))
+        except OSError as exc:
+            log.error("lease.acquire_failed", conversation=cid, error=str(exc))
+        except c.InternalError:
+            pass  # the journal refused the lease record: logged by _append
         return live
 
     async def live(self, ref: str) -> _Live:
@@ -383,29 +471,110 @@ class ConversationService:
         """
         try:
             seq, line = live.journal.append(type_, data, run=run)
+            if self.fsync is FsyncPolicy.ALWAYS:
+                self._flush(live)  # what is held back goes out before this task yields
+                # Shielded: a record appended is published, or a subscriber would see a gap.
+                with trio.CancelScope(shield=True):
+                    await live.journal.sync()
         except OSError as exc:
-            log.error("journal.write_failed", conversation=live.record.id, error=str(exc))
+            if not live.write_failing:
+                live.write_failing = True
+                log.error("journal.write_failed", conversation=live.record.id, error=str(exc))
             raise c.InternalError(f"cannot write the journal: {exc.strerror or exc}") from None
-        if self.fsync is FsyncPolicy.ALWAYS:
-            await live.journal.sync()
+        if live.write_failing:
+            live.write_failing = False
+            log.info("journal.write_recovered", conversation=live.record.id)
         live.published_seq = seq
-        self.hub.publish(live.record.id, seq, line)
+        self._publish(live, seq, line)
         return seq
 
-    def _publish_live(self, live: _Live, type_: str, data: bytes) -> None:
-        line = _json.encode(wire.Record(type=type_, ts=_now(), data=msgspec.Raw(data), run=live.run))
-        self.hub.publish(live.record.id, 0, line)
+    async def _append_or_publish(self, live: _Live, type_: str, data: bytes, *, run: str) -> None:
+        """Journal a record that ends something; when the journal cannot take it, still tell
+        subscribers live (seq 0), so nobody waits for an end that was not written."""
+        try:
+            await self._append(live, type_, data, run=run)
+        except c.InternalError:
+            self._publish_live(live, type_, data, run=run)
+
+    def _publish_live(self, live: _Live, type_: str, data: bytes, *, run: str | None = None) -> None:
+        line = _json.encode(
+            wire.Record(type=type_, ts=_now(), data=msgspec.Raw(data), run=live.run if run is None else run)
+        )
+        self._publish(live, 0, line)
+
+    def _publish(self, live: _Live, seq: int, line: bytes) -> None:
+        """Hand a record to the hub, or hold it back while the pump handles a burst (see _pump)."""
+        if live.held is not None:
+            live.held.append((seq, line))
+        else:
+            self.hub.publish(live.record.id, seq, line)
+
+    def _flush(self, live: _Live) -> None:
+        """Publish the records held back, in order, in one go."""
+        held = live.held
+        if held:
+            live.held = []
+            self.hub.publish_many(live.record.id, held)
 
     async def _pump(self, live: _Live) -> None:
-        """Consume one conversation's provider events in order: state, journal, publish."""
+        """Consume one conversation's provider events in order: state, journal, publish.
+
+        Events already queued are handled back to back, up to PUMP_BATCH or
+        PUMP_SLICE_S, before the pump yields: a burst from the provider reaches
+        each subscriber's writer as a burst, sent in one write.
+        """
+        receive_nowait = live.events_out.receive_nowait
         async with live.events_out:
             async for event in live.events_out:
+                # Records of the burst are held back and published together at its end (the
+                # hub builds each subscriber's frames in one join). Nobody can tell: no task
+                # runs in between unless handling yields, and _append flushes before it does.
+                live.held = []
                 try:
-                    await self._handle(live, event)
-                except c.InternalError:
-                    pass  # logged where it happened; keep serving the conversation
-                except Exception:
-                    log.exception("conversation.event_failed", conversation=live.record.id)
+                    await self._handle_logged(live, event)
+                    deadline = time.perf_counter() + PUMP_SLICE_S
+                    for _ in range(PUMP_BATCH - 1):
+                        try:
+                            event = receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                        await self._handle_logged(live, event)
+                        if time.perf_counter() > deadline:
+                            break
+                finally:
+                    self._flush(live)
+                    live.held = None
+
+    async def _handle_logged(self, live: _Live, event: c.Event) -> None:
+        try:
+            await self._handle(live, event)
+        except c.InternalError as exc:
+            # Logged where it happened. A turn whose events cannot be journaled does not go on
+            # unrecorded: it is stopped and ends failed with the reason.
+            run = live.run
+            if live.write_failing and run and live.failing_run != run:
+                live.failing_run, live.fail_error = run, exc.message
+                self._spawn(self._fail_turn, live, run)
+        except Exception:
+            log.exception("conversation.event_failed", conversation=live.record.id)
+
+    async def _fail_turn(self, live: _Live, run: str) -> None:
+        """The journal refused a record of ``run``: cancel the provider's turn, end it failed.
+
+        The provider's own terminal event, if it comes, is turned into this
+        failure (see _handle); if it does not come within INTERRUPT_WAIT_S the
+        turn is ended here.
+        """
+        log.error("turn.failed_journal_write", conversation=live.record.id, run=run, error=live.fail_error)
+        if live.conv is not None:
+            with trio.move_on_after(INTERRUPT_WAIT_S):
+                try:
+                    await live.conv.cancel()
+                except Exception as exc:
+                    log.warning("turn.cancel_failed", conversation=live.record.id, run=run, error=str(exc))
+        if live.run == run:
+            turn = c.Turn(state=c.TurnState.FAILED, error=live.fail_error, reason=JOURNAL_WRITE_FAILED)
+            await self._end_turn(live, turn, run)
 
     async def _handle(self, live: _Live, event: c.Event) -> None:
         type_, data = _payload(event)
@@ -436,12 +605,21 @@ class ConversationService:
             if item.id in live.items:
                 live.items[item.id] = (item.kind.value, item.agent_id, [item.text])
         elif isinstance(event, c.UsageEvent):
-            live.usage = event.usage
+            # The journal's ``usage`` records are the daemon's running totals (see agentd.usage).
+            await self._account_usage(live, run, report=event.usage)
+            return
+        elif isinstance(event, c.TokensEvent):
+            await self._append(live, type_, data, run=run)
+            await self._account_usage(live, run, tokens=event.tokens)
+            return
         elif isinstance(event, c.TitleEvent):
             if event.title == live.record.title:
                 return  # the provider confirming a title set here, already journaled
+            if live.record.title_source == "user":
+                return  # a person named it; the provider's own title does not replace that
             live.record.title = event.title
-            self._save(live.record)
+            live.record.title_source = "provider"
+            self._save_quietly(live.record)
         elif isinstance(event, c.InteractionEvent):
             inter = event.interaction
             if inter.state is c.InteractionState.PENDING:
@@ -471,6 +649,9 @@ class ConversationService:
                     self._set_state(live, _S.RUNNING)
                 await self._append(live, type_, data, run=run)
                 return
+            if run and run == live.failing_run:
+                turn = c.Turn(state=c.TurnState.FAILED, error=live.fail_error, reason=JOURNAL_WRITE_FAILED,
+                              model=turn.model)
             await self._end_turn(live, turn, run)
             return
         elif isinstance(event, c.ExitEvent):
@@ -487,20 +668,29 @@ class ConversationService:
             # A terminal turn with no turn of ours in flight (a duplicate end): journal, no state change.
             await self._append(live, "turn", _json.encode(turn))
             return
+        if live.budget_cut:
+            live.budget_cut = False
+            if turn.state is c.TurnState.CANCELLED:
+                turn = msgspec.structs.replace(turn, reason="budget", error=self._budget_cut_text(live))
+        # Written if the journal can take them, else told live: the turn ends either way.
         for inter in list(live.pending.values()):
             expired = msgspec.structs.replace(inter, state=c.InteractionState.EXPIRED, resolution="turn ended")
-            await self._append(live, "interaction", _json.encode(expired), run=run)
+            await self._append_or_publish(live, "interaction", _json.encode(expired), run=run)
         live.pending.clear()
         if journal_turn:
-            await self._append(live, "turn", _json.encode(turn), run=run)
+            await self._append_or_publish(live, "turn", _json.encode(turn), run=run)
+        live.failing_run = live.fail_error = ""
         live.items.clear()
         live.activity = None
         live.record.active_run = ""
         live.record.turn_after = live.published_seq
         live.record.state = _S.CLOSED if live.record.state is _S.CLOSED else _S.IDLE
         live.record.error = turn.error if turn.state is c.TurnState.FAILED else ""
-        self._save(live.record)
+        self._save_quietly(live.record)
         live.turn_done.set()
+        if live.record.state is not _S.CLOSED and self._budget_reached(live):
+            await self._budget_turn_ended(live)
+            return
         if live.queue and live.record.state is not _S.CLOSED:
             next_run, text = live.queue.popleft()
             self._spawn(self._start_queued, live, next_run, text)
@@ -508,7 +698,7 @@ class ConversationService:
     def _set_state(self, live: _Live, state: wire.ConversationState) -> None:
         if live.record.state is not state and live.record.state is not _S.CLOSED:
             live.record.state = state
-            self._save(live.record)
+            self._save_quietly(live.record)
 
     def _spawn(self, fn: Any, *args: Any) -> None:
         assert self._nursery is not None
@@ -579,7 +769,9 @@ class ConversationService:
 
     # ------------------------------------------------------------------ turns
 
-    async def send(self, ref: str, text: str, *, if_busy: str = "reject") -> wire.SendResult:
+    async def send(
+        self, ref: str, text: str, *, if_busy: str = "reject", attachments: "list[wire.Upload] | None" = None
+    ) -> wire.SendResult:
         """Send a prompt; what happens while a turn runs follows ``if_busy``.
 
         reject -> Busy; queue -> runs after the current turn (and any queued
@@ -587,20 +779,34 @@ class ConversationService:
         running turn is cancelled (waits up to INTERRUPT_WAIT_S for it to
         end), then this prompt starts. Returns once the provider accepted the
         prompt (or it was queued). Raises Closed, Busy, SubmissionUncertain,
-        RuntimeUnavailable, NotFound.
+        RuntimeUnavailable, NotFound; LimitExceeded while the conversation is
+        at its budget (paused, or reached during the running turn).
+
+        ``attachments`` are stored under the conversation first
+        (:mod:`agentd.attachments`; Invalid or LimitExceeded past the
+        ``[attachments]`` limits, Unsupported when the provider takes none),
+        then journaled with the prompt and handed to the provider with it.
+        The first prompt of an untitled conversation also titles it.
         """
         if not text.strip():
             raise c.Invalid("the prompt is empty")
         live = await self.live(ref)
         if live.record.state is _S.CLOSED:
             raise c.Closed(f"conversation {live.record.id} is closed")
+        if live.record.state is _S.BUDGET_PAUSED or self._budget_reached(live):
+            raise c.LimitExceeded(self._budget_message(live), details=self._budget_details(live))
+        stored: list[c.Attachment] = []
+        if attachments:
+            if live.run and if_busy == "reject":
+                raise c.Busy(f"a turn is running in {live.record.id} (run {live.run})")
+            stored = await self._store_uploads(live, attachments)
         async with live.send_lock:
             if live.run:
                 if if_busy == "reject":
                     raise c.Busy(f"a turn is running in {live.record.id} (run {live.run})")
                 if if_busy == "queue":
                     run = new_id("r")
-                    prompt = wire.PromptRecord(text=text, disposition="queued")
+                    prompt = wire.PromptRecord(text=text, disposition="queued", attachments=_journaled(stored))
                     # On disk before the prompt is journaled, as for a started one: a crash
                     # before it runs ends it run_interrupted on restart.
                     live.record.queued.append(run)
@@ -613,9 +819,11 @@ class ConversationService:
                             raise c.InternalError(f"cannot write the conversation record: {exc.strerror or exc}") from None
                         raise
                     live.queue.append((run, text))
+                    if stored:
+                        live.queued_attachments[run] = stored
                     return wire.SendResult(run=run, disposition="queued", after=after)
                 if if_busy == "steer":
-                    await self._steer(live, text)
+                    await self._steer(live, text, stored)
                     return wire.SendResult(run=live.run, disposition="steered", after=live.published_seq)
                 # interrupt
                 await self._cancel(live)
@@ -624,20 +832,25 @@ class ConversationService:
                 if live.run:
                     raise c.Busy("the running turn did not end after it was cancelled")
                 run = new_id("r")
-                after = await self._start(live, run, text, journal_prompt=True)
+                after = await self._start(live, run, text, journal_prompt=True, attachments=stored)
                 return wire.SendResult(run=run, disposition="interrupted", after=after)
+            if not live.record.title and not live.record.turn_after:
+                await self._title_from_prompt(live, text)
             run = new_id("r")
-            after = await self._start(live, run, text, journal_prompt=True)
+            after = await self._start(live, run, text, journal_prompt=True, attachments=stored)
             return wire.SendResult(run=run, disposition="started", after=after)
 
     async def _start_queued(self, live: _Live, run: str, text: str) -> None:
+        attachments = live.queued_attachments.pop(run, [])
         async with live.send_lock:
             try:
-                await self._start(live, run, text, journal_prompt=False)
+                await self._start(live, run, text, journal_prompt=False, attachments=attachments)
             except c.AgentdError as exc:
                 log.warning("turn.queued_start_failed", conversation=live.record.id, run=run, error=exc.message)
 
-    async def _start(self, live: _Live, run: str, text: str, *, journal_prompt: bool) -> int:
+    async def _start(
+        self, live: _Live, run: str, text: str, *, journal_prompt: bool, attachments: "list[c.Attachment] | None" = None
+    ) -> int:
         """Mark the turn active on disk, journal the prompt, then hand it to the provider.
 
         Returns the seq before the prompt. The record says the run is active
@@ -659,7 +872,8 @@ class ConversationService:
         try:
             self._save(record)
             if journal_prompt:
-                await self._append(live, "prompt", _json.encode(wire.PromptRecord(text=text)), run=run)
+                prompt = wire.PromptRecord(text=text, attachments=_journaled(attachments or []))
+                await self._append(live, "prompt", _json.encode(prompt), run=run)
         except BaseException as exc:
             record.active_run = ""
             record.state = _S.IDLE
@@ -674,7 +888,7 @@ class ConversationService:
             raise
         try:
             conv = await self._ensure_open(live)
-            await conv.send(c.Prompt(text=text))
+            await conv.send(c.Prompt(text=text, attachments=list(attachments or [])))
         except c.SubmissionUncertain as exc:
             # The provider may be running it. Surface it; never resend. The turn stays active
             # until the provider reports its end or the user cancels it.
@@ -703,15 +917,15 @@ class ConversationService:
             await self._steer(live, text)
             return wire.SendResult(run=live.run, disposition="steered", after=live.published_seq)
 
-    async def _steer(self, live: _Live, text: str) -> None:
+    async def _steer(self, live: _Live, text: str, attachments: "list[c.Attachment] | None" = None) -> None:
         if live.conv is None:
             raise c.Closed("the provider conversation is not open")
         caps = (await self.runtimes.get(live.record.provider)).capabilities()
         if not caps.steer:
             raise c.Unsupported(f"provider {live.record.provider} cannot steer a running turn")
-        prompt = wire.PromptRecord(text=text, disposition="steered")
+        prompt = wire.PromptRecord(text=text, disposition="steered", attachments=_journaled(attachments or []))
         await self._append(live, "prompt", _json.encode(prompt), run=live.run)
-        await live.conv.steer(c.Prompt(text=text))
+        await live.conv.steer(c.Prompt(text=text, attachments=list(attachments or [])))
 
     async def cancel(self, ref: str) -> None:
         """Cancel the running turn (and drop queued prompts' hold: they still run after it).
@@ -732,18 +946,37 @@ class ConversationService:
         await live.conv.cancel()
 
     async def set_title(self, ref: str, title: str) -> None:
+        """Set the title (journaled), and name the conversation in the provider's store where it can.
+
+        A provider whose capabilities include ``titles`` is told, its
+        conversation opened for it if needed; failing that is logged, the
+        title stays set here. Raises Invalid for a title over 200 characters.
+        """
+        title = " ".join(title.split())
+        if len(title) > MAX_TITLE_CHARS:
+            raise c.Invalid(f"a title takes at most {MAX_TITLE_CHARS} characters")
         live = await self.live(ref)
         live.record.title = title
+        live.record.title_source = "user" if title else ""
         self._save(live.record)
         await self._append(live, "title", _json.encode(title), run=live.run)
-        if live.conv is not None:
-            try:
-                await live.conv.set_title(title)
-            except c.Unsupported:
-                pass
+        if live.record.state is _S.CLOSED:
+            return
+        try:
+            if not (await self.runtimes.get(live.record.provider)).capabilities().titles:
+                return
+            conv = live.conv if live.conv is not None else await self._ensure_open(live)
+            await conv.set_title(title)
+        except c.Unsupported:
+            pass
+        except c.AgentdError as exc:
+            log.warning("conversation.provider_title_failed", conversation=live.record.id, error=exc.message)
 
-    async def close(self, ref: str) -> None:
-        """Cancel the running turn, close the provider conversation, release the lease."""
+    async def close(self, ref: str, *, reason: str = "") -> None:
+        """Cancel the running turn, close the provider conversation, release the lease.
+
+        ``reason`` goes on the ``state`` record (``budget`` when a budget stopped it).
+        """
         live = await self.live(ref)
         # Queued prompts first, so the cancelled turn's end does not start one; each gets its outcome.
         queued, live.queue = list(live.queue), deque()
@@ -761,7 +994,7 @@ class ConversationService:
             live.conv = None
         live.record.state = _S.CLOSED
         self._save(live.record)
-        await self._append(live, "state", _json.encode(wire.StateRecord(state=_S.CLOSED)))
+        await self._append(live, "state", _json.encode(wire.StateRecord(state=_S.CLOSED, reason=reason)))
         await self._append(live, "lease", _json.encode(wire.LeaseRecord(action="released", owner=self.owner)))
         self.leases.release(live.record.id)
 
@@ -793,13 +1026,13 @@ class ConversationService:
         live = self._live.get(cid)
         record = self._records[cid]
         if live is None:
-            return wire.ConversationInfo(record=record)
+            return wire.ConversationInfo(record=record, usage=record.usage)
         return wire.ConversationInfo(
             record=record,
             last_seq=live.published_seq,
             pending=list(live.pending.values()),
             queued=len(live.queue),
-            usage=live.usage,
+            usage=record.usage,
         )
 
     def snapshot(self, live: _Live) -> wire.Snapshot:
@@ -819,3 +1052,255 @@ class ConversationService:
 
     def loaded(self) -> Iterable[_Live]:
         return self._live.values()
+
+    async def note(self, ref: str, type_: str, data: bytes) -> int:
+        """Journal one record another service keeps about this conversation (``task`` events), then publish it.
+
+        ``data`` is the encoded payload. Loads the conversation if needed;
+        works on a closed one too. Returns its seq. Raises NotFound,
+        InternalError (the journal cannot be written).
+        """
+        live = await self.live(ref)
+        return await self._append(live, type_, data)
+
+    # ------------------------------------------------------------------ usage and budgets
+
+    async def _account_usage(
+        self, live: _Live, run: str, *, tokens: c.TokenUsage | None = None, report: c.Usage | None = None
+    ) -> None:
+        """Fold one model call (``tokens``) or the provider's running total (``report``) into the
+        conversation's total; journal the new total as a ``usage`` record, then apply the budget."""
+        before = live.record.usage
+        after = _usage.add_tokens(before, tokens, self.pricing) if tokens is not None else _usage.add_report(
+            before, report or c.Usage())
+        live.usage = after
+        if after == before:
+            return
+        live.record.usage = after
+        self._save_quietly(live.record)
+        await self._append(live, "usage", _json.encode(after), run=run)
+        await self._check_budget(live)
+
+    def _budget_limit(self, live: _Live) -> float | None:
+        budget = live.record.budget
+        return None if budget is None else budget.max_cost_usd
+
+    def _budget_reached(self, live: _Live) -> bool:
+        return _usage.budget_reached(live.record.usage, self._budget_limit(live))
+
+    def _budget_details(self, live: _Live) -> dict[str, Any]:
+        usage = live.record.usage
+        return {"state": live.record.state.value, "max_cost_usd": self._budget_limit(live),
+                "cost_usd": None if usage is None else usage.cost_usd}
+
+    def _budget_message(self, live: _Live) -> str:
+        cid = live.record.id
+        if self._budget_reached(live):
+            return (f"conversation {cid} reached its budget: spent {_usage.spent_text(live.record.usage)} of "
+                    f"${self._budget_limit(live):.4f}; raise it (agentctl budget {cid} --max-cost-usd N), "
+                    f"then resume it (agentctl continue {cid})")
+        return f"conversation {cid} is paused on its budget; resume it with agentctl continue {cid}"
+
+    def _budget_cut_text(self, live: _Live) -> str:
+        limit = self._budget_limit(live)
+        of = f" of ${limit:.4f}" if limit is not None else ""
+        return f"cut short: the conversation reached its budget (spent {_usage.spent_text(live.record.usage)}{of})"
+
+    async def _check_budget(self, live: _Live) -> None:
+        """Apply the budget once spend reached it: a running turn is cut short (cancelled, recorded
+        with reason ``budget``); an idle conversation pauses (``budget_paused``) or, with on_reach
+        stop, is closed. Never waits for a turn to end: the pump calls this."""
+        if live.record.state is _S.CLOSED or live.budget_closing or not self._budget_reached(live):
+            return
+        if live.run:
+            if not live.budget_cut:
+                live.budget_cut = True
+                log.info("budget.reached", conversation=live.record.id, run=live.run,
+                         cost_usd=live.record.usage.cost_usd if live.record.usage else None,
+                         max_cost_usd=self._budget_limit(live))
+                self._spawn(self._budget_cut_short, live)
+            return
+        await self._budget_pause_or_stop(live)
+
+    async def _budget_cut_short(self, live: _Live) -> None:
+        budget = live.record.budget
+        try:
+            if budget is not None and budget.on_reach == "stop":
+                live.budget_closing = True
+                await self.close(live.record.id, reason="budget")
+            else:
+                await self._cancel(live)
+        except c.AgentdError as exc:
+            log.warning("budget.cut_short_failed", conversation=live.record.id, error=exc.message)
+
+    async def _budget_turn_ended(self, live: _Live) -> None:
+        """The turn ended at or over the budget: queued prompts end unsent, then pause or stop."""
+        queued, live.queue = list(live.queue), deque()
+        live.record.queued = []
+        live.queued_attachments.clear()
+        for run, _text in queued:
+            turn = c.Turn(state=c.TurnState.CANCELLED, reason="budget",
+                          error="the conversation reached its budget before this queued prompt was sent; it was not sent")
+            await self._append_or_publish(live, "turn", _json.encode(turn), run=run)
+        await self._budget_pause_or_stop(live)
+
+    async def _budget_pause_or_stop(self, live: _Live) -> None:
+        budget = live.record.budget
+        if budget is not None and budget.on_reach == "stop":
+            if not live.budget_closing:
+                live.budget_closing = True
+                self._spawn(self._budget_close, live)
+            return
+        if live.record.state is _S.BUDGET_PAUSED:
+            return
+        live.record.state = _S.BUDGET_PAUSED
+        self._save_quietly(live.record)
+        log.info("budget.paused", conversation=live.record.id)
+        state = wire.StateRecord(state=_S.BUDGET_PAUSED, reason="budget")
+        await self._append_or_publish(live, "state", _json.encode(state), run="")
+
+    async def _budget_close(self, live: _Live) -> None:
+        try:
+            await self.close(live.record.id, reason="budget")
+        except c.AgentdError as exc:
+            log.warning("budget.close_failed", conversation=live.record.id, error=exc.message)
+
+    async def set_budget(self, ref: str, budget: wire.Budget, *, by: str = "") -> wire.ConversationRecord:
+        """Set, raise, lower or (``max_cost_usd`` None) remove the budget; journaled as a ``budget`` record.
+
+        A conversation paused on its budget stays paused until :meth:`resume`.
+        A budget already reached applies at once (as :meth:`_check_budget`).
+        Raises Closed for a closed conversation.
+        """
+        live = await self.live(ref)
+        if live.record.state is _S.CLOSED:
+            raise c.Closed(f"conversation {live.record.id} is closed")
+        live.record.budget = budget if budget.max_cost_usd is not None else None
+        self._save(live.record)
+        change = wire.BudgetRecord(budget=budget, source="command", by=by)
+        await self._append(live, "budget", _json.encode(change), run=live.run)
+        if live.record.state is not _S.BUDGET_PAUSED:
+            await self._check_budget(live)
+        return live.record
+
+    async def resume(self, ref: str) -> wire.ConversationRecord:
+        """``continue``: a conversation paused on its budget goes idle again, once under its budget.
+
+        Never resends anything: a turn that was cut short stays as it ended.
+        Raises Invalid when the conversation is not ``budget_paused``,
+        LimitExceeded while it is still at its budget.
+        """
+        live = await self.live(ref)
+        record = live.record
+        if record.state is not _S.BUDGET_PAUSED:
+            raise c.Invalid(f"conversation {record.id} is {record.state.value}, not paused on its budget; "
+                            "there is nothing to continue")
+        if self._budget_reached(live):
+            raise c.LimitExceeded(self._budget_message(live), details=self._budget_details(live))
+        record.state = _S.IDLE
+        self._save(record)
+        await self._append(live, "state", _json.encode(wire.StateRecord(state=_S.IDLE, reason="continued")))
+        return record
+
+    # ------------------------------------------------------------------ attachments, titles, export
+
+    async def _store_uploads(self, live: _Live, uploads: "list[wire.Upload]") -> list[c.Attachment]:
+        """Check and store a prompt's files (in a worker thread); their Attachments carry ``path``."""
+        cfg = self.attachments
+        provider = live.record.provider
+        if not (await self.runtimes.get(provider)).capabilities().attachments:
+            raise c.Unsupported(f"provider {provider} takes no attachments")
+        if len(uploads) > cfg.max_files:
+            raise c.LimitExceeded(f"{len(uploads)} attachments; a prompt takes at most {cfg.max_files} "
+                                  "([attachments] max_files)")
+        directory = self.store.root / live.record.id
+
+        def store_all() -> list[c.Attachment]:
+            out = []
+            for up in uploads:
+                data = _attachments.decode(up.name, up.data, max_bytes=cfg.max_bytes)
+                out.append(_attachments.store(directory, up.name, data, allowed_types=cfg.allowed_types))
+            return out
+
+        try:
+            stored = await trio.to_thread.run_sync(store_all)
+        except OSError as exc:
+            log.error("attachments.write_failed", conversation=live.record.id, error=str(exc))
+            raise c.InternalError(f"cannot store the attachment: {exc.strerror or exc}") from None
+        log.info("attachments.stored", conversation=live.record.id,
+                 files=[{"name": a.name, "mime": a.mime, "size": a.size} for a in stored])
+        return stored
+
+    async def _retention_loop(self) -> None:
+        """Delete uploads older than ``[attachments] retention_days``: now, then daily."""
+        days = self.attachments.retention_days
+        if days <= 0:
+            return
+        while True:
+            try:
+                removed = await trio.to_thread.run_sync(_attachments.sweep, self.store.root, days)
+                if removed:
+                    log.info("attachments.swept", removed=removed, retention_days=days)
+            except OSError as exc:
+                log.error("attachments.sweep_failed", error=str(exc))
+            await trio.sleep(86400)
+
+    async def _title_from_prompt(self, live: _Live, text: str) -> None:
+        """Title an untitled conversation from its first prompt (journaled; the provider is not told,
+        so a title it makes up itself later still replaces this one)."""
+        title = title_from_prompt(text)
+        if not title:
+            return
+        live.record.title = title
+        live.record.title_source = "prompt"
+        self._save_quietly(live.record)
+        await self._append(live, "title", _json.encode(title))
+
+    async def export(self, ref: str, fmt: str, *, include_tools: bool = False) -> wire.ExportResult:
+        """The transcript from the journal, rendered (:mod:`agentd.export`) in a worker thread.
+
+        Reads the journal as published so far, in chunks. Raises Invalid for
+        an unknown format, the journal's own errors for a damaged one.
+        """
+        from . import export as _export
+
+        if fmt not in _export.FORMATS:
+            raise c.Invalid(f"unknown export format {fmt!r}; use one of: {', '.join(_export.FORMATS)}")
+        live = await self.live(ref)
+        record = msgspec.structs.replace(live.record)
+        target = live.published_seq
+        lines: list[bytes] = []
+        while len(lines) < target:
+            chunk = live.journal.read_after(len(lines), limit=min(512, target - len(lines)))
+            if not chunk:
+                break
+            lines += chunk
+            await trio.lowlevel.checkpoint()
+        text = await trio.to_thread.run_sync(
+            lambda: _export.render(_export.transcript(record, lines, include_tools=include_tools), fmt))
+        return wire.ExportResult(conversation=record.id, format=fmt, text=text, title=record.title)
+
+
+#: Longest title ``agentctl title`` may set.
+MAX_TITLE_CHARS = 200
+#: Titles made from a prompt are cut to about this many characters, on a word boundary.
+PROMPT_TITLE_CHARS = 60
+
+
+def title_from_prompt(text: str, limit: int = PROMPT_TITLE_CHARS) -> str:
+    """A short title from a prompt: its first non-blank line, whitespace collapsed, cut on a word
+    boundary to at most ``limit`` characters (an ellipsis marks the cut)."""
+    line = next((ln for ln in text.splitlines() if ln.strip()), "")
+    line = " ".join(line.split())
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 1]
+    space = cut.rfind(" ")
+    if space >= limit // 3:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:.-") + "…"
+
+
+def _journaled(attachments: "list[c.Attachment]") -> list[c.Attachment]:
+    """Attachments as journaled: without the stored path."""
+    return [msgspec.structs.replace(a, path="") if a.path else a for a in attachments]

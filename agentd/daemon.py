@@ -1,9 +1,10 @@
 """The daemon's main task: wires the store, leases, runtimes, service and server together.
 
 Shutdown order is the reverse of start-up, one nursery per layer: the front
-(server and conversation service) stops first, closing provider
+(server, conversation service and task service) stops first, closing provider
 conversations while their runtimes still run; then the runtimes stop; then
-leases are released and the journals get their final fsync.
+leases are released and the journals get their final fsync. Tasks running
+then stay ``running`` on disk: the next start records them interrupted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .journal import FsyncPolicy, JournalStore
 from .leases import FileLeaseStore
 from .runtimes import Runtimes
 from .server import Server
+from .tasks import TaskService
 
 log = structlog.get_logger("agentd")
 
@@ -44,6 +46,9 @@ async def serve(config: Config, paths: Paths) -> None:
         fsync=fsync,
         interaction_timeout_s=config.interactions.timeout_s if config.interactions.on_timeout == "deny" else 0.0,
         owner=owner,
+        pricing=config.pricing,
+        budgets=config.budgets,
+        attachments=config.attachments,
     )
     server = Server(
         service,
@@ -54,6 +59,8 @@ async def serve(config: Config, paths: Paths) -> None:
         state_dir=paths.state_dir,
         socket_path=paths.socket,
     )
+    tasks = TaskService(service, hub, config.tasks, paths.state_dir / "tasks")
+    server.tasks = tasks
     activated = systemd.listen_fds()
     if activated:
         listener = trio.socket.from_stdlib_socket(activated[0])
@@ -71,6 +78,7 @@ async def serve(config: Config, paths: Paths) -> None:
                     await rt.start(runtimes.run)
                     async with trio.open_nursery() as front:
                         await front.start(service.run)
+                        await front.start(tasks.run)
                         await front.start(server.serve, listener)
                         if config.websocket.enabled:
                             from .gateway import serve_websocket

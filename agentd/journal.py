@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import errno
 import os
 import pathlib
 import secrets
@@ -136,8 +137,11 @@ async def _sync_journals(journals: list[Journal]) -> None:
     try:
         await trio.to_thread.run_sync(_fsync_fds, fds)
     except OSError as exc:
-        # After a failed fsync the kernel may have dropped the dirty pages: durability is unknown.
+        # After a failed fsync the kernel may have dropped the dirty pages: durability is unknown,
+        # and a later fsync could report success over the hole. Those journals take no more appends.
         _log().error("journal.fsync_failed", paths=[str(j.path) for j, _ in jobs], error=str(exc))
+        for j, _ in jobs:
+            j._fail(exc)
         raise
     for j, end in jobs:
         if end > j._synced:
@@ -169,11 +173,20 @@ class Journal:
         self._on_dirty = on_dirty if self._policy is FsyncPolicy.BATCH else None
         self._queued = False
         flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
+        #: the file can only be read (a read-only file system): why
+        self._readonly: OSError | None = None
         try:
             self._fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, _fsutil.FILE_MODE)
             _fsutil.fsync_dir(self.path.parent)  # the new name must survive a crash too
         except FileExistsError:
-            self._fd = os.open(self.path, flags)
+            try:
+                self._fd = os.open(self.path, flags)
+            except OSError as exc:
+                if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    raise
+                # Read-only: the conversation stays readable; appends say why they cannot be made.
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                self._readonly = exc
         try:
             self._end, self.last_seq, last_off = self._recover()
         except BaseException:
@@ -183,6 +196,13 @@ class Journal:
         #: bytes known to be on disk
         self._synced = self._end
         self._broken = False
+        #: why appends are refused ("" = they are not): read-only, a torn tail left, a failed fsync
+        self._broken_reason = ""
+        self._errno = errno.EIO
+        if self._readonly is not None:
+            self._broken = True
+            self._broken_reason = f"is read-only ({self._readonly.strerror}); it is served for reading only"
+            self._errno = self._readonly.errno
         self._idx_seq: list[int] = []
         self._idx_off: list[int] = []
         if self.last_seq:
@@ -211,9 +231,13 @@ class Journal:
         size = os.fstat(self._fd).st_size
         if size and os.pread(self._fd, 1, size - 1) != b"\n":
             cut = self._last_newline_before(size) + 1
-            os.ftruncate(self._fd, cut)
-            os.fsync(self._fd)  # else a crash could bring the torn bytes back under new appends
-            _log().warning("journal.torn_tail_cut", path=str(self.path), bytes=size - cut)
+            if self._readonly is not None:
+                # Cannot cut it: read up to it; a writable reopen cuts it.
+                _log().warning("journal.torn_tail_ignored", path=str(self.path), bytes=size - cut)
+            else:
+                os.ftruncate(self._fd, cut)
+                os.fsync(self._fd)  # else a crash could bring the torn bytes back under new appends
+                _log().warning("journal.torn_tail_cut", path=str(self.path), bytes=size - cut)
             size = cut
         if not size:
             return 0, 0, 0
@@ -253,7 +277,9 @@ class Journal:
         """
         fd = self._fd
         if fd < 0 or self._broken:
-            self._raise_unusable()
+            if not (self._readonly is not None and fd >= 0 and self._reopen_writable()):
+                self._raise_unusable()
+            fd = self._fd
         if 10 in data:  # b"\n"; the int form is a plain memchr, several times faster
             raise ValueError("journal payload contains a raw newline")
         now = time.time()
@@ -296,12 +322,43 @@ class Journal:
             if size != off:
                 # A torn line stays; appending after it would bury it mid-file. Reopening cuts it.
                 self._broken = True
+                self._broken_reason = "has a torn tail that could not be cut; reopen it"
                 _log().error("journal.rollback_failed", path=str(self.path), error=str(exc))
+
+    def _reopen_writable(self) -> bool:
+        """A journal opened read-only: try again for writing (the file system came back)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            if os.fstat(fd).st_size != self._end:
+                os.ftruncate(fd, self._end)  # the torn tail left while read-only
+                os.fsync(fd)
+        except OSError:
+            os.close(fd)
+            return False
+        os.close(self._fd)
+        self._fd = fd
+        self._readonly = None
+        self._broken = False
+        self._broken_reason = ""
+        _log().info("journal.writable_again", path=str(self.path))
+        return True
+
+    def _fail(self, exc: OSError) -> None:
+        """An fsync failed: refuse appends from now on (reads go on); reopening clears it."""
+        self._broken = True
+        self._broken_reason = (
+            f"could not be synced ({exc.strerror or exc}); what it holds since is not known to be on disk, "
+            "so it takes no more records until agentd restarts"
+        )
+        self._errno = exc.errno or errno.EIO
 
     def _raise_unusable(self) -> None:
         if self._fd < 0:
             raise trio.ClosedResourceError(f"journal {self.path} is closed")
-        raise OSError(f"journal {self.path} has a torn tail that could not be cut; reopen it")
+        raise OSError(self._errno, f"journal {self.path} {self._broken_reason}")
 
     def _index(self, seq: int, off: int) -> None:
         self._idx_seq.append(seq)
@@ -509,9 +566,11 @@ class JournalStore:
 
         Each dirty journal is fsynced at most ``batch_ms`` after its first
         unsynced append, all dirty journals in one worker-thread call. On
-        cancellation, a final fsync of everything dirty runs shielded. Raises
-        OSError when an fsync fails (durability is then unknown; the daemon
-        should stop).
+        cancellation, a final fsync of everything dirty runs shielded. Never
+        raises but Cancelled: when an fsync fails (durability then unknown)
+        it is logged (``journal.fsync_failed``) and the journals concerned
+        refuse further appends, so their turns fail with that reason, while
+        the daemon keeps serving reads and every other conversation.
         """
         task_status.started()
         try:
@@ -520,10 +579,16 @@ class JournalStore:
                 delay = self.batch_ms / 1000 - (time.monotonic() - self._dirty_since)
                 if delay > 0:
                     await trio.sleep(delay)
-                await self._flush()
+                try:
+                    await self._flush()
+                except OSError:
+                    pass  # logged, and those journals marked, by _sync_journals
         finally:
             with trio.CancelScope(shield=True):
-                await self._flush()
+                try:
+                    await self._flush()
+                except OSError:
+                    pass
 
     async def _flush(self) -> None:
         self._wake = trio.Event()

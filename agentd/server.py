@@ -41,20 +41,60 @@ class _Connection:
         self.server = server
         self.stream = stream
         self.peer = peer
-        self.send_channel, self.receive_channel = trio.open_memory_channel[bytes](buffer)
+        # The outbox: frames queued for the writer, at most ``buffer`` of them. A plain list and
+        # two events rather than a memory channel: offer() runs once per frame per subscriber
+        # on the publisher's path, and the writer takes the whole list in one go. An entry may
+        # hold several frames (offer_many); _count counts frames.
+        self._frames: list[bytes] = []
+        self._count = 0
+        self._limit = buffer
+        self._wake: trio.Event | None = None  # the writer waits for frames
+        self._room: trio.Event | None = None  # send() waits for room
+        self._shut = False  # no frame is queued any more: the connection is going away
+        # A plain socket is written through while its writer is idle (see _queue).
+        self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         self.subscriptions: dict[int, Subscription] = {}
         self.nursery: trio.Nursery | None = None
         self.closing = False
 
     # Outbox protocol (see hub.Outbox) -------------------------------------------
     def offer(self, frame: bytes) -> bool:
-        try:
-            self.send_channel.send_nowait(frame)
-            return True
-        except trio.WouldBlock:
-            return False
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+        if self._shut:
             return True  # the connection is going away; nothing to lag
+        if self._count >= self._limit:
+            return False
+        self._queue(frame, 1)
+        return True
+
+    def offer_many(self, frames: bytes, count: int) -> bool:
+        if self._shut:
+            return True
+        if self._count + count > self._limit:
+            return False
+        self._queue(frames, count)
+        return True
+
+    def _queue(self, data: bytes, count: int) -> None:
+        wake = self._wake
+        if wake is None:
+            self._frames.append(data)  # the writer is busy (or not started): it takes it next
+            self._count += count
+            return
+        # The writer is idle, so nothing is queued: write through now, as asyncio's transports
+        # do, saving a task switch per frame (latency); only what the socket does not take
+        # right away waits for the writer. A socket error is left for the writer to report.
+        if self._fd >= 0:
+            try:
+                n = os.write(self._fd, data)
+            except OSError:
+                n = 0
+            if n == len(data):
+                return
+            data = data[n:]
+        self._frames.append(data)
+        self._count += count
+        self._wake = None
+        wake.set()
 
     def lagged(self, sub: Subscription) -> None:
         self.subscriptions.pop(sub.id, None)
@@ -69,27 +109,53 @@ class _Connection:
             self.nursery.start_soon(self.send, wire.encode(frame))
 
     async def send(self, frame: bytes) -> None:
-        """Queue a frame, waiting for room (responses; never used by the publisher)."""
-        try:
-            await self.send_channel.send(frame)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
+        """Queue a frame, waiting for room (responses and catch-up; never used by the publisher).
+
+        Yields only to wait for room (raising Cancelled then, as any
+        checkpoint); dropped once the connection is going away.
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while not self._shut and self._count >= self._limit:
+            if self._room is None:
+                self._room = trio.Event()
+            await self._room.wait()
+        if not self.offer(frame):  # pragma: no cover - room was just checked, with no checkpoint since
+            raise AssertionError("outbox full after waiting for room")
+
+    def shut(self) -> None:
+        """Accept no more frames; the writer sends what is queued, then returns."""
+        self._shut = True
+        for event in (self._wake, self._room):
+            if event is not None:
+                event.set()
+        self._wake = self._room = None
 
     # Tasks ----------------------------------------------------------------------
     async def writer(self) -> None:
-        async with self.receive_channel:
-            async for frame in self.receive_channel:
-                batch = [frame]
-                # Coalesce what is queued already into one write.
-                while len(batch) < 256:
-                    try:
-                        batch.append(self.receive_channel.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
+        """Send queued frames, everything queued at once in one ``send_all``, until shut and drained."""
+        try:
+            while True:
+                frames = self._frames
+                if not frames:
+                    if self._shut:
+                        return
+                    self._wake = wake = trio.Event()
+                    await wake.wait()
+                    continue
+                self._frames = []
+                self._count = 0
+                room = self._room
+                if room is not None:
+                    self._room = None
+                    room.set()
                 try:
-                    await self.stream.send_all(b"".join(batch))
+                    await self.stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return
+        finally:
+            self.shut()
+            self._frames = []
+            self._count = 0
 
     async def lines(self, max_frame: int) -> Any:
         """Yield complete lines; raise LimitExceeded for a line longer than ``max_frame`` bytes."""
@@ -108,7 +174,8 @@ class _Connection:
                 if nl < 0:
                     break
                 if nl - start > max_frame:
-                    raise c.LimitExceeded(f"frame of {nl - start} bytes is over the {max_frame}-byte limit")
+                    raise c.LimitExceeded(f"frame of {nl - start} bytes is over the {max_frame}-byte limit "
+                                          "(server.max_frame_bytes; a prompt's attachments count, base64-encoded)")
                 yield bytes(buf[start:nl])
                 start = nl + 1
             del buf[:start]
@@ -157,7 +224,17 @@ class Server:
             wire.SetTitle: self._title,
             wire.Subscribe: self._subscribe,
             wire.Unsubscribe: self._unsubscribe,
+            wire.SetBudget: self._budget,
+            wire.Continue: self._continue,
+            wire.Export: self._export,
+            wire.TaskCreate: self._task_create,
+            wire.TaskList: self._task_ls,
+            wire.TaskShow: self._task_show,
+            wire.TaskCancel: self._task_cancel,
+            wire.TaskAddComment: self._task_comment,
         }
+        #: the daemon's TaskService (set by the daemon; None = task ops answer unsupported)
+        self.tasks: Any = None
 
     # ------------------------------------------------------------------ listening
 
@@ -249,8 +326,11 @@ class Server:
                         self.hub.remove(sub)
                     conn.subscriptions.clear()
                     # Let queued frames drain briefly, then stop.
-                    conn.send_channel.close()
+                    conn.shut()
                     nursery.cancel_scope.deadline = trio.current_time() + 2
+        except Exception:
+            # A bug met by one connection ends that connection, never the daemon.
+            log.exception("server.connection_failed", peer=peer)
         finally:
             self.connections -= 1
 
@@ -277,7 +357,8 @@ class Server:
                         await conn.send(wire.encode_error(request.id, err))
                         return
                     greeted = True
-                    await conn.send(wire.encode_result(request.id, {"protocol": wire.PROTOCOL_VERSION}))
+                    hello = {"protocol": wire.PROTOCOL_VERSION, "max_frame_bytes": self.max_frame_bytes}
+                    await conn.send(wire.encode_result(request.id, hello))
                     continue
                 if isinstance(request, wire.Hello):
                     await conn.send(wire.encode_error(request.id, c.Invalid("hello was already sent")))
@@ -324,7 +405,8 @@ class Server:
 
     async def _new(self, conn: _Connection, req: wire.New) -> wire.ConversationRecord:
         return await self.service.create(
-            provider=req.provider, workdir=req.workdir, title=req.title, model=req.model, mode=req.mode
+            provider=req.provider, workdir=req.workdir, title=req.title, model=req.model, mode=req.mode,
+            budget=req.budget,
         )
 
     async def _ls(self, conn: _Connection, req: wire.List) -> list[wire.ConversationRecord]:
@@ -334,7 +416,8 @@ class Server:
         return await self.service.info(req.conversation)
 
     async def _send(self, conn: _Connection, req: wire.Send) -> wire.SendResult:
-        return await self.service.send(req.conversation, req.text, if_busy=req.if_busy)
+        return await self.service.send(req.conversation, req.text, if_busy=req.if_busy,
+                                       attachments=list(req.attachments))
 
     async def _steer(self, conn: _Connection, req: wire.Steer) -> wire.SendResult:
         return await self.service.steer(req.conversation, req.text)
@@ -353,6 +436,37 @@ class Server:
 
     async def _title(self, conn: _Connection, req: wire.SetTitle) -> None:
         await self.service.set_title(req.conversation, req.title)
+
+    async def _budget(self, conn: _Connection, req: wire.SetBudget) -> wire.ConversationRecord:
+        return await self.service.set_budget(req.conversation, req.budget, by=conn.peer)
+
+    async def _continue(self, conn: _Connection, req: wire.Continue) -> wire.ConversationRecord:
+        return await self.service.resume(req.conversation)
+
+    async def _export(self, conn: _Connection, req: wire.Export) -> wire.ExportResult:
+        return await self.service.export(req.conversation, req.format, include_tools=req.include_tools)
+
+    def _task_service(self) -> Any:
+        if self.tasks is None:
+            raise c.Unsupported("this agentd runs no task service")
+        return self.tasks
+
+    async def _task_create(self, conn: _Connection, req: wire.TaskCreate) -> wire.TaskRecord:
+        return await self._task_service().create(
+            provider=req.provider, workdir=req.workdir, input=req.input, model=req.model, callback=req.callback
+        )
+
+    async def _task_ls(self, conn: _Connection, req: wire.TaskList) -> wire.TaskListResult:
+        return wire.TaskListResult(tasks=self._task_service().list(req.status))
+
+    async def _task_show(self, conn: _Connection, req: wire.TaskShow) -> wire.TaskInfo:
+        return await self._task_service().info(req.task)
+
+    async def _task_cancel(self, conn: _Connection, req: wire.TaskCancel) -> wire.TaskCancelResult:
+        return await self._task_service().cancel(req.task)
+
+    async def _task_comment(self, conn: _Connection, req: wire.TaskAddComment) -> wire.TaskCommentResult:
+        return await self._task_service().comment(req.task, req.text)
 
     async def _unsubscribe(self, conn: _Connection, req: wire.Unsubscribe) -> None:
         sub = conn.subscriptions.pop(req.subscription, None)
@@ -385,7 +499,11 @@ class Server:
             target = live.published_seq
             if sub.cursor >= target:
                 break
-            lines = live.journal.read_after(sub.cursor, limit=min(CATCHUP_CHUNK, target - sub.cursor))
+            try:
+                lines = live.journal.read_after(sub.cursor, limit=min(CATCHUP_CHUNK, target - sub.cursor))
+            except c.AgentdError as exc:
+                await self._end_damaged(conn, sub, live, exc)
+                raise
             if not lines:
                 break
             for line in lines:
@@ -402,6 +520,27 @@ class Server:
                 self.hub.remove(sub)
                 conn.lagged(sub)
         return _NO_REPLY
+
+
+    async def _end_damaged(self, conn: _Connection, sub: Subscription, live: Any, exc: c.AgentdError) -> None:
+        """A journal line cannot be read: send the records before it, then end the subscription.
+
+        The caller raises ``exc``, so the client gets an ``error`` frame with
+        the subscription's id naming the line (``details.line``); the journal
+        is left exactly as it is.
+        """
+        self.hub.remove(sub)
+        conn.subscriptions.pop(sub.id, None)
+        line = exc.details.get("line") if isinstance(exc.details, dict) else None
+        log.error("journal.corrupt", conversation=sub.conversation, error=exc.message, line=line)
+        if isinstance(line, int) and line - 1 > sub.cursor:
+            try:
+                before = live.journal.read_after(sub.cursor, limit=line - 1 - sub.cursor)
+            except c.AgentdError:
+                before = []
+            for good in before:
+                await conn.send(sub.frame(sub.conversation, good))
+                sub.cursor += 1
 
 
 _NO_REPLY = object()

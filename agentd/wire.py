@@ -14,13 +14,14 @@ subscription's id (the ``id`` of the ``subscribe`` request).
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
 from .contract import (
     ERRORS_BY_CODE,
     Activity,
+    Attachment,
     AgentdError,
     Answer,
     AnswerRecord,
@@ -40,8 +41,9 @@ from .contract import (
 
 #: Bumped on any incompatible change to the frames below.
 PROTOCOL_VERSION = 1
-#: Default limit of one incoming frame, bytes (``server.max_frame_bytes`` in config).
-DEFAULT_MAX_FRAME_BYTES = 1 << 20
+#: Default limit of one incoming frame, bytes (``server.max_frame_bytes`` in config): room for
+#: a prompt with a 10 MiB attachment (``[attachments] max_bytes``), base64-encoded.
+DEFAULT_MAX_FRAME_BYTES = 16 << 20
 #: What a client accepts from the daemon; journal records can be large.
 CLIENT_MAX_FRAME_BYTES = 64 << 20
 
@@ -58,6 +60,28 @@ class ConversationState(str, enum.Enum):
 
 IfBusy = Literal["reject", "queue", "steer", "interrupt"]
 Mode = Literal["interactive", "yolo"]
+#: What a conversation does when its spend reaches its budget: pause (wait for a raise and
+#: ``continue``) or stop (close it).
+OnReach = Literal["pause", "stop"]
+NonNegUsd = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class Budget(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A conversation's spend limit in USD; ``max_cost_usd`` None = no limit."""
+
+    max_cost_usd: NonNegUsd | None = None
+    on_reach: OnReach = "pause"
+
+
+class Upload(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A file sent with a prompt: its name (a plain file name) and its bytes, base64-encoded.
+
+    The daemon decides the MIME type from the content and the name; it
+    stores the file under the conversation and passes it to the provider.
+    """
+
+    name: str
+    data: str
 
 
 # --------------------------------------------------------------------------- requests
@@ -90,6 +114,8 @@ class New(_Request, tag="new"):
     title: str = ""
     model: str = ""
     mode: Mode = "interactive"
+    #: None = the provider's default budget from the config ([budgets.<provider>]), if any
+    budget: Budget | None = None
 
 
 class List(_Request, tag="ls"):
@@ -108,6 +134,8 @@ class Send(_Request, tag="send"):
     text: str
     #: what to do when a turn is already running
     if_busy: IfBusy = "reject"
+    #: files sent with the prompt (``[attachments]`` limits apply)
+    attachments: list[Upload] = []
 
 
 class Steer(_Request, tag="steer"):
@@ -156,6 +184,79 @@ class Unsubscribe(_Request, tag="unsubscribe"):
     subscription: int
 
 
+class TaskStatus(str, enum.Enum):
+    """Where a task is. ``completed``, ``failed`` and ``cancelled`` are final."""
+
+    #: queued behind the provider's concurrency limit
+    PENDING = "pending"
+    RUNNING = "running"
+    #: its turn waits for an answer to an interaction (``agentctl answer`` on its conversation)
+    WAITING_FOR_INPUT = "waiting_for_input"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+
+class TaskCreate(_Request, tag="task_create"):
+    """Queue a non-interactive job; it runs in a new conversation of its own."""
+
+    provider: str
+    workdir: str
+    input: str
+    model: str = ""
+    #: http(s) URL POSTed a JSON summary when the task ends; "" = none
+    callback: str = ""
+
+
+class TaskList(_Request, tag="task_ls"):
+    #: only tasks in these statuses; empty = every task
+    status: list[TaskStatus] = []
+
+
+class TaskShow(_Request, tag="task_show"):
+    """Task ids accept a unique prefix in every request."""
+
+    task: str
+
+
+class TaskCancel(_Request, tag="task_cancel"):
+    task: str
+
+
+class TaskAddComment(_Request, tag="task_comment"):
+    task: str
+    text: str
+
+
+class SetBudget(_Request, tag="budget"):
+    """Set (raise, lower or remove) a conversation's budget; an explicit, journaled change.
+
+    A paused conversation stays paused until ``continue``.
+    """
+
+    conversation: str
+    budget: Budget
+
+
+class Continue(_Request, tag="continue"):
+    """Resume a conversation paused on its budget (``budget_paused`` -> ``idle``) once it is under it."""
+
+    conversation: str
+
+
+class Export(_Request, tag="export"):
+    """The conversation's transcript from its journal, rendered as ``md``, ``json`` or ``html``."""
+
+    conversation: str
+    format: Literal["md", "json", "html"] = "md"
+    #: add tool calls and output, permission requests, reasoning and subagents' items
+    include_tools: bool = False
+
+
 Request = Union[
     Hello,
     Status,
@@ -173,6 +274,14 @@ Request = Union[
     SetTitle,
     Subscribe,
     Unsubscribe,
+    SetBudget,
+    Continue,
+    Export,
+    TaskCreate,
+    TaskList,
+    TaskShow,
+    TaskCancel,
+    TaskAddComment,
 ]
 
 OPS: frozenset[str] = frozenset(t.__struct_config__.tag for t in Request.__args__)  # type: ignore[attr-defined]
@@ -224,6 +333,13 @@ class ConversationRecord(msgspec.Struct, omit_defaults=True):
     #: idle): subscribing after it replays the turn in flight, or the one that ended last
     turn_after: int = 0
     error: str = ""
+    #: who titled it: user (new --title, agentctl title), prompt (made from the first prompt),
+    #: provider (its own); a provider's title never replaces a user's
+    title_source: Literal["", "user", "prompt", "provider"] = ""
+    #: the running total of what the conversation consumed (see agentd.usage)
+    usage: Usage | None = None
+    #: its spend limit; None = none
+    budget: Budget | None = None
 
 
 class ConversationInfo(msgspec.Struct, omit_defaults=True):
@@ -250,6 +366,117 @@ class SubscribeResult(msgspec.Struct, frozen=True, omit_defaults=True):
     subscription: int
     #: the journal's last seq when the subscription started
     last_seq: int = 0
+
+
+class TaskUsage(msgspec.Struct):
+    """What a task's turn consumed (every field always encoded: it goes into callback bodies).
+
+    Tokens are the daemon's totals for the task's conversation, else the sum of
+    the turn's per-call reports; cost and AI units are the running totals.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    #: cache reads, part of input_tokens
+    cached_tokens: int = 0
+    #: the provider's cost report, else the sum of its per-call costs; None when it reports none
+    cost_usd: float | None = None
+    #: the provider's own units (Copilot AI units)
+    ai_units: float = 0.0
+    #: cost_usd includes prices from agentd's pricing table, not only the provider's figures
+    estimated: bool = False
+
+
+class TaskComment(msgspec.Struct, frozen=True, omit_defaults=True):
+    id: str
+    text: str
+    created_at: str
+    #: steered = also added to the task's running turn; recorded = kept on the task only
+    delivery: Literal["steered", "recorded"] = "recorded"
+    #: why it was only recorded
+    note: str = ""
+
+
+class CallbackAttempt(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One POST of a task's result to its callback URL."""
+
+    attempt: int
+    at: str
+    #: the terminal status it reported
+    status: TaskStatus
+    #: the HTTP status code, 0 when no response came
+    status_code: int = 0
+    #: why it did not succeed ("" when it did)
+    error: str = ""
+    ok: bool = False
+
+
+class TaskRecord(msgspec.Struct, omit_defaults=True):
+    """A task as the daemon keeps it on disk (``<state_dir>/tasks/<id>.json``)."""
+
+    id: str
+    provider: str
+    workdir: str
+    input: str
+    created_at: str
+    updated_at: str
+    status: TaskStatus = TaskStatus.PENDING
+    model: str = ""
+    callback: str = ""
+    #: the conversation it runs in, once started
+    conversation: str = ""
+    #: its turn in that conversation
+    run: str = ""
+    started_at: str = ""
+    ended_at: str = ""
+    #: the last assistant message of its turn
+    result: str = ""
+    error: str = ""
+    #: short code for how it ended: the turn's reason, run_interrupted, create_failed, ...
+    reason: str = ""
+    usage: TaskUsage | None = None
+    comments: list[TaskComment] = []
+    #: pending = being delivered (retrying); delivered; failed = gave up after the retry window
+    callback_state: Literal["", "pending", "delivered", "failed"] = ""
+    callback_attempts: list[CallbackAttempt] = []
+
+
+class TaskInfo(msgspec.Struct, omit_defaults=True):
+    """``task_show``: the record, and the interactions its turn waits for."""
+
+    task: TaskRecord
+    pending: list[Interaction] = []
+
+
+class TaskListResult(msgspec.Struct, omit_defaults=True):
+    tasks: list[TaskRecord] = []
+
+
+class TaskCancelResult(msgspec.Struct, omit_defaults=True):
+    task: TaskRecord
+    #: dequeued = it was pending and never runs; cancelled = its turn was cancelled and ended;
+    #: cancelling = its turn was asked to stop and has not ended yet; ended = it ended otherwise
+    #: (completed or failed) before the cancel took effect
+    disposition: Literal["dequeued", "cancelled", "cancelling", "ended"] = "cancelled"
+
+
+class TaskCommentResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    task: str
+    comment: TaskComment
+
+
+class TaskCallback(msgspec.Struct, frozen=True):
+    """The JSON body POSTed to a task's callback URL (every field present)."""
+
+    task: str
+    status: TaskStatus
+    result: str
+    conversation: str
+    usage: TaskUsage | None
+    error: str
+    reason: str
+    created_at: str
+    ended_at: str
 
 
 # --------------------------------------------------------------------------- journal records
@@ -284,6 +511,8 @@ class PromptRecord(msgspec.Struct, frozen=True, omit_defaults=True):
 
     text: str
     disposition: str = "started"
+    #: files sent with it, as stored (without their path)
+    attachments: list[Attachment] = []
 
 
 class LeaseRecord(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -300,6 +529,35 @@ class ErrorRecord(msgspec.Struct, frozen=True, omit_defaults=True):
 class StateRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     state: ConversationState
     reason: str = ""
+
+
+class BudgetRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A ``budget`` record: the budget a conversation got (new, config) or was given (command)."""
+
+    budget: Budget
+    source: Literal["new", "config", "command"] = "command"
+    by: str = ""
+
+
+class ExportResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    conversation: str
+    format: str
+    #: the rendered transcript
+    text: str
+    title: str = ""
+
+
+class TaskEvent(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A ``task`` record: what happened to the task running in this conversation."""
+
+    task: str
+    #: created, started, status (a change of status), comment, callback (one delivery attempt)
+    event: Literal["created", "started", "status", "comment", "callback"]
+    status: TaskStatus | None = None
+    reason: str = ""
+    error: str = ""
+    comment: TaskComment | None = None
+    attempt: CallbackAttempt | None = None
 
 
 #: Record ``type`` -> payload type, for decoding ``Record.data``.
@@ -324,6 +582,8 @@ PAYLOADS: dict[str, Any] = {
     "lease": LeaseRecord,
     "error": ErrorRecord,
     "state": StateRecord,
+    "budget": BudgetRecord,
+    "task": TaskEvent,
 }
 
 
@@ -465,6 +725,9 @@ def decode_request(line: bytes) -> Request:
         env = _envelope_decoder.decode(line)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"malformed frame: {exc}") from None
+    except RecursionError:
+        # msgspec recurses per nesting level; a frame of a few hundred KB of "[" exhausts the stack.
+        raise ProtocolError("malformed frame: nested too deeply") from None
     if env.op is None:
         raise ProtocolError("frame has no op", request_id=env.id)
     if env.op not in OPS:
@@ -473,6 +736,8 @@ def decode_request(line: bytes) -> Request:
         return _request_decoder.decode(line)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"invalid {env.op!r} request: {exc}", request_id=env.id) from None
+    except RecursionError:
+        raise ProtocolError(f"invalid {env.op!r} request: nested too deeply", request_id=env.id) from None
 
 
 def decode_server_frame(line: bytes) -> ServerFrame:

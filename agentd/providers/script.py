@@ -44,6 +44,7 @@ from ..contract import (
     MAX_TAIL_LINE_BYTES,
     MAX_TAIL_LINES,
     Answer,
+    Attachment,
     Capabilities,
     Closed,
     Context,
@@ -536,6 +537,7 @@ class ScriptProvider:
             context_size=True,
             subagents=True,
             todos=True,
+            attachments=True,
         )
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -675,6 +677,8 @@ class _Turn:
         self.subagents: dict[str, Subagent] = {}
         #: why the scope was cancelled: "" (cancel), "closed"; None = shutdown
         self.stop_reason: str | None = None
+        #: files sent with the prompt, for {attachments}
+        self.attachments: list[Attachment] = []
 
     def render(self, template: str) -> str:
         values = {
@@ -682,12 +686,13 @@ class _Turn:
             "history": self.history,
             "steer": " | ".join(self.steers),
             "answer": self.answer,
+            "attachments": ", ".join(a.name for a in self.attachments),
         }
         # One pass, so a prompt containing "{history}" is not expanded again.
         return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 
 
-_PLACEHOLDER = re.compile(r"\{(prompt|history|steer|answer)\}")
+_PLACEHOLDER = re.compile(r"\{(prompt|history|steer|answer|attachments)\}")
 
 
 def _permission_options(tool: str) -> list[Option]:
@@ -746,6 +751,7 @@ class ScriptConversation:
                 self._check_open()
                 history = " | ".join(i.text for i in self._record.items if i.kind is ItemKind.USER and not i.agent_id)
                 turn = _Turn(no, prompt.text, history, spec, self._script)
+                turn.attachments = list(prompt.attachments)
                 # The task runs only after our next checkpoint, so the events below come first.
                 self._provider._spawn(self._play, turn)
                 self._record.turns = no

@@ -12,9 +12,11 @@ import pytest
 from agentd.config import (
     EXIT_CONFIG,
     AcpAgentConfig,
+    BudgetConfig,
     ByokConfig,
     Config,
     ConfigError,
+    PricingConfig,
     default_config_path,
     load_config,
 )
@@ -88,7 +90,8 @@ def test_shipped_examples_of_optional_tables_are_valid() -> None:
     assert cfg.providers.copilot.byok == ByokConfig(
         type="openai", base_url="https://api.openai.com/v1", api_key_env="OPENAI_API_KEY", model="gpt-4.1"
     )
-    assert cfg.providers.acp["gemini"].command == ["gemini", "--experimental-acp"]
+    assert cfg.providers.acp["gemini"].command == ["gemini", "--acp"]
+    assert cfg.providers.acp["gemini"].missing_file == "empty"
 
 
 def test_defaults_have_the_documented_values() -> None:
@@ -96,7 +99,7 @@ def test_defaults_have_the_documented_values() -> None:
     assert (c.daemon.state_dir, c.daemon.runtime_dir, c.daemon.socket, c.daemon.shutdown_grace_s) == ("", "", "", 5.0)
     assert (c.journal.fsync, c.journal.batch_ms) == ("batch", 5.0)
     assert c.leases.ttl_s == 30.0
-    assert (c.server.max_frame_bytes, c.server.subscriber_buffer, c.server.max_connections) == (1048576, 4096, 1024)
+    assert (c.server.max_frame_bytes, c.server.subscriber_buffer, c.server.max_connections) == (16 << 20, 4096, 1024)
     assert (c.websocket.enabled, c.websocket.host, c.websocket.port, c.websocket.token_file) == (False, "127.0.0.1", 8765, "")
     assert (c.log.level, c.log.format) == ("info", "auto")
     assert (c.interactions.timeout_s, c.interactions.on_timeout) == (0, "deny")
@@ -104,6 +107,22 @@ def test_defaults_have_the_documented_values() -> None:
     assert (c.providers.script.enabled, c.providers.script.scripts_dir, c.providers.script.default_script) == (True, "", "")
     assert (c.providers.copilot.enabled, c.providers.copilot.byok, c.providers.copilot.env) == (True, None, {})
     assert c.providers.acp == {}
+    assert (c.attachments.max_bytes, c.attachments.max_files, c.attachments.retention_days) == (10 << 20, 10, 30)
+    assert "text/*" in c.attachments.allowed_types and "application/pdf" in c.attachments.allowed_types
+    assert (c.pricing, c.budgets) == ({}, {})
+
+
+def test_shipped_pricing_and_budget_examples_are_valid() -> None:
+    pricing = msgspec.toml.decode(commented_block('[pricing."gpt-4.1"]'), type=dict)
+    budgets = msgspec.toml.decode(commented_block("[budgets.copilot]"), type=dict)
+    cfg = msgspec.convert({**pricing, **budgets}, Config)
+    assert cfg.pricing["gpt-4.1"] == PricingConfig(input_per_mtok=2.0, output_per_mtok=8.0, cached_per_mtok=0.5)
+    assert cfg.budgets["copilot"] == BudgetConfig(max_cost_usd=5.0, on_reach="pause")
+
+
+def test_a_budget_with_an_unknown_on_reach_names_its_key(tmp_path: pathlib.Path) -> None:
+    err = error_of(tmp_path, '[budgets.script]\nmax_cost_usd = 1\non_reach = "later"\n')
+    assert err.key == "budgets.script.on_reach"
 
 
 def test_sections_are_frozen() -> None:

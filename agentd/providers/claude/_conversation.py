@@ -32,6 +32,7 @@ permission requests (``can_use_tool``) become permission interactions;
 
 from __future__ import annotations
 
+import base64
 import collections
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,41 @@ STOP_TIMEOUT_S = 30.0
 STDERR_LINES = 20
 #: Effort levels Claude Code accepts.
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
+
+
+#: Images up to this size go to the model inline; bigger ones only by path.
+MAX_INLINE_IMAGE_BYTES = 5 << 20
+INLINE_IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+
+
+def prompt_content(prompt: Prompt) -> Any:
+    """The ``content`` of the user message for ``prompt``: its text, or with attachments a list of blocks.
+
+    Images (PNG, JPEG, GIF, WebP up to 5 MiB) go inline as image blocks; every
+    file is also named by the absolute path of its stored copy in a note after
+    the text, so the agent can read it with its own tools (reading outside the
+    workdir may need a permission). Blocking: reads the images.
+    """
+    if not prompt.attachments:
+        return prompt.text
+    blocks: list[dict[str, Any]] = []
+    lines = []
+    for a in prompt.attachments:
+        inline = False
+        if a.path and a.mime in INLINE_IMAGE_TYPES and 0 < a.size <= MAX_INLINE_IMAGE_BYTES:
+            try:
+                with open(a.path, "rb") as f:
+                    data = f.read(MAX_INLINE_IMAGE_BYTES + 1)
+                blocks.append({"type": "image", "source": {"type": "base64", "media_type": a.mime,
+                                                           "data": base64.b64encode(data).decode("ascii")}})
+                inline = True
+            except OSError as exc:
+                log.warning("claude.attachment_unreadable", name=a.name, error=str(exc))
+        where = a.path or "(not stored)"
+        lines.append(f"- {a.name} ({a.mime}, {a.size} bytes): {where}" + (" (also shown above)" if inline else ""))
+    note = "\n\n[Files attached to this message; read them from these paths:]\n" + "\n".join(lines)
+    blocks.append({"type": "text", "text": prompt.text + note})
+    return blocks
 
 
 def sdk() -> Any:
@@ -289,6 +325,9 @@ class ClaudeConversation:
             raise Busy(f"a turn is running in conversation {self.id}")
         self._submitting = True
         try:
+            content: Any = prompt.text
+            if prompt.attachments:
+                content = await trio.to_thread.run_sync(prompt_content, prompt)
             session = await self._ensure_session()
             self._check_open()
             self._turns += 1
@@ -299,7 +338,7 @@ class ClaudeConversation:
             self._emit(TurnEvent(turn=Turn(state=TurnState.WORKING, model=self.model)))
             message = {
                 "type": "user",
-                "message": {"role": "user", "content": prompt.text},
+                "message": {"role": "user", "content": content},
                 "parent_tool_use_id": None,
                 "session_id": self.id,
                 "uuid": turn.uuid,

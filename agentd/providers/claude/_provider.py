@@ -175,6 +175,7 @@ class ClaudeProvider:
             account=True,
             runtime_process=True,
             model_endpoint=True,
+            attachments=True,
         )
 
     # ------------------------------------------------------------------ configuration

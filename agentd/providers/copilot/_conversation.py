@@ -647,10 +647,15 @@ def _handler_result(pending: _Pending, answer: Answer) -> tuple[Any, Interaction
 
 
 def _attachments(prompt: Prompt) -> list[dict[str, Any]]:
-    """SDK attachments for a prompt: files named by an absolute path in the attachment id."""
+    """SDK attachments for a prompt: each file by the absolute path of its stored copy.
+
+    The daemon sets ``path``; an attachment without one may name its file by
+    an absolute path in ``id`` (older callers). The CLI reads the file itself
+    (images and documents natively where the model takes them).
+    """
     out = []
     for a in prompt.attachments:
-        path = a.id or a.name
+        path = a.path or a.id or a.name
         if not os.path.isabs(path):
             raise Invalid(f"attachment {a.name!r}: the copilot provider takes files by absolute path")
         kind = "directory" if os.path.isdir(path) else "file"

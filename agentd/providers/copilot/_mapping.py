@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import mimetypes
 import re
 import time
 from collections.abc import Iterable
@@ -35,6 +36,7 @@ from ...contract import (
     MAX_TAIL_LINES,
     Activity,
     ActivityEvent,
+    Attachment,
     CompactionEvent,
     Context,
     ContextEvent,
@@ -96,6 +98,17 @@ _PLAN_ACTIONS = ("autopilot", "interactive", "exit_only")
 
 
 # --------------------------------------------------------------------------- small helpers
+
+
+def user_attachments(attachments: Any) -> list[Attachment]:
+    """The files of a user message as the CLI recorded them (file attachments only)."""
+    out = []
+    for a in attachments or []:
+        if isinstance(a, se.AttachmentFile):
+            name = a.display_name or a.path.rsplit("/", 1)[-1]
+            out.append(Attachment(name=name, mime=a.mime_type or mimetypes.guess_type(name)[0] or "",
+                                  size=a.byte_length or 0, path=a.path))
+    return out
 
 
 def truncate_bytes(text: str, limit: int) -> str:
@@ -279,7 +292,8 @@ class EventMapper:
         t = ev.type
         if t is T.USER_MESSAGE:
             delivery = "steer" if d.delivery is se.UserMessageDelivery.STEERING else ""
-            return [ItemEvent(item=Item(id=str(ev.id), kind=ItemKind.USER, text=d.content, time=when, agent_id=agent, delivery=delivery))]
+            return [ItemEvent(item=Item(id=str(ev.id), kind=ItemKind.USER, text=d.content, time=when, agent_id=agent,
+                                        delivery=delivery, attachments=user_attachments(d.attachments)))]
         if t is T.ASSISTANT_MESSAGE_DELTA:
             return self._delta(d.message_id, ItemKind.ASSISTANT, d.delta_content, agent, when)
         if t is T.ASSISTANT_REASONING_DELTA:

@@ -209,6 +209,7 @@ class CopilotProvider:
             account=True,
             runtime_process=True,
             model_endpoint=True,
+            attachments=True,
         )
 
     @property

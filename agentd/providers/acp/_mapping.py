@@ -1,0 +1,239 @@
+"""Pure mapping from ACP values to the contract's: tool calls, permission options, plans, stop reasons.
+
+No I/O and no trio here; the conversation keeps the state and emits.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ...contract import Option, Prompt, Todo, TodoList, ToolCall, ToolStatus, TurnState
+from . import _schema as s
+
+#: Tool input and output are display text, bounded to this many characters.
+MAX_TOOL_TEXT = 16 * 1024
+
+_STATUS = {
+    "pending": ToolStatus.PENDING,
+    "in_progress": ToolStatus.RUNNING,
+    "completed": ToolStatus.COMPLETED,
+    "failed": ToolStatus.FAILED,
+}
+
+_TODO_STATUS = {"pending": "pending", "in_progress": "in_progress", "completed": "done"}
+
+#: stopReason -> (turn state, error for a failed turn)
+_STOP = {
+    "end_turn": (TurnState.COMPLETED, ""),
+    "cancelled": (TurnState.CANCELLED, ""),
+    "max_tokens": (TurnState.FAILED, "the model reached its output token limit (stopReason max_tokens)"),
+    "max_turn_requests": (TurnState.FAILED, "the agent reached its limit of model requests for one turn (stopReason max_turn_requests)"),
+    "refusal": (TurnState.FAILED, "the agent refused to continue (stopReason refusal)"),
+}
+
+
+def stop_reason(reason: str) -> tuple[TurnState, str]:
+    """The turn state and error of a session/prompt stopReason; an unknown one fails the turn."""
+    return _STOP.get(reason, (TurnState.FAILED, f"the agent stopped the turn: {reason}"))
+
+
+def bound(text: str, limit: int = MAX_TOOL_TEXT) -> str:
+    if len(text) <= limit:
+        return text
+    return text[: limit - 40] + f"\n[{len(text) - limit + 40} more characters cut]"
+
+
+def block_text(block: s.ContentBlock) -> str:
+    """Display text of one content block; non-text blocks become a short placeholder."""
+    if block.type == "text":
+        return block.text
+    if block.type == "resource_link":
+        return f"[{block.title or block.name or 'link'}: {block.uri}]"
+    if block.type == "resource":
+        res = block.resource or {}
+        if isinstance(res.get("text"), str):
+            return res["text"]
+        return f"[resource {res.get('uri', '')}]"
+    return f"[{block.type}{': ' + block.mime_type if block.mime_type else ''}]"
+
+
+def render_input(raw: Any) -> str:
+    """A tool's input for display: a shell command as is, anything else as compact JSON."""
+    if raw is msgspec.UNSET or raw is None:
+        return ""
+    if isinstance(raw, str):
+        return bound(raw)
+    if isinstance(raw, dict):
+        for key in ("command", "cmd"):
+            if isinstance(raw.get(key), str) and raw[key]:
+                return bound(raw[key])
+        if not raw:
+            return ""
+    try:
+        return bound(json.dumps(raw, ensure_ascii=False, separators=(", ", ": ")))
+    except (TypeError, ValueError):
+        return bound(str(raw))
+
+
+def summarize_diff(path: str, old: str | None, new: str) -> str:
+    """One line per diff: ``edit path: +A -R lines`` (``create`` when there was no old text)."""
+    old_lines = (old or "").splitlines()
+    new_lines = new.splitlines()
+    if old is None:
+        return f"create {path}: +{len(new_lines)} lines"
+    import difflib
+
+    added = removed = 0
+    for line in difflib.unified_diff(old_lines, new_lines, lineterm="", n=0):
+        if line.startswith("+") and not line.startswith("+++"):
+            added += 1
+        elif line.startswith("-") and not line.startswith("---"):
+            removed += 1
+    return f"edit {path}: +{added} -{removed} lines"
+
+
+def render_content(content: list[s.ToolCallContent] | None, raw_output: Any = msgspec.UNSET) -> str:
+    """A tool's output for display: its text content, diffs summarized, terminals named.
+
+    Falls back to ``rawOutput`` when there is no content.
+    """
+    parts: list[str] = []
+    for c in content or []:
+        if c.type == "diff":
+            parts.append(summarize_diff(c.path, c.old_text, c.new_text))
+        elif c.type == "terminal":
+            parts.append(f"[terminal {c.terminal_id}]")
+        elif c.content is not None:
+            text = block_text(c.content)
+            if text:
+                parts.append(text)
+    if not parts and raw_output is not msgspec.UNSET and raw_output is not None:
+        if isinstance(raw_output, str):
+            parts.append(raw_output)
+        elif isinstance(raw_output, dict) and isinstance(raw_output.get("content"), str):
+            parts.append(raw_output["content"])
+        else:
+            parts.append(render_input(raw_output))
+    return bound("\n".join(parts).strip("\n"))
+
+
+class ToolState:
+    """What is known of one tool call so far; updates change only the fields they carry."""
+
+    __slots__ = ("id", "title", "kind", "status", "content", "raw_input", "raw_output", "locations", "started")
+
+    def __init__(self, tool_call_id: str) -> None:
+        self.id = tool_call_id
+        self.title = ""
+        self.kind = ""
+        self.status = "pending"
+        self.content: list[s.ToolCallContent] = []
+        self.raw_input: Any = None
+        self.raw_output: Any = msgspec.UNSET
+        self.locations: list[s.ToolCallLocation] = []
+        self.started = False
+
+    def merge(self, u: s.ToolCallFields) -> None:
+        if isinstance(u.title, str) and u.title:
+            self.title = u.title
+        if isinstance(u.kind, str) and u.kind:
+            self.kind = u.kind
+        if isinstance(u.status, str) and u.status:
+            self.status = u.status
+        if isinstance(u.content, list):
+            self.content = u.content
+        if u.raw_input is not msgspec.UNSET and u.raw_input not in (None, {}):
+            self.raw_input = u.raw_input
+        if u.raw_output is not msgspec.UNSET:
+            self.raw_output = u.raw_output
+        if isinstance(u.locations, list):
+            self.locations = u.locations
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in ("completed", "failed")
+
+    def to_call(self) -> ToolCall:
+        shown = render_input(self.raw_input)
+        if not shown and self.locations:
+            shown = ", ".join(loc.path + (f":{loc.line}" if loc.line else "") for loc in self.locations)
+        return ToolCall(
+            name=self.kind or "other",
+            status=_STATUS.get(self.status, ToolStatus.RUNNING),
+            title=self.title or shown or self.kind or "tool",
+            input=shown,
+            output=render_content(self.content, self.raw_output),
+        )
+
+
+def permission_options(options: list[s.PermissionOption]) -> list[Option]:
+    """The agent's options as the interaction's, in its order: allow_once -> allow_once, reject_* -> reject."""
+    return [
+        Option(id=o.option_id, label=o.name or o.option_id.replace("_", " "),
+               allow_once=o.kind == "allow_once", reject=o.kind.startswith("reject"))
+        for o in options
+    ]
+
+
+def todos(plan: s.PlanUpdate) -> TodoList:
+    """A plan's entries as the whole todo list (ACP sends the complete plan each time)."""
+    return TodoList(todos=[
+        Todo(id=str(i), title=e.content, status=_TODO_STATUS.get(e.status, "pending"),  # type: ignore[arg-type]
+             note=f"priority {e.priority}" if e.priority and e.priority != "medium" else "")
+        for i, e in enumerate(plan.entries, 1)
+    ])
+
+
+def is_not_found(code: int, text: str) -> bool:
+    """Whether an error answer to session/load or session/resume means "no such session".
+
+    ACP's code is -32002 (resource not found); Gemini CLI answers -32603 with
+    "Invalid session identifier" or "No previous sessions found".
+    """
+    if code == s.RESOURCE_NOT_FOUND:
+        return True
+    low = text.lower()
+    return any(p in low for p in ("not found", "invalid session identifier", "no previous sessions", "no such session",
+                                  "does not exist", "unknown session"))
+
+
+#: Images up to this size go inline (where the agent takes images); bigger ones as a link.
+MAX_INLINE_IMAGE_BYTES = 5 << 20
+#: Text files up to this size go inline as an embedded resource (where the agent takes those).
+MAX_INLINE_TEXT_BYTES = 1 << 20
+_TEXT_TYPES = ("application/json", "application/xml", "application/javascript", "application/x-sh",
+               "application/toml", "application/yaml", "application/x-yaml", "application/sql")
+
+
+def prompt_blocks(prompt: Prompt, caps: s.PromptCapabilities) -> list[dict[str, Any]]:
+    """The session/prompt content for ``prompt``: its text, then one block per attachment.
+
+    An image goes inline when the agent advertises ``image``, a text file as an
+    embedded resource when it advertises ``embeddedContext``; anything else as a
+    ``resource_link`` to the stored copy (every agent takes those). Blocking: reads files.
+    """
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": prompt.text}]
+    for a in prompt.attachments:
+        if not a.path:
+            continue
+        path = Path(a.path)
+        link = {"type": "resource_link", "uri": path.as_uri(), "name": a.name, "mimeType": a.mime, "size": a.size}
+        try:
+            if caps.image and a.mime.startswith("image/") and 0 < a.size <= MAX_INLINE_IMAGE_BYTES:
+                data = base64.b64encode(path.read_bytes()).decode("ascii")
+                blocks.append({"type": "image", "data": data, "mimeType": a.mime, "uri": path.as_uri()})
+                continue
+            if caps.embedded_context and (a.mime.startswith("text/") or a.mime in _TEXT_TYPES) \
+                    and a.size <= MAX_INLINE_TEXT_BYTES:
+                text = path.read_bytes().decode("utf-8")
+                blocks.append({"type": "resource", "resource": {"uri": path.as_uri(), "mimeType": a.mime, "text": text}})
+                continue
+        except (OSError, UnicodeDecodeError):
+            pass
+        blocks.append(link)
+    return blocks

@@ -1,0 +1,34 @@
+"""``agentctl status --json`` wall time against a running agentd, next to ``python -c pass``.
+
+Both run as fresh processes with the same interpreter, alternately, so the
+difference is what agentctl's imports and one request cost.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ._common import BenchDaemon, Ctx, Result, agentctl_argv, python_env, wall
+
+
+def bench_status(ctx: Ctx) -> Result:
+    repeats = 5 if ctx.quick else 30
+    daemon = BenchDaemon(ctx.scratch("agentd-status")).start()
+    env = {**python_env(), **{k: v for k, v in daemon.env.items() if k.startswith(("AGENTD_", "NO_COLOR"))}}
+    status = [*agentctl_argv(), "--socket", str(daemon.socket), "status", "--json"]
+    noop = [sys.executable, "-c", "pass"]
+    ours, base = [], []
+    try:
+        wall(status, env)  # warm the page cache for both
+        wall(noop, env)
+        for _ in range(repeats):
+            ours.append(wall(status, env) * 1000)
+            base.append(wall(noop, env) * 1000)
+    finally:
+        daemon.stop()
+    r = Result("`agentctl status --json` wall time", "ms", ours, base, baseline_name="`python -c pass`", higher=False,
+               target="<= baseline + 40 ms")
+    r.met = r.median <= r.base_median + 40
+    r.extra["over_baseline_ms"] = r.median - r.base_median
+    r.notes.append(f"{r.median - r.base_median:.1f} ms over the baseline; {repeats} runs each, alternating")
+    return r

@@ -1,0 +1,148 @@
+"""Journal append throughput, fsync ``batch`` and ``always``, against raw ``os.write`` + ``fsync``.
+
+The journal runs as in the daemon: a :class:`JournalStore` on the trio
+thread, its group commit (``run``) alongside, the producer appending records
+of about 200 bytes and reaching a checkpoint every 64 appends (the group
+commit only runs at checkpoints). The clock stops once the last record is on
+disk (``await journal.sync()``).
+
+The baselines write the very bytes the journal wrote, one ``os.write`` per
+record: for ``batch`` a helper thread fsyncs at most ``batch_ms`` after the
+first unsynced write (the journal's group-commit rule), for ``always`` every
+write is followed by an ``fsync``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import trio
+
+from agentd.journal import FsyncPolicy, JournalStore
+
+from ._common import Ctx, Result
+
+BATCH_MS = 5.0
+#: payload making a journal line of ~200 bytes (with a 6-digit seq and a run id)
+PAYLOAD = b'{"item_id":"i0123abcd","kind":"assistant","text":"' + b"x" * 58 + b'"}'
+RUN = "r0123456789ab"
+
+
+async def _journal_run(root: Path, n: int, policy: FsyncPolicy) -> float:
+    store = JournalStore(root, fsync=policy, batch_ms=BATCH_MS)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        journal = store.open("c0123456789ab")
+        append = journal.append
+        t0 = time.perf_counter()
+        if policy is FsyncPolicy.ALWAYS:
+            for _ in range(n):
+                append("delta", PAYLOAD, run=RUN)
+                await journal.sync()
+        else:
+            for i in range(n):
+                append("delta", PAYLOAD, run=RUN)
+                if not i & 63:
+                    await trio.lowlevel.checkpoint()
+            await journal.sync()
+        elapsed = time.perf_counter() - t0
+        nursery.cancel_scope.cancel()
+    await store.aclose()
+    return n / elapsed
+
+
+def _raw_batch(path: Path, lines: list[bytes]) -> float:
+    """os.write per line; a helper thread fsyncs within BATCH_MS of the first unsynced write."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    dirty = threading.Event()
+    stop = False
+    since = [0.0]
+
+    def syncer() -> None:
+        while not stop:
+            if not dirty.wait(0.05):
+                continue
+            delay = BATCH_MS / 1000 - (time.monotonic() - since[0])
+            if delay > 0:
+                time.sleep(delay)
+            dirty.clear()
+            os.fsync(fd)
+
+    th = threading.Thread(target=syncer, daemon=True)
+    th.start()
+    write, is_set = os.write, dirty.is_set
+    t0 = time.perf_counter()
+    for line in lines:
+        write(fd, line)
+        if not is_set():
+            since[0] = time.monotonic()
+            dirty.set()
+    os.fsync(fd)
+    elapsed = time.perf_counter() - t0
+    stop = True
+    dirty.set()
+    th.join()
+    os.close(fd)
+    return len(lines) / elapsed
+
+
+def _raw_always(path: Path, lines: list[bytes]) -> float:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    t0 = time.perf_counter()
+    for line in lines:
+        os.write(fd, line)
+        os.fsync(fd)
+    elapsed = time.perf_counter() - t0
+    os.close(fd)
+    return len(lines) / elapsed
+
+
+def _bench(ctx: Ctx, policy: FsyncPolicy, n: int, repeats: int) -> tuple[list[float], list[float], int]:
+    journal, raw = [], []
+    line_len = 0
+    for _ in range(repeats):
+        root = ctx.scratch(f"journal-{policy.value}")
+        journal.append(trio.run(_journal_run, root, n, policy))
+        data = (root / "c0123456789ab" / "events.jsonl").read_bytes()
+        lines = data.splitlines(keepends=True)
+        line_len = round(len(data) / len(lines))
+        fn = _raw_always if policy is FsyncPolicy.ALWAYS else _raw_batch
+        raw.append(fn(root / "raw.jsonl", lines))
+        for p in root.rglob("*.jsonl"):
+            p.unlink()
+    return journal, raw, line_len
+
+
+def bench_journal_batch(ctx: Ctx) -> Result:
+    n, repeats = (20_000, 3) if ctx.quick else (300_000, 5)
+    journal, raw, line_len = _bench(ctx, FsyncPolicy.BATCH, n, repeats)
+    r = Result(
+        "journal append, fsync batch",
+        "events/s",
+        journal,
+        raw,
+        baseline_name=f"os.write per event + fsync within {BATCH_MS:g} ms (helper thread)",
+        target=">= 200k events/s and >= 0.5x baseline",
+    )
+    r.notes.append(f"{n} events of {line_len} bytes per repeat, {repeats} repeats")
+    r.met = r.median >= 200_000 and (r.ratio or 0) >= 0.5
+    return r
+
+
+def bench_journal_always(ctx: Ctx) -> Result:
+    n, repeats = (20, 3) if ctx.quick else (300, 5)
+    journal, raw, line_len = _bench(ctx, FsyncPolicy.ALWAYS, n, repeats)
+    r = Result(
+        "journal append, fsync always",
+        "events/s",
+        journal,
+        raw,
+        baseline_name="os.write + fsync per event",
+        target=">= 0.8x baseline",
+    )
+    r.notes.append(f"{n} events of {line_len} bytes per repeat, {repeats} repeats")
+    r.met = (r.ratio or 0) >= 0.8
+    return r

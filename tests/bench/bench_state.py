@@ -1,0 +1,117 @@
+"""Benchmarks of state on disk: tail of a long journal, start-up with many conversations, RSS of many open ones."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from agentd import wire
+
+from ._common import BenchDaemon, Ctx, Result, rss_kb
+from ._state import write_conversations, write_long_journal
+
+CONFIG = """
+[providers.copilot]
+enabled = false
+"""
+
+
+def _last_lines(path: Path, count: int) -> list[bytes]:
+    """The last ``count`` lines of ``path``, read backwards from its end (the baseline)."""
+    with open(path, "rb", buffering=0) as f:
+        end = f.seek(0, os.SEEK_END)
+        pos, buf = end, b""
+        while pos > 0 and buf.count(b"\n") <= count:
+            step = min(pos, 256 * 1024)
+            pos -= step
+            f.seek(pos)
+            buf = f.read(step) + buf
+    return buf.splitlines()[-count:]
+
+
+def bench_tail(ctx: Ctx) -> Result:
+    events, repeats = (100_000, 2) if ctx.quick else (1_000_000, 5)
+    after = events - 1000
+    root = ctx.scratch("tail")
+    daemon = BenchDaemon(root, CONFIG)
+    t = time.perf_counter()
+    cid = write_long_journal(daemon.state_dir, events)
+    ctx.log(f"  wrote a {events}-event journal in {time.perf_counter() - t:.1f} s")
+    path = daemon.state_dir / "conversations" / cid / "events.jsonl"
+    first, everything, base = [], [], []
+    for _ in range(repeats):
+        daemon.start()
+        try:
+            with daemon.client() as client:
+                t0 = time.perf_counter()
+                client.send_raw(wire.encode(wire.Subscribe(id=7, conversation=cid, after=after, snapshot=False)))
+                got = 0
+                while got < 1000:
+                    line = client.file.readline()
+                    if b'"type":"event"' in line:
+                        if not got:
+                            first.append((time.perf_counter() - t0) * 1000)
+                        got += 1
+                    elif b'"type":"error"' in line:
+                        raise RuntimeError(line.decode())
+                everything.append((time.perf_counter() - t0) * 1000)
+        finally:
+            daemon.stop()
+        t0 = time.perf_counter()
+        lines = _last_lines(path, 1000)
+        base.append((time.perf_counter() - t0) * 1000)
+        assert len(lines) == 1000
+    r = Result(f"tail after seq {after:,} of {events:,}: first event", "ms", first, base,
+               baseline_name="read the last 1,000 lines of the file", higher=False, target="<= 10 ms")
+    r.met = r.median <= 10
+    r.extra["all_1000_ms"] = sorted(everything)[len(everything) // 2]
+    r.notes.append(f"all 1,000 events in {r.extra['all_1000_ms']:.1f} ms (median); a fresh daemon each repeat, {repeats} repeats")
+    return r
+
+
+def bench_startup(ctx: Ctx) -> Result:
+    count, repeats = (1_000, 3) if ctx.quick else (10_000, 5)
+    full = BenchDaemon(ctx.scratch("startup"), CONFIG)
+    t = time.perf_counter()
+    write_conversations(full.state_dir, count)
+    ctx.log(f"  wrote {count} conversations in {time.perf_counter() - t:.1f} s")
+    empty = BenchDaemon(ctx.scratch("startup-empty"), CONFIG)
+    ours, base = [], []
+    for _ in range(repeats):
+        for d, out in ((full, ours), (empty, base)):
+            d.start()
+            out.append(d.ready_s * 1000)
+            d.stop()
+    r = Result(f"start to ready, {count:,} conversations on disk", "ms", ours, base,
+               baseline_name="start to ready, empty state dir", higher=False, target="<= 500 ms")
+    r.met = r.median <= 500
+    r.notes.append(f"process spawn until agentd answers hello on its socket; {repeats} repeats each, alternating")
+    return r
+
+
+def bench_rss(ctx: Ctx) -> Result:
+    count = 100 if ctx.quick else 1_000
+    daemon = BenchDaemon(ctx.scratch("rss"), CONFIG).start()
+    try:
+        work = daemon.root / "work"
+        work.mkdir()
+        time.sleep(0.3)
+        assert daemon.proc is not None
+        empty = rss_kb(daemon.proc.pid) / 1024
+        t = time.perf_counter()
+        with daemon.client() as client:
+            for _ in range(count):
+                client.request(wire.New, provider="script", workdir=str(work))
+            elapsed = time.perf_counter() - t
+            status = client.request(wire.Status)
+        time.sleep(0.3)
+        full = rss_kb(daemon.proc.pid) / 1024
+    finally:
+        daemon.stop()
+    assert status["conversations"] == count
+    r = Result(f"RSS with {count:,} open conversations (script)", "MB", [full], [empty],
+               baseline_name="empty daemon RSS", higher=False, target="<= 150 MB" if count >= 1000 else "(full run: 1,000)")
+    r.met = full <= 150 if count >= 1000 else None
+    r.notes.append(f"{(full - empty) * 1024 / count:.0f} KiB per open conversation; created in {elapsed:.1f} s")
+    return r

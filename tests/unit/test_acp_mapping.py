@@ -1,0 +1,135 @@
+"""The acp provider's pure parts: ACP values to contract values, and workdir confinement."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import msgspec
+import pytest
+
+from agentd import contract as c
+from agentd.providers.acp import _fs
+from agentd.providers.acp import _mapping as m
+from agentd.providers.acp import _schema as s
+
+
+def update(raw: dict) -> s.SessionUpdate:
+    return msgspec.convert(raw, s.SessionUpdate)
+
+
+def test_a_tool_call_update_changes_only_the_fields_it_carries() -> None:
+    st = m.ToolState("t1")
+    st.merge(update({"sessionUpdate": "tool_call", "toolCallId": "t1", "title": "Terminal", "kind": "execute",
+                     "status": "pending", "rawInput": {}}))
+    st.merge(update({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "title": "echo hi > a.txt",
+                     "rawInput": {"command": "echo hi > a.txt", "description": "write"}}))
+    st.merge(update({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed",
+                     "content": [{"type": "content", "content": {"type": "text", "text": "done"}}]}))
+    call = st.to_call()
+    assert call == c.ToolCall(name="execute", status=c.ToolStatus.COMPLETED, title="echo hi > a.txt",
+                              input="echo hi > a.txt", output="done")
+
+
+def test_diffs_are_summarized_and_terminals_named() -> None:
+    content = msgspec.convert([
+        {"type": "diff", "path": "/w/a.py", "oldText": "a\nb\nc\n", "newText": "a\nB\nc\nd\n"},
+        {"type": "diff", "path": "/w/new.py", "newText": "x\ny\n"},
+        {"type": "terminal", "terminalId": "term-1"},
+    ], list[s.ToolCallContent])
+    assert m.render_content(content) == "edit /w/a.py: +2 -1 lines\ncreate /w/new.py: +2 lines\n[terminal term-1]"
+
+
+def test_raw_output_is_the_fallback_output() -> None:
+    assert m.render_content(None, "(Bash completed with no output)") == "(Bash completed with no output)"
+    assert m.render_content([], {"content": "from raw", "other": 1}) == "from raw"
+
+
+def test_permission_options_pass_through_in_the_agents_order() -> None:
+    options = msgspec.convert([
+        {"optionId": "proceed_always", "name": "Allow for this session", "kind": "allow_always"},
+        {"optionId": "proceed_once", "name": "Allow", "kind": "allow_once"},
+        {"optionId": "cancel", "name": "Reject", "kind": "reject_once"},
+        {"optionId": "never", "name": "Never", "kind": "reject_always"},
+    ], list[s.PermissionOption])
+    assert m.permission_options(options) == [
+        c.Option(id="proceed_always", label="Allow for this session"),
+        c.Option(id="proceed_once", label="Allow", allow_once=True),
+        c.Option(id="cancel", label="Reject", reject=True),
+        c.Option(id="never", label="Never", reject=True),
+    ]
+
+
+@pytest.mark.parametrize(("reason", "state"), [
+    ("end_turn", c.TurnState.COMPLETED), ("cancelled", c.TurnState.CANCELLED), ("max_tokens", c.TurnState.FAILED),
+    ("max_turn_requests", c.TurnState.FAILED), ("refusal", c.TurnState.FAILED), ("something_new", c.TurnState.FAILED),
+])
+def test_stop_reasons(reason: str, state: c.TurnState) -> None:
+    got, error = m.stop_reason(reason)
+    assert got is state
+    assert bool(error) == (state is c.TurnState.FAILED)
+
+
+def test_a_plan_is_the_whole_todo_list() -> None:
+    plan = update({"sessionUpdate": "plan", "entries": [
+        {"content": "read", "priority": "high", "status": "completed"},
+        {"content": "write", "priority": "medium", "status": "in_progress"},
+        {"content": "test", "priority": "low", "status": "pending"}]})
+    assert isinstance(plan, s.PlanUpdate)
+    assert m.todos(plan) == c.TodoList(todos=[
+        c.Todo(id="1", title="read", status="done", note="priority high"),
+        c.Todo(id="2", title="write", status="in_progress"),
+        c.Todo(id="3", title="test", status="pending", note="priority low"),
+    ])
+
+
+def test_not_found_answers_of_the_agents() -> None:
+    assert m.is_not_found(-32002, "Resource not found: abc")
+    assert m.is_not_found(-32603, 'Internal error: Invalid session identifier "abc".')
+    assert m.is_not_found(-32603, "Internal error: No previous sessions found for this project.")
+    assert not m.is_not_found(-32603, "Internal error: API Error: 500")
+
+
+def test_confinement_resolves_symlinks_and_dotdot(tmp_path: pathlib.Path) -> None:
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    (tmp_path / "secret").write_text("x")
+    os.symlink(tmp_path / "secret", work / "link")
+    os.symlink(tmp_path, work / "up")
+    os.symlink(work / "sub", work / "inner")
+    real = os.path.realpath(work)
+    assert _fs.confine(str(work / "sub" / ".." / "a.txt"), str(work)) == pathlib.Path(real, "a.txt")
+    assert _fs.confine("sub/b.txt", str(work)) == pathlib.Path(real, "sub", "b.txt")
+    assert _fs.confine(str(work / "inner" / "c.txt"), str(work)) == pathlib.Path(real, "sub", "c.txt")
+    for escape in (work / ".." / "secret", work / "link", work / "up" / "secret", work / "up" / "new.txt",
+                   pathlib.Path("/etc/passwd"), pathlib.Path(str(work) + "-sibling", "x")):
+        with pytest.raises(_fs.OutsideWorkdir):
+            _fs.confine(str(escape), str(work))
+
+
+def test_reading_a_line_window(tmp_path: pathlib.Path) -> None:
+    f = tmp_path / "f.txt"
+    f.write_text("1\n2\n3\n4\n")
+    assert _fs.read_text(f) == "1\n2\n3\n4\n"
+    assert _fs.read_text(f, line=2, limit=2) == "2\n3\n"
+    assert _fs.read_text(f, line=4) == "4\n"
+
+
+def test_attachments_become_blocks_the_agent_advertises(tmp_path: pathlib.Path) -> None:
+    png = tmp_path / "a.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 8)
+    txt = tmp_path / "b.txt"
+    txt.write_text("hello")
+    pdf = tmp_path / "c.pdf"
+    pdf.write_bytes(b"%PDF-1.4")
+    prompt = c.Prompt(text="look", attachments=[
+        c.Attachment(name="a.png", mime="image/png", size=16, path=str(png)),
+        c.Attachment(name="b.txt", mime="text/plain", size=5, path=str(txt)),
+        c.Attachment(name="c.pdf", mime="application/pdf", size=8, path=str(pdf)),
+    ])
+    rich = m.prompt_blocks(prompt, s.PromptCapabilities(image=True, embedded_context=True))
+    assert [b["type"] for b in rich] == ["text", "image", "resource", "resource_link"]
+    assert rich[2]["resource"] == {"uri": txt.as_uri(), "mimeType": "text/plain", "text": "hello"}
+    plain = m.prompt_blocks(prompt, s.PromptCapabilities())
+    assert [b["type"] for b in plain] == ["text", "resource_link", "resource_link", "resource_link"]
+    assert plain[3] == {"type": "resource_link", "uri": pdf.as_uri(), "name": "c.pdf", "mimeType": "application/pdf", "size": 8}
