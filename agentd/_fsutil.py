@@ -25,15 +25,23 @@ def is_safe_name(name: str) -> bool:
 
 
 def make_dirs(path: pathlib.Path) -> None:
-    """Create ``path`` and missing parents with mode 0700; an existing directory is left as it is.
+    """Create ``path`` and every missing parent with mode 0700; an existing directory is left as it is.
 
     A directory it creates is made durable in its parent (fsync), so files
     later fsynced inside it cannot vanish with it after a crash.
     """
+    path = pathlib.Path(path)
     if os.path.isdir(path):
         return
-    os.makedirs(path, mode=DIR_MODE, exist_ok=True)
-    fsync_dir(pathlib.Path(path).parent)
+    if path.parent != path:
+        make_dirs(path.parent)  # os.makedirs would give missing parents the default mode (0755)
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+        return
+    fsync_dir(path.parent)
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:

@@ -60,6 +60,8 @@ PUMP_SLICE_S = 0.002
 INTERRUPT_WAIT_S = 10.0
 #: Turn end reason when the journal refused the turn's records (disk full, read-only, fsync error).
 JOURNAL_WRITE_FAILED = "journal_write_failed"
+#: Turn end reason when the provider sent nothing for ``hang_timeout_s`` (and nobody was asked anything).
+RUNTIME_HUNG = "runtime_hung"
 
 
 _now_cache: list[Any] = [-1, ""]  # [unix ms, its text]
@@ -144,6 +146,9 @@ class _Live:
         #: the run being failed because its journal cannot be written, and why
         self.failing_run = ""
         self.fail_error = ""
+        self.fail_reason = ""
+        #: trio time of the provider's last event (the hang watchdog's clock)
+        self.last_event = 0.0
 
     @property
     def run(self) -> str:
@@ -169,6 +174,7 @@ class ConversationService:
         hub: Hub,
         fsync: FsyncPolicy = FsyncPolicy.BATCH,
         interaction_timeout_s: float = 0.0,
+        hang_timeout_s: float = 0.0,
         owner: str = "",
         pricing: "Mapping[str, _usage.Price] | None" = None,
         budgets: "Mapping[str, BudgetConfig] | None" = None,
@@ -180,6 +186,7 @@ class ConversationService:
         self.hub = hub
         self.fsync = fsync
         self.interaction_timeout_s = interaction_timeout_s
+        self.hang_timeout_s = hang_timeout_s
         self.owner = owner
         #: [pricing."<model>"], [budgets.<provider>], [attachments] of the config
         self.pricing = dict(pricing or {})
@@ -222,10 +229,9 @@ class ConversationService:
                             log.exception("lease.release_failed", conversation=cid)
 
     def _load_records(self) -> None:
-        for cid in self.store.ids():
-            data = self.store.read_record(cid)
-            if data is None:
-                continue
+        records = self.store.read_records()  # one index file after a clean stop
+        for cid in sorted(records):
+            data = records[cid]
             try:
                 self._records[cid] = _record_decoder.decode(data)
             except msgspec.DecodeError as exc:
@@ -553,7 +559,7 @@ class ConversationService:
             # unrecorded: it is stopped and ends failed with the reason.
             run = live.run
             if live.write_failing and run and live.failing_run != run:
-                live.failing_run, live.fail_error = run, exc.message
+                live.failing_run, live.fail_error, live.fail_reason = run, exc.message, JOURNAL_WRITE_FAILED
                 self._spawn(self._fail_turn, live, run)
         except Exception:
             log.exception("conversation.event_failed", conversation=live.record.id)
@@ -565,7 +571,7 @@ class ConversationService:
         failure (see _handle); if it does not come within INTERRUPT_WAIT_S the
         turn is ended here.
         """
-        log.error("turn.failed_journal_write", conversation=live.record.id, run=run, error=live.fail_error)
+        log.error("turn.failing", conversation=live.record.id, run=run, reason=live.fail_reason, error=live.fail_error)
         if live.conv is not None:
             with trio.move_on_after(INTERRUPT_WAIT_S):
                 try:
@@ -573,10 +579,33 @@ class ConversationService:
                 except Exception as exc:
                     log.warning("turn.cancel_failed", conversation=live.record.id, run=run, error=str(exc))
         if live.run == run:
-            turn = c.Turn(state=c.TurnState.FAILED, error=live.fail_error, reason=JOURNAL_WRITE_FAILED)
+            turn = c.Turn(state=c.TurnState.FAILED, error=live.fail_error, reason=live.fail_reason)
             await self._end_turn(live, turn, run)
 
+    async def _watch_hang(self, live: _Live, run: str) -> None:
+        """Fail ``run`` when its provider sends nothing for ``hang_timeout_s``.
+
+        Waiting for a person (a pending interaction) is not a hang. The turn is
+        cancelled at the provider (which stops a runtime that does not answer
+        the cancel; the next prompt starts a fresh one) and ends failed,
+        reason ``runtime_hung``. Returns when the run ends.
+        """
+        timeout = self.hang_timeout_s
+        while live.run == run:
+            now = trio.current_time()
+            if live.pending:
+                live.last_event = now
+            idle = now - live.last_event
+            if idle >= timeout:
+                if live.failing_run != run:
+                    live.failing_run, live.fail_reason = run, RUNTIME_HUNG
+                    live.fail_error = f"the runtime sent nothing for {timeout:g} s; the turn was stopped"
+                    await self._fail_turn(live, run)
+                return
+            await trio.sleep(timeout - idle)
+
     async def _handle(self, live: _Live, event: c.Event) -> None:
+        live.last_event = trio.current_time()
         type_, data = _payload(event)
         run = live.run
         if isinstance(event, c.DeltaEvent):
@@ -650,7 +679,7 @@ class ConversationService:
                 await self._append(live, type_, data, run=run)
                 return
             if run and run == live.failing_run:
-                turn = c.Turn(state=c.TurnState.FAILED, error=live.fail_error, reason=JOURNAL_WRITE_FAILED,
+                turn = c.Turn(state=c.TurnState.FAILED, error=live.fail_error, reason=live.fail_reason,
                               model=turn.model)
             await self._end_turn(live, turn, run)
             return
@@ -679,7 +708,7 @@ class ConversationService:
         live.pending.clear()
         if journal_turn:
             await self._append_or_publish(live, "turn", _json.encode(turn), run=run)
-        live.failing_run = live.fail_error = ""
+        live.failing_run = live.fail_error = live.fail_reason = ""
         live.items.clear()
         live.activity = None
         live.record.active_run = ""
@@ -693,6 +722,9 @@ class ConversationService:
             return
         if live.queue and live.record.state is not _S.CLOSED:
             next_run, text = live.queue.popleft()
+            # Handed over at once: a prompt sent before the queued one starts is queued behind it,
+            # never started ahead of it (which also left the provider busy under the next start).
+            live.record.active_run = next_run
             self._spawn(self._start_queued, live, next_run, text)
 
     def _set_state(self, live: _Live, state: wire.ConversationState) -> None:
@@ -843,10 +875,21 @@ class ConversationService:
     async def _start_queued(self, live: _Live, run: str, text: str) -> None:
         attachments = live.queued_attachments.pop(run, [])
         async with live.send_lock:
+            if live.run != run:
+                return  # the hand-off was undone
+            if live.record.state is _S.CLOSED:
+                turn = c.Turn(state=c.TurnState.CANCELLED, reason="closed",
+                              error="the conversation was closed before this queued prompt was sent")
+                await self._end_turn(live, turn, run)
+                return
             try:
                 await self._start(live, run, text, journal_prompt=False, attachments=attachments)
             except c.AgentdError as exc:
                 log.warning("turn.queued_start_failed", conversation=live.record.id, run=run, error=exc.message)
+                if live.run == "" and live.queue and live.record.state is not _S.CLOSED:
+                    next_run, next_text = live.queue.popleft()
+                    live.record.active_run = next_run
+                    self._spawn(self._start_queued, live, next_run, next_text)
 
     async def _start(
         self, live: _Live, run: str, text: str, *, journal_prompt: bool, attachments: "list[c.Attachment] | None" = None
@@ -907,6 +950,9 @@ class ConversationService:
             if isinstance(exc, (c.AgentdError, trio.Cancelled)) or not isinstance(exc, Exception):
                 raise
             raise c.InternalError(message) from exc
+        if self.hang_timeout_s > 0 and live.run == run:
+            live.last_event = trio.current_time()
+            self._spawn(self._watch_hang, live, run)
         return after
 
     async def steer(self, ref: str, text: str) -> wire.SendResult:

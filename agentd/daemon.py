@@ -45,6 +45,7 @@ async def serve(config: Config, paths: Paths) -> None:
         hub=hub,
         fsync=fsync,
         interaction_timeout_s=config.interactions.timeout_s if config.interactions.on_timeout == "deny" else 0.0,
+        hang_timeout_s=config.runtimes.hang_timeout_s,
         owner=owner,
         pricing=config.pricing,
         budgets=config.budgets,

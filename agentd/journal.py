@@ -54,6 +54,9 @@ _CURSORS_MAX = 256
 
 # Leading dot: never a conversation id (see _fsutil.is_safe_name), so ids() skips it.
 _TOMBSTONE = ".rm-"
+#: Every record.json in one file, written on a clean close, removed before any record changes.
+INDEX_FILE = ".records-index.json"
+_INDEX_VERSION = 1
 
 
 class FsyncPolicy(str, enum.Enum):
@@ -85,7 +88,13 @@ class _Seq(msgspec.Struct):
     seq: int = 0
 
 
+class _RecordsIndex(msgspec.Struct):
+    version: int
+    records: dict[str, msgspec.Raw]
+
+
 _seq_decoder = msgspec.json.Decoder(_Seq)
+_index_decoder = msgspec.json.Decoder(_RecordsIndex)
 _encode = msgspec.json.Encoder().encode
 _Raw = msgspec.Raw
 
@@ -552,6 +561,12 @@ class JournalStore:
         self._dirty: list[Journal] = []
         self._dirty_since = 0.0
         self._wake = trio.Event()
+        #: every record's bytes by id, kept from read_records() on, for the index aclose() writes
+        self._records: dict[str, bytes] | None = None
+        #: False once a record write failed half-way: what is on disk is then unknown
+        self._records_exact = True
+        #: an index file may be on disk: remove it before any record changes
+        self._index_on_disk = True
 
     # ------------------------------------------------------------------ group commit
 
@@ -643,11 +658,72 @@ class JournalStore:
                 out.append(e.name)
         return sorted(out)
 
+    def read_records(self) -> dict[str, bytes]:
+        """Every conversation's ``record.json`` bytes by id: what :meth:`ids` and :meth:`read_record` give.
+
+        Reads the one index file a clean :meth:`aclose` wrote when there is
+        one (no record can have changed since: the first change removes it),
+        else every ``record.json`` (and what an interrupted :meth:`remove`
+        left behind is deleted). Blocking; call once, at start-up.
+        """
+        records: dict[str, bytes] | None = None
+        try:
+            data = (self.root / INDEX_FILE).read_bytes()
+        except FileNotFoundError:
+            self._index_on_disk = False
+        else:
+            try:
+                index = _index_decoder.decode(data)
+                if index.version == _INDEX_VERSION:
+                    records = {cid: bytes(raw) for cid, raw in index.records.items()}
+            except msgspec.DecodeError as exc:
+                _log().warning("journal.index_unreadable", path=str(self.root / INDEX_FILE), error=str(exc))
+            if records is None:
+                self._drop_index()
+        if records is None:
+            records = {}
+            for cid in self.ids():
+                data = self.read_record(cid)
+                if data is not None:
+                    records[cid] = data
+        self._records = dict(records)
+        return records
+
+    def _drop_index(self) -> None:
+        """Remove the index, durably, before a record changes (raises OSError, and then nothing changes)."""
+        if self._index_on_disk:
+            try:
+                os.unlink(self.root / INDEX_FILE)
+            except FileNotFoundError:
+                pass
+            else:
+                _fsutil.fsync_dir(self.root)
+            self._index_on_disk = False
+
+    def _write_index(self) -> None:
+        if self._records is None or not self._records_exact or self._index_on_disk:
+            return  # unknown records, or the index on disk is still exact
+        index = _RecordsIndex(_INDEX_VERSION, {cid: msgspec.Raw(data) for cid, data in self._records.items()})
+        try:
+            _fsutil.make_dirs(self.root)
+            _fsutil.atomic_write(self.root / INDEX_FILE, _encode(index))
+        except OSError as exc:
+            _log().warning("journal.index_write_failed", path=str(self.root / INDEX_FILE), error=str(exc))
+            return
+        self._index_on_disk = True
+
     def write_record(self, conversation_id: str, data: bytes) -> None:
         """Replace ``record.json`` atomically (write, fsync, rename, fsync dir); blocking. Raises Invalid, OSError."""
         d = self._dir(conversation_id)
+        self._drop_index()
         _fsutil.make_dirs(d)
-        _fsutil.atomic_write(d / RECORD_FILE, data)
+        try:
+            _fsutil.atomic_write(d / RECORD_FILE, data)
+        except BaseException:
+            self._records_exact = False  # the rename may have happened: no index from this run
+            raise
+        if self._records is not None:
+            self._records[conversation_id] = data
 
     def read_record(self, conversation_id: str) -> bytes | None:
         """The bytes of ``record.json``, or None when there is none (or the id is invalid)."""
@@ -663,6 +739,9 @@ class JournalStore:
         leaves a half-deleted conversation that :meth:`ids` would list.
         """
         d = self._dir(conversation_id)
+        self._drop_index()
+        if self._records is not None:
+            self._records.pop(conversation_id, None)
         j = self._journals.pop(conversation_id, None)
         if j is not None:
             j._close(sync=False)  # about to be deleted: no point in an fsync
@@ -678,7 +757,10 @@ class JournalStore:
         """fsync every open journal with unsynced appends (one worker-thread call), then close all.
 
         The journals are closed even if the fsync fails or is cancelled; the
-        store may be used again afterwards (journals reopen on demand).
+        store may be used again afterwards (journals reopen on demand). Then,
+        when :meth:`read_records` ran, writes the index of every record (in a
+        worker thread), so the next start reads one file instead of one per
+        conversation.
         """
         journals = list(self._journals.values())
         self._journals.clear()
@@ -687,3 +769,5 @@ class JournalStore:
         finally:
             for j in journals:
                 j._close(sync=False)
+        if self._records is not None:
+            await trio.to_thread.run_sync(self._write_index)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("agentd.runtimes")
 
 #: How long ``providers`` waits for one provider's check, seconds.
-CHECK_TIMEOUT_S = 10.0
+CHECK_TIMEOUT_S = 45.0
 #: How long a request waits for a provider that is still being built, seconds.
 LOAD_TIMEOUT_S = 60.0
 
@@ -166,15 +166,20 @@ class Runtimes:
                 slot.loaded.set()
 
     async def describe(self) -> list[wire.ProviderInfo]:
-        """Every provider with its capabilities and whether its runtime is usable now."""
-        out: list[wire.ProviderInfo] = []
-        for name in self.names():
+        """Every provider with its capabilities and whether its runtime is usable now.
+
+        Checks run concurrently, each bounded by CHECK_TIMEOUT_S (a first check
+        may start the runtime to learn what it advertises).
+        """
+        results: dict[str, wire.ProviderInfo] = {}
+
+        async def one(name: str) -> None:
             try:
                 provider = await self.get(name)
             except c.AgentdError as exc:
-                out.append(wire.ProviderInfo(name=name, display_name=name, capabilities=c.Capabilities(),
-                                             available=False, error=exc.message))
-                continue
+                results[name] = wire.ProviderInfo(name=name, display_name=name, capabilities=c.Capabilities(),
+                                                  available=False, error=exc.message)
+                return
             error = ""
             with trio.move_on_after(CHECK_TIMEOUT_S) as scope:
                 try:
@@ -185,16 +190,18 @@ class Runtimes:
                     error = f"{type(exc).__name__}: {exc}"
             if scope.cancelled_caught:
                 error = f"the runtime did not answer within {CHECK_TIMEOUT_S:g} s"
-            out.append(
-                wire.ProviderInfo(
-                    name=name,
-                    display_name=provider.display_name,
-                    capabilities=provider.capabilities(),
-                    available=not error,
-                    error=error,
-                )
+            results[name] = wire.ProviderInfo(
+                name=name,
+                display_name=provider.display_name,
+                capabilities=provider.capabilities(),
+                available=not error,
+                error=error,
             )
-        return out
+
+        async with trio.open_nursery() as nursery:
+            for name in self.names():
+                nursery.start_soon(one, name)
+        return [results[name] for name in self.names()]
 
     async def models(self, name: str) -> list[c.Model]:
         provider = await self.get(name)

@@ -167,10 +167,11 @@ class _Connection:
                 return
             if not chunk:
                 return
+            scan = len(buf)  # the bytes before were searched already: no quadratic rescans of a long frame
             buf += chunk
             start = 0
             while True:
-                nl = buf.find(b"\n", start)
+                nl = buf.find(b"\n", max(start, scan))
                 if nl < 0:
                     break
                 if nl - start > max_frame:
@@ -296,8 +297,7 @@ class Server:
                 if self.check_uid and uid != os.getuid():
                     log.warning("server.peer_refused", peer=peer, reason="uid mismatch")
                     err = c.Unauthorized(f"uid {uid} may not use this agentd (it runs as uid {os.getuid()})")
-                    with trio.move_on_after(1):
-                        await stream.send_all(wire.encode_error(None, err))
+                    await _refuse(stream, err)
                     return
             await self._serve(stream, peer)
         finally:
@@ -308,8 +308,7 @@ class Server:
     async def _serve(self, stream: trio.abc.Stream, peer: str) -> None:
         if self.connections >= self.max_connections:
             err = c.LimitExceeded(f"too many connections (limit {self.max_connections})")
-            with trio.move_on_after(1):
-                await stream.send_all(wire.encode_error(None, err))
+            await _refuse(stream, err)
             return
         self.connections += 1
         conn = _Connection(self, stream, peer, self.subscriber_buffer)
@@ -541,6 +540,28 @@ class Server:
             for good in before:
                 await conn.send(sub.frame(sub.conversation, good))
                 sub.cursor += 1
+
+
+async def _refuse(stream: trio.abc.Stream, err: c.AgentdError) -> None:
+    """Send one error frame and end the connection so that the client reads it.
+
+    Closing with the client's hello still unread would reset the connection
+    and lose the frame; so: send, shut our side, discard what the client
+    sends until it closes too (one second at most, a few KB at most).
+    """
+    with trio.move_on_after(1):
+        try:
+            await stream.send_all(wire.encode_error(None, err))
+            if isinstance(stream, trio.SocketStream):
+                await stream.send_eof()
+                seen = 0
+                while seen < 65536:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        break
+                    seen += len(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
 
 
 _NO_REPLY = object()

@@ -644,7 +644,11 @@ class TaskService:
         ``callback_backoff_max_s``; the window counts from the task's end, so
         a restart resumes where it left off. Never raises for a failed POST.
         """
-        import httpx  # only when a callback is due: agentd starts without it
+        # Imported only when a callback is due, and in a worker thread: the import takes a
+        # noticeable fraction of a second the loop must not stall for.
+        import importlib
+
+        httpx = await trio.to_thread.run_sync(importlib.import_module, "httpx")
 
         cfg = self.config
         body = _json.encode(

@@ -39,6 +39,7 @@ import msgspec
 import structlog
 import trio
 
+from .._fsutil import make_dirs
 from ..config import ScriptConfig
 from ..contract import (
     MAX_TAIL_LINE_BYTES,
@@ -548,7 +549,7 @@ class ScriptProvider:
         """
         if self._nursery is not None:
             raise RuntimeError(f"provider {self.name!r} is already running")
-        await trio.to_thread.run_sync(partial(self.dir.mkdir, parents=True, exist_ok=True))
+        await trio.to_thread.run_sync(make_dirs, self.dir)  # 0700, parents too
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -581,7 +582,7 @@ class ScriptProvider:
         """
         if self._nursery is None:
             raise Closed(f"provider {self.name!r} is not running")
-        await trio.to_thread.run_sync(partial(self.dir.mkdir, parents=True, exist_ok=True))
+        await trio.to_thread.run_sync(make_dirs, self.dir)  # 0700, parents too
         if request.conversation_id:
             record = await self._read_record(request.conversation_id)
             if record.id in self._open:

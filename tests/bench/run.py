@@ -100,6 +100,26 @@ def markdown(results: list[Result], info: dict[str, str], quick: bool, elapsed: 
     return "\n".join(out) + "\n"
 
 
+def _prepare_python() -> None:
+    """Let every process the benchmarks start use cached bytecode, as an installed agentd does.
+
+    With PYTHONDONTWRITEBYTECODE (set in some CI and dev shells) each start
+    would compile agentd and agentctl from source again, which measures the
+    compiler, not agentd. The cache goes to a directory of its own
+    (PYTHONPYCACHEPREFIX), never into the source tree; one import of
+    everything fills it before the first measurement.
+    """
+    import subprocess
+
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "agentd-bench-pycache"))
+    modules = ["agentctl.__main__", "agentctl.render", "agentctl.follow", "agentd.daemon", "agentd.logs",
+               "agentd.providers.script", "agentd.providers.copilot", "agentd.providers.claude", "agentd.gateway",
+               "trio", "structlog", "msgspec", "click", "platformdirs", "asyncio", "json", "selectors"]
+    code = "import importlib\nfor m in %r:\n    try: importlib.import_module(m)\n    except Exception: pass" % modules
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes, seconds: what CI runs")
@@ -111,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = [k for k in BENCHMARKS if not args.only or any(o in k for o in args.only)]
     if not keys:
         p.error(f"no benchmark matches {args.only}; known: {', '.join(BENCHMARKS)}")
+    _prepare_python()
     info = machine()
     print(f"machine: {info['cpu']}, {info['cores']} cores, {info['memory']}; {info['python']}; {info['kernel']}; load {info['load']}")
     print(f"mode: {'quick' if args.quick else 'full'}; benchmarks: {', '.join(keys)}", flush=True)

@@ -150,6 +150,7 @@ def copilot_byok_toml(copilot_cli: str, model_server: ModelServer, copilot_home:
 
 MATRIX_FILE = HERE / "conformance-matrix.md"
 _matrix: dict[tuple[str, str], str] = {}
+_notes: dict[tuple[str, str], set[str]] = {}
 _RANK = {"pass": 0, "unsupported": 1, "skipped": 2, "fail": 3}
 
 
@@ -168,7 +169,10 @@ def pytest_runtest_makereport(item, call):
     elif report.failed:
         result = "fail"
     else:
+        notes = [value for name, value in item.user_properties if name == "note"]
         result = "pass"
+        if notes:
+            _notes.setdefault((params["runtime"], params["scenario"]), set()).update(notes)
     key = (params["runtime"], params["scenario"])
     if _RANK[result] >= _RANK.get(_matrix.get(key, "pass"), 0) or key not in _matrix:
         _matrix[key] = result  # a scenario with variants shows its worst
@@ -183,8 +187,15 @@ def pytest_terminal_summary(terminalreporter):
     runtimes = [r for r in RUNTIMES if any(k[0] == r for k in _matrix)]
     lines = ["| runtime | " + " | ".join(scenarios) + " |", "| --- |" + " --- |" * len(scenarios)]
     for rt in runtimes:
-        lines.append(f"| {rt} | " + " | ".join(_matrix.get((rt, s), "-") for s in scenarios) + " |")
-    table = "\n".join(lines)
+        cells = []
+        for s in scenarios:
+            cell = _matrix.get((rt, s), "-")
+            if cell == "pass" and (rt, s) in _notes:
+                cell = "pass*"
+            cells.append(cell)
+        lines.append(f"| {rt} | " + " | ".join(cells) + " |")
+    notes = sorted({f"* {rt} {s}: {n}" for (rt, s), ns in _notes.items() for n in ns})
+    table = "\n".join(lines + ([""] + notes if notes else []))
     terminalreporter.write_sep("=", "conformance matrix (runtime x scenario)")
     terminalreporter.write_line(table)
     MATRIX_FILE.write_text(table + "\n")

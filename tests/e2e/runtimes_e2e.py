@@ -25,7 +25,7 @@ MODEL = "scripted-model"
 KEY_ENV = "AGENTD_E2E_MODEL_KEY"
 DUMMY_KEY = "sk-agentd-e2e-dummy-key"
 
-RUNTIMES = ["script", "copilot", "claude"]
+RUNTIMES = ["script", "copilot", "claude", "acp:claude", "acp:gemini", "acp:copilot"]
 
 LONG_TEXT = " ".join(f"word{i}" for i in range(400))
 q = json.dumps  # a JSON string is a valid TOML basic string
@@ -47,6 +47,8 @@ class Runtime:
         self.config_toml = ""
         self.env: dict[str, str] = {}
         self.server: ModelServer | None = None
+        #: wall-clock time the scenario's conversation was created
+        self.created = 0.0
 
     def model_for(self, scenario: str) -> str:
         return ""
@@ -67,6 +69,9 @@ class Runtime:
         self.server.reset()
         self.server.answer_text_only(LONG_TEXT)
         self.server.stream_slowly(0.1)
+
+    def before_reload(self, created: float) -> None:
+        """Called before a prompt that makes the runtime load the conversation anew (wall-clock ``created``)."""
 
     def saw_earlier_turn(self, daemon: Any, cid: str, earlier: str, later: str) -> bool:
         """Whether the model request of ``later`` carried the earlier prompt (the runtime kept history)."""
@@ -169,10 +174,82 @@ class ClaudeRuntime(Runtime):
         )
 
 
-_PROFILES: dict[str, type[Runtime]] = {
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(value)  # strings and lists of strings: JSON is valid TOML here
+
+
+def acp_toml(name: str, config: Any) -> str:
+    """``[providers.acp.<name>]`` tables for an AcpAgentConfig."""
+    import msgspec
+
+    fields = msgspec.structs.asdict(config)
+    env = fields.pop("env", {})
+    lines = [f"[providers.acp.{name}]"]
+    lines += [f"{key} = {_toml_value(value)}" for key, value in fields.items() if value is not None]
+    lines.append(f"[providers.acp.{name}.env]")
+    lines += [f"{key} = {json.dumps(value)}" for key, value in env.items()]
+    return "\n".join(lines) + "\n"
+
+
+class AcpRuntime(Runtime):
+    """A real Agent Client Protocol agent over its stdio, pointed at the model server."""
+
+    def __init__(self, root: pathlib.Path, agent: str) -> None:
+        super().__init__(root)
+        import acp_agents
+
+        self.agent = agent
+        self.name = self.provider = f"acp:{agent}"
+        try:
+            if agent == "copilot":
+                from conftest import install_copilot_cli
+
+                cli = str(install_copilot_cli())
+            else:
+                bins = acp_agents.install_acp_agents()
+        except (RuntimeError, OSError) as exc:
+            _skip(f"the ACP agent {agent} could not be installed: {exc}")
+        self.server = ModelServer(root / "model-requests.jsonl", model=MODEL)
+        self.server.start()
+        base = self.server.url.removesuffix("/v1")
+        if agent == "copilot":
+            config = acp_agents.copilot_config(cli, root, self.server.url, MODEL)
+        elif agent == "claude":
+            config = acp_agents.claude_config(bins, root, base)
+        else:
+            config = acp_agents.gemini_config(bins, root, base)
+        self.config_toml = "[providers.copilot]\nenabled = false\n[providers.claude]\nenabled = false\n" + acp_toml(agent, config)
+
+    def call_tool(self, command: str) -> None:
+        import acp_agents
+
+        assert self.server is not None
+        self.server.reset()
+        acp_agents.call_shell(self.server, self.agent, command)
+
+    def before_reload(self, created: float) -> None:
+        import acp_agents
+
+        if self.agent in acp_agents.LOAD_NEEDS_A_NEW_MINUTE:
+            import time
+
+            delay = (int(created // 60) + 1) * 60 + 0.5 - time.time()
+            if delay > 0:
+                print(f"\nwaiting {delay:.1f} s for the next UTC minute ({self.name}: session/load)")
+                time.sleep(delay)
+
+
+_PROFILES: dict[str, Any] = {
     "script": ScriptRuntime,
     "copilot": CopilotRuntime,
     "claude": ClaudeRuntime,
+    "acp:claude": lambda root: AcpRuntime(root, "claude"),
+    "acp:gemini": lambda root: AcpRuntime(root, "gemini"),
+    "acp:copilot": lambda root: AcpRuntime(root, "copilot"),
 }
 
 

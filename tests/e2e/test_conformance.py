@@ -163,6 +163,8 @@ def _require(d: Daemon, runtime: Runtime, scenario: str) -> dict[str, Any]:
 
 
 def _new(d: Daemon, runtime: Runtime, workdir: Path, scenario: str, *extra: str) -> str:
+    """A new conversation's id (its creation time is kept in ``runtime.created``)."""
+    runtime.created = time.time()
     args = ["new", "-p", runtime.provider, "--cwd", str(workdir), "--json", *extra]
     model = runtime.model_for(scenario)
     if model:
@@ -260,6 +262,7 @@ def test_restart_reopens_by_id_and_the_follow_up_carries_the_earlier_turns(runti
     assert first.finish() == 0, first.stderr()
     daemon.stop()
     daemon.start()
+    runtime.before_reload(runtime.created)
     second = Follower(daemon, cid, "What is my name?")
     assert second.finish() == 0, second.stderr()
     assert runtime.saw_earlier_turn(daemon, cid, "My name is Ada Lovelace", "What is my name?")
@@ -283,21 +286,37 @@ def test_runtime_killed_mid_turn_fails_the_turn_and_the_next_prompt_works(runtim
     end = _turn_ends(daemon, cid)[-1]["data"]
     assert end["state"] == "failed" and end.get("error"), end
     runtime.text_only("Alive again.")
+    runtime.before_reload(runtime.created)
     again = Follower(daemon, cid, "Are you there?")
     assert again.finish() == 0, again.stderr()
 
 
 @pytest.mark.parametrize("scenario", ["model_fails"])
 @pytest.mark.parametrize("failure", ["http_500", "dropped_stream"])
-def test_model_endpoint_failure_fails_the_turn_with_the_runtime_error(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str, failure: str) -> None:
+def test_model_endpoint_failure_ends_the_turn_with_the_runtime_report(
+    runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str, failure: str, request
+) -> None:
+    """Nothing hangs, the scripted answer never arrives whole, and agentd reports what the runtime said.
+
+    Most runtimes fail the turn with their error text. Some ACP agents report a
+    model failure as answer text and end the turn normally; agentd passes that
+    on faithfully (it never invents a failure), and the matrix notes it.
+    """
     _require(daemon, runtime, scenario)
-    runtime.text_only("This answer never arrives whole.")
+    answer = "This answer never arrives whole, it is cut or refused."
+    runtime.text_only(answer)
     if failure == "http_500":
         runtime.server.fail_with(500, retry_after=0)
     else:
         runtime.server.drop_stream(after_chunks=2)
     cid = _new(daemon, runtime, workdir, scenario)
     follower = Follower(daemon, cid, "Say something")
-    assert follower.finish(timeout=120) == 1, follower.stderr()
+    code = follower.finish(timeout=120)
     end = _turn_ends(daemon, cid)[-1]["data"]
-    assert end["state"] == "failed" and end.get("error"), end
+    texts = [r["data"].get("text", "") for r in daemon.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "assistant"]
+    assert answer not in texts
+    if end["state"] == "failed":
+        assert code == 1 and end.get("error"), end
+    else:
+        assert end["state"] == "completed" and code == 0, (code, end)
+        request.node.user_properties.append(("note", "the runtime reports it as an answer"))

@@ -23,7 +23,6 @@ import hashlib
 import os
 import shutil
 import uuid
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -578,14 +577,22 @@ class _Pending:
 class _Segment:
     """Streamed text of one assistant, reasoning or (in a replay) user message."""
 
-    __slots__ = ("id", "kind", "text", "started", "message_id")
+    __slots__ = ("id", "kind", "parts", "started", "message_id")
 
     def __init__(self, id: str, kind: ItemKind, message_id: str | None) -> None:
         self.id = id
         self.kind = kind
-        self.text = ""
+        #: the chunks so far; joined when read (``text += chunk`` on an attribute copies every time:
+        #: a 20 MB answer in 1 KB chunks took minutes)
+        self.parts: list[str] = []
         self.started = utcnow()
         self.message_id = message_id
+
+    @property
+    def text(self) -> str:
+        if len(self.parts) > 1:
+            self.parts = ["".join(self.parts)]
+        return self.parts[0] if self.parts else ""
 
 
 _CHUNK_KINDS = {
@@ -1098,7 +1105,7 @@ class AcpConversation:
         if seg is None or seg.kind is not kind or (message_id and seg.message_id and message_id != seg.message_id):
             self._close_segment(emit=emit)
             seg = self._seg = _Segment(self._next_id(), kind, message_id)
-        seg.text += text
+        seg.parts.append(text)
         if emit:
             self._emit(DeltaEvent(delta=Delta(item_id=seg.id, kind=kind, text=text)))
 

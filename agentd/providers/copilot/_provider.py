@@ -33,6 +33,7 @@ import trio
 from copilot import CopilotClient, RuntimeConnection, SessionListFilter
 from copilot._jsonrpc import JsonRpcError, ProcessExitedError
 
+from ... import _fsutil
 from ...contract import (
     Account,
     Capabilities,
@@ -330,7 +331,7 @@ class CopilotProvider:
 
             def make_dirs() -> None:
                 home.mkdir(parents=True, exist_ok=True)
-                workdir.mkdir(parents=True, exist_ok=True)
+                _fsutil.make_dirs(workdir)  # under the state dir: 0700, parents too
 
             await trio.to_thread.run_sync(make_dirs)
             self._generation += 1

@@ -1,0 +1,185 @@
+"""A real Copilot turn through agentd, against the same turn driven directly with github-copilot-sdk.
+
+Both sides run the real Copilot CLI (installed from tests/e2e's lock file,
+as the e2e tests do) with bring-your-own-key pointed at the scripted model
+server of tests/e2e on 127.0.0.1, answering with plain streamed text. Each
+side has its CLI started and a session open before the clock runs (one
+warm-up turn each); then their turns alternate.
+
+* through agentd: ``send`` on the socket until the turn's terminal ``turn``
+  record arrives on a subscription (what ``agentctl run`` waits for);
+* directly: ``session.send`` until the SDK reports ``session.idle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agentd import wire
+
+from ._common import REPO, BenchDaemon, Ctx, Result
+
+E2E = REPO / "tests" / "e2e"
+MODEL = "scripted-model"
+KEY_ENV = "AGENTD_BENCH_MODEL_KEY"
+ANSWER = "Hello from the scripted model. " * 8
+PROMPT = "Say hello, please."
+
+
+def _cli() -> str:
+    if str(E2E) not in sys.path:
+        sys.path.insert(0, str(E2E))
+    from conftest import install_copilot_cli  # tests/e2e/conftest.py
+
+    return str(install_copilot_cli(E2E))
+
+
+class _Direct:
+    """The SDK driven directly, on an asyncio loop in a thread of its own."""
+
+    def __init__(self, cli: str, url: str, home: Path, work: Path) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="bench-copilot-sdk", daemon=True)
+        self.thread.start()
+        self.cli, self.url, self.home, self.work = cli, url, home, work
+        self.idle: asyncio.Event | None = None
+        self.call(self._start())
+
+    def call(self, coro: Any, timeout: float = 120) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _start(self) -> None:
+        from copilot import CopilotClient, RuntimeConnection
+        from copilot.generated.session_events import SessionEventType
+
+        self.client = CopilotClient(
+            connection=RuntimeConnection.for_stdio(path=self.cli),
+            working_directory=str(self.work),
+            env={k: v for k, v in os.environ.items() if k != KEY_ENV},
+            base_directory=str(self.home),
+            use_logged_in_user=False,
+            client_info={"application_name": "agentd-bench"},
+        )
+        await self.client.start()
+        self.idle = asyncio.Event()
+
+        def on_event(event: Any) -> None:
+            if event.type is SessionEventType.SESSION_IDLE:
+                assert self.idle is not None
+                self.idle.set()
+
+        def on_permission(request: Any, invocation: Any) -> Any:
+            raise RuntimeError("the bench turn asks no permission")
+
+        self.session = await self.client.create_session(
+            on_event=on_event,
+            on_permission_request=on_permission,
+            streaming=True,
+            working_directory=str(self.work),
+            client_name="agentd-bench",
+            provider={"type": "openai", "base_url": self.url, "api_key": os.environ[KEY_ENV]},
+            model=MODEL,
+        )
+
+    async def _turn(self) -> float:
+        assert self.idle is not None
+        self.idle.clear()
+        t0 = time.perf_counter()
+        await self.session.send(PROMPT)
+        await self.idle.wait()
+        return time.perf_counter() - t0
+
+    def turn(self) -> float:
+        return self.call(self._turn())
+
+    def close(self) -> None:
+        try:
+            self.call(self.client.stop(), timeout=30)
+        except Exception:
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+class _ThroughAgentd:
+    def __init__(self, ctx: Ctx, cli: str, url: str, home: Path, work: Path) -> None:
+        q = json.dumps
+        config = (
+            "[providers.copilot]\n"
+            f"cli_path = {q(cli)}\ncopilot_home = {q(str(home))}\n"
+            "\n[providers.copilot.byok]\n"
+            f'type = "openai"\nbase_url = {q(url)}\napi_key_env = {q(KEY_ENV)}\nmodel = {q(MODEL)}\n'
+        )
+        self.daemon = BenchDaemon(ctx.scratch("agentd-copilot"), config).start()
+        self.client = self.daemon.client()
+        self.client.sock.settimeout(120)
+        self.cid = self.client.request(wire.New, provider="copilot", workdir=str(work), title="bench")["id"]
+        self.client.subscribe(self.cid, after=1 << 60, snapshot=False)
+
+    def turn(self) -> float:
+        t0 = time.perf_counter()
+        run = self.client.request(wire.Send, conversation=self.cid, text=PROMPT)["run"]
+        for frame in self.client.frames(timeout=120):
+            if isinstance(frame, wire.EventFrame):
+                rec = wire.decode_record(frame.record)
+                if rec.type == "turn" and rec.run == run:
+                    state = msgspec.json.decode(rec.data)["state"]
+                    if state != "working":
+                        if state != "completed":
+                            raise RuntimeError(f"the turn through agentd ended {state}: {rec.data!r}")
+                        return time.perf_counter() - t0
+        raise RuntimeError("no end of turn")
+
+    def close(self) -> None:
+        self.client.close()
+        self.daemon.stop()
+
+
+def bench_copilot(ctx: Ctx) -> Result:
+    name = "Copilot turn through agentd (real CLI, scripted model)"
+    try:
+        cli = _cli()
+    except Exception as exc:
+        reason = f"the Copilot CLI could not be installed: {exc}"
+        ctx.log(f"  SKIP: {reason}")
+        return Result(name, "s", skipped=reason, target="<= 1.02x baseline")
+    from modelserver import ModelServer  # tests/e2e/modelserver.py
+
+    turns = 3 if ctx.quick else 10
+    root = ctx.scratch("copilot")
+    server = ModelServer(root / "model-requests.jsonl", model=MODEL).start()
+    server.answer_text_only(ANSWER)
+    os.environ[KEY_ENV] = "sk-agentd-bench-dummy-key"
+    direct = agentd = None
+    ours, base = [], []
+    try:
+        for side in ("agentd", "direct"):
+            (root / side / "home").mkdir(parents=True)
+            (root / side / "work").mkdir()
+        agentd = _ThroughAgentd(ctx, cli, server.url, root / "agentd" / "home", root / "agentd" / "work")
+        direct = _Direct(cli, server.url, root / "direct" / "home", root / "direct" / "work")
+        agentd.turn()  # warm-up: first turn pays for lazy work on both sides
+        direct.turn()
+        for _ in range(turns):
+            ours.append(agentd.turn())
+            base.append(direct.turn())
+    finally:
+        for side in (agentd, direct):
+            if side is not None:
+                side.close()
+        server.stop()
+    r = Result(name, "s", ours, base, baseline_name="the same turn with github-copilot-sdk directly", higher=False,
+               target="<= 1.02x baseline (median of 10)")
+    r.met = (r.ratio or 99) <= 1.02 if not ctx.quick else None
+    r.notes.append(f"{turns} turns each, alternating, after one warm-up turn each; "
+                   f"{(r.median - r.base_median) * 1000:+.0f} ms per turn through agentd")
+    return r

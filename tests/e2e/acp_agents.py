@@ -1,0 +1,115 @@
+"""The real ACP agents the tests drive: how each is installed and configured offline.
+
+Shared by tests/e2e/test_acp_provider.py (provider level) and the conformance
+suite (through the daemon). Claude via @zed-industries/claude-agent-acp and
+Gemini CLI are installed from tests/e2e/acp-agents/package-lock.json; Copilot's
+CLI from tests/e2e/package-lock.json. Each runs with HOME and its config dirs
+in the test's tmp dir and talks only to the scripted model server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+from typing import Any
+
+from agentd.config import AcpAgentConfig
+
+HERE = pathlib.Path(__file__).resolve().parent
+ACP_DIR = HERE / "acp-agents"
+
+
+def install_acp_agents(root: pathlib.Path = ACP_DIR) -> pathlib.Path:
+    """``node_modules/.bin`` of ``root`` with claude-agent-acp and gemini, after ``npm ci`` when needed.
+
+    Raises RuntimeError (with npm's output) when npm is missing or fails.
+    """
+    bins = root / "node_modules" / ".bin"
+    wanted = [bins / "claude-agent-acp", bins / "gemini"]
+    if all(p.exists() for p in wanted):
+        return bins
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("npm is not installed, so the ACP agents (npm packages) cannot be installed")
+    proc = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=root,
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`npm ci` in {root} failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}")
+    missing = [p.name for p in wanted if not p.exists()]
+    if missing:
+        raise RuntimeError(f"`npm ci` in {root} installed no {', '.join(missing)}")
+    return bins
+
+
+
+
+def _isolated_env(tmp: pathlib.Path) -> dict[str, str]:
+    """HOME, XDG dirs and TMPDIR inside the test's tmp dir."""
+    home = tmp / "home"
+    env = {"HOME": str(home), "TMPDIR": str(tmp / "tmp")}
+    for var, sub in (("XDG_CONFIG_HOME", ".config"), ("XDG_DATA_HOME", ".local/share"),
+                     ("XDG_STATE_HOME", ".local/state"), ("XDG_CACHE_HOME", ".cache")):
+        env[var] = str(home / sub)
+    for path in env.values():
+        pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def claude_config(bins: pathlib.Path, tmp: pathlib.Path, base_url: str) -> AcpAgentConfig:
+    env = _isolated_env(tmp)
+    env.update(
+        ANTHROPIC_BASE_URL=base_url, ANTHROPIC_API_KEY="sk-agentd-e2e-dummy", CLAUDE_CONFIG_DIR=str(tmp / "claude-config"),
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1", DISABLE_TELEMETRY="1",
+        DISABLE_ERROR_REPORTING="1")
+    if os.geteuid() == 0:
+        env["IS_SANDBOX"] = "1"  # else Claude Code refuses to run as root and session/new fails
+    # 0.23.1 answers the prompt after a cancelled turn with that turn's stale result (upstream issue #551)
+    return AcpAgentConfig(command=[str(bins / "claude-agent-acp")], env=env, restart_after_cancel=True)
+
+
+GEMINI_SETTINGS = {
+    "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False, "maxAttempts": 1},
+    "privacy": {"usageStatisticsEnabled": False},
+    "security": {"folderTrust": {"enabled": False}},
+    "telemetry": {"enabled": False},
+}
+
+
+def gemini_config(bins: pathlib.Path, tmp: pathlib.Path, base_url: str) -> AcpAgentConfig:
+    env = _isolated_env(tmp)
+    settings = pathlib.Path(env["HOME"]) / ".gemini" / "settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps(GEMINI_SETTINGS))
+    env.update(GOOGLE_GEMINI_BASE_URL=base_url, GEMINI_API_KEY="agentd-e2e-dummy")
+    return AcpAgentConfig(command=[str(bins / "gemini"), "--acp"], env=env, missing_file="empty")
+
+
+def copilot_config(cli: str, tmp: pathlib.Path, openai_url: str, model: str) -> AcpAgentConfig:
+    env = _isolated_env(tmp)
+    home = tmp / "copilot-home"
+    home.mkdir(exist_ok=True)
+    env.update(COPILOT_HOME=str(home), COPILOT_PROVIDER_BASE_URL=openai_url, COPILOT_PROVIDER_API_KEY="sk-agentd-e2e-dummy",
+               COPILOT_MODEL=model, COPILOT_OFFLINE="true")
+    return AcpAgentConfig(command=[cli, "--acp", "--no-auto-update"], env=env)
+
+
+#: Gemini CLI 0.61.0 begins every session/load by starting a chat file named after the current UTC
+#: minute and the session id. In the minute the session was created that is the session's own file:
+#: the load resets it and then finds nothing ("No previous sessions found"), and the transcript is
+#: lost. Its loads (reopen, restart after a kill) are therefore made a minute after the creation.
+LOAD_NEEDS_A_NEW_MINUTE = {"gemini"}
+
+
+#: the shell tool each agent offers the model, and how its arguments look
+SHELL_TOOL = {"claude": "Bash", "gemini": "run_shell_command", "copilot": "bash"}
+
+
+def call_shell(server: Any, agent: str, command: str) -> None:
+    """Make the scripted model call ``agent``'s shell tool with ``command``."""
+    server.call_tool(SHELL_TOOL[agent], command=command,
+                     arguments={"command": command, "description": "Run the scripted command"})
+
+

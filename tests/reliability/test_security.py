@@ -1,0 +1,354 @@
+"""Who gets in and what leaks: private files, other uids refused, the WebSocket's token and
+Origin, a secrets canary through every output, ACP file access confined to the workdir."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+from trio_websocket import HandshakeError, open_websocket_url
+
+from agentd import wire
+from daemon_harness import REPO, Daemon
+
+from .conftest import ECHO, fast_daemon, log_events, new, run_turn, turn_state, wait_for
+from .figures import FAULTS
+
+AGENT = Path(__file__).parent / "acp_fault_agent.py"
+OTHER_USER = "agentd-rt-other"
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_state_runtime_and_socket_files_are_private(daemon: Daemon, workdir: Path) -> None:
+    with daemon.client() as client:
+        cid = new(client, workdir, ECHO)
+        client.subscribe(cid)
+        run_turn(client, cid, "hello")
+    conv = daemon.state_dir / "conversations" / cid
+    assert _mode(daemon.socket) == 0o600
+    assert _mode(daemon.runtime_dir) == 0o700
+    for d in (daemon.state_dir, daemon.state_dir / "conversations", conv):
+        assert _mode(d) == 0o700, d
+    for f in (conv / "events.jsonl", conv / "record.json", conv / "lease.json", daemon.state_dir / "agentd.lock",
+              daemon.state_dir / "providers" / "script" / "received.jsonl"):
+        assert _mode(f) == 0o600, f
+
+
+# --------------------------------------------------------------------------- another uid
+
+
+@pytest.fixture(scope="module")
+def other_user() -> pwd.struct_passwd:
+    if os.geteuid() != 0:
+        pytest.skip("creating a second user needs root")
+    try:
+        return pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        pass
+    proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"useradd failed: {proc.stderr.strip()}")
+    return pwd.getpwnam(OTHER_USER)
+
+
+#: Runs as the other user: connect, print what happened as one JSON line (standard library only).
+_PROBE = r"""
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(5)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    print(json.dumps({"connect": e.__class__.__name__, "errno": e.errno})); sys.exit()
+data = b""
+try:
+    s.sendall(b'{"id": 0, "op": "hello", "protocol": 1}\n{"id": 1, "op": "ls"}\n')
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+except OSError as e:
+    pass
+print(json.dumps({"connect": "ok", "received": data.decode(errors="replace")}))
+"""
+
+
+def _probe_as(user: pwd.struct_passwd, sock: Path) -> dict:
+    proc = subprocess.run(["/usr/bin/python3", "-c", _PROBE, str(sock)], user=user.pw_uid, group=user.pw_gid,
+                          extra_groups=[], capture_output=True, text=True, timeout=30, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_another_uid_cannot_reach_the_socket_and_is_refused_and_logged_when_it_does(
+    other_user: pwd.struct_passwd,
+) -> None:
+    # A root the other user can traverse: only the runtime dir's own mode keeps it out.
+    root = Path(tempfile.mkdtemp(prefix="agentd-uid-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    d = fast_daemon(root).start()
+    try:
+        FAULTS["connection from another uid"] += 2
+        # As installed: the 0700 directory refuses the other user before agentd is even asked.
+        got = _probe_as(other_user, d.socket)
+        assert got == {"connect": "PermissionError", "errno": 13}, got
+        # Permissions loosened by mistake: agentd itself checks the peer's uid and refuses.
+        os.chmod(d.runtime_dir, 0o755)
+        os.chmod(d.socket, 0o666)
+        got = _probe_as(other_user, d.socket)
+        assert got["connect"] == "ok"
+        frames = [msgspec.json.decode(line) for line in got["received"].splitlines()]
+        assert len(frames) == 1, frames  # no hello, no listing: one error, then the connection closes
+        err = frames[0]
+        assert err["type"] == "error" and err["error"]["code"] == "unauthorized"
+        assert f"uid {other_user.pw_uid}" in err["error"]["message"]
+        refused = [e for e in log_events(d) if e.get("event") == "server.peer_refused"]
+        assert refused and f"uid {other_user.pw_uid}" in refused[0]["peer"]
+        # And our own uid still gets in.
+        with d.client() as client:
+            assert client.request(wire.Status)["pid"] == d.proc.pid
+    finally:
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- WebSocket gateway
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[tuple[Daemon, int, str]]:
+    port = _free_port()
+    d = fast_daemon(tmp_path, f"[websocket]\nenabled = true\nport = {port}\n").start()
+
+    def listening() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    wait_for(listening)  # the gateway starts just after the Unix socket
+    try:
+        yield d, port, (d.runtime_dir / "ws-token").read_text().strip()
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize(
+    "path, headers, status",
+    [
+        ("/", [], 401),
+        ("/", [(b"Authorization", b"Bearer")], 401),
+        ("/", [(b"Authorization", b"Basic dXNlcjpwYXNz")], 401),
+        ("/?token=wrong", [], 401),
+        ("/", [(b"Authorization", b"Bearer {token}x")], 401),
+        ("/", [(b"Authorization", b"Bearer {token}"), (b"Origin", b"https://evil.example")], 403),
+        ("/", [(b"Authorization", b"Bearer {token}"), (b"Origin", b"null")], 403),
+        ("/", [(b"Authorization", b"Bearer {token}"), (b"Origin", b"http://127.0.0.1.evil.example:{port}")], 403),
+        ("/", [(b"Authorization", b"Bearer {token}"), (b"Origin", b"https://127.0.0.1:{port}")], 403),
+        ("/?token={token}", [(b"Origin", b"http://localhost:1")], 403),
+    ],
+    ids=["none", "empty", "basic", "query-wrong", "token-suffix", "foreign-origin", "null-origin",
+         "lookalike-origin", "https-origin", "other-port"],
+)
+async def test_the_gateway_refuses_without_the_token_or_from_a_foreign_origin_and_logs_it(
+    gateway: tuple[Daemon, int, str], path: str, headers: list[tuple[bytes, bytes]], status: int
+) -> None:
+    d, port, token = gateway
+    fill = lambda b: b.replace(b"{token}", token.encode()).replace(b"{port}", str(port).encode())  # noqa: E731
+    headers = [(k, fill(v)) for k, v in headers]
+    url = f"ws://127.0.0.1:{port}" + path.replace("{token}", token)
+    FAULTS["websocket refused"] += 1
+    with pytest.raises(HandshakeError) as err:
+        async with open_websocket_url(url, extra_headers=headers):
+            pass
+    assert getattr(err.value, "status_code", None) == status
+    await trio.sleep(0.1)
+    refused = [e for e in log_events(d) if e.get("event") == "gateway.refused"]
+    assert refused, "a refusal must be logged"
+    assert token not in d.log.read_text(), "the token leaked into the log"
+
+
+# --------------------------------------------------------------------------- secrets canary
+
+
+CANARY_KEY = "sk-canary-3f9a1c7e5b2d4f608e1a9c3b7d5f2e4a"  # a provider's API key (byok api_key_env)
+CANARY_ENV = "canary-agent-env-7c1e9b3a5d2f4e6a8b0c"  # a value in an ACP agent's configured env
+CANARY_CLI = "canary-agentctl-env-1a2b3c4d5e6f7a8b9c0d"  # in the environment agentctl sends prompts from
+
+
+def _copilot_cli() -> str | None:
+    arch = {"x86_64": "x64", "aarch64": "arm64"}.get(platform.machine().lower(), platform.machine())
+    exe = REPO / "tests" / "e2e" / "node_modules" / "@github" / f"copilot-linux-{arch}" / "copilot"
+    return str(exe) if exe.is_file() and os.access(exe, os.X_OK) else None
+
+
+def test_secrets_canary_appears_in_no_journal_log_json_output_or_error(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("nothing secret here\n")
+    model_server = None
+    cli = _copilot_cli()
+    copilot = ""
+    if cli is not None:
+        sys.path.insert(0, str(REPO / "tests" / "e2e"))
+        from modelserver import ModelServer  # the scripted OpenAI-compatible model server of the e2e tests
+
+        model_server = ModelServer(tmp_path / "model-requests.jsonl", model="canary-model")
+        model_server.start()
+        home = tmp_path / "copilot-home"
+        home.mkdir()
+        copilot = (f'[providers.copilot]\nenabled = true\ncli_path = {json.dumps(cli)}\ncopilot_home = {json.dumps(str(home))}\n'
+                   f'[providers.copilot.byok]\ntype = "openai"\nbase_url = {json.dumps(model_server.url)}\n'
+                   f'api_key_env = "AGENTD_CANARY_KEY"\nmodel = "canary-model"\n')
+    config = f"""
+[providers.acp.fault]
+command = [{json.dumps(sys.executable)}, {json.dumps(str(AGENT))}]
+env = {{ FAULT_TOKEN = {json.dumps(CANARY_ENV)}, OPENAI_API_KEY = {json.dumps(CANARY_KEY)} }}
+"""
+    root = tmp_path / "d"
+    root.mkdir()
+    d = Daemon(root, (copilot or "[providers.copilot]\nenabled = false\n") + "[providers.claude]\nenabled = false\n" + config,
+               env={"AGENTD_CANARY_KEY": CANARY_KEY, "OPENAI_API_KEY": CANARY_KEY, "ANTHROPIC_API_KEY": CANARY_KEY})
+    d.start(timeout=60)
+    outputs: list[str] = []
+
+    def ctl(*args: str, ok: bool = True) -> str:
+        env = {**d.env, "AGENTD_CANARY": CANARY_CLI, "OPENAI_API_KEY": CANARY_CLI, "GITHUB_TOKEN": CANARY_CLI}
+        proc = subprocess.run([sys.executable, "-m", "agentctl", "--socket", str(d.socket), *args], env=env,
+                              capture_output=True, text=True, timeout=120, cwd=work)
+        outputs.extend([proc.stdout, proc.stderr])
+        if ok:
+            assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    try:
+        FAULTS["secrets canary"] += 1
+        ctl("providers", "--json")
+        ctl("status", "--json")
+        out = ctl("run", "--provider", "script", "--model", str(ECHO), "--cwd", str(work), "--json", "hello there")
+        cid = json.loads(out.strip().splitlines()[-1])["conversation"]
+        ctl("show", cid, "--json")
+        ctl("ls", "--all", "--json")
+        ctl("export", cid, "--format", "json", ok=False)
+        out = ctl("run", "--provider", "acp:fault", "--cwd", str(work), "--json", "read notes.txt")
+        acp = json.loads(out.strip().splitlines()[-1])["conversation"]
+        ctl("run", "--provider", "acp:fault", "--cwd", str(work), "--json", "crash", ok=False)  # a failed turn
+        ctl("send", "no-such-conversation", "hi", "--json", ok=False)  # an error
+        ctl("models", "--provider", "copilot", "--json", ok=False)
+        if model_server is not None:
+            # A real Copilot CLI turn on the bring-your-own-key endpoint: the key is read and used.
+            model_server.answer_text_only()
+            out = ctl("run", "--provider", "copilot", "--cwd", str(work), "--json", "say hi")
+            assert json.loads(out.strip().splitlines()[-1])["state"] == "completed"
+            assert model_server.model_requests, "the Copilot CLI never called the model: the canary proves nothing"
+        with d.client() as client:
+            for conv in (cid, acp):
+                sub = client.subscribe(conv, after=0)
+                for frame in client.frames(timeout=10):
+                    outputs.append(repr(frame))
+                    if isinstance(frame, wire.SnapshotFrame):
+                        break
+    finally:
+        d.stop()
+        if model_server is not None:
+            model_server.stop()
+    leaks = []
+    for canary in (CANARY_KEY, CANARY_ENV, CANARY_CLI):
+        for path in [d.log, d.config.parent / "agentd.log", *d.state_dir.rglob("*")]:
+            if path.is_file() and canary.encode() in path.read_bytes():
+                leaks.append(f"{canary[:12]}... in {path}")
+        for n, text in enumerate(outputs):
+            if canary in text:
+                leaks.append(f"{canary[:12]}... in output {n}: {text[:200]!r}")
+    assert not leaks, "\n".join(leaks)
+
+
+# --------------------------------------------------------------------------- ACP file access
+
+
+@pytest.fixture
+def acp_daemon(tmp_path: Path) -> Iterator[Daemon]:
+    config = f"""
+[providers.acp.fault]
+command = [{json.dumps(sys.executable)}, {json.dumps(str(AGENT))}]
+"""
+    d = fast_daemon(tmp_path / "d", config).start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def test_acp_file_requests_outside_the_workdir_are_refused_symlinks_and_dotdot_included(
+    acp_daemon: Daemon, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("top secret\n")
+    (work / "inside.txt").write_text("inside\n")
+    (work / "link-out").symlink_to(outside)  # a directory symlink pointing out
+    (work / "secret-link.txt").symlink_to(outside / "secret.txt")  # a file symlink pointing out
+    (work / "sub" / "up").symlink_to("../..")  # relative, climbing out
+    refused_reads = [
+        "../outside/secret.txt",
+        str(outside / "secret.txt"),
+        "link-out/secret.txt",
+        "secret-link.txt",
+        "sub/up/outside/secret.txt",
+        "sub/../../outside/secret.txt",
+        "/etc/passwd",
+        "/proc/self/environ",
+    ]
+    refused_writes = ["../outside/new.txt", "link-out/new.txt", "sub/up/outside/new.txt", str(outside / "abs.txt"),
+                      "secret-link.txt"]
+    with acp_daemon.client() as client:
+        cid = client.request(wire.New, provider="acp:fault", workdir=str(work))["id"]
+        client.subscribe(cid)
+
+        def reply(prompt: str) -> str:
+            records = run_turn(client, cid, prompt)
+            texts = [msgspec.json.decode(r.data).get("text", "") for r in records if r.type == "item"]
+            return next(t for t in reversed(texts) if t.startswith(("ok", "error")))
+
+        assert reply("read inside.txt") == "ok:inside\n"
+        assert reply(f"read {work / 'inside.txt'}") == "ok:inside\n"
+        for path in refused_reads:
+            FAULTS["acp fs escape"] += 1
+            answer = reply(f"read {path}")
+            assert answer.startswith("error:") and "outside" in answer, (path, answer)
+            assert "top secret" not in answer
+        for path in refused_writes:
+            FAULTS["acp fs escape"] += 1
+            answer = reply(f"write {path} pwned")
+            assert answer.startswith("error:"), (path, answer)
+        assert reply("write sub/new.txt fine") == "ok"
+    assert (work / "sub" / "new.txt").read_text() == "fine"
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+    assert (outside / "secret.txt").read_text() == "top secret\n"
