@@ -53,6 +53,8 @@ _S = wire.ConversationState
 _record_decoder = msgspec.json.Decoder(wire.ConversationRecord)
 _json = msgspec.json.Encoder()
 
+#: How long after start-up the first sweep of old attachments runs, seconds.
+SWEEP_DELAY_S = 2.0
 #: The pump handles at most this many queued events, or for this long, before it yields.
 PUMP_BATCH = 1024
 PUMP_SLICE_S = 0.002
@@ -139,6 +141,8 @@ class _Live:
         self.budget_closing = False
         self.turn_done = trio.Event()
         self.turn_done.set()
+        #: an interrupting send waits for the cancelled turn; queued prompts wait for it
+        self.interrupting = False
         self.open_lock = trio.Lock()
         self.send_lock = trio.Lock()
         #: the last journal write failed (logged once until one succeeds again)
@@ -304,6 +308,9 @@ class ConversationService:
     # ------------------------------------------------------------------ records
 
     def _save(self, record: wire.ConversationRecord) -> None:
+        live = self._live.get(record.id)
+        if live is not None:
+            self._flush(live)  # records held back go out first: the write below blocks on fsyncs
         record.updated_at = _now()
         self.store.write_record(record.id, _json.encode(record))
 
@@ -720,7 +727,7 @@ class ConversationService:
         if live.record.state is not _S.CLOSED and self._budget_reached(live):
             await self._budget_turn_ended(live)
             return
-        if live.queue and live.record.state is not _S.CLOSED:
+        if live.queue and live.record.state is not _S.CLOSED and not live.interrupting:
             next_run, text = live.queue.popleft()
             # Handed over at once: a prompt sent before the queued one starts is queued behind it,
             # never started ahead of it (which also left the provider busy under the next start).
@@ -857,10 +864,14 @@ class ConversationService:
                 if if_busy == "steer":
                     await self._steer(live, text, stored)
                     return wire.SendResult(run=live.run, disposition="steered", after=live.published_seq)
-                # interrupt
-                await self._cancel(live)
-                with trio.move_on_after(INTERRUPT_WAIT_S):
-                    await live.turn_done.wait()
+                # interrupt: this prompt goes next, ahead of any queued ones
+                live.interrupting = True
+                try:
+                    await self._cancel(live)
+                    with trio.move_on_after(INTERRUPT_WAIT_S):
+                        await live.turn_done.wait()
+                finally:
+                    live.interrupting = False
                 if live.run:
                     raise c.Busy("the running turn did not end after it was cancelled")
                 run = new_id("r")
@@ -1278,10 +1289,13 @@ class ConversationService:
         return stored
 
     async def _retention_loop(self) -> None:
-        """Delete uploads older than ``[attachments] retention_days``: now, then daily."""
+        """Delete uploads older than ``[attachments] retention_days``: just after start-up, then daily."""
         days = self.attachments.retention_days
         if days <= 0:
             return
+        # Not during start-up: the sweep visits every conversation's directory, and its worker
+        # thread would hold the GIL while the daemon loads and gets ready.
+        await trio.sleep(SWEEP_DELAY_S)
         while True:
             try:
                 removed = await trio.to_thread.run_sync(_attachments.sweep, self.store.root, days)

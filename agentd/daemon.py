@@ -80,11 +80,12 @@ async def serve(config: Config, paths: Paths) -> None:
                     async with trio.open_nursery() as front:
                         await front.start(service.run)
                         await front.start(tasks.run)
-                        await front.start(server.serve, listener)
                         if config.websocket.enabled:
                             from .gateway import serve_websocket
 
                             await front.start(serve_websocket, server, config, paths)
+                        # The Unix socket last: once it answers, every listener is up.
+                        await front.start(server.serve, listener)
                         interval = systemd.watchdog_interval()
                         if interval:
                             front.start_soon(systemd.watchdog_loop, interval)

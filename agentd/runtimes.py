@@ -6,9 +6,11 @@ first ``open`` or ``models``) and stops only what it started when ``run()``
 is cancelled. If a provider's ``run()`` itself fails, it is restarted with
 exponential backoff; conversations on it see ``closed`` until then.
 
-Providers whose SDK is slow to import (github-copilot-sdk takes seconds) are
-built in a worker thread after the daemon is ready, so start-up never waits
-for them; a request for such a provider waits until it is built.
+A provider is built (its module, and so its SDK, imported) in a worker
+thread on first use: github-copilot-sdk and claude-agent-sdk take seconds to
+import and tens of MB, which a daemon that never uses them should not pay,
+and start-up never waits for them. A request for a provider waits until it
+is built.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class _Slot:
         self.factory = factory
         self.provider: c.Provider | None = None
         self.error = ""
+        #: set by the first get(): build it
+        self.wanted = trio.Event()
         self.loaded = trio.Event()
 
 
@@ -109,6 +113,7 @@ class Runtimes:
         slot = self._slots.get(name)
         if slot is None:
             raise c.NotFound(f"no provider {name!r}; configured: {', '.join(self.names()) or 'none'}")
+        slot.wanted.set()
         if not slot.loaded.is_set():
             with trio.move_on_after(LOAD_TIMEOUT_S):
                 await slot.loaded.wait()
@@ -119,7 +124,7 @@ class Runtimes:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Build and run every provider until cancelled; restart a provider whose run() failed.
 
-        ``task_status.started()`` comes at once: providers are built in the background.
+        ``task_status.started()`` comes at once: each provider is built on its first get().
         """
         backoff = self.config.runtimes
         async with trio.open_nursery() as nursery:
@@ -128,6 +133,7 @@ class Runtimes:
             task_status.started()
 
     async def _supervise(self, slot: _Slot, initial: float, maximum: float) -> None:
+        await slot.wanted.wait()
         try:
             # abandon_on_cancel: a shutdown during a slow SDK import does not wait for it
             slot.provider = await trio.to_thread.run_sync(slot.factory, abandon_on_cancel=True)

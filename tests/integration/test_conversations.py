@@ -156,10 +156,13 @@ def test_busy_send_follows_if_busy(daemon: Daemon, workdir: Path) -> None:
         assert client.request(wire.Show, conversation=cid)["queued"] == 1
         interrupted = client.request(wire.Send, conversation=cid, text="four", if_busy="interrupt")
         assert interrupted["disposition"] == "interrupted"
+        # The interrupting prompt runs next; the queued one still waits behind it.
+        show = client.request(wire.Show, conversation=cid)
+        assert show["record"]["active_run"] == interrupted["run"]
+        assert show["queued"] == 1
     journal = daemon.journal(cid)
     ends = {r["run"]: r["data"]["state"] for r in journal if r["type"] == "turn" and r["data"]["state"] != "working"}
     assert ends[first] == "cancelled"
-    # The queued prompt ran after the cancelled turn; "four" waits behind nothing.
     prompts = [r["data"]["text"] for r in journal if r["type"] == "prompt"]
     assert prompts == ["one", "three", "four"]
 
