@@ -783,7 +783,7 @@ def answer(
         return _ok_json(conversation=conv, interaction=inter.id, answer=ans)
     from .render import answer_summary
 
-    click.echo(f"answered {inter.id}: {answer_summary(ans)}")
+    click.echo(f"answered {inter.id}: {answer_summary(ans, inter)}")
 
 
 def _pick_interaction(conv: str, pending: list[Interaction], wanted: str | None) -> Interaction:

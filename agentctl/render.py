@@ -232,17 +232,24 @@ def _bounds(lo: float | None, hi: float | None, unit: str) -> str:
     return f"<= {hi:g}{unit}"
 
 
-def answer_summary(answer: Answer) -> str:
-    """A short human line for an answer."""
+def answer_summary(answer: Answer, inter: Interaction | None = None) -> str:
+    """A short human line for an answer; with its interaction, option labels and field names."""
     if answer.decision:
-        return answer.decision
+        labels = {o.id: o.label for o in inter.options} if inter is not None else {}
+        return labels.get(answer.decision) or answer.decision
     if answer.plan is not None:
         return answer.plan.action or f"feedback: {answer.plan.feedback}"
     if answer.reject:
         return "rejected"
     if answer.cancel:
         return "cancelled"
-    return "; ".join(", ".join(v for v in values if v) for values in answer.answers) or "accepted"
+    questions = inter.questions if inter is not None else []
+    parts = []
+    for i, values in enumerate(answer.answers):
+        text = ", ".join(v for v in values if v)
+        field = questions[i].field if i < len(questions) else None
+        parts.append(f"{field.name}={text}" if field is not None else text)
+    return "; ".join(parts) or "accepted"
 
 
 # ---------------------------------------------------------------------- the renderer
@@ -300,6 +307,8 @@ class Renderer:
         self._resolved: set[str] = set()
         #: interactions yolo mode answers (or answered)
         self._auto: set[str] = set()
+        #: every interaction seen, by id: its options and fields name what an answer chose
+        self._asked: dict[str, Interaction] = {}
         self._prompts: list[str] = []
         self._subagents: dict[str, Subagent] = {}
         self._sub_status: dict[str, str] = {}
@@ -501,6 +510,7 @@ class Renderer:
         """Show a pending interaction once (numbered options, how to answer), or its resolution."""
         if inter.auto:
             self._auto.add(inter.id)
+        self._asked[inter.id] = inter
         if inter.state is InteractionState.PENDING:
             if inter.id in self._shown_pending or inter.id in self._resolved or inter.id in self._auto:
                 return  # shown already, or yolo answers it at once (its resolution is shown)
@@ -589,7 +599,9 @@ class Renderer:
         if a.auto:
             self._auto.add(a.interaction_id)
         who = " (yolo)" if a.auto else (f" by {a.by}" if a.by else "")
-        self.line(self.style.dim(f"  {self.g['resolved']} answered: {answer_summary(a.answer)}{who}"))
+        asked = self._asked.get(a.interaction_id)
+        title = f"{asked.title}: " if asked is not None and asked.title else ""
+        self.line(self.style.dim(f"  {self.g['resolved']} {title}answered: {answer_summary(a.answer, asked)}{who}"))
 
     def _on_subagent(self, rec: wire.Record, sub: Subagent) -> None:
         self._subagents[sub.id] = sub

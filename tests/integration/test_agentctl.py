@@ -307,7 +307,7 @@ def test_yolo_runs_to_the_end_without_asking(daemon: Daemon, workdir: Path) -> N
     cp = daemon.agentctl("run", "-p", "script", "-m", str(SCRIPTS / "tool.toml"), "--cwd", str(workdir), "go",
                          "--yolo", "--exit-on-action")
     assert cp.returncode == 0, cp.stdout + cp.stderr
-    assert "answered: allow_once (yolo)" in cp.stdout
+    assert "answered: Allow once (yolo)" in cp.stdout
     assert "answer with" not in cp.stdout
 
 

@@ -91,7 +91,7 @@ def test_a_recorded_turn_renders_as_plain_text_without_ansi() -> None:
         "  answer with: agentctl answer c0ffee1234567 p1 --allow\n"
         "          or: agentctl answer c0ffee1234567 p1 --deny\n"
         "          or: agentctl answer c0ffee1234567 p1 --option ID\n"
-        "  ↳ answered: once\n"
+        "  ↳ Allow bash?: answered: Allow once\n"
         "✓ bash rm -rf build  completed, exit 0\n"
         "▸ subagent checker started: check it\n"
         "[checker] all clean\n"
@@ -172,7 +172,7 @@ def test_yolo_conversations_show_no_answer_hints_for_permissions() -> None:
         rec("answer", c.AnswerRecord(interaction_id="p1", answer=c.Answer(decision="once"), auto=True)),
     ])
     assert "answer with" not in text
-    assert "↳ answered: once (yolo)" in text
+    assert "↳ Allow bash?: answered: Allow once (yolo)" in text
     # agentd marks a permission it is about to answer itself: no prompt is shown for it
     auto = msgspec.structs.replace(PERMISSION, auto=True)
     text = render([
