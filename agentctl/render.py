@@ -527,7 +527,8 @@ class Renderer:
         self._shown_pending.discard(inter.id)
         how = inter.state.value
         if inter.resolution:
-            how += f": {inter.resolution}"
+            labels = {o.id: o.label for o in inter.options}
+            how += f": {labels.get(inter.resolution, inter.resolution)}"
         if inter.id in self._auto:
             how += " (yolo)"
         self.line(self.style.dim(f"  {self.g['resolved']} {inter.title}: {how}"))

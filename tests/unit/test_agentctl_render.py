@@ -179,7 +179,7 @@ def test_yolo_conversations_show_no_answer_hints_for_permissions() -> None:
         rec("interaction", auto),
         rec("interaction", msgspec.structs.replace(PERMISSION, state=c.InteractionState.ANSWERED, resolution="once")),
     ])
-    assert text == "  ↳ Allow bash?: answered: once (yolo)\n"
+    assert text == "  ↳ Allow bash?: answered: Allow once (yolo)\n"
 
 
 def test_unreadable_or_unknown_records_are_skipped() -> None:
