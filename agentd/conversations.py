@@ -159,6 +159,28 @@ class _Live:
         return self.record.active_run
 
 
+class _Reader:
+    """A conversation as a subscriber reads it, loaded or not: its record and journal.
+
+    Reading takes no lease and starts nothing, so tailing an idle
+    conversation leaves it unloaded. ``published_seq`` is the loaded
+    conversation's when it is loaded (it may get loaded meanwhile), else the
+    journal's last seq (nothing appends to an unloaded conversation).
+    """
+
+    __slots__ = ("record", "journal", "_lives")
+
+    def __init__(self, record: wire.ConversationRecord, journal: Journal, lives: dict[str, _Live]) -> None:
+        self.record = record
+        self.journal = journal
+        self._lives = lives
+
+    @property
+    def published_seq(self) -> int:
+        live = self._lives.get(self.record.id)
+        return live.published_seq if live is not None else self.journal.last_seq
+
+
 class ConversationService:
     """Every conversation of this daemon; see the module docstring for the rules.
 
@@ -271,11 +293,14 @@ class ConversationService:
             lines = []
         pending: dict[str, c.Interaction] = {}
         ended: set[str] = set()
+        usage: c.Usage | None = None
         for line in lines:
             rec = wire.decode_record(line)
             if rec.run not in runs:
                 continue
-            if rec.type == "interaction":
+            if rec.type == "usage":
+                usage = msgspec.json.decode(rec.data, type=c.Usage)  # the record is saved at the turn's end only
+            elif rec.type == "interaction":
                 inter = msgspec.json.decode(rec.data, type=c.Interaction)
                 if inter.state is c.InteractionState.PENDING:
                     pending[inter.id] = inter
@@ -300,6 +325,8 @@ class ConversationService:
         record.active_run = ""
         record.queued = []
         record.state = _S.IDLE
+        if usage is not None:
+            record.usage = usage
         self._save(record)
 
     def _run_start_seq(self, record: wire.ConversationRecord) -> int:
@@ -307,18 +334,18 @@ class ConversationService:
 
     # ------------------------------------------------------------------ records
 
-    def _save(self, record: wire.ConversationRecord) -> None:
-        live = self._live.get(record.id)
+    def _save(self, record: wire.ConversationRecord, *, flush: bool = True) -> None:
+        live = self._live.get(record.id) if flush else None
         if live is not None:
             self._flush(live)  # records held back go out first: the write below blocks on fsyncs
         record.updated_at = _now()
         self.store.write_record(record.id, _json.encode(record))
 
-    def _save_quietly(self, record: wire.ConversationRecord) -> bool:
+    def _save_quietly(self, record: wire.ConversationRecord, *, flush: bool = True) -> bool:
         """``_save`` for bookkeeping that must go on when the disk refuses (full, read-only):
         logs the error, returns False. The record in memory stays authoritative."""
         try:
-            self._save(record)
+            self._save(record, flush=flush)
             return True
         except OSError as exc:
             log.error("conversation.record_write_failed", conversation=record.id, error=str(exc))
@@ -448,6 +475,17 @@ class ConversationService:
     async def live(self, ref: str) -> _Live:
         return await self._load(self.resolve(ref))
 
+    def reader(self, ref: str) -> _Live | _Reader:
+        """What a subscriber reads: the loaded conversation, else its journal without loading it.
+
+        Raises NotFound, Invalid (see :meth:`resolve`), JournalCorrupt, OSError.
+        """
+        cid = self.resolve(ref)
+        live = self._live.get(cid)
+        if live is not None:
+            return live
+        return _Reader(self._records[cid], self.store.open(cid), self._live)
+
     async def _ensure_open(self, live: _Live) -> c.Conversation:
         async with live.open_lock:
             if live.conv is not None:
@@ -542,7 +580,9 @@ class ConversationService:
                 # Records of the burst are held back and published together at its end (the
                 # hub builds each subscriber's frames in one join). Nobody can tell: no task
                 # runs in between unless handling yields, and _append flushes before it does.
-                live.held = []
+                holding = live.held is None  # else someone holding already (an ending turn) flushes
+                if holding:
+                    live.held = []
                 try:
                     await self._handle_logged(live, event)
                     deadline = time.perf_counter() + PUMP_SLICE_S
@@ -555,8 +595,9 @@ class ConversationService:
                         if time.perf_counter() > deadline:
                             break
                 finally:
-                    self._flush(live)
-                    live.held = None
+                    if holding:
+                        self._flush(live)
+                        live.held = None
 
     async def _handle_logged(self, live: _Live, event: c.Event) -> None:
         try:
@@ -708,21 +749,31 @@ class ConversationService:
             live.budget_cut = False
             if turn.state is c.TurnState.CANCELLED:
                 turn = msgspec.structs.replace(turn, reason="budget", error=self._budget_cut_text(live))
-        # Written if the journal can take them, else told live: the turn ends either way.
-        for inter in list(live.pending.values()):
-            expired = msgspec.structs.replace(inter, state=c.InteractionState.EXPIRED, resolution="turn ended")
-            await self._append_or_publish(live, "interaction", _json.encode(expired), run=run)
-        live.pending.clear()
-        if journal_turn:
-            await self._append_or_publish(live, "turn", _json.encode(turn), run=run)
-        live.failing_run = live.fail_error = live.fail_reason = ""
-        live.items.clear()
-        live.activity = None
-        live.record.active_run = ""
-        live.record.turn_after = live.published_seq
-        live.record.state = _S.CLOSED if live.record.state is _S.CLOSED else _S.IDLE
-        live.record.error = turn.error if turn.state is c.TurnState.FAILED else ""
-        self._save_quietly(live.record)
+        # The end goes out once the record on disk says so too: held back across the save, so
+        # whoever sees the turn end (and then reads the state dir) never finds it still active.
+        holding = live.held is None
+        if holding:
+            live.held = []
+        try:
+            # Written if the journal can take them, else told live: the turn ends either way.
+            for inter in list(live.pending.values()):
+                expired = msgspec.structs.replace(inter, state=c.InteractionState.EXPIRED, resolution="turn ended")
+                await self._append_or_publish(live, "interaction", _json.encode(expired), run=run)
+            live.pending.clear()
+            if journal_turn:
+                await self._append_or_publish(live, "turn", _json.encode(turn), run=run)
+            live.failing_run = live.fail_error = live.fail_reason = ""
+            live.items.clear()
+            live.activity = None
+            live.record.active_run = ""
+            live.record.turn_after = live.published_seq
+            live.record.state = _S.CLOSED if live.record.state is _S.CLOSED else _S.IDLE
+            live.record.error = turn.error if turn.state is c.TurnState.FAILED else ""
+            self._save_quietly(live.record, flush=False)
+        finally:
+            if holding:
+                self._flush(live)
+                live.held = None
         live.turn_done.set()
         if live.record.state is not _S.CLOSED and self._budget_reached(live):
             await self._budget_turn_ended(live)
@@ -1092,7 +1143,12 @@ class ConversationService:
             usage=record.usage,
         )
 
-    def snapshot(self, live: _Live) -> wire.Snapshot:
+    def snapshot(self, live: _Live | _Reader) -> wire.Snapshot:
+        if isinstance(live, _Reader):
+            loaded = self._live.get(live.record.id)
+            if loaded is None:  # not loaded: no turn in flight here
+                return wire.Snapshot(state=live.record.state, last_seq=live.published_seq, run=live.record.active_run)
+            live = loaded
         return wire.Snapshot(
             state=live.record.state,
             last_seq=live.published_seq,
@@ -1134,7 +1190,11 @@ class ConversationService:
         if after == before:
             return
         live.record.usage = after
-        self._save_quietly(live.record)
+        if not live.run:
+            self._save_quietly(live.record)
+        # else the record is saved when the turn ends, not now: a save is two fsyncs on the trio
+        # thread, which would stall the turn (and every conversation) mid-stream for each model
+        # call. Until then the journal's ``usage`` record holds the total; crash recovery takes it.
         await self._append(live, "usage", _json.encode(after), run=run)
         await self._check_budget(live)
 

@@ -122,6 +122,16 @@ class _Connection:
         if not self.offer(frame):  # pragma: no cover - room was just checked, with no checkpoint since
             raise AssertionError("outbox full after waiting for room")
 
+    async def send_many(self, frames: bytes, count: int) -> None:
+        """Queue ``count`` frames joined in ``frames``, waiting for room for all of them (or an empty outbox)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while not self._shut and self._count and self._count + count > self._limit:
+            if self._room is None:
+                self._room = trio.Event()
+            await self._room.wait()
+        if not self._shut:
+            self._queue(frames, count)
+
     def shut(self) -> None:
         """Accept no more frames; the writer sends what is queued, then returns."""
         self._shut = True
@@ -484,7 +494,7 @@ class Server:
             self.hub.add(sub)
             await conn.send(wire.encode_result(req.id, wire.SubscribeResult(subscription=req.id)))
             return _NO_REPLY
-        live = await self.service.live(req.conversation)
+        live = self.service.reader(req.conversation)  # reading takes no lease: an idle conversation stays unloaded
         cid = live.record.id
         if req.after < 0:
             raise c.Invalid("after must be >= 0")
@@ -505,9 +515,9 @@ class Server:
                 raise
             if not lines:
                 break
-            for line in lines:
-                await conn.send(sub.frame(cid, line))
-                sub.cursor += 1
+            prefix = sub.prefix(cid)
+            await conn.send_many(b"".join([b"%s%s}\n" % (prefix, line) for line in lines]), len(lines))
+            sub.cursor += len(lines)
             await trio.lowlevel.checkpoint()
         if sub.closed:
             return _NO_REPLY

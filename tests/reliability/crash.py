@@ -2,7 +2,7 @@
 
 Run it from the repository root::
 
-    .venv/bin/python -m tests.reliability.crash --kills 1000          # the documented run (~25 min)
+    .venv/bin/python -m tests.reliability.crash --kills 1000          # the documented run (~30 min on 2 cores)
     .venv/bin/python -m tests.reliability.crash --kills 50 --seed 7    # what CI runs (test_crash.py)
 
 It starts ``agentd run`` (fsync ``always``, lease ttl 0.3 s so renewals are

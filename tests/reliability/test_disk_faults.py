@@ -127,7 +127,7 @@ def test_a_disk_filling_up_mid_turn_fails_the_turn_with_the_reason_and_reads_go_
         events = [e for e in log_events(d) if e.get("conversation") == cid]
         failures = [e for e in events if e.get("event") == "journal.write_failed"]
         assert 1 <= len(failures) <= 3, "a full disk must not flood the log"
-        assert any(e.get("event") == "turn.failed_journal_write" for e in events)
+        assert any(e.get("event") == "turn.failing" and e.get("reason") == JOURNAL_WRITE_FAILED for e in events)
     finally:
         d.stop()
 
