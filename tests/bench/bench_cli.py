@@ -45,6 +45,10 @@ def bench_status(ctx: Ctx) -> Result:
     r.extra["over_baseline_ms"] = r.median - r.base_median
     r.notes.append(f"{r.median - r.base_median:.1f} ms over the baseline; {repeats} runs each, alternating")
     med = statistics.median
+    if not r.met:
+        r.notes.append(f"why: agentctl (not agentd: the request takes {med(t_req):.1f} ms) imports click, msgspec and "
+                       f"agentd.wire before it does anything; `import click` alone is {med(t_click) - r.base_median:.0f} ms "
+                       "of the 40 ms budget here")
     r.notes.append(
         f"in the same run, over `python -c pass`: `import click` {med(t_click) - r.base_median:.0f} ms, every import of "
         f"agentctl (click, msgspec, agentd.wire, socket ...) {med(t_cli) - r.base_median:.0f} ms; the status request "

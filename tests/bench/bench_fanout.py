@@ -166,6 +166,9 @@ def bench_latency(ctx: Ctx) -> list[Result]:
     r99 = Result("latency emit -> receive, p99", "us", p99, b99, baseline_name="bare trio server", higher=False,
                  target="p99 <= 2 ms")
     r99.met = r99.median <= 2000
+    if not r99.met and r99.base_median and r99.base_median > 1000:
+        r99.notes.append(f"why: the bare trio server's own p99 is {r99.base_median / 1000:.1f} ms in the same run: "
+                         "on this machine p99 is scheduling noise (other processes on 2 cores), not agentd")
     for r in (r50, r99):
         r.notes.append(f"{n} events at {fmt(rate)}/s, {repeats} repeats")
     return [r50, r99]

@@ -53,6 +53,13 @@ def _load(spec: str) -> Callable[[Ctx], Result | list[Result]]:
     return getattr(importlib.import_module(f".{module}", __package__), func)
 
 
+def _loadavg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
 def _line(r: Result) -> str:
     if r.skipped:
         return f"{r.name}: SKIPPED ({r.skipped})"
@@ -75,7 +82,8 @@ def markdown(results: list[Result], info: dict[str, str], quick: bool, elapsed: 
         + (" (quick mode: small sizes, not figures to quote)" if quick else "") + ".",
         "",
         f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory']} RAM; {info['python']}; "
-        f"{info['kernel']}; load average at start {info['load']}.",
+        f"{info['kernel']}; load average at start {info['load']}, at the end {_loadavg()}. Bytecode cached (PYTHONPYCACHEPREFIX), as in an "
+        "installed agentd.",
         "",
         "Figure and baseline are medians over the repeats, both measured in the same run; the spread is min-max"
         " (and the interquartile range from 4 repeats up). Ratio = figure / baseline.",
