@@ -174,7 +174,7 @@ def bench_copilot(ctx: Ctx) -> Result:
         return Result(name, "s", skipped=reason, target="<= 1.02x baseline")
     from modelserver import ModelServer  # tests/e2e/modelserver.py
 
-    turns = 3 if ctx.quick else 10
+    turns = 2 if ctx.quick else 10
     root = ctx.scratch("copilot")
     server = ModelServer(root / "model-requests.jsonl", model=MODEL).start()
     server.answer_text_only(ANSWER)

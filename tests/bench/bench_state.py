@@ -71,7 +71,7 @@ def bench_tail(ctx: Ctx) -> Result:
 
 
 def bench_startup(ctx: Ctx) -> Result:
-    count, repeats = (1_000, 3) if ctx.quick else (10_000, 5)
+    count, repeats = (500, 2) if ctx.quick else (10_000, 5)
     full = BenchDaemon(ctx.scratch("startup"), CONFIG)
     t = time.perf_counter()
     write_conversations(full.state_dir, count)
@@ -107,7 +107,7 @@ def bench_startup(ctx: Ctx) -> Result:
 
 
 def bench_rss(ctx: Ctx) -> Result:
-    count = 100 if ctx.quick else 1_000
+    count = 50 if ctx.quick else 1_000
     daemon = BenchDaemon(ctx.scratch("rss"), CONFIG).start()
     try:
         work = daemon.root / "work"
