@@ -130,6 +130,54 @@ def _fsync_fds(fds: list[int]) -> None:
         raise error
 
 
+class _FsyncTimer:
+    """How long this process's recent fsyncs took: an exponentially weighted mean, in seconds.
+
+    Decides where :meth:`Journal.sync` runs an fsync. With fsync ``always``
+    every record waits for one, and handing it to a worker thread adds a
+    thread round trip each time (160-240 us on a 2-core VM, as long as the
+    fsync itself; see BENCHMARKS.md). So while fsyncs take under
+    ``INLINE_MAX_S`` on average they run on the trio thread: the loop then
+    stalls at most about a millisecond, half of the 2 ms p99 delivery
+    latency agentd aims for. A slow fsync (a busy disk) stalls it once; the
+    mean then moves fsyncs back to the thread, where they are still timed.
+    """
+
+    INLINE_MAX_S = 0.001
+    _WEIGHT = 0.2
+
+    def __init__(self) -> None:
+        #: None until the first fsync (in the thread) has been measured
+        self.mean_s: float | None = None
+
+    def add(self, seconds: float) -> None:
+        mean = self.mean_s
+        self.mean_s = seconds if mean is None else mean + (seconds - mean) * self._WEIGHT
+
+    @property
+    def inline(self) -> bool:
+        return self.mean_s is not None and self.mean_s < self.INLINE_MAX_S
+
+
+_fsync_timer = _FsyncTimer()
+
+
+def _timed_fsync_fds(fds: list[int]) -> None:
+    t0 = time.perf_counter()
+    try:
+        _fsync_fds(fds)
+    finally:
+        _fsync_timer.add((time.perf_counter() - t0) / max(len(fds), 1))
+
+
+def _fsync_failed(jobs: list[tuple[Journal, int]], exc: OSError) -> None:
+    # After a failed fsync the kernel may have dropped the dirty pages: durability is unknown,
+    # and a later fsync could report success over the hole. Those journals take no more appends.
+    _log().error("journal.fsync_failed", paths=[str(j.path) for j, _ in jobs], error=str(exc))
+    for j, _ in jobs:
+        j._fail(exc)
+
+
 async def _sync_journals(journals: list[Journal]) -> None:
     """fsync every journal with unsynced appends, all in one worker-thread call.
 
@@ -151,13 +199,9 @@ async def _sync_journals(journals: list[Journal]) -> None:
         await trio.lowlevel.checkpoint()
         return
     try:
-        await trio.to_thread.run_sync(_fsync_fds, fds)
+        await trio.to_thread.run_sync(_timed_fsync_fds, fds)
     except OSError as exc:
-        # After a failed fsync the kernel may have dropped the dirty pages: durability is unknown,
-        # and a later fsync could report success over the hole. Those journals take no more appends.
-        _log().error("journal.fsync_failed", paths=[str(j.path) for j, _ in jobs], error=str(exc))
-        for j, _ in jobs:
-            j._fail(exc)
+        _fsync_failed(jobs, exc)
         raise
     for j, end in jobs:
         if end > j._synced:
@@ -172,6 +216,13 @@ class Journal:
     opens (creating, mode 0600) ``path``, cuts a torn last line, and raises
     :class:`JournalCorrupt` when the last complete line is not a record.
     """
+
+    # Slots: append is the daemon's hottest path, and slot access is the cheaper attribute lookup.
+    __slots__ = (
+        "path", "last_seq", "_policy", "_on_dirty", "_queued", "_readonly", "_fd", "_end", "_synced", "_broken",
+        "_broken_reason", "_errno", "_idx_seq", "_idx_off", "_cursors", "_ts_lo", "_ts_hi", "_ts", "_ts_mid",
+        "_run", "_run_tail",
+    )
 
     path: pathlib.Path
     last_seq: int
@@ -295,11 +346,9 @@ class Journal:
         file is cut back to its previous end, ``last_seq`` is unchanged and the
         error propagates. Raises ``trio.ClosedResourceError`` when closed.
         """
-        fd = self._fd
-        if fd < 0 or self._broken:
-            if not (self._readonly is not None and fd >= 0 and self._reopen_writable()):
+        if self._broken:  # also set while closed
+            if not (self._readonly is not None and self._fd >= 0 and self._reopen_writable()):
                 self._raise_unusable()
-            fd = self._fd
         if 10 in data:  # b"\n"; the int form is a plain memchr, several times faster
             raise ValueError("journal payload contains a raw newline")
         now = time.time()
@@ -308,28 +357,27 @@ class Journal:
         seq = self.last_seq + 1
         # The bytes msgspec makes of Record(type, ts, data, seq, run), put together from pieces
         # encoded once (per type, per ms, per run): this is the daemon's hottest path.
-        head = _type_heads.get(type) or _type_head(type)
         if run != self._run:
             self._run = run
             self._run_tail = b',"run":%s}\n' % _encode(run) if run else b"}\n"
-        buf = b'%s%s%s,"seq":%d%s' % (head, self._ts_mid, data, seq, self._run_tail)
-        line = buf[:-1]
+        buf = b'%s%s%s,"seq":%d%s' % (_type_heads.get(type) or _type_head(type), self._ts_mid, data, seq, self._run_tail)
         off = self._end
+        size = len(buf)
         try:
-            n = os.write(fd, buf)
-            if n != len(buf):
-                _fsutil.write_all(fd, memoryview(buf)[n:])
+            n = os.write(self._fd, buf)
+            if n != size:
+                _fsutil.write_all(self._fd, memoryview(buf)[n:])
         except OSError:
             self._rollback(off)
             raise
-        self._end = off + len(buf)
+        self._end = off + size
         self.last_seq = seq
         if not seq & _INDEX_MASK:
             self._index(seq, off)
         if not self._queued and self._on_dirty is not None:
             self._queued = True
             self._on_dirty(self)
-        return seq, line
+        return seq, buf[:-1]
 
     def _set_ts(self, now: float) -> None:
         ms = int(now * 1000)
@@ -399,13 +447,28 @@ class Journal:
     async def sync(self) -> None:
         """Return once every record appended before the call is on disk.
 
-        Always a checkpoint. fsyncs in a worker thread (only when something
-        is unsynced); a no-op for ``never``. Cancellation waits for an fsync
-        already started. Raises OSError when the fsync fails, and
-        ``trio.ClosedResourceError`` when closed.
+        Always a checkpoint. fsyncs only when something is unsynced, in a
+        worker thread, or on the trio thread while this process's recent
+        fsyncs took under 1 ms (see :class:`_FsyncTimer`); a no-op for
+        ``never``. Cancellation waits for an fsync already started. Raises
+        OSError when the fsync fails, and ``trio.ClosedResourceError`` when
+        closed.
         """
         if self._fd < 0:
             self._raise_unusable()
+        if _fsync_timer.inline and self._policy is not FsyncPolicy.NEVER and self._synced < self._end:
+            end = self._end
+            t0 = time.perf_counter()
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                _fsync_failed([(self, end)], exc)
+                raise
+            finally:
+                _fsync_timer.add(time.perf_counter() - t0)
+            self._synced = end
+            await trio.lowlevel.checkpoint()
+            return
         await _sync_journals([self])
 
     def close(self) -> None:
@@ -418,6 +481,7 @@ class Journal:
 
     def _close(self, *, sync: bool) -> None:
         fd, self._fd = self._fd, -1
+        self._broken = True  # append checks only this flag
         if fd < 0:
             return
         try:

@@ -345,6 +345,74 @@ async def test_always_syncs_once_per_sync_call(tmp_path: pathlib.Path, fsyncs: l
     assert len(fsyncs) == 3
 
 
+@pytest.fixture
+def fsync_timer(monkeypatch: pytest.MonkeyPatch) -> journal_mod._FsyncTimer:
+    """A fresh fsync timer for the test, so what earlier tests measured does not decide."""
+    timer = journal_mod._FsyncTimer()
+    monkeypatch.setattr(journal_mod, "_fsync_timer", timer)
+    return timer
+
+
+def fsync_threads(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Records each hand-off of an fsync to a worker thread."""
+    calls: list[object] = []
+    real = trio.to_thread.run_sync
+
+    async def counting(fn, *args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(fn)
+        return await real(fn, *args, **kw)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counting)
+    return calls
+
+
+async def test_always_fsyncs_on_the_loop_only_while_fsyncs_are_fast(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, fsync_timer: journal_mod._FsyncTimer, fsyncs: list[int]
+) -> None:
+    threads = fsync_threads(monkeypatch)
+    j = JournalStore(tmp_path, fsync=FsyncPolicy.ALWAYS).open("c1")
+    fsyncs.clear()
+    # Nothing measured yet: the first fsync goes to a worker thread, which times it.
+    j.append("item", payload(0))
+    await j.sync()
+    assert len(threads) == 1 and len(fsyncs) == 1
+    assert fsync_timer.mean_s is not None
+    # Fast fsyncs: on the trio thread, no hand-off, still one fsync per sync and the end marked synced.
+    fsync_timer.mean_s = 0.0001
+    for i in range(1, 4):
+        j.append("item", payload(i))
+        await j.sync()
+    assert len(threads) == 1 and len(fsyncs) == 4
+    assert j._synced == j._end
+    # One slow fsync (a busy disk) moves the mean over the bound: back to the worker thread.
+    fsync_timer.add(0.05)
+    assert not fsync_timer.inline
+    j.append("item", payload(4))
+    await j.sync()
+    assert len(threads) == 2 and len(fsyncs) == 5
+    j.close()
+
+
+async def test_inline_fsync_error_refuses_further_appends(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, fsync_timer: journal_mod._FsyncTimer
+) -> None:
+    j = JournalStore(tmp_path, fsync=FsyncPolicy.ALWAYS).open("c1")
+    fsync_timer.mean_s = 0.0001
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    j.append("item", payload(0))
+    with pytest.raises(OSError):
+        await j.sync()
+    with pytest.raises(OSError, match="could not be synced"):
+        j.append("item", payload(1))
+    assert j.last_seq == 1
+    monkeypatch.undo()
+    j.close()
+
+
 async def test_batch_syncs_many_appends_once_within_batch_ms(tmp_path: pathlib.Path, fsyncs: list[int]) -> None:
     batch_s = 0.05
     store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=batch_s * 1000)
