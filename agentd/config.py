@@ -18,7 +18,10 @@ names the environment variable that holds the key.
 
 from __future__ import annotations
 
+import datetime
 import difflib
+import enum
+import json
 import os
 import pathlib
 import re
@@ -82,7 +85,7 @@ class ConfigError(Exception):
     """agentd.toml cannot be read, parsed or validated.
 
     ``str(err)`` is one line naming the file and the key path, e.g.
-    ``agentd.toml: journal.fsync: Invalid enum value 'sometimes'`` or
+    ``agentd.toml: journal.fsync: "sometimes" is not one of "always", "batch", "never"`` or
     ``agentd.toml: unknown key server.max_frame_byte``; TOML syntax errors read
     ``agentd.toml:3:9: TOML syntax error: ...``. Attributes: ``path`` (the file,
     or None), ``key`` (dotted key path, "" when not about one key), ``reason``,
@@ -547,6 +550,58 @@ def _unwrap(tp: Any) -> Any:
             return tp
 
 
+def _choices(tp: Any) -> tuple[Any, ...] | None:
+    """The allowed values of a Literal or Enum type (or a union of them), else None."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return tuple(a.value if isinstance(a, enum.Enum) else a for a in typing.get_args(tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tuple(m.value for m in tp)
+    if origin is Annotated:
+        return _choices(typing.get_args(tp)[0])
+    if origin in (typing.Union, types.UnionType):
+        out: list[Any] = []
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                continue
+            sub = _choices(arg)
+            if sub is None:
+                return None
+            out.extend(v for v in sub if v not in out)
+        return tuple(out) or None
+    return None
+
+
+def _show(value: Any) -> str:
+    """A value as written in TOML (strings double-quoted), or what kind of value it is."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return repr(value)
+
+
+def _not_one_of(value: Any, choices: tuple[Any, ...], *, known: bool = True) -> str:
+    """``"x" is not one of "a", "b"``; for a table or array ``must be one of "a", "b", not a table``."""
+    allowed = ", ".join(_show(c) for c in choices)
+    if not known:
+        return f"must be one of {allowed}"
+    if isinstance(value, (dict, list)):
+        return f"must be one of {allowed}, not {_show(value)}"
+    return f"{_show(value)} is not one of {allowed}"
+
+
+_MISSING_NODE: Any = object()
+
+
 def _fails(value: Any, tp: Any) -> bool:
     try:
         msgspec.convert(value, tp)
@@ -559,7 +614,9 @@ def _validation_error(message: str, data: Any, path: pathlib.Path | None) -> Con
     """Turn msgspec's ``... - at `$.a[...].b``` into a ConfigError with a TOML key path.
 
     msgspec writes dict keys as ``[...]``; they are found again by validating
-    each entry of that table against its value type.
+    each entry of that table against its value type. A value (or table key) that
+    must be one of a fixed set (a Literal or Enum type) is reported with that set:
+    ``"sometimes" is not one of "always", "batch", "never"``.
     """
     in_key = bool(_KEY_IN.search(message))
     m = _AT.match(message)
@@ -571,7 +628,7 @@ def _validation_error(message: str, data: Any, path: pathlib.Path | None) -> Con
         name, index = seg.group(1), seg.group(2)
         if name is not None:
             parts.append(_toml_key(name))
-            node = node.get(name) if isinstance(node, dict) else None
+            node = node.get(name, _MISSING_NODE) if isinstance(node, dict) else _MISSING_NODE
             hints = typing.get_type_hints(tp, include_extras=True) if isinstance(tp, type) else {}
             tp = _unwrap(hints.get(name, Any))
         elif index == "...":
@@ -581,11 +638,11 @@ def _validation_error(message: str, data: Any, path: pathlib.Path | None) -> Con
             if isinstance(node, dict):
                 found = next((k for k, v in node.items() if _fails(v, vtype)), None)
             parts.append(_toml_key(found) if found is not None else "<?>")
-            node = node.get(found) if found is not None else None
+            node = node.get(found, _MISSING_NODE) if isinstance(node, dict) and found is not None else _MISSING_NODE
             tp = _unwrap(vtype)
         else:
             parts[-1] += f"[{index}]"
-            node = node[int(index)] if isinstance(node, list) and int(index) < len(node) else None
+            node = node[int(index)] if isinstance(node, list) and int(index) < len(node) else _MISSING_NODE
             args = typing.get_args(tp)
             tp = _unwrap(args[0]) if args else Any
     if in_key:
@@ -595,7 +652,10 @@ def _validation_error(message: str, data: Any, path: pathlib.Path | None) -> Con
         bad = next((k for k in node if _fails(k, ktype)), None) if isinstance(node, dict) else None
         if bad is not None:
             parts.append(_toml_key(bad))
-            reason = f"invalid key name ({reason.replace('Expected `str` matching', 'must match')})"
+            choices = _choices(_unwrap(ktype))
+            detail = _not_one_of(bad, choices) if choices else reason.replace("Expected `str` matching", "must match")
+            reason = f"invalid key name ({detail})"
+        return ConfigError(reason, path=path, key=".".join(parts))
     u = _UNKNOWN.match(reason)
     if u:
         parts.append(_toml_key(u["name"]))
@@ -606,8 +666,12 @@ def _validation_error(message: str, data: Any, path: pathlib.Path | None) -> Con
         return ConfigError(hint, path=path, key=".".join(parts), unknown=True)
     if parts and parts[-1] == "api_key_env":
         reason = "must be the NAME of the environment variable holding the key (e.g. OPENAI_API_KEY), not the key"
+    choices = _choices(tp)
     mm = _MISSING.match(reason)
-    if mm:
+    if choices:
+        # msgspec says "Invalid enum value 'x'" or "Expected `str`, got `int`": name the allowed values instead.
+        reason = _not_one_of(node, choices, known=node is not _MISSING_NODE)
+    elif mm:
         parts.append(_toml_key(mm["name"]))
         reason = "missing required key"
     elif isinstance(tp, type) and issubclass(tp, msgspec.Struct):

@@ -8,7 +8,8 @@ attachments), everything else from the provider's items and interactions.
 
 By default a transcript holds what was said: prompts, answers, questions with
 their answers, plan reviews, notices and how turns that did not complete
-ended. ``include_tools`` adds tool calls with their input and output,
+ended. A question asking several things at once (a form) keeps each field
+with its answer (:class:`FieldAnswer`), rendered one list item per field. ``include_tools`` adds tool calls with their input and output,
 permission requests, reasoning, and subagents' items.
 
 The HTML is one file with inline CSS and no script, image, font or link to
@@ -29,10 +30,21 @@ import msgspec
 from . import contract as c
 from . import wire
 
-__all__ = ["Entry", "Transcript", "FORMATS", "render", "transcript"]
+__all__ = ["Entry", "FieldAnswer", "Transcript", "FORMATS", "render", "transcript"]
 
 Format = Literal["md", "json", "html"]
 FORMATS: tuple[str, ...] = ("md", "json", "html")
+
+
+class FieldAnswer(msgspec.Struct, omit_defaults=True):
+    """One field of a form (or one of several questions) and what was answered to it.
+
+    ``value`` is None while nothing was answered (pending, declined, dismissed),
+    "" for a field left empty in an answer.
+    """
+
+    label: str
+    value: str | None = None
 
 
 class Entry(msgspec.Struct, omit_defaults=True):
@@ -48,6 +60,8 @@ class Entry(msgspec.Struct, omit_defaults=True):
     #: questions and plan reviews: what was asked; the answer is in ``answer``
     title: str = ""
     answer: str = ""
+    #: questions asking several things at once (a form): each field with its answer, in order
+    fields: list[FieldAnswer] = []
     #: turn entries: completed, failed, cancelled; user entries: how the prompt was taken
     state: str = ""
     reason: str = ""
@@ -96,9 +110,27 @@ def _answer_text(inter: c.Interaction, rec: c.AnswerRecord) -> str:
         return "dismissed" + who
     parts = []
     for q, values in zip(inter.questions, a.answers):
-        shown = ", ".join(v for v in values if v) or "-"
+        shown = _shown(values) or "-"
         parts.append(f"{q.text}: {shown}" if len(inter.questions) > 1 else shown)
     return "; ".join(parts) + who
+
+
+def _shown(values: list[str]) -> str:
+    return ", ".join(v for v in values if v)
+
+
+def _fields(inter: c.Interaction, rec: c.AnswerRecord | None = None) -> list[FieldAnswer]:
+    """The fields of an interaction asking several things at once, with the answer's values if it gave them."""
+    if len(inter.questions) < 2:
+        return []
+    given: list[list[str]] | None = None
+    if rec is not None and not (rec.answer.reject or rec.answer.cancel) and rec.answer.answers:
+        given = rec.answer.answers
+    out = []
+    for i, q in enumerate(inter.questions):
+        value = None if given is None else _shown(given[i] if i < len(given) else [])
+        out.append(FieldAnswer(label=q.text, value=value))
+    return out
 
 
 def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, include_tools: bool = False) -> Transcript:
@@ -168,13 +200,15 @@ def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, inclu
             else:
                 interactions[inter.id] = (len(entries), inter)
                 entries.append(Entry(role=role, title=inter.title, text=text, time=_time(inter.time, rec.ts),
-                                     run=rec.run, agent_id=inter.agent_id, state=inter.state.value))
+                                     run=rec.run, agent_id=inter.agent_id, state=inter.state.value,
+                                     fields=_fields(inter)))
         elif t == "answer":
             ans: c.AnswerRecord = payload
             found = interactions.get(ans.interaction_id)
             if found is not None:
                 idx, inter = found
                 entries[idx].answer = _answer_text(inter, ans)
+                entries[idx].fields = _fields(inter, ans)
         elif t == "turn":
             turn: c.Turn = payload
             if turn.state in (c.TurnState.FAILED, c.TurnState.CANCELLED):
@@ -259,6 +293,16 @@ def _heading(e: Entry) -> str:
     return label
 
 
+def _field_label(label: str) -> str:
+    """A field's label on one line, ending with a colon unless it ends with punctuation of its own."""
+    label = " ".join(label.split())
+    return label if label.endswith((":", "?", "!", ".")) else label + ":"
+
+
+def _fields_answered(e: Entry) -> bool:
+    return any(f.value is not None for f in e.fields)
+
+
 def _tool_status(tool: c.ToolCall) -> str:
     s = tool.status.value
     if tool.exit_code is not None:
@@ -273,6 +317,15 @@ def _fence(text: str, info: str = "") -> str:
     longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
     ticks = "`" * max(3, longest + 1)
     return f"{ticks}{info}\n{text.rstrip(chr(10))}\n{ticks}"
+
+
+def _md_field(f: FieldAnswer, *, answered: bool) -> str:
+    """``- **Label:** value``; a value's further lines are indented to stay in the list item."""
+    if not answered:
+        return f"- {' '.join(f.label.split())}"
+    first, *rest = (f.value or "").strip("\n").split("\n")
+    value = "\n".join([first or "—"] + [f"  {line}" if line.strip() else "" for line in rest])
+    return f"- **{_field_label(f.label)}** {value}"
 
 
 def _markdown(t: Transcript) -> str:
@@ -302,13 +355,16 @@ def _markdown(t: Transcript) -> str:
             continue
         if e.title and e.role in ("question", "permission", "plan"):
             out += [f"**{e.title}**", ""]
-        if e.text:
+        if e.fields:
+            # One list item per field (its text is the labels, one a line, which Markdown would run together).
+            out += [_md_field(f, answered=_fields_answered(e)) for f in e.fields] + [""]
+        elif e.text:
             out += [e.text.rstrip("\n"), ""]
         if e.attachments:
             out.append("Attachments:")
             out += [f"- `{a.name}` ({a.mime}, {_size(a.size)})" for a in e.attachments]
             out.append("")
-        if e.answer:
+        if e.answer and not _fields_answered(e):
             out += [f"> **Answer:** {e.answer}", ""]
         elif e.role in ("question", "permission", "plan") and e.state and e.state != "answered":
             out += [f"> *{e.state}*" + (f" ({e.reason})" if e.reason else ""), ""]
@@ -338,6 +394,8 @@ dl.meta dt { font-weight: 600; } dl.meta dd { margin: 0; overflow-wrap: anywhere
 pre.code { white-space: pre-wrap; overflow-wrap: anywhere; background: var(--bg); border: 1px solid var(--line);
   border-radius: 6px; padding: .5rem; font: 13px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
 .answer { margin-top: .4rem; font-weight: 600; }
+ul.fields { margin: .4rem 0 0; padding-left: 1.2rem; }
+ul.fields .value { white-space: pre-wrap; overflow-wrap: anywhere; }
 ul.files { margin: .4rem 0 0; padding-left: 1.2rem; font-size: .9rem; }
 details summary { cursor: pointer; }
 footer { color: var(--muted); font-size: .8rem; margin-top: 2rem; }
@@ -402,12 +460,21 @@ def _html_entry(e: Entry) -> str:
     else:
         if e.title and e.role in ("question", "permission", "plan"):
             body.append(f"<p><strong>{_h(e.title)}</strong></p>")
-        if e.text:
+        if e.fields:
+            answered = _fields_answered(e)
+            items = "".join(
+                f"<li><strong>{_h(_field_label(f.label))}</strong> "
+                f'<span class="value">{_h((f.value or "").strip(chr(10)) or "—")}</span></li>'
+                if answered else f"<li>{_h(' '.join(f.label.split()))}</li>"
+                for f in e.fields
+            )
+            body.append(f'<ul class="fields">{items}</ul>')
+        elif e.text:
             body.append(f'<pre class="text">{_h(e.text.rstrip(chr(10)))}</pre>')
         if e.attachments:
             files = "".join(f"<li>{_h(a.name)} ({_h(a.mime)}, {_h(_size(a.size))})</li>" for a in e.attachments)
             body.append(f'<ul class="files">{files}</ul>')
-        if e.answer:
+        if e.answer and not _fields_answered(e):
             body.append(f'<div class="answer">Answer: {_h(e.answer)}</div>')
         elif e.role in ("question", "permission", "plan") and e.state and e.state != "answered":
             body.append(f'<div class="answer">{_h(e.state + (f" ({e.reason})" if e.reason else ""))}</div>')

@@ -6,21 +6,33 @@ that cannot reopen. Each prompt is one command:
 
 * ``read PATH``           -> fs/read_text_file; answers "ok:<content>" or "error:<message>"
 * ``write PATH CONTENT``  -> fs/write_text_file; answers "ok" or "error:<message>"
-* ``garbage``             -> writes a line that is not JSON-RPC and waits
+* ``garbage``             -> writes a line that is not JSON-RPC, then silence
 * anything else           -> answers "echo:<prompt>"
 
 A prompt with resource_link blocks (attachments) first answers "links:<uri>,...;".
 
 Every answer is one agent_message_chunk, then the prompt's result ``end_turn``.
 Standard library only.
+
+It is also the base of ``tests/reliability/acp_fault_agent.py``, which imports
+it and calls :func:`serve` with more commands (crashes, hangs, floods, ...), its
+own name and loadSession: a command is a function ``(session, request_id,
+rest_of_the_prompt) -> bool`` returning True when it answered the prompt itself.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+#: A prompt command: ``(session id, the prompt's request id, the prompt after its first word)``;
+#: returns True when it answered the prompt itself, False to end the turn with ``end_turn``.
+Command = Callable[[str, Any, str], bool]
 
 _ids = itertools.count(1000)
 _sessions = itertools.count(1)
@@ -55,25 +67,57 @@ def say(session: str, text: str) -> None:
         "sessionId": session, "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}}})
 
 
-def prompt(session: str, text: str) -> None:
-    cmd, _, rest = text.partition(" ")
-    if cmd == "read":
-        answer = call("fs/read_text_file", {"sessionId": session, "path": rest})
-        say(session, f"ok:{answer['result']['content']}" if "result" in answer else f"error:{answer['error']['message']}")
-    elif cmd == "write":
-        path, _, content = rest.partition(" ")
-        answer = call("fs/write_text_file", {"sessionId": session, "path": path, "content": content})
-        say(session, "ok" if "result" in answer else f"error:{answer['error']['message']}")
-    elif cmd == "garbage":
-        say(session, "about to break the protocol")
-        sys.stdout.write("this is not JSON-RPC\n")
-        sys.stdout.flush()
-        time.sleep(30)
-    else:
-        say(session, f"echo:{text}")
+def silence() -> None:
+    """Say nothing more until killed (or until the process that started this one is gone)."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    sys.exit(0)
 
 
-def main() -> None:
+# --------------------------------------------------------------------------- commands
+
+
+def read_file(session: str, rid: Any, path: str) -> bool:
+    answer = call("fs/read_text_file", {"sessionId": session, "path": path})
+    say(session, f"ok:{answer['result']['content']}" if "result" in answer else f"error:{answer['error']['message']}")
+    return False
+
+
+def write_file(session: str, rid: Any, rest: str) -> bool:
+    path, _, content = rest.partition(" ")
+    answer = call("fs/write_text_file", {"sessionId": session, "path": path, "content": content})
+    say(session, "ok" if "result" in answer else f"error:{answer['error']['message']}")
+    return False
+
+
+def garbage(session: str, rid: Any, rest: str) -> bool:
+    say(session, "about to break the protocol")
+    sys.stdout.write("this is not JSON-RPC at all\n")
+    sys.stdout.flush()
+    silence()
+    return True
+
+
+COMMANDS: dict[str, Command] = {"read": read_file, "write": write_file, "garbage": garbage}
+
+
+# --------------------------------------------------------------------------- the agent
+
+
+def serve(
+    *,
+    name: str = "fake",
+    load_session: bool = False,
+    session_prefix: str = "fake",
+    commands: Mapping[str, Command] = COMMANDS,
+) -> None:
+    """Answer ACP on stdio until stdin closes.
+
+    ``load_session``: advertise loadSession and answer session/load (with an
+    empty result) instead of refusing it. A prompt whose first word is not in
+    ``commands`` is echoed.
+    """
     while True:
         msg = read()
         if msg is None:
@@ -81,10 +125,12 @@ def main() -> None:
         method, rid, params = msg.get("method"), msg.get("id"), msg.get("params") or {}
         if method == "initialize":
             send({"jsonrpc": "2.0", "id": rid, "result": {
-                "protocolVersion": 1, "agentInfo": {"name": "fake", "version": "0"},
-                "agentCapabilities": {"loadSession": False}}})
+                "protocolVersion": 1, "agentInfo": {"name": name, "version": "0"},
+                "agentCapabilities": {"loadSession": load_session}}})
         elif method == "session/new":
-            send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": f"fake-{next(_sessions)}"}})
+            send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": f"{session_prefix}-{next(_sessions)}"}})
+        elif method == "session/load" and load_session:
+            send({"jsonrpc": "2.0", "id": rid, "result": {}})
         elif method == "session/prompt":
             session = params["sessionId"]
             blocks = params.get("prompt", [])
@@ -92,7 +138,12 @@ def main() -> None:
             links = [b["uri"] for b in blocks if b.get("type") == "resource_link"]
             if links:
                 say(session, "links:" + ",".join(links) + ";")
-            prompt(session, text)
+            cmd, _, rest = text.partition(" ")
+            command = commands.get(cmd)
+            if command is None:
+                say(session, f"echo:{text}")
+            elif command(session, rid, rest):
+                continue
             send({"jsonrpc": "2.0", "id": rid, "result": {"stopReason": "end_turn"}})
         elif method == "session/cancel":
             pass
@@ -101,4 +152,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    serve()

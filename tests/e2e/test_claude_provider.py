@@ -17,7 +17,6 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,6 +25,7 @@ import trio
 from agentd import contract as c
 from agentd.config import ClaudeConfig
 from agentd.providers.claude import ClaudeConversation, ClaudeProvider, bundled_cli
+import provider_sinks
 from modelserver import DEFAULT_FINAL_TEXT, DEFAULT_TEXT, ModelServer
 
 pytestmark = pytest.mark.e2e
@@ -68,52 +68,10 @@ def claude_config(claude_cli: str, model_server: ModelServer, tmp_path: pathlib.
     return claude_config_for(claude_cli, model_server, tmp_path, model_key_env)
 
 
-class ListSink:
-    """Collects a conversation's events (emit runs on the trio thread)."""
+class ListSink(provider_sinks.ListSink):
+    """The shared event sink (tests/provider_sinks.py), waiting up to TURN_TIMEOUT."""
 
-    def __init__(self) -> None:
-        self.events: list[c.Event] = []
-
-    def emit(self, event: c.Event) -> None:
-        self.events.append(event)
-
-    def of(self, kind: type) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
-
-    def terminal_turns(self) -> list[c.Turn]:
-        return [e.turn for e in self.of(c.TurnEvent) if e.turn.state.terminal]
-
-    def items(self, kind: c.ItemKind | None = None) -> list[c.Item]:
-        """The latest version of each item, in first-seen order."""
-        latest: dict[tuple[str, str], c.Item] = {}
-        for e in self.of(c.ItemEvent):
-            latest[(e.item.agent_id, e.item.id)] = e.item
-        return [i for i in latest.values() if kind is None or i.kind is kind]
-
-    def deltas(self, kind: c.ItemKind = c.ItemKind.ASSISTANT) -> str:
-        return "".join(e.delta.text for e in self.of(c.DeltaEvent) if e.delta.kind is kind)
-
-    async def wait_for(self, predicate: Callable[[], Any], timeout: float = TURN_TIMEOUT, what: str = "the event") -> Any:
-        with trio.move_on_after(timeout):
-            while True:
-                found = predicate()
-                if found:
-                    return found
-                await trio.sleep(0.01)
-        raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; events: {[type(e).__name__ for e in self.events]}")
-
-    async def wait_turns(self, count: int = 1, timeout: float = TURN_TIMEOUT) -> c.Turn:
-        await self.wait_for(lambda: len(self.terminal_turns()) >= count, timeout, f"{count} terminal turn(s)")
-        return self.terminal_turns()[count - 1]
-
-    async def wait_interaction(self, kind: c.InteractionKind) -> c.Interaction:
-        def pending() -> c.Interaction | None:
-            for e in self.of(c.InteractionEvent):
-                if e.interaction.kind is kind and e.interaction.state is c.InteractionState.PENDING:
-                    return e.interaction
-            return None
-
-        return await self.wait_for(pending, what=f"a pending {kind.value} interaction")
+    timeout = TURN_TIMEOUT
 
 
 async def start_provider(nursery: trio.Nursery, config: ClaudeConfig, state_dir: pathlib.Path) -> tuple[ClaudeProvider, trio.CancelScope]:

@@ -11,7 +11,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,68 +19,17 @@ import trio
 from agentd import contract as c
 from agentd.providers.copilot import CopilotProvider
 from agentd.providers.copilot._bridge import AsyncioBridge
+import provider_sinks
 
 pytestmark = pytest.mark.e2e
 
 TURN_TIMEOUT = 45.0
 
 
-class ListSink:
-    """Collects a conversation's events; ``emit`` is only called from the trio thread."""
+class ListSink(provider_sinks.ListSink):
+    """The shared event sink (tests/provider_sinks.py), waiting up to TURN_TIMEOUT."""
 
-    def __init__(self) -> None:
-        self.events: list[c.Event] = []
-        self.thread_ok = True
-        self._trio_token = trio.lowlevel.current_trio_token()
-
-    def emit(self, event: c.Event) -> None:
-        try:
-            if trio.lowlevel.current_trio_token() is not self._trio_token:
-                self.thread_ok = False
-        except RuntimeError:
-            self.thread_ok = False
-        self.events.append(event)
-
-    def of(self, kind: type) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
-
-    def turns(self) -> list[c.Turn]:
-        return [e.turn for e in self.of(c.TurnEvent)]
-
-    def terminal_turns(self) -> list[c.Turn]:
-        return [t for t in self.turns() if t.state.terminal]
-
-    def items(self, kind: c.ItemKind | None = None) -> list[c.Item]:
-        """The latest version of each item, in first-seen order."""
-        latest: dict[tuple[str, str], c.Item] = {}
-        for e in self.of(c.ItemEvent):
-            latest[(e.item.agent_id, e.item.id)] = e.item
-        return [i for i in latest.values() if kind is None or i.kind is kind]
-
-    def deltas(self, kind: c.ItemKind = c.ItemKind.ASSISTANT) -> str:
-        return "".join(e.delta.text for e in self.of(c.DeltaEvent) if e.delta.kind is kind)
-
-    async def wait_for(self, predicate: Callable[[], Any], timeout: float = TURN_TIMEOUT, what: str = "the event") -> Any:
-        with trio.move_on_after(timeout):
-            while True:
-                found = predicate()
-                if found:
-                    return found
-                await trio.sleep(0.01)
-        raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; events: {[type(e).__name__ for e in self.events]}")
-
-    async def wait_turns(self, count: int = 1, timeout: float = TURN_TIMEOUT) -> c.Turn:
-        await self.wait_for(lambda: len(self.terminal_turns()) >= count, timeout, f"{count} terminal turn(s)")
-        return self.terminal_turns()[count - 1]
-
-    async def wait_interaction(self, kind: c.InteractionKind, timeout: float = TURN_TIMEOUT) -> c.Interaction:
-        def pending() -> c.Interaction | None:
-            for e in self.of(c.InteractionEvent):
-                if e.interaction.kind is kind and e.interaction.state is c.InteractionState.PENDING:
-                    return e.interaction
-            return None
-
-        return await self.wait_for(pending, timeout, f"a pending {kind.value} interaction")
+    timeout = TURN_TIMEOUT
 
 
 async def start_provider(nursery: trio.Nursery, config: Any, state_dir: Any) -> tuple[CopilotProvider, trio.CancelScope]:

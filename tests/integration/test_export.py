@@ -166,6 +166,71 @@ def test_html_export_opens_in_a_headless_browser(daemon: Daemon, workdir: Path, 
     assert "<img" not in dom
 
 
+FORM_SCRIPT = """
+model = "form"
+delay_ms = 0
+
+[[turn]]
+[[turn.step]]
+kind = "form"
+title = "Deploy settings"
+echo = true
+
+[[turn.step.field]]
+name = "service"
+text = "Service name"
+required = true
+
+[[turn.step.field]]
+name = "regions"
+text = "Regions"
+type = "array"
+choices = ["Europe", "America"]
+values = ["eu", "us"]
+
+[[turn.step.field]]
+name = "canary"
+text = "Canary first?"
+type = "boolean"
+
+[[turn.step.field]]
+name = "note"
+text = "Note"
+"""
+
+
+def test_a_forms_fields_and_answers_are_exported_one_per_line(daemon: Daemon, workdir: Path, tmp_path: Path) -> None:
+    script = tmp_path / "form.toml"
+    script.write_text(FORM_SCRIPT)
+    conv = new(daemon, workdir, script=str(script))
+    assert daemon.agentctl("send", conv, "deploy", "--exit-on-action", "--follow").returncode == 4
+    pending = daemon.agentctl("export", conv).stdout
+    assert "- Service name\n- Regions\n- Canary first?\n- Note\n\n> *pending*" in pending
+    cp = daemon.agentctl("answer", conv, "--field", "service=api <v2>", "--field", "regions=Europe",
+                         "--field", "regions=America", "--field", "canary=Yes")
+    assert cp.returncode == 0, cp.stderr
+    deadline = time.monotonic() + 15
+    while one_json(daemon.agentctl("show", conv, "--json"))["record"]["state"] != "idle":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+    md = daemon.agentctl("export", conv).stdout
+    assert ("**Deploy settings**\n\n- **Service name:** api <v2>\n- **Regions:** Europe, America\n"
+            "- **Canary first?** Yes\n- **Note:** —\n") in md
+    assert "> **Answer:**" not in md
+
+    page = daemon.agentctl("export", conv, "--format", "html").stdout
+    assert ('<ul class="fields"><li><strong>Service name:</strong> <span class="value">api &lt;v2&gt;</span></li>'
+            '<li><strong>Regions:</strong> <span class="value">Europe, America</span></li>') in page
+
+    doc = json.loads(daemon.agentctl("export", conv, "--format", "json").stdout)
+    form = next(e for e in doc["entries"] if e["role"] == "question")
+    assert form["fields"] == [{"label": "Service name", "value": "api <v2>"},
+                              {"label": "Regions", "value": "Europe, America"},
+                              {"label": "Canary first?", "value": "Yes"}, {"label": "Note", "value": ""}]
+    assert form["state"] == "answered"
+
+
 def test_export_of_an_unknown_conversation_exits_6(daemon: Daemon) -> None:
     cp = daemon.agentctl("export", "cnope", "--format", "html")
     assert cp.returncode == 6 and "not_found" in cp.stderr

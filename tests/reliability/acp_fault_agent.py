@@ -1,7 +1,9 @@
 """A tiny ACP agent that misbehaves on demand, for the fault tests.
 
 Run as ``python acp_fault_agent.py``; speaks ACP (JSON-RPC 2.0, one object per
-line) on stdio. Each prompt's first word says what to do:
+line) on stdio. It is ``tests/e2e/acp_fake_agent.py`` (read, write, garbage,
+echo) with loadSession and these commands added; each prompt's first word says
+what to do:
 
 * ``crash``        -> one message chunk, then the process exits with status 3 mid-turn
 * ``crash-start``  -> (as argv[1]) the process exits before answering ``initialize``
@@ -21,91 +23,60 @@ count restarts and see when they happened. Standard library only.
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
-_ids = itertools.count(1000)
-_sessions = itertools.count(1)
-_out = sys.stdout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
-
-def send(msg: dict) -> None:
-    _out.write(json.dumps(msg) + "\n")
-    _out.flush()
+import acp_fake_agent as fake  # noqa: E402  (found through the line above)
+from acp_fake_agent import say, send, silence  # noqa: E402
 
 
-def read() -> dict | None:
-    line = sys.stdin.readline()
-    if not line:
-        return None
-    return json.loads(line)
+def crash(session: str, rid: Any, rest: str) -> bool:
+    say(session, "about to crash")
+    sys.exit(3)
 
 
-def call(method: str, params: dict) -> dict:
-    rid = next(_ids)
-    send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
-    while True:
-        msg = read()
-        if msg is None:
-            sys.exit(0)
-        if msg.get("id") == rid and "method" not in msg:
-            return msg
+def hang(session: str, rid: Any, rest: str) -> bool:
+    say(session, "thinking forever")
+    silence()
+    return True
 
 
-def say(session: str, text: str) -> None:
-    send({"jsonrpc": "2.0", "method": "session/update", "params": {
-        "sessionId": session, "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}}})
+def flood(session: str, rid: Any, rest: str) -> bool:
+    chunk = "x" * 1023 + "\n"
+    for _ in range(int(rest or "1000")):
+        say(session, chunk)
+    return False
 
 
-def silence() -> None:
-    while True:
-        time.sleep(3600)
+def bigline(session: str, rid: Any, rest: str) -> bool:
+    block = "y" * (1 << 20)
+    sys.stdout.write('{"jsonrpc": "2.0", "method": "session/update", "params": {"text": "')
+    for _ in range(80):
+        sys.stdout.write(block)
+    sys.stdout.flush()
+    silence()
+    return True
 
 
-def prompt(session: str, rid: int, text: str) -> None:
-    cmd, _, rest = text.partition(" ")
-    if cmd == "crash":
-        say(session, "about to crash")
-        sys.exit(3)
-    if cmd == "hang":
-        say(session, "thinking forever")
-        silence()
-    if cmd == "flood":
-        chunk = "x" * 1023 + "\n"
-        for _ in range(int(rest or "1000")):
-            say(session, chunk)
-    elif cmd == "bigline":
-        block = "y" * (1 << 20)
-        _out.write('{"jsonrpc": "2.0", "method": "session/update", "params": {"text": "')
-        for _ in range(80):
-            _out.write(block)
-        _out.flush()
-        silence()
-    elif cmd == "garbage":
-        say(session, "about to break the protocol")
-        _out.write("this is not JSON-RPC at all\n")
-        _out.flush()
-        silence()
-    elif cmd == "notrpc":
-        say(session, "about to send JSON that is not JSON-RPC")
-        send({"hello": "world", "id": [1, 2]})
-        silence()
-    elif cmd == "badresult":
-        send({"jsonrpc": "2.0", "id": rid, "result": {"stopReason": 42}})
-        return
-    elif cmd == "read":
-        answer = call("fs/read_text_file", {"sessionId": session, "path": rest})
-        say(session, f"ok:{answer['result']['content']}" if "result" in answer else f"error:{answer['error']['message']}")
-    elif cmd == "write":
-        path, _, content = rest.partition(" ")
-        answer = call("fs/write_text_file", {"sessionId": session, "path": path, "content": content})
-        say(session, "ok" if "result" in answer else f"error:{answer['error']['message']}")
-    else:
-        say(session, f"echo:{text}")
-    send({"jsonrpc": "2.0", "id": rid, "result": {"stopReason": "end_turn"}})
+def notrpc(session: str, rid: Any, rest: str) -> bool:
+    say(session, "about to send JSON that is not JSON-RPC")
+    send({"hello": "world", "id": [1, 2]})
+    silence()
+    return True
+
+
+def badresult(session: str, rid: Any, rest: str) -> bool:
+    send({"jsonrpc": "2.0", "id": rid, "result": {"stopReason": 42}})
+    return True
+
+
+COMMANDS = {**fake.COMMANDS, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline,
+            "notrpc": notrpc, "badresult": badresult}
 
 
 def main() -> None:
@@ -115,27 +86,7 @@ def main() -> None:
             f.write(f"{time.time():.3f} {os.getpid()} {' '.join(sys.argv[1:])}\n")
     if sys.argv[1:] == ["crash-start"]:
         sys.exit(4)
-    while True:
-        msg = read()
-        if msg is None:
-            return
-        method, rid, params = msg.get("method"), msg.get("id"), msg.get("params") or {}
-        if method == "initialize":
-            send({"jsonrpc": "2.0", "id": rid, "result": {
-                "protocolVersion": 1, "agentInfo": {"name": "fault", "version": "0"},
-                "agentCapabilities": {"loadSession": True}}})
-        elif method == "session/new":
-            send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": f"fault-{os.getpid()}-{next(_sessions)}"}})
-        elif method == "session/prompt":
-            blocks = params.get("prompt", [])
-            text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
-            prompt(params["sessionId"], rid, text)
-        elif method == "session/load":
-            send({"jsonrpc": "2.0", "id": rid, "result": {}})
-        elif method == "session/cancel":
-            pass
-        elif rid is not None:
-            send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": f"no {method}"}})
+    fake.serve(name="fault", load_session=True, session_prefix=f"fault-{os.getpid()}", commands=COMMANDS)
 
 
 if __name__ == "__main__":

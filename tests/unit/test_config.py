@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import enum
+import json
 import pathlib
 import tomllib
-from typing import Any
+import types
+import typing
+from typing import Annotated, Any, Literal
 
 import msgspec
 import pytest
 
+import agentd.config as config_module
 from agentd.config import (
     EXIT_CONFIG,
     AcpAgentConfig,
@@ -199,11 +204,99 @@ def test_an_empty_file_gives_the_defaults(tmp_path: pathlib.Path) -> None:
 # --------------------------------------------------------------------------- errors
 
 
-def test_invalid_enum_value_names_file_and_key(tmp_path: pathlib.Path) -> None:
+def test_invalid_enum_value_names_file_key_and_the_allowed_values(tmp_path: pathlib.Path) -> None:
     err = error_of(tmp_path, '[journal]\nfsync = "sometimes"\n')
-    assert str(err) == f"{tmp_path / 'agentd.toml'}: journal.fsync: Invalid enum value 'sometimes'"
+    assert str(err) == f'{tmp_path / "agentd.toml"}: journal.fsync: "sometimes" is not one of "always", "batch", "never"'
     assert err.key == "journal.fsync"
+    assert err.reason == '"sometimes" is not one of "always", "batch", "never"'
     assert err.path == tmp_path / "agentd.toml"
+
+
+def literal_keys(tp: Any = Config, prefix: str = "") -> dict[str, tuple[Any, ...]]:
+    """Dotted key path -> allowed values of every Literal-valued key in the schema ("<name>" for a named table)."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for name, hint in typing.get_type_hints(tp, include_extras=True).items():
+        key = f"{prefix}.{name}" if prefix else name
+        for arg in unwrap_all(hint):
+            if typing.get_origin(arg) is Literal:
+                out[key] = typing.get_args(arg)
+            elif isinstance(arg, type) and issubclass(arg, msgspec.Struct):
+                out |= literal_keys(arg, key)
+            elif typing.get_origin(arg) is dict:
+                for value_type in unwrap_all(typing.get_args(arg)[1]):
+                    if isinstance(value_type, type) and issubclass(value_type, msgspec.Struct):
+                        out |= literal_keys(value_type, f"{key}.<name>")
+    return out
+
+
+def unwrap_all(tp: Any) -> list[Any]:
+    """The member types of an annotation, Annotated and Optional stripped."""
+    if typing.get_origin(tp) is Annotated:
+        return unwrap_all(typing.get_args(tp)[0])
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return [t for arg in typing.get_args(tp) if arg is not type(None) for t in unwrap_all(arg)]
+    return [tp]
+
+
+#: A minimal file per Literal-valued key, with BOGUS where its value goes (required siblings filled in).
+ENUM_KEYS = {
+    "journal.fsync": "[journal]\nfsync = BOGUS\n",
+    "log.level": "[log]\nlevel = BOGUS\n",
+    "log.format": "[log]\nformat = BOGUS\n",
+    "interactions.on_timeout": "[interactions]\non_timeout = BOGUS\n",
+    "budgets.<name>.on_reach": "[budgets.claude]\nmax_cost_usd = 1\non_reach = BOGUS\n",
+    "providers.copilot.byok.type": '[providers.copilot.byok]\ntype = BOGUS\nbase_url = "https://x"\nmodel = "m"\n',
+    "providers.copilot.byok.wire_api": (
+        '[providers.copilot.byok]\ntype = "openai"\nbase_url = "https://x"\nmodel = "m"\nwire_api = BOGUS\n'
+    ),
+    "providers.acp.<name>.cwd_policy": '[providers.acp.claude]\ncommand = ["a"]\ncwd_policy = BOGUS\n',
+    "providers.acp.<name>.missing_file": '[providers.acp.claude]\ncommand = ["a"]\nmissing_file = BOGUS\n',
+}
+
+
+def test_every_enum_valued_key_has_an_error_message_case() -> None:
+    assert set(literal_keys()) == set(ENUM_KEYS)
+
+
+@pytest.mark.parametrize("key", sorted(ENUM_KEYS))
+@pytest.mark.parametrize(
+    ("written", "shown"),
+    [('"bogus"', '"bogus"'), ("3", "3"), ("true", "true"), ('"Always"', '"Always"')],
+)
+def test_every_enum_valued_key_lists_its_allowed_values(
+    tmp_path: pathlib.Path, key: str, written: str, shown: str
+) -> None:
+    allowed = ", ".join(json.dumps(v) for v in literal_keys()[key])
+    err = error_of(tmp_path, ENUM_KEYS[key].replace("BOGUS", written))
+    assert err.key == key.replace("<name>", "claude")
+    assert err.reason == f"{shown} is not one of {allowed}"
+    assert str(err).endswith(f"agentd.toml: {err.key}: {shown} is not one of {allowed}")
+
+
+def test_an_array_or_table_for_an_enum_valued_key_lists_the_allowed_values(tmp_path: pathlib.Path) -> None:
+    assert str(error_of(tmp_path, '[log]\nlevel = ["info"]\n')).endswith(
+        'log.level: must be one of "debug", "info", "warning", "error", "critical", not an array'
+    )
+    assert str(error_of(tmp_path, "[interactions.on_timeout]\nx = 1\n")).endswith(
+        'interactions.on_timeout: must be one of "deny", "leave", not a table'
+    )
+    # Quotes and backslashes in the value are escaped as in TOML, so the line stays unambiguous.
+    assert str(error_of(tmp_path, "[journal]\nfsync = 'a\"b\\c'\n")).endswith(
+        'journal.fsync: "a\\"b\\\\c" is not one of "always", "batch", "never"'
+    )
+
+
+def test_allowed_values_come_from_literal_enum_and_union_types() -> None:
+    class Colour(enum.Enum):
+        RED = "red"
+        BLUE = "blue"
+
+    assert config_module._choices(Literal["a", "b"]) == ("a", "b")
+    assert config_module._choices(Colour) == ("red", "blue")
+    assert config_module._choices(Annotated[Literal[1, 2], msgspec.Meta()]) == (1, 2)
+    assert config_module._choices(Literal["a"] | Literal["b", "a"] | None) == ("a", "b")
+    assert config_module._choices(Literal["a"] | int) is None
+    assert config_module._choices(str) is None
 
 
 def test_unknown_key_is_reported_as_a_key_path_with_a_suggestion(tmp_path: pathlib.Path) -> None:

@@ -213,3 +213,102 @@ def test_html_escapes_every_piece_of_text() -> None:
 def test_an_unknown_format_is_invalid() -> None:
     with pytest.raises(c.Invalid):
         export.render(export.transcript(_record(), []), "pdf")
+
+
+# --------------------------------------------------------------------------- forms in the export
+
+
+def _form(state: c.InteractionState = c.InteractionState.PENDING) -> c.Interaction:
+    qs = [
+        c.Question(text="Your name", header="Name", custom=True, field=c.Field(name="name", type="string")),
+        c.Question(text="Favourite colours", choices=["Red", "Blue"], multiple=True,
+                   field=c.Field(name="colours", type="array", values=["r", "b"])),
+        c.Question(text="Subscribe?", choices=["Yes", "No"],
+                   field=c.Field(name="subscribe", type="boolean", values=["true", "false"])),
+        c.Question(text="Notes <b>\nfor the team", custom=True, field=c.Field(name="notes", type="string")),
+        c.Question(text="Email", custom=True, field=c.Field(name="email", type="string", format="email")),
+    ]
+    return c.Interaction(id="i1", kind=c.InteractionKind.QUESTION, title="Tell me about you", questions=qs,
+                         elicitation=c.Elicitation(mode="form"), state=state)
+
+
+def _form_journal(answer: c.Answer | None) -> list[bytes]:
+    lines = [_line(1, "interaction", _form())]
+    if answer is not None:
+        state = c.InteractionState.REJECTED if answer.reject else c.InteractionState.ANSWERED
+        lines += [_line(2, "answer", c.AnswerRecord(interaction_id="i1", answer=answer)),
+                  _line(3, "interaction", _form(state))]
+    return lines
+
+
+ANSWERED = c.Answer(answers=[["Ada"], ["Red", "Blue"], ["Yes"], ["first line\n\nsecond & <i>third</i>"], []])
+
+
+def test_a_forms_fields_keep_their_answers_in_the_transcript() -> None:
+    entry = export.transcript(_record(), _form_journal(ANSWERED)).entries[0]
+    assert [(f.label, f.value) for f in entry.fields] == [
+        ("Your name", "Ada"), ("Favourite colours", "Red, Blue"), ("Subscribe?", "Yes"),
+        ("Notes <b>\nfor the team", "first line\n\nsecond & <i>third</i>"), ("Email", "")]
+    pending = export.transcript(_record(), _form_journal(None)).entries[0]
+    assert [f.value for f in pending.fields] == [None] * 5
+    # JSON: one object per field; a field nothing was answered to has no value.
+    doc = msgspec.json.decode(export.render(export.transcript(_record(), _form_journal(None)), "json"))
+    assert doc["entries"][0]["fields"][0] == {"label": "Your name"}
+    doc = msgspec.json.decode(export.render(export.transcript(_record(), _form_journal(ANSWERED)), "json"))
+    assert doc["entries"][0]["fields"][1] == {"label": "Favourite colours", "value": "Red, Blue"}
+    assert doc["entries"][0]["fields"][4] == {"label": "Email", "value": ""}
+
+
+def test_markdown_puts_each_form_field_with_its_answer_on_a_list_item_of_its_own() -> None:
+    md = export.render(export.transcript(_record(), _form_journal(ANSWERED)), "md")
+    assert (
+        "**Tell me about you**\n"
+        "\n"
+        "- **Your name:** Ada\n"
+        "- **Favourite colours:** Red, Blue\n"
+        "- **Subscribe?** Yes\n"
+        "- **Notes <b> for the team:** first line\n"
+        "\n"
+        "  second & <i>third</i>\n"
+        "- **Email:** —\n"
+    ) in md
+    # Not run together on one line, nor as bare lines Markdown joins into one paragraph.
+    assert "Your name: Ada;" not in md and "Your name\nFavourite colours" not in md
+    assert "> **Answer:**" not in md
+
+
+def test_markdown_lists_the_fields_of_a_pending_or_declined_form() -> None:
+    md = export.render(export.transcript(_record(), _form_journal(None)), "md")
+    assert "- Your name\n- Favourite colours\n- Subscribe?\n- Notes <b> for the team\n- Email\n\n> *pending*\n" in md
+    md = export.render(export.transcript(_record(), _form_journal(c.Answer(reject=True))), "md")
+    assert "- Subscribe?\n- Notes <b> for the team\n- Email\n\n> **Answer:** declined\n" in md
+
+
+def test_html_puts_each_form_field_with_its_answer_on_a_list_item_of_its_own() -> None:
+    page = export.render(export.transcript(_record(), _form_journal(ANSWERED)), "html")
+    assert (
+        '<ul class="fields">'
+        '<li><strong>Your name:</strong> <span class="value">Ada</span></li>'
+        '<li><strong>Favourite colours:</strong> <span class="value">Red, Blue</span></li>'
+        '<li><strong>Subscribe?</strong> <span class="value">Yes</span></li>'
+        '<li><strong>Notes &lt;b&gt; for the team:</strong> '
+        '<span class="value">first line\n\nsecond &amp; &lt;i&gt;third&lt;/i&gt;</span></li>'
+        '<li><strong>Email:</strong> <span class="value">—</span></li>'
+        "</ul>"
+    ) in page
+    assert "Your name: Ada;" not in page and '<div class="answer">' not in page
+    assert "ul.fields .value { white-space: pre-wrap;" in page
+    pending = export.render(export.transcript(_record(), _form_journal(None)), "html")
+    assert '<ul class="fields"><li>Your name</li><li>Favourite colours</li>' in pending
+    assert '<div class="answer">pending</div>' in pending
+
+
+def test_a_single_question_keeps_its_text_and_answer_line() -> None:
+    q = c.Interaction(id="q1", kind=c.InteractionKind.QUESTION, title="Colour",
+                      questions=[c.Question(text="Which colour?", choices=["red", "blue"])])
+    lines = [_line(1, "interaction", q),
+             _line(2, "answer", c.AnswerRecord(interaction_id="q1", answer=c.Answer(answers=[["blue"]])))]
+    t = export.transcript(_record(), lines)
+    assert t.entries[0].fields == []
+    assert "Which colour?\n\n> **Answer:** blue\n" in export.render(t, "md")
+    assert '<div class="answer">Answer: blue</div>' in export.render(t, "html")
