@@ -749,8 +749,6 @@ class ConversationService:
             live.budget_cut = False
             if turn.state is c.TurnState.CANCELLED:
                 turn = msgspec.structs.replace(turn, reason="budget", error=self._budget_cut_text(live))
-        # The end goes out once the record on disk says so too: held back across the save, so
-        # whoever sees the turn end (and then reads the state dir) never finds it still active.
         holding = live.held is None
         if holding:
             live.held = []
@@ -769,11 +767,13 @@ class ConversationService:
             live.record.turn_after = live.published_seq
             live.record.state = _S.CLOSED if live.record.state is _S.CLOSED else _S.IDLE
             live.record.error = turn.error if turn.state is c.TurnState.FAILED else ""
-            self._save_quietly(live.record, flush=False)
         finally:
             if holding:
                 self._flush(live)
                 live.held = None
+        # The end goes out first, the record (two fsyncs) follows: a crash in between is
+        # harmless, as recovery sees the run's terminal record in the journal and adds none.
+        self._spawn(self._save_after_end, live)
         live.turn_done.set()
         if live.record.state is not _S.CLOSED and self._budget_reached(live):
             await self._budget_turn_ended(live)
@@ -784,6 +784,18 @@ class ConversationService:
             # never started ahead of it (which also left the provider busy under the next start).
             live.record.active_run = next_run
             self._spawn(self._start_queued, live, next_run, text)
+
+    async def _save_after_end(self, live: _Live) -> None:
+        """Save the record of a turn that just ended, once its end record was sent.
+
+        The subscribers' writers are woken by the end's publication; one
+        checkpoint lets them send it before this blocks on the record's
+        fsyncs. Saves even when cancelled (shutdown) at that checkpoint.
+        """
+        try:
+            await trio.lowlevel.checkpoint()
+        finally:
+            self._save_quietly(live.record)
 
     def _set_state(self, live: _Live, state: wire.ConversationState) -> None:
         if live.record.state is not state and live.record.state is not _S.CLOSED:

@@ -52,7 +52,8 @@ def test_turn_is_journaled_before_it_is_published_and_ends_completed(daemon: Dae
     assert not any(r["type"] == "delta" for r in journal)
     assert journal[-1]["type"] == "turn" and journal[-1]["data"]["state"] == "completed"
     assert [r["type"] for r in journal if r.get("run") == run][0] == "prompt"
-    assert daemon.record(cid).get("active_run", "") == ""
+    # The record is saved right after the end was sent (see ConversationService._save_after_end).
+    wait_for(lambda: daemon.record(cid).get("active_run", "") == "")
 
 
 def test_subscriber_joining_mid_turn_sees_each_durable_event_once_then_the_snapshot(
