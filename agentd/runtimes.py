@@ -61,6 +61,12 @@ class Runtimes:
     def _declare(self) -> None:
         providers = self.config.providers
         state_dir = self.state_dir
+        runtimes = self.config.runtimes
+
+        def restart_policy() -> Any:
+            from .providers._restart import RestartPolicy
+
+            return RestartPolicy(initial_s=runtimes.restart_backoff_initial_s, max_s=runtimes.restart_backoff_max_s)
 
         if providers.script.enabled:
 
@@ -76,7 +82,7 @@ class Runtimes:
             def copilot() -> c.Provider:
                 from .providers.copilot import CopilotProvider
 
-                return CopilotProvider(providers.copilot, state_dir=state_dir, name="copilot")
+                return CopilotProvider(providers.copilot, state_dir=state_dir, name="copilot", restart_policy=restart_policy())
 
             self._slots["copilot"] = _Slot("copilot", copilot)
 
@@ -85,7 +91,7 @@ class Runtimes:
             def claude() -> c.Provider:
                 from .providers.claude import ClaudeProvider
 
-                return ClaudeProvider(providers.claude, state_dir=state_dir, name="claude")
+                return ClaudeProvider(providers.claude, state_dir=state_dir, name="claude", restart_policy=restart_policy())
 
             self._slots["claude"] = _Slot("claude", claude)
 
@@ -97,7 +103,7 @@ class Runtimes:
             def acp(agent: Any = agent, full: str = full) -> c.Provider:
                 from .providers.acp import AcpProvider
 
-                return AcpProvider(agent, state_dir=state_dir, name=full)
+                return AcpProvider(agent, state_dir=state_dir, name=full, restart_policy=restart_policy())
 
             self._slots[full] = _Slot(full, acp)
 

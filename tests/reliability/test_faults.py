@@ -21,11 +21,13 @@ from agentd import contract as c
 from agentd import wire
 from daemon_harness import Client, Daemon
 
-from .conftest import ECHO, fast_daemon, new, wait_for
+from .conftest import ECHO, fast_daemon, log_events, new, wait_for
 from .figures import FAULTS
 
 AGENT = Path(__file__).parent / "acp_fault_agent.py"
 HANG_S = 1.5
+#: acp:flaky runs the fault agent through this: while $FAULT_CRASH_FLAG exists, every start crashes
+CRASH_WRAPPER = 'if [ -e "$FAULT_CRASH_FLAG" ]; then exec "$0" "$1" crash-start; else exec "$0" "$1"; fi'
 
 
 def rss_mb(pid: int) -> float:
@@ -39,6 +41,8 @@ def rss_mb(pid: int) -> float:
 def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     root = tmp_path_factory.mktemp("faults")
     starts = root / "agent-starts.log"
+    flaky_starts = root / "flaky-starts.log"
+    crash_flag = root / "crash-at-start"
     config = f"""
 [runtimes]
 hang_timeout_s = {HANG_S}
@@ -50,9 +54,16 @@ startup_timeout_s = 10.0
 [providers.acp.broken]
 command = [{sys.executable!r}, {str(AGENT)!r}, "crash-start"]
 startup_timeout_s = 10.0
-""".replace("'", '"')
+""".replace("'", '"') + f"""
+[providers.acp.flaky]
+command = ["/bin/sh", "-c", '{CRASH_WRAPPER}', "{sys.executable}", "{AGENT}"]
+env = {{ FAULT_AGENT_LOG = "{flaky_starts}", FAULT_CRASH_FLAG = "{crash_flag}" }}
+startup_timeout_s = 10.0
+"""
     d = fast_daemon(root, config).start()
     d.starts = starts  # type: ignore[attr-defined]
+    d.flaky_starts = flaky_starts  # type: ignore[attr-defined]
+    d.crash_flag = crash_flag  # type: ignore[attr-defined]
     try:
         yield d
     finally:
@@ -79,9 +90,12 @@ def _texts(records: list[wire.Record]) -> list[str]:
 class _Bystander:
     """Another conversation running turns in a thread meanwhile; records how long each took."""
 
-    def __init__(self, d: Daemon, workdir: Path) -> None:
+    def __init__(self, d: Daemon, workdir: Path, provider: str = "script") -> None:
         self.client = d.client()
-        self.cid = new(self.client, workdir, ECHO)
+        if provider == "script":
+            self.cid = new(self.client, workdir, ECHO)
+        else:
+            self.cid = self.client.request(wire.New, provider=provider, workdir=str(workdir))["id"]
         self.client.subscribe(self.cid)
         self.times: list[float] = []
         self.errors: list[BaseException] = []
@@ -195,3 +209,57 @@ def test_a_runtime_that_cannot_start_is_a_clear_error_and_nothing_else_suffers(f
         cid = new(client, _workdir(tmp_path, "other"), ECHO)
         client.subscribe(cid)
         assert _turn(client, cid, "fine")[0]["state"] == "completed"
+
+
+def test_a_runtime_that_keeps_dying_is_restarted_with_backoff_while_other_conversations_carry_on(
+    faulty: Daemon, tmp_path: Path
+) -> None:
+    """The real pacing (1 s, then 2 s): each prompt to a conversation whose agent keeps dying
+    waits out the delay before its start; another conversation on the same provider (its own
+    agent process) and one on another provider are served meanwhile."""
+    flag: Path = faulty.crash_flag  # type: ignore[attr-defined]
+    log: Path = faulty.flaky_starts  # type: ignore[attr-defined]
+
+    def starts() -> list[tuple[float, bool]]:
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [(float(line.split()[0]), line.split()[2:] == ["crash-start"]) for line in lines]
+
+    with faulty.client() as client, _Bystander(faulty, _workdir(tmp_path, "peer"), "acp:flaky"), \
+            _Bystander(faulty, _workdir(tmp_path, "other")):
+        cid = client.request(wire.New, provider="acp:flaky", workdir=str(_workdir(tmp_path, "work")))["id"]
+        client.subscribe(cid)
+        assert _turn(client, cid, "hello")[0]["state"] == "completed"
+        flag.touch()
+        FAULTS["runtime keeps dying at start"] += 1
+        end, _ = _turn(client, cid, "crash")
+        crashed_at = time.time()
+        assert end["state"] == "failed" and end["reason"] == "runtime_exit", end
+        before = len(starts())
+
+        # 1 s after the crash the next prompt's start is let through; it crashes again.
+        t0 = time.monotonic()
+        with pytest.raises(c.AgentdError) as err:
+            client.request(wire.Send, conversation=cid, text="again")
+        took = time.monotonic() - t0
+        assert err.value.code == "unsupported" and "initialize" in err.value.message, err.value
+        assert "exited with code 4" in err.value.message
+        assert took >= 0.9, took
+
+        # Fixed meanwhile: the next start waits 2 s, then the conversation is back.
+        flag.unlink()
+        t0 = time.monotonic()
+        end, records = _turn(client, cid, "after")
+        took = time.monotonic() - t0
+        assert end["state"] == "completed" and "echo:after" in _texts(records), end
+        assert took >= 1.9, took
+
+    new_starts = starts()[before:]
+    assert [crashed for _, crashed in new_starts] == [True, False]
+    (first, _), (second, _) = new_starts
+    assert first - crashed_at >= 0.9 and second - first >= 2.0 - 0.05, (first - crashed_at, second - first)
+    journal = faulty.journal(cid)
+    failed = [r["data"] for r in journal if r["type"] == "turn" and r["data"].get("reason") == "send_failed"]
+    assert len(failed) == 1 and "initialize" in failed[0]["error"], failed
+    waits = [e for e in log_events(faulty) if e.get("event") == "acp.restart_backoff" and e.get("provider") == "acp:flaky"]
+    assert [round(e["wait_s"]) for e in waits] == [1, 2], waits  # logged, with the conversation's id
+    assert all(e.get("conversation") for e in waits), waits

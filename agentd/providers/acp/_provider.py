@@ -14,6 +14,17 @@ Capabilities are what the agent advertised in ``initialize`` (session/load ->
 history and reopen, session/resume -> reopen, session/list -> import) and
 what its sessions offered (models); ``cancel`` and ``permissions`` are part
 of every ACP agent. Nothing is assumed from the agent's name.
+
+Restarts are paced by the shared restart backoff (:mod:`.._restart`), one
+slot per conversation with ``cwd_policy = "workdir"`` (its process; a new
+conversation's process counts for the provider's slot "" until the session is
+open) and the one slot "" with ``"shared"``. A failure is an agent process
+that exits on its own, or a process that was spawned but did not come up
+(initialize, or the session/new, load or resume that follows, failing or
+timing out). The next start of that slot waits 1 s, doubling to 60 s; a
+completed turn (and, for slot "", an opened conversation) starts it over.
+Stops agentd asks for (close, cancel timeout, restart_after_cancel, hang,
+shutdown) are not failures.
 """
 
 from __future__ import annotations
@@ -75,6 +86,7 @@ from ...contract import (
     utcnow,
     validate_answer,
 )
+from .._restart import RestartBackoff, RestartPolicy
 from . import _fs
 from . import _mapping as m
 from . import _schema as s
@@ -106,8 +118,13 @@ class _Record(msgspec.Struct, omit_defaults=True):
 class _Agent:
     """One agent process and the sessions it serves, routing its messages by sessionId."""
 
-    def __init__(self, provider: AcpProvider, cwd: str) -> None:
+    def __init__(self, provider: AcpProvider, cwd: str, key: str = "") -> None:
         self.provider = provider
+        #: the restart-backoff slot this process fills: "" (new, or the shared one) or a conversation id
+        self.key = key
+        #: trio time of the spawn (None before)
+        self.spawned_at: float | None = None
+        self._failure_noted = False
         self.proc = AgentProcess(
             list(provider.config.command), env=provider.agent_env(), cwd=cwd, label=provider.name,
             on_request=self._on_request, on_notification=self._on_notification, on_exit=self._on_exit)
@@ -127,6 +144,7 @@ class _Agent:
         except OSError as exc:
             raise RuntimeUnavailable(
                 f"{self.provider.name}: cannot start {cfg.command[0]!r}: {exc.strerror or exc}") from None
+        self.spawned_at = trio.current_time()
         try:
             raw = await self.proc.request("initialize", {
                 "protocolVersion": s.PROTOCOL_VERSION,
@@ -157,6 +175,14 @@ class _Agent:
         if isinstance(exc, msgspec.ValidationError):
             return RuntimeUnavailable(f"{name} answered {what} with an invalid result: {exc}")
         return exc
+
+    def note_failure(self, error: str) -> None:
+        """Count this process's failure (an exit on its own, or a start that did not come up) once,
+        against its restart slot. A process never spawned (not installed) is no failure."""
+        if self._failure_noted or self.spawned_at is None:
+            return
+        self._failure_noted = True
+        self.provider._restarts.failed(self.key, uptime=trio.current_time() - self.spawned_at, error=error)
 
     def register(self, session_id: str, conv: AcpConversation) -> None:
         """Route ``session_id``'s messages to ``conv``, replaying updates that came before."""
@@ -199,6 +225,7 @@ class _Agent:
         return await conv._on_write(params)
 
     def _on_exit(self, reason: str) -> None:
+        self.note_failure(reason)
         for conv in list(self.sessions.values()):
             conv._agent_exited(self, reason)
         self.provider._agent_gone(self)
@@ -225,7 +252,8 @@ class AcpProvider:
     (stdin closed, then SIGTERM, then SIGKILL of its process group).
     """
 
-    def __init__(self, config: AcpAgentConfig, *, state_dir: Path, name: str) -> None:
+    def __init__(self, config: AcpAgentConfig, *, state_dir: Path, name: str,
+                 restart_policy: RestartPolicy | None = None) -> None:
         self.name = name
         self.agent = name.split(":", 1)[1] if name.startswith("acp:") else name
         self.config = config
@@ -243,6 +271,8 @@ class AcpProvider:
         self._stopping = False
         #: every agent process started and not yet ended
         self._agents: set[_Agent] = set()
+        #: restart backoff: slot "" (new processes; the shared one) and one per conversation (workdir policy)
+        self._restarts = RestartBackoff(f"the {name} agent", provider=name, log_prefix="acp", policy=restart_policy)
 
     # ------------------------------------------------------------------ contract.Provider
 
@@ -313,8 +343,9 @@ class AcpProvider:
         if shutil.which(exe, path=path) is None:
             raise RuntimeUnavailable(f"{self.name}: {exe!r} is not installed or not executable")
         if self._init is None:
-            agent = await self._start_agent(str(self.dir))
+            agent = await self._start_agent(str(self.dir), wait_limit=0.0)
             await agent.proc.stop()
+            self._fresh_start_worked("check")
 
     async def models(self) -> list[Model]:
         """The models the agent's sessions offer; Unsupported when it offers no choice.
@@ -334,9 +365,13 @@ class AcpProvider:
                 if self._models is None:
                     self._models = []
             except (RpcError, ConnectionLost, trio.TooSlowError, msgspec.ValidationError) as exc:
-                raise agent.startup_error("session/new", exc, self.config.startup_timeout_s) from None
+                error = agent.startup_error("session/new", exc, self.config.startup_timeout_s)
+                if isinstance(error, RuntimeUnavailable):
+                    agent.note_failure(error.message)
+                raise error from None
             finally:
                 await agent.proc.stop()
+            self._fresh_start_worked("models")
         if not self._models:
             raise Unsupported(f"{self.name} offers no model selection")
         return list(self._models)
@@ -363,9 +398,14 @@ class AcpProvider:
                                                timeout=self.config.startup_timeout_s)
                 setup = msgspec.convert(raw or {}, s.SessionSetup)
             except BaseException as exc:
-                raise agent.startup_error("session/new", exc, self.config.startup_timeout_s) from None
+                error = agent.startup_error("session/new", exc, self.config.startup_timeout_s)
+                if isinstance(error, RuntimeUnavailable):
+                    self._start_failed(agent, error)
+                raise error from None
             if not setup.session_id:
-                raise RuntimeUnavailable(f"{self.name} answered session/new without a sessionId")
+                error = RuntimeUnavailable(f"{self.name} answered session/new without a sessionId")
+                self._start_failed(agent, error)
+                raise error
             conv = AcpConversation(self, agent, setup.session_id, workdir, sink, title=request.title)
             agent.register(setup.session_id, conv)
             conv._apply_setup(setup)
@@ -380,6 +420,9 @@ class AcpProvider:
             with trio.CancelScope(shield=True):
                 await self._release(agent)
             raise
+        if agent is not self._shared:
+            agent.key = conv.id  # from now on its exits count against the conversation's slot
+        self._fresh_start_worked("a conversation opened")
         self._open[conv.id] = conv
         await self._save_record(_Record(id=conv.id, workdir=workdir, title=request.title, created_at=utcnow()))
         return conv
@@ -403,7 +446,10 @@ class AcpProvider:
                     raw = await agent.proc.request("session/list", params, timeout=REQUEST_TIMEOUT_S)
                     page = msgspec.convert(raw or {}, s.ListSessionsResponse)
                 except BaseException as exc:
-                    raise agent.startup_error("session/list", exc, REQUEST_TIMEOUT_S) from None
+                    error = agent.startup_error("session/list", exc, REQUEST_TIMEOUT_S)
+                    if isinstance(error, RuntimeUnavailable):
+                        self._start_failed(agent, error)
+                    raise error from None
                 for info in page.sessions:
                     out.append(PreviousConversation(id=info.session_id, title=info.title or "",
                                                     workdir=info.cwd or workdir, updated_at=_parse_time(info.updated_at)))
@@ -413,6 +459,7 @@ class AcpProvider:
         finally:
             with trio.CancelScope(shield=True):
                 await self._release(agent)
+        self._fresh_start_worked("sessions listed")
         return out
 
     # ------------------------------------------------------------------ plumbing
@@ -431,15 +478,19 @@ class AcpProvider:
         if old is not None:
             if old._turn is not None:
                 raise Busy(f"conversation {cid} is running a turn here")
+            old._replaced = True  # the same conversation goes on: keep its restart backoff
             await old.close()
-        agent = await self._agent_for(workdir)
+        # After an exit the daemon reopens the conversation: this start is its restart.
+        agent = await self._agent_for(workdir, cid)
         try:
             caps = agent.init.agent_capabilities
             if not caps.load_session and caps.session_capabilities.resume is None:
                 raise Unsupported(f"{self.name} can neither load nor resume a session (it advertises neither)")
             conv = AcpConversation(self, agent, cid, workdir, sink, title=request.title or (record.title if record else ""))
             await conv._attach(agent, "session/load" if caps.load_session else "session/resume")
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, RuntimeUnavailable):
+                self._start_failed(agent, exc)
             with trio.CancelScope(shield=True):
                 await self._release(agent)
             raise
@@ -449,27 +500,50 @@ class AcpProvider:
                                             created_at=record.created_at if record else utcnow()))
         return conv
 
-    async def _agent_for(self, workdir: str) -> _Agent:
-        """A started agent for a session in ``workdir``: the shared one, or a new process there."""
+    async def _agent_for(self, workdir: str, key: str = "") -> _Agent:
+        """A started agent for a session in ``workdir``: the shared one, or a new process there
+        (for restart slot ``key``: a conversation id, or "" for a new conversation)."""
         if self.config.cwd_policy != "shared":
-            return await self._start_agent(workdir)
+            return await self._start_agent(workdir, key)
         async with self._shared_lock:
             if self._shared is None or not self._shared.alive:
                 self._shared = await self._start_agent(str(self.dir))
             return self._shared
 
-    async def _start_agent(self, cwd: str) -> _Agent:
+    async def _start_agent(self, cwd: str, key: str = "", *, wait_limit: float | None = None) -> _Agent:
+        """Spawn and initialize an agent process for restart slot ``key``, once its backoff allows.
+
+        Raises Closed, RuntimeUnavailable (RuntimeRestarting while the backoff holds
+        more than ``wait_limit`` seconds back).
+        """
         if self._nursery is None or self._stopping:
             raise Closed(f"provider {self.name!r} is not running")
-        agent = _Agent(self, cwd)
+        await self._restarts.wait(key, limit=wait_limit)
+        if self._nursery is None or self._stopping:
+            raise Closed(f"provider {self.name!r} is not running")
+        agent = _Agent(self, cwd, key)
         self._agents.add(agent)
         try:
             await agent.start(self._nursery, self.config.startup_timeout_s)
-        except BaseException:
+        except BaseException as exc:
             self._agents.discard(agent)
+            if isinstance(exc, RuntimeUnavailable):
+                agent.note_failure(exc.message)
             raise
         self._init = agent.init
         return agent
+
+    def _start_failed(self, agent: _Agent, error: RuntimeUnavailable) -> None:
+        """A process started for a request did not come up (its session setup failed): a failure of
+        its restart slot. The shared process, which serves others, is judged by its exit only."""
+        if agent is not self._shared:
+            agent.note_failure(error.message)
+
+    def _fresh_start_worked(self, why: str) -> None:
+        """A new process did what it was started for: slot "" starts over (workdir policy; with
+        ``shared``, slot "" is the shared process, which a completed turn vouches for)."""
+        if self.config.cwd_policy != "shared":
+            self._restarts.succeeded("", why=why)
 
     async def _release(self, agent: _Agent) -> None:
         """Stop ``agent`` unless it is the shared one still serving other sessions. Not cancellable."""
@@ -479,6 +553,11 @@ class AcpProvider:
             self._shared = None
         await agent.proc.stop()
         self._agents.discard(agent)
+
+    def _turn_completed(self, conv: AcpConversation) -> None:
+        """A turn completed: the agent works, so the restart backoff of its slot starts over."""
+        key = "" if self.config.cwd_policy == "shared" else conv.id
+        self._restarts.succeeded(key, why="a turn completed")
 
     def _agent_gone(self, agent: _Agent) -> None:
         self._agents.discard(agent)
@@ -634,6 +713,8 @@ class AcpConversation:
         self._cost: float | None = None
         self._closed = False
         self._closed_reason = ""
+        #: closed because a reopen of the same id replaces this instance (its restart backoff goes on)
+        self._replaced = False
         self._revive_lock = trio.Lock()
         #: an agent being stopped after a cancel; a new one starts only once it is gone
         self._retiring: _Agent | None = None
@@ -865,6 +946,8 @@ class AcpConversation:
                     except (RpcError, ConnectionLost, trio.TooSlowError):
                         pass
                 await self._provider._release(agent)
+        if not self._replaced:
+            self._provider._restarts.forget(self.id)
         self._provider._forget(self)
 
     # ------------------------------------------------------------------ session setup
@@ -925,7 +1008,7 @@ class AcpConversation:
             if not caps.load_session and not resume:
                 raise Closed(f"the agent process of conversation {self.id} exited and {self._provider.name} "
                              "can neither load nor resume sessions; start a new conversation")
-            agent = await self._provider._agent_for(self.workdir)
+            agent = await self._provider._agent_for(self.workdir, self.id)
             try:
                 # resume keeps our transcript; a load replays the agent's own, which then replaces it
                 await self._attach(agent, "session/resume" if resume else "session/load")
@@ -933,7 +1016,9 @@ class AcpConversation:
                 with trio.CancelScope(shield=True):
                     await self._provider._release(agent)
                 raise Closed(f"the agent restarted but no longer has this session: {exc.message}") from None
-            except BaseException:
+            except BaseException as exc:
+                if isinstance(exc, RuntimeUnavailable):
+                    self._provider._start_failed(agent, exc)
                 with trio.CancelScope(shield=True):
                     await self._provider._release(agent)
                 raise
@@ -998,6 +1083,8 @@ class AcpConversation:
             self._turn = None
         self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=turn.model)))
         turn.done.set()
+        if state is TurnState.COMPLETED:
+            self._provider._turn_completed(self)
         if state is TurnState.CANCELLED and not reason and self._provider.config.restart_after_cancel:
             self._retire_agent()
 

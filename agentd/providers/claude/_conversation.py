@@ -17,7 +17,8 @@ A turn. :meth:`ClaudeConversation.send` emits the user item and
 the result is an error, else ``completed``. When the process dies mid-turn
 the turn ends ``failed`` (reason ``runtime_exit``, the exit status and the
 last stderr line as the error) and an ``ExitEvent`` follows; the next
-``send`` starts a new process that resumes the same session id. Every turn
+``send`` starts a new process that resumes the same session id, once the
+restart backoff (:mod:`agentd.providers._restart`) allows it. Every turn
 gets exactly one terminal ``TurnEvent``.
 
 Mapping. Partial messages (``include_partial_messages``) give
@@ -69,6 +70,7 @@ from ...contract import (
     ModelSelectionEvent,
     Prompt,
     Retry,
+    RuntimeUnavailable,
     SubmissionUncertain,
     TokenUsage,
     TokensEvent,
@@ -199,6 +201,8 @@ class _Session:
         self.client: Any = None
         self.scope = trio.CancelScope()
         self.started = trio.Event()
+        #: trio time the CLI came up (its uptime counts from here)
+        self.started_at = 0.0
         self.done = trio.Event()
         self.stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
         #: why we stop it ourselves: "closed", "shutdown", "cancel", "restart"; "" = it ends on its own
@@ -275,6 +279,8 @@ class ClaudeConversation:
         self._blocks: dict[str, int] = {}
         self._call: _Call | None = None
         self._reported_model = ""
+        #: the restart-backoff slot of this conversation's CLI (the provider sets "" for a new one's first start)
+        self._restart_key = record.id
 
     # ------------------------------------------------------------------ description
 
@@ -482,6 +488,7 @@ class ClaudeConversation:
             self._closed = True
             await self._stop_session("closed")
             await self._save_quietly()
+        self._provider._restarts.forget(self.id)
         self._provider._forget(self)
 
     # ------------------------------------------------------------------ lifetime (provider side)
@@ -505,10 +512,12 @@ class ClaudeConversation:
             await session.done.wait()
 
     async def _ensure_session(self) -> _Session:
-        """The running CLI session, started (resuming this session id when it exists) if needed.
+        """The running CLI session, started (resuming this session id when it exists) if needed,
+        once the restart backoff allows.
 
-        Raises RuntimeUnavailable when the CLI cannot start,
-        ConversationNotFound when it reports the session missing.
+        Raises RuntimeUnavailable when the CLI cannot start (RuntimeRestarting
+        while the backoff holds its start back), ConversationNotFound when it
+        reports the session missing.
         """
         async with self._start_lock:
             session = self._session
@@ -518,11 +527,18 @@ class ClaudeConversation:
                 await self._stop_session("restart")
             self._session = None
             self._check_open()
+            restarts = self._provider._restarts
+            await restarts.wait(self._restart_key)
+            self._check_open()
             self._generation += 1
             session = _Session(self._generation)
             resume = await self._provider.session_exists(self.id)
             options = await self._provider.options(self, session, resume=resume)
-            await self._provider.start_task(self._run_session, session, options)
+            try:
+                await self._provider.start_task(self._run_session, session, options)
+            except RuntimeUnavailable as exc:
+                restarts.failed(self._restart_key, error=exc.message)
+                raise
             self._session = session
             return session
 
@@ -546,6 +562,7 @@ class ClaudeConversation:
                     raise self._provider.start_error(session, f"it did not start within {CONNECT_TIMEOUT_S:g} s") from None
                 except Exception as exc:
                     raise self._provider.start_error(session, exc) from None
+                session.started_at = trio.current_time()
                 session.started.set()
                 task_status.started()
                 log.info("claude.session_started", conversation=self.id, pid=session.pid, generation=session.generation)
@@ -607,6 +624,7 @@ class ClaudeConversation:
             return
         reason = reason or "Claude Code exited"
         log.warning("claude.session_exited", conversation=self.id, generation=session.generation, reason=reason)
+        self._provider._restarts.failed(self._restart_key, uptime=trio.current_time() - session.started_at, error=reason)
         if turn is not None:
             state = TurnState.CANCELLED if turn.cancelling else TurnState.FAILED
             self._end_turn(turn, state, error="" if turn.cancelling else reason, reason="runtime_exit")
@@ -909,6 +927,8 @@ class ClaudeConversation:
             self._turn = None
         self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=self._reported_model or self.model)))
         turn.done.set()
+        if state is TurnState.COMPLETED:
+            self._provider._restarts.succeeded(self._restart_key, why="a turn completed")
 
     # ------------------------------------------------------------------ persistence
 

@@ -22,6 +22,13 @@ keeps what the CLI does not (workdir, model, effort, the running cost, tools
 allowed for the conversation), so a conversation opened but never prompted
 reopens too. An id with neither, or a prompted one whose transcript is gone,
 raises ConversationNotFound.
+
+Restarts are paced by the shared restart backoff (:mod:`.._restart`), one
+slot per conversation id (a new conversation's first process counts for the
+provider's slot "" until it is up): after a CLI process exits on its own, or
+fails to start, the next start of that conversation's CLI waits 1 s,
+doubling to 60 s; a request with more than 10 s of it left fails at once
+with ``RuntimeRestarting``. A completed turn starts it over.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ from ...contract import (
     Usage,
     utcnow,
 )
+from .._restart import RestartBackoff, RestartPolicy
 from . import _mapping as m
 from ._conversation import EFFORTS, ClaudeConversation, _Session
 
@@ -154,7 +162,8 @@ class ClaudeProvider:
 
     display_name = "Claude Code"
 
-    def __init__(self, config: ClaudeConfig, *, state_dir: Path, name: str = "claude") -> None:
+    def __init__(self, config: ClaudeConfig, *, state_dir: Path, name: str = "claude",
+                 restart_policy: RestartPolicy | None = None) -> None:
         self.config = config
         self.name = name
         self.state_dir = Path(state_dir)
@@ -162,6 +171,8 @@ class ClaudeProvider:
         self._nursery: trio.Nursery | None = None
         self._open: dict[str, ClaudeConversation] = {}
         self._sdk_loaded = False
+        #: restart backoff: one slot per conversation id; "" for new conversations' first process
+        self._restarts = RestartBackoff("Claude Code", provider=name, log_prefix="claude", policy=restart_policy)
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -411,7 +422,12 @@ class ClaudeProvider:
         if not record.workdir or not await trio.to_thread.run_sync(os.path.isdir, record.workdir):
             raise Invalid(f"workdir {record.workdir!r} is not a directory")
         conv = ClaudeConversation(self, record, sink)
+        if not request.conversation_id:
+            conv._restart_key = ""  # a new id has no history: pace it with every new conversation's start
         await conv._ensure_session()
+        if not request.conversation_id:
+            conv._restart_key = record.id
+            self._restarts.succeeded("", why="a conversation opened")
         await conv._save_quietly()
         self._open[record.id] = conv
         log.info("claude.opened", provider=self.name, conversation=record.id, reopened=bool(request.conversation_id))

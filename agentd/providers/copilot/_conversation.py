@@ -283,6 +283,8 @@ class CopilotConversation:
             self._end_turn(TurnState.CANCELLED, reason=reason)
         else:
             self._end_turn(TurnState.COMPLETED)
+            if self._runtime.alive:  # the CLI works: its restart backoff starts over
+                self._provider._restarts.succeeded(why="a turn completed")
 
     def _end_turn(self, state: TurnState, *, error: str = "", reason: str = "") -> None:
         """Emit the turn's one terminal event (after closing what it left open)."""

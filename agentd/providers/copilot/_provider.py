@@ -4,9 +4,11 @@ One CLI process (the *runtime*) per provider, started on first use and
 shared by every open conversation. It is supervised: when it exits on its
 own, every open conversation gets its running turn ended ``failed``
 (reason ``runtime_exit``) and an ``exit`` event, and is closed; the next
-``open`` (or ``models``, ...) starts a new runtime, waiting first 1 s after
-a crash, doubling up to 60 s while it keeps crashing. The provider stops
-only the runtime it started.
+``open`` (or ``models``, ...) starts a new runtime, paced by the restart
+backoff shared with the other providers (:mod:`agentd.providers._restart`):
+1 s after a crash, doubling up to 60 s while it keeps crashing, a request
+waiting out at most 10 s of it and failing fast with ``RuntimeRestarting``
+past that. The provider stops only the runtime it started.
 
 The SDK is asyncio-only; it runs on an :class:`~._bridge.AsyncioBridge`
 thread. Every SDK event is handed to the trio thread, where the
@@ -48,6 +50,7 @@ from ...contract import (
     RuntimeUnavailable,
     Unsupported,
 )
+from .._restart import RestartBackoff, RestartPolicy
 from . import _mapping as m
 from ._bridge import AsyncioBridge, BridgeClosed
 from ._conversation import CopilotConversation, clean_title
@@ -58,11 +61,6 @@ log = structlog.get_logger(__name__)
 START_TIMEOUT_S = 60.0
 #: How long create/resume/list calls may take.
 CALL_TIMEOUT_S = 60.0
-#: Restart backoff after a runtime exit: first delay, ceiling (doubling in between).
-BACKOFF_INITIAL_S = 1.0
-BACKOFF_MAX_S = 60.0
-#: A runtime that ran at least this long before exiting starts the backoff over.
-HEALTHY_UPTIME_S = 60.0
 #: How long a graceful stop may take before the CLI is killed.
 STOP_TIMEOUT_S = 10.0
 
@@ -172,7 +170,8 @@ class CopilotProvider:
 
     display_name = "GitHub Copilot"
 
-    def __init__(self, config: Any, *, state_dir: Path, name: str = "copilot") -> None:
+    def __init__(self, config: Any, *, state_dir: Path, name: str = "copilot",
+                 restart_policy: RestartPolicy | None = None) -> None:
         self.config = config
         self.name = name
         self.state_dir = Path(state_dir)
@@ -181,8 +180,8 @@ class CopilotProvider:
         self._runtime: _Runtime | None = None
         self._start_lock = trio.Lock()
         self._generation = 0
-        self._failures = 0
-        self._not_before = 0.0
+        #: restart backoff of the one runtime (slot "")
+        self._restarts = RestartBackoff("the Copilot CLI", provider=name, log_prefix="copilot", policy=restart_policy)
         self._conversations: set[CopilotConversation] = set()
 
     # ------------------------------------------------------------------ description
@@ -320,10 +319,7 @@ class CopilotProvider:
             rt = self._runtime
             if rt is not None and rt.alive:
                 return rt
-            wait = self._not_before - trio.current_time()
-            if wait > 0:
-                log.info("copilot.restart_backoff", provider=self.name, wait_s=round(wait, 2))
-                await trio.sleep(wait)
+            await self._restarts.wait()
             cli = resolve_cli_path(self.config.cli_path, self.config.env or {})
             self._api_key()  # fail early (and register the secret) before spawning
             home = self.copilot_home
@@ -361,21 +357,18 @@ class CopilotProvider:
                 with trio.fail_after(START_TIMEOUT_S):
                     client = await bridge.run(start)
             except trio.TooSlowError:
-                self._note_failure(0.0)
-                raise RuntimeUnavailable(f"the Copilot CLI ({cli}) did not start within {START_TIMEOUT_S:g} s") from None
+                error = RuntimeUnavailable(f"the Copilot CLI ({cli}) did not start within {START_TIMEOUT_S:g} s")
+                self._restarts.failed(error=error.message)
+                raise error from None
             except (RuntimeError, OSError, ProcessExitedError, JsonRpcError) as exc:
-                self._note_failure(0.0)
-                raise RuntimeUnavailable(f"the Copilot CLI ({cli}) did not start: {exc}") from None
+                error = RuntimeUnavailable(f"the Copilot CLI ({cli}) did not start: {exc}")
+                self._restarts.failed(error=error.message)
+                raise error from None
             rt = _Runtime(client, generation, trio.current_time())
             self._runtime = rt
             self._watch(rt)
             log.info("copilot.runtime_started", provider=self.name, pid=rt.pid, generation=generation)
             return rt
-
-    def _note_failure(self, uptime: float) -> None:
-        self._failures = 1 if uptime >= HEALTHY_UPTIME_S else self._failures + 1
-        delay = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** (self._failures - 1))
-        self._not_before = trio.current_time() + delay
 
     def _watch(self, rt: _Runtime) -> None:
         """Notice the runtime's end: its connection closing, or its process exiting."""
@@ -407,8 +400,8 @@ class CopilotProvider:
         rt.alive = False
         if rt.stopping:
             return
-        self._note_failure(trio.current_time() - rt.started)
         rt.exit_reason = "the Copilot CLI exited"
+        self._restarts.failed(uptime=trio.current_time() - rt.started, error=rt.exit_reason)
         self._spawn(self._after_exit, rt)
 
     async def _after_exit(self, rt: _Runtime) -> None:
@@ -422,6 +415,7 @@ class CopilotProvider:
         if tail:
             reason += f": {tail.splitlines()[-1][:300]}"
         rt.exit_reason = reason
+        self._restarts.explain("", reason)
         log.warning("copilot.runtime_exited", provider=self.name, pid=rt.pid, code=code, generation=rt.generation)
         for conv in [c for c in self._conversations if c._runtime is rt]:
             conv.runtime_exited(reason)
