@@ -153,6 +153,12 @@ class _Live:
         self.fail_reason = ""
         #: trio time of the provider's last event (the hang watchdog's clock)
         self.last_event = 0.0
+        #: the run whose provider conversation is being opened before its prompt is sent
+        #: (a runtime starting, a restart backoff): a cancel meanwhile ends it at once
+        self.opening_run = ""
+        #: the run whose prompt was last handed to the provider: a runtime exit ends it
+        #: (a queued run handed over but not sent yet does not go down with that runtime)
+        self.sent_run = ""
 
     @property
     def run(self) -> str:
@@ -734,9 +740,11 @@ class ConversationService:
         elif isinstance(event, c.ExitEvent):
             live.conv = None
             await self._append(live, type_, data, run=run)
-            if live.run:
+            if live.run and live.sent_run == live.run:
                 turn = c.Turn(state=c.TurnState.FAILED, error=event.error, reason="runtime_exit")
                 await self._end_turn(live, turn, live.run, journal_turn=True)
+            # Else no prompt of the current run reached that runtime (a queued run handed over
+            # as the crashed turn ended): it is sent to a new one.
             return
         await self._append(live, type_, data, run=run)
 
@@ -745,6 +753,8 @@ class ConversationService:
             # A terminal turn with no turn of ours in flight (a duplicate end): journal, no state change.
             await self._append(live, "turn", _json.encode(turn))
             return
+        if run in live.record.queued:
+            live.record.queued.remove(run)  # a queued run ended before its start (cancelled, say)
         if live.budget_cut:
             live.budget_cut = False
             if turn.state is c.TurnState.CANCELLED:
@@ -1003,8 +1013,21 @@ class ConversationService:
                 log.error("conversation.record_write_failed", conversation=record.id, error=str(exc))
                 raise c.InternalError(f"cannot write the conversation record: {exc.strerror or exc}") from None
             raise
+        opened = False
         try:
-            conv = await self._ensure_open(live)
+            live.opening_run = run
+            try:
+                conv = await self._ensure_open(live)
+            finally:
+                if live.opening_run == run:
+                    live.opening_run = ""
+            opened = True
+            if live.run != run:
+                # The turn ended (cancelled, closed, failed) while its conversation was being
+                # opened: its prompt never reaches the provider. What was opened stays for the next one.
+                await self._abandoned_open(live, run)
+                return after
+            live.sent_run = run
             await conv.send(c.Prompt(text=text, attachments=list(attachments or [])))
         except c.SubmissionUncertain as exc:
             # The provider may be running it. Surface it; never resend. The turn stays active
@@ -1014,13 +1037,21 @@ class ConversationService:
             raise
         except BaseException as exc:
             message = exc.message if isinstance(exc, c.AgentdError) else f"{type(exc).__name__}: {exc}"
-            if isinstance(exc, c.Busy):
-                reason = "busy"
+            if live.run != run:
+                # The turn already ended and has its outcome. It is not ended a second time
+                # (that would end whatever run came after it).
+                if not opened and isinstance(exc, Exception):
+                    # Its open failed after it was cancelled: nothing was sent, the cancel stands.
+                    log.warning("turn.open_failed_after_end", conversation=live.record.id, run=run, error=message)
+                    return after
             else:
-                reason = "send_failed"
-            with trio.CancelScope(shield=True):
-                turn = c.Turn(state=c.TurnState.FAILED, error=message, reason=reason)
-                await self._end_turn(live, turn, run)
+                if isinstance(exc, c.Busy):
+                    reason = "busy"
+                else:
+                    reason = "send_failed"
+                with trio.CancelScope(shield=True):
+                    turn = c.Turn(state=c.TurnState.FAILED, error=message, reason=reason)
+                    await self._end_turn(live, turn, run)
             if isinstance(exc, (c.AgentdError, trio.Cancelled)) or not isinstance(exc, Exception):
                 raise
             raise c.InternalError(message) from exc
@@ -1028,6 +1059,25 @@ class ConversationService:
             live.last_event = trio.current_time()
             self._spawn(self._watch_hang, live, run)
         return after
+
+    async def _abandoned_open(self, live: _Live, run: str) -> None:
+        """``run`` ended while its provider conversation was being opened; its prompt is not sent.
+
+        The conversation opened is kept for the next prompt, unless this
+        conversation was closed or deleted meanwhile (whose close found
+        nothing open yet): then it is closed here.
+        """
+        log.info("turn.ended_before_send", conversation=live.record.id, run=run)
+        if live.record.state is not _S.CLOSED and self._live.get(live.record.id) is live:
+            return
+        conv, live.conv = live.conv, None
+        if conv is None:
+            return
+        with trio.move_on_after(INTERRUPT_WAIT_S):
+            try:
+                await conv.close()
+            except Exception as exc:
+                log.warning("conversation.close_failed", conversation=live.record.id, error=str(exc))
 
     async def steer(self, ref: str, text: str) -> wire.SendResult:
         live = await self.live(ref)
@@ -1060,7 +1110,13 @@ class ConversationService:
         if not live.run:
             return
         if live.conv is None:
-            turn = c.Turn(state=c.TurnState.CANCELLED, reason="cancelled", error="the runtime was gone")
+            # Nothing runs at the provider: the turn ends here. Its prompt is not sent after
+            # all when its conversation was still being opened (see _start).
+            if live.opening_run == live.run:
+                error = "cancelled before the runtime was ready"
+            else:
+                error = "the runtime was gone"
+            turn = c.Turn(state=c.TurnState.CANCELLED, reason="cancelled", error=error)
             await self._end_turn(live, turn, live.run)
             return
         await live.conv.cancel()

@@ -5,7 +5,8 @@ line) on stdio. It is ``tests/e2e/acp_fake_agent.py`` (read, write, garbage,
 echo) with loadSession and these commands added; each prompt's first word says
 what to do:
 
-* ``crash``        -> one message chunk, then the process exits with status 3 mid-turn
+* ``crash [S]``    -> one message chunk, then (after S seconds, if given) the process exits
+  with status 3 mid-turn
 * ``crash-start``  -> (as argv[1]) the process exits before answering ``initialize``
 * ``hang``         -> one message chunk, then silence: no answer, no update, cancel ignored
 * ``flood N``      -> N message chunks of 1 KB as fast as it can, then ``end_turn``
@@ -18,11 +19,14 @@ what to do:
 * anything else    -> ``echo:<prompt>``, then ``end_turn``
 
 Every start appends a line to ``$FAULT_AGENT_LOG`` (when set), so a test can
-count restarts and see when they happened. Standard library only.
+count restarts and see when they happened; every prompt received appends its
+text, JSON-encoded, as a line to ``$FAULT_AGENT_PROMPTS`` (when set), so a test
+can tell which prompts reached the agent. Standard library only.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -37,6 +41,8 @@ from acp_fake_agent import say, send, silence  # noqa: E402
 
 def crash(session: str, rid: Any, rest: str) -> bool:
     say(session, "about to crash")
+    if rest.strip():
+        time.sleep(float(rest))
     sys.exit(3)
 
 
@@ -79,6 +85,22 @@ COMMANDS = {**fake.COMMANDS, "crash": crash, "hang": hang, "flood": flood, "bigl
             "notrpc": notrpc, "badresult": badresult}
 
 
+def log_prompts(path: str) -> None:
+    """Append the text of every ``session/prompt`` read to ``path`` (one JSON string a line)."""
+    read = fake.read
+
+    def logged_read() -> dict | None:
+        msg = read()
+        if msg is not None and msg.get("method") == "session/prompt":
+            blocks = (msg.get("params") or {}).get("prompt", [])
+            text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+            with open(path, "a") as f:
+                f.write(json.dumps(text) + "\n")
+        return msg
+
+    fake.read = logged_read  # serve() and call() look it up at each call
+
+
 def main() -> None:
     log = os.environ.get("FAULT_AGENT_LOG")
     if log:
@@ -86,6 +108,9 @@ def main() -> None:
             f.write(f"{time.time():.3f} {os.getpid()} {' '.join(sys.argv[1:])}\n")
     if sys.argv[1:] == ["crash-start"]:
         sys.exit(4)
+    prompts = os.environ.get("FAULT_AGENT_PROMPTS")
+    if prompts:
+        log_prompts(prompts)
     fake.serve(name="fault", load_session=True, session_prefix=f"fault-{os.getpid()}", commands=COMMANDS)
 
 

@@ -1,0 +1,204 @@
+"""A turn cancelled while its provider conversation is still being opened is never sent.
+
+Opening can take seconds: a runtime starting, or the restart backoff after a
+crash (1 s after the first one). A cancel meanwhile ends the turn at once,
+cancelled "before the runtime was ready"; when the open finishes, the prompt of
+that ended turn must not reach the agent, the Send still returns normally, and
+the conversation opened is kept for the next prompt.
+
+A real daemon runs ``acp_fault_agent.py`` as ``acp:fault``; the agent logs its
+starts and the text of every prompt it receives. The slow open is the restart
+backoff: a ``crash`` ends a turn, the next start is held back 1 s.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from agentd import wire
+from daemon_harness import Client, Daemon
+
+from .conftest import fast_daemon, wait_for
+
+AGENT = Path(__file__).parent / "acp_fault_agent.py"
+BACKOFF_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    root = tmp_path_factory.mktemp("cancel-opening")
+    starts, prompts = root / "agent-starts.log", root / "agent-prompts.log"
+    config = f"""
+[runtimes]
+restart_backoff_initial_s = {BACKOFF_S}
+[providers.acp.fault]
+command = ["{sys.executable}", "{AGENT}"]
+env = {{ FAULT_AGENT_LOG = "{starts}", FAULT_AGENT_PROMPTS = "{prompts}" }}
+startup_timeout_s = 10.0
+"""
+    d = fast_daemon(root, config).start()
+    d.starts = starts  # type: ignore[attr-defined]
+    d.prompts = prompts  # type: ignore[attr-defined]
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def _starts(d: Daemon) -> int:
+    path: Path = d.starts  # type: ignore[attr-defined]
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _prompts(d: Daemon) -> list[str]:
+    """The prompts the agents received, in order."""
+    path: Path = d.prompts  # type: ignore[attr-defined]
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _turn(client: Client, cid: str, text: str) -> dict[str, Any]:
+    run = client.request(wire.Send, conversation=cid, text=text)["run"]
+    return msgspec.json.decode(client.follow(run, timeout=20)[-1].data)
+
+
+def _conversation(d: Daemon, client: Client, workdir: Path) -> str:
+    workdir.mkdir()
+    cid = client.request(wire.New, provider="acp:fault", workdir=str(workdir))["id"]
+    client.subscribe(cid)
+    assert _turn(client, cid, "hello")["state"] == "completed"
+    return cid
+
+
+def _prompt_run(d: Daemon, cid: str, text: str) -> str:
+    """The run of the journaled prompt ``text`` (empty while it is not journaled)."""
+    for r in d.journal(cid):
+        if r["type"] == "prompt" and r["data"].get("text") == text:
+            return r.get("run", "")
+    return ""
+
+
+def _ends(d: Daemon, cid: str, run: str) -> list[dict[str, Any]]:
+    """The terminal turn records of ``run``."""
+    return [r["data"] for r in d.journal(cid)
+            if r["type"] == "turn" and r.get("run") == run and r["data"]["state"] != "working"]
+
+
+def _assert_cancelled_before_ready(d: Daemon, cid: str, run: str) -> None:
+    ends = _ends(d, cid, run)
+    assert len(ends) == 1, ends
+    assert ends[0]["state"] == "cancelled" and ends[0]["reason"] == "cancelled", ends
+    assert ends[0]["error"] == "cancelled before the runtime was ready", ends
+    # Nothing of the agent's for that run, and no end of a turn nobody runs (a duplicate end).
+    journal = d.journal(cid)
+    assert not [r for r in journal if r["type"] == "item" and r.get("run") == run]
+    assert not [r for r in journal if r["type"] == "turn" and not r.get("run")], journal
+
+
+def test_a_prompt_cancelled_while_its_runtime_restarts_never_reaches_the_agent(slow: Daemon, tmp_path: Path) -> None:
+    with slow.client() as client, slow.client() as sender:
+        cid = _conversation(slow, client, tmp_path / "work")
+        assert _turn(client, cid, "crash")["reason"] == "runtime_exit"
+        starts = _starts(slow)
+
+        # The next prompt waits out the backoff (1 s) in the open; it is cancelled meanwhile.
+        sent: list[Any] = []
+
+        def send() -> None:
+            try:
+                sent.append(sender.request(wire.Send, conversation=cid, text="too late"))
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                sent.append(exc)
+
+        t0 = time.monotonic()
+        thread = threading.Thread(target=send, daemon=True)
+        thread.start()
+        run = wait_for(lambda: _prompt_run(slow, cid, "too late"), timeout=5)
+        assert slow.record(cid).get("active_run", "") == run
+        assert _starts(slow) == starts  # still held back
+        client.request(wire.Cancel, conversation=cid)
+        assert time.monotonic() - t0 < BACKOFF_S - 0.2, "cancelled too late to race the open"
+
+        # The Send returns normally once the open finished, without sending the prompt.
+        thread.join(10)
+        assert not thread.is_alive()
+        assert isinstance(sent[0], dict) and sent[0]["run"] == run, sent
+        assert sent[0].get("disposition", "started") == "started", sent
+        assert _starts(slow) == starts + 1  # the agent was started meanwhile
+        time.sleep(0.3)  # the time an agent needs to log a prompt it was sent
+        assert "too late" not in _prompts(slow), _prompts(slow)
+        _assert_cancelled_before_ready(slow, cid, run)
+        assert slow.record(cid).get("active_run", "") == ""
+
+        # The next prompt uses the agent opened meanwhile, and works.
+        end = _turn(client, cid, "after")
+        assert end["state"] == "completed", end
+        assert _prompts(slow)[-2:] == ["crash", "after"], _prompts(slow)
+        assert _starts(slow) == starts + 1
+        _assert_cancelled_before_ready(slow, cid, run)
+
+
+def test_a_queued_prompt_cancelled_while_its_runtime_restarts_never_reaches_the_agent(
+    slow: Daemon, tmp_path: Path
+) -> None:
+    with slow.client() as client:
+        cid = _conversation(slow, client, tmp_path / "work")
+        starts = _starts(slow)
+        # Prompts queued behind a turn whose agent crashes: the first queued one finds the agent
+        # gone, its open waits out the backoff, and it is cancelled then.
+        crash = client.request(wire.Send, conversation=cid, text="crash 0.5")["run"]
+        texts = ["queued one", "queued two", "queued three"]
+        queued = [client.request(wire.Send, conversation=cid, text=t, if_busy="queue") for t in texts]
+        assert all(q["disposition"] == "queued" for q in queued), queued
+        runs = [q["run"] for q in queued]
+        wait_for(lambda: _ends(slow, cid, crash), timeout=10)
+        t0 = time.monotonic()
+        assert _ends(slow, cid, crash)[0]["reason"] == "runtime_exit"
+        time.sleep(0.3)  # the crash's events are handled, the next queued prompt is opening
+        victim = slow.record(cid).get("active_run", "")
+        assert victim == runs[0] and not _ends(slow, cid, victim), (victim, runs, slow.journal(cid))
+        assert _starts(slow) == starts  # still held back
+        client.request(wire.Cancel, conversation=cid)
+        assert time.monotonic() - t0 < BACKOFF_S - 0.2, "cancelled too late to race the open"
+
+        # The queued prompts after it go next, in the conversation opened meanwhile.
+        records = client.follow(runs[-1], timeout=20)
+        end = msgspec.json.decode(records[-1].data)
+        assert texts[runs.index(victim)] not in _prompts(slow), _prompts(slow)
+        assert end["state"] == "completed", end
+        after = texts[runs.index(victim) + 1:]
+        assert _prompts(slow)[-1 - len(after):] == ["crash 0.5", *after], _prompts(slow)
+        assert texts[runs.index(victim)] not in _prompts(slow)
+        assert _starts(slow) == starts + 1
+        _assert_cancelled_before_ready(slow, cid, victim)
+
+        assert _turn(client, cid, "after")["state"] == "completed"
+        assert texts[runs.index(victim)] not in _prompts(slow) and _prompts(slow)[-1] == "after"
+        assert _starts(slow) == starts + 1
+
+
+def test_a_prompt_queued_behind_a_crashed_turn_goes_to_the_restarted_agent(slow: Daemon, tmp_path: Path) -> None:
+    """The agent's exit after its crashed turn ended does not take the queued run along."""
+    with slow.client() as client:
+        cid = _conversation(slow, client, tmp_path / "work")
+        starts = _starts(slow)
+        crash = client.request(wire.Send, conversation=cid, text="crash 0.5")["run"]
+        queued = client.request(wire.Send, conversation=cid, text="next, please", if_busy="queue")
+        assert queued["disposition"] == "queued", queued
+        end = msgspec.json.decode(client.follow(queued["run"], timeout=20)[-1].data)
+        assert _ends(slow, cid, crash)[0]["reason"] == "runtime_exit"
+        assert end["state"] == "completed", (end, slow.journal(cid))
+        assert len(_ends(slow, cid, queued["run"])) == 1
+        assert _prompts(slow)[-1] == "next, please"
+        assert _starts(slow) == starts + 1
+        # The record follows the end within moments (saved right after the end was sent).
+        record = wait_for(lambda: (r := slow.record(cid)).get("active_run", "") == "" and r, timeout=5)
+        assert record.get("queued", []) == [], record
