@@ -52,6 +52,10 @@ def run(config_path: Path | None) -> None:
 
     from .daemon import serve
 
+    # Provider SDKs run in threads of their own beside trio's. With the default 5 ms switch
+    # interval, each syscall on one thread (a socket write, a wake-up) can wait that long for
+    # the GIL while the other parses a burst of events (the GIL convoy): 0.5 ms bounds it.
+    sys.setswitchinterval(0.0005)
     try:
         trio.run(serve, config, paths)
     except OSError as exc:

@@ -2,7 +2,8 @@
 
 Both sides run the real Copilot CLI (installed from tests/e2e's lock file,
 as the e2e tests do) with bring-your-own-key pointed at the scripted model
-server of tests/e2e on 127.0.0.1, answering with plain streamed text. Each
+server of tests/e2e on 127.0.0.1 (a process of its own), answering with
+plain streamed text. Each
 side has its CLI started and a session open before the clock runs (one
 warm-up turn each); then their turns alternate.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -153,6 +155,36 @@ class _ThroughAgentd:
         self.daemon.stop()
 
 
+class _ModelServerProcess:
+    """tests/e2e's scripted model server in a process of its own, as a model API would be.
+
+    In the benchmark's own process it would share a GIL with whichever side's
+    client runs there (the SDK's event parsing, or the reading of agentd's
+    frames), and each side's work would slow the model's stream differently.
+    """
+
+    def __init__(self, log: Path) -> None:
+        code = (
+            "import sys; sys.path.insert(0, sys.argv[1]); from modelserver import ModelServer\n"
+            "s = ModelServer(sys.argv[2], model=sys.argv[3]).start(); s.answer_text_only(sys.argv[4])\n"
+            "print(s.url, flush=True); sys.stdin.read(); s.stop()\n"
+        )
+        self.proc = subprocess.Popen([sys.executable, "-c", code, str(E2E), str(log), MODEL, ANSWER],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url:
+            raise RuntimeError(f"the scripted model server did not start (exit {self.proc.wait()})")
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
 def _record_write_ms(root: Path, n: int = 20) -> float:
     from agentd import _fsutil
 
@@ -172,12 +204,9 @@ def bench_copilot(ctx: Ctx) -> Result:
         reason = f"the Copilot CLI could not be installed: {exc}"
         ctx.log(f"  SKIP: {reason}")
         return Result(name, "s", skipped=reason, target="<= 1.02x baseline")
-    from modelserver import ModelServer  # tests/e2e/modelserver.py
-
     turns = 2 if ctx.quick else 10
     root = ctx.scratch("copilot")
-    server = ModelServer(root / "model-requests.jsonl", model=MODEL).start()
-    server.answer_text_only(ANSWER)
+    server = _ModelServerProcess(root / "model-requests.jsonl")
     os.environ[KEY_ENV] = "sk-agentd-bench-dummy-key"
     direct = agentd = None
     ours, base = [], []

@@ -26,6 +26,7 @@ trio for the thread with ``trio.to_thread.run_sync``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import threading
 from collections.abc import Awaitable, Callable
@@ -56,6 +57,9 @@ class AsyncioBridge:
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._closed = False
+        #: to_trio callbacks not run yet, and whether a drain of them is scheduled on trio
+        self._to_trio: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
+        self._drain_scheduled = False
 
     @property
     def running(self) -> bool:
@@ -171,22 +175,32 @@ class AsyncioBridge:
         """Schedule ``fn(*args)`` on the trio loop, in call order; dropped once trio ended.
 
         Safe from any thread. ``fn`` runs as a trio system callback: it must
-        be quick, must not raise, and must not await.
+        be quick, must not raise, and must not await. A burst of calls
+        wakes trio once: each wake-up is a syscall during which the other
+        thread may take the GIL, and the SDK's thread would then wait for it.
         """
         token = self._token
         if token is None:
             return
+        self._to_trio.append((fn, args))
+        if self._drain_scheduled:
+            return  # the drain scheduled runs it (it clears the flag before it looks)
+        self._drain_scheduled = True
+        try:
+            token.run_sync_soon(self._drain)
+        except trio.RunFinishedError:
+            self._to_trio.clear()
 
-        def guarded() -> None:
+    def _drain(self) -> None:
+        """Run every queued to_trio callback, in order (a trio system callback)."""
+        self._drain_scheduled = False
+        queue = self._to_trio
+        while queue:
+            fn, args = queue.popleft()
             try:
                 fn(*args)
             except Exception:
                 log.exception("bridge.trio_callback_failed", callback=getattr(fn, "__qualname__", repr(fn)))
-
-        try:
-            token.run_sync_soon(guarded)
-        except trio.RunFinishedError:
-            pass
 
 
 def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
