@@ -2,8 +2,10 @@
 
 A thin client: it speaks the control protocol of :mod:`agentd.wire` over the
 daemon's Unix socket and renders what comes back. It imports only the wire
-types (never trio or structlog), and loads rendering and prompting lazily, so
-``agentctl status --json`` pays for click, msgspec and the frames alone.
+types (never trio or structlog), and loads each command's module, the client,
+rendering and prompting when they are needed (see :mod:`agentctl.cli`), so
+``agentctl status --json`` pays for click, msgspec, the frames and its own
+command alone.
 """
 
 from agentd import __version__

@@ -15,13 +15,17 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-import queue
-import socket
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any, TypeVar
+
+# The C modules under ``queue`` and ``socket``: every class and constant used here,
+# without what the Python wrappers add at import (enums, selectors), which every
+# agentctl start would pay for (about 5 ms on a slow machine).
+import _queue as queue
+import _socket as socket
 
 import msgspec
 
@@ -35,6 +39,8 @@ T = TypeVar("T")
 #: How long to wait for a daemon we started to answer, seconds (it starts in about
 #: a second; a loaded machine can take several).
 AUTOSTART_TIMEOUT_S = 10.0
+#: How much the reader asks the socket for at once, bytes.
+_RECV_BYTES = 64 * 1024
 #: Environment variables that disable autostart when set to a true value.
 NO_AUTOSTART_ENV = "AGENTD_NO_AUTOSTART"
 
@@ -246,17 +252,24 @@ class Client:
 
     def _read_loop(self) -> None:
         reason: BaseException = EOFError("agentd closed the connection")
+        limit = wire.CLIENT_MAX_FRAME_BYTES
+        buf = bytearray()  # the start of a frame whose newline has not arrived yet
         try:
-            with self._sock.makefile("rb") as f:
-                while True:
-                    line = f.readline(wire.CLIENT_MAX_FRAME_BYTES + 1)
-                    if not line:
-                        break
-                    if not line.endswith(b"\n"):
-                        if len(line) > wire.CLIENT_MAX_FRAME_BYTES:
-                            raise wire.ProtocolError("frame from agentd over the client limit")
-                        break  # torn last frame: the daemon went away mid-write
-                    self._dispatch(wire.decode_server_frame(line[:-1]))
+            while True:
+                chunk = self._sock.recv(_RECV_BYTES)
+                if not chunk:
+                    break  # closed; a torn last frame in buf means the daemon went away mid-write
+                scan = len(buf)  # buf holds no newline: look only at what arrived
+                buf += chunk
+                start = 0
+                while (end := buf.find(b"\n", scan)) >= 0:
+                    if end - start > limit:
+                        raise wire.ProtocolError("frame from agentd over the client limit")
+                    self._dispatch(wire.decode_server_frame(bytes(buf[start:end])))
+                    start = scan = end + 1
+                del buf[:start]
+                if len(buf) > limit:
+                    raise wire.ProtocolError("frame from agentd over the client limit")
         except (OSError, ValueError) as exc:
             reason = exc if not isinstance(exc, ValueError) else EOFError("connection closed")
         except AgentdError as exc:
@@ -471,9 +484,11 @@ def _autostart(path: str, notify: Any) -> socket.socket:
     rundir = os.path.dirname(os.path.abspath(path))
     log_path = os.path.join(rundir, "agentd.log")
     log_fd: int | None = None
+    log_start = 0  # where what this daemon writes begins in the log
     try:
         os.makedirs(rundir, mode=0o700, exist_ok=True)
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log_start = os.lseek(log_fd, 0, os.SEEK_END)
     except OSError:
         log_path = ""
     try:
@@ -504,6 +519,8 @@ def _autostart(path: str, notify: Any) -> socket.socket:
                 raise Unreachable(f"cannot connect to agentd at {path}: {exc.strerror or exc}") from None
             last = exc
         if proc.poll() is not None:
+            if proc.returncode == EXIT_CONFIG:
+                break  # its config is broken: no agentd started with it will come up
             # Ours exited: maybe another agentd holds the state dir and is still
             # starting, so keep trying a little longer, but not the whole wait.
             deadline = min(deadline, time.monotonic() + 1.0)
@@ -511,8 +528,40 @@ def _autostart(path: str, notify: Any) -> socket.socket:
     where = f"; see {log_path}" if log_path else ""
     code = proc.poll()
     if code is not None:
-        raise Unreachable(f"agentd exited with status {code} right after starting{where}") from None
+        what = " (its configuration is broken)" if code == EXIT_CONFIG else ""
+        said = _daemon_said(log_path, log_start) if log_path else []
+        if not said:
+            raise Unreachable(f"agentd exited with status {code}{what} right after starting{where}") from None
+        quoted = "\n".join(f"  {line}" for line in said)
+        raise Unreachable(
+            f"agentd exited with status {code}{what} right after starting; its log {log_path} says:\n{quoted}"
+        ) from None
     raise Unreachable(
         f"started agentd (pid {proc.pid}) but it did not listen at {path} within "
         f"{AUTOSTART_TIMEOUT_S:g} s ({last.strerror if last else 'no answer'}){where}"
     ) from None
+
+
+#: agentd's exit status for a configuration it cannot load (``agentd.config.EXIT_CONFIG``, sysexits
+#: EX_CONFIG); not imported from there, which would load the whole config machinery.
+EXIT_CONFIG = 78
+#: At most this many lines of a daemon's output are quoted when it exits at start.
+QUOTED_LINES = 10
+
+
+def _daemon_said(log_path: str, start: int) -> list[str]:
+    """What a daemon that exited at start wrote to the log (its stdout and stderr) after ``start``.
+
+    Its own error reports (``agentd: ...``, e.g. the config error) when there
+    are some, else the last lines (a traceback's end); at most
+    :data:`QUOTED_LINES`, each cut to 500 characters. Empty when unreadable.
+    """
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(start, os.fstat(f.fileno()).st_size - 64 * 1024))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("agentd: ")]
+    return [line[:500] for line in (errors or lines)[-QUOTED_LINES:]]

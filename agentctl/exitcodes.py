@@ -6,8 +6,6 @@ script sees, so every command reports the same failure the same way.
 
 from __future__ import annotations
 
-from agentd.contract import AgentdError
-
 OK = 0
 #: the turn failed, or any error without a code of its own
 FAILED = 1
@@ -59,6 +57,8 @@ Exit codes:
 
 def for_error(err: BaseException) -> int:
     """The exit code for an error raised by a request (wire error or other)."""
+    from agentd.contract import AgentdError  # here: this module is imported at start, the wire types are not
+
     if isinstance(err, AgentdError):
         return BY_ERROR_CODE.get(err.code, FAILED)
     return FAILED

@@ -60,7 +60,7 @@ class Prompter:
             raise EOFError("no options offered")
         while True:
             raw = self._read(f"  choose 1-{len(opts)}: ").strip()
-            if raw.isdigit() and 1 <= int(raw) <= len(opts):
+            if raw.isdecimal() and 1 <= int(raw) <= len(opts):
                 return Answer(decision=opts[int(raw) - 1].id)
             for o in opts:
                 if raw and raw.lower() in (o.id.lower(), o.label.lower()):
@@ -77,7 +77,7 @@ class Prompter:
                     return Answer(plan=PlanAnswer(feedback=text))
                 continue
             raw = self._read(prompt).strip()
-            if raw.isdigit() and 1 <= int(raw) <= len(actions):
+            if raw.isdecimal() and 1 <= int(raw) <= len(actions):
                 return Answer(plan=PlanAnswer(action=actions[int(raw) - 1]))
             if raw in actions:
                 return Answer(plan=PlanAnswer(action=raw))  # type: ignore[arg-type]
@@ -153,14 +153,19 @@ class Prompter:
             picked = [self._choice(q, t) for t in tokens]
             if all(picked):
                 return [p for p in picked if p]
+            how = f"type a number from 1 to {len(q.choices)}" + (", or an answer in words" if q.custom else "")
+            stray = [t for t, p in zip(tokens, picked) if p is None and t.isdecimal()]
+            if stray:
+                # A number is meant as a choice: taking it as free text would answer something else.
+                raise Invalid(f"{stray[0]} is not one of the choices: {how}")
             if q.custom:
                 return [raw.strip()]
-            raise Invalid(f"type a number from 1 to {len(q.choices)}")
+            raise Invalid(how)
         return [raw.strip()]
 
     @staticmethod
     def _choice(q: Question, token: str) -> str | None:
-        if token.isdigit() and 1 <= int(token) <= len(q.choices):
+        if token.isdecimal() and 1 <= int(token) <= len(q.choices):
             return q.choices[int(token) - 1]
         if token in q.choices:
             return token

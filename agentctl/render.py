@@ -38,6 +38,8 @@ from agentd.contract import (
     TurnState,
 )
 
+from .jsonout import full  # noqa: F401  (re-exported: agentctl.render.full)
+
 
 def use_color(stream: TextIO) -> bool:
     """Colour only on a terminal, and never when ``NO_COLOR`` is set (to anything non-empty)."""
@@ -262,7 +264,11 @@ class Renderer:
     conversations interleave: text then appears once its item is journaled).
     ``prefix`` starts every line (the conversation, for ``tail --all``).
     ``answer_hints`` prints, under a pending interaction, the commands that
-    answer it; ``socket`` is added to them when not the default.
+    answer it; ``socket`` is added to them when not the default. With
+    ``replay`` the records first come from the journal, up to a snapshot:
+    hints then wait for the snapshot and are shown only for interactions
+    still pending in it, so no hint stands under an interaction that the
+    same output shows answered a few lines later.
     """
 
     def __init__(
@@ -277,6 +283,7 @@ class Renderer:
         width: int | None = None,
         unicode: bool | None = None,
         yolo: bool = False,
+        replay: bool = False,
     ) -> None:
         self.out = out if out is not None else sys.stdout
         self.style = Style(use_color(self.out) if color is None else color)
@@ -287,6 +294,8 @@ class Renderer:
         self.socket = socket
         #: the conversation is in yolo mode: agentd answers permission requests itself
         self.yolo = yolo
+        #: records are a replay until the next snapshot: answer hints wait for it
+        self.replay = replay
         if width is None:
             width = 100
             if self.style.color:
@@ -304,6 +313,8 @@ class Renderer:
         self._printed: dict[tuple[str, str], str] = {}
         self._tool_status: dict[tuple[str, str], str] = {}
         self._shown_pending: set[str] = set()
+        #: interactions shown pending during a replay whose answer hints wait for the snapshot
+        self._hints_due: dict[str, Interaction] = {}
         self._resolved: set[str] = set()
         #: interactions yolo mode answers (or answered)
         self._auto: set[str] = set()
@@ -502,6 +513,7 @@ class Renderer:
             self.line(self.style.red(f"{self.g['failed']} turn failed" + (f": {why}" if why else "")))
         # whatever was pending ended with the turn
         self._shown_pending.clear()
+        self._hints_due.clear()
 
     def _on_interaction(self, rec: wire.Record, inter: Interaction) -> None:
         self.interaction(inter)
@@ -515,12 +527,15 @@ class Renderer:
             if inter.id in self._shown_pending or inter.id in self._resolved or inter.id in self._auto:
                 return  # shown already, or yolo answers it at once (its resolution is shown)
             self._shown_pending.add(inter.id)
-            self.line("\n".join(self.interaction_lines(inter)))
+            self.line("\n".join(self.interaction_lines(inter)), key=("interaction", inter.id))
             if hints is None:
                 hints = self.answer_hints and not (self.yolo and inter.kind is InteractionKind.PERMISSION)
-            if hints:
+            if hints and self.replay:
+                self._hints_due[inter.id] = inter  # unless it is answered later in the replay
+            elif hints:
                 self.hints(inter)
             return
+        self._hints_due.pop(inter.id, None)
         if inter.id in self._resolved:
             return
         self._resolved.add(inter.id)
@@ -593,6 +608,7 @@ class Renderer:
         return out
 
     def _on_answer(self, rec: wire.Record, a: AnswerRecord) -> None:
+        self._hints_due.pop(a.interaction_id, None)
         if a.interaction_id in self._resolved:
             return
         self._resolved.add(a.interaction_id)
@@ -661,7 +677,11 @@ class Renderer:
     # -------------------------------------------------------------- snapshots
 
     def snapshot(self, conversation: str, snap: wire.Snapshot) -> None:
-        """Show what only the snapshot holds: text streamed before we joined, pending interactions."""
+        """Show what only the snapshot holds: text streamed before we joined, pending interactions.
+
+        It ends a replay: interactions shown during it that are still pending
+        get their answer hints now (the others were answered meanwhile).
+        """
         self.conversation = conversation or self.conversation
         if self.stream_deltas:
             for it in snap.items:
@@ -671,32 +691,19 @@ class Renderer:
                     continue
                 if kind in (ItemKind.ASSISTANT, ItemKind.REASONING) and not it.agent_id:
                     self.item(Item(id=it.id, kind=kind, text=it.text))
+        due, self._hints_due = self._hints_due, {}
+        self.replay = False
         for inter in snap.pending:
-            self.interaction(inter)
+            if inter.id in due:
+                if self._last_line_key != ("interaction", inter.id):
+                    # other lines came since it was shown: say again which one the hints are for
+                    self.line(self.style.yellow(f"{self.g['ask']} still pending: {inter.title}"))
+                self.hints(inter)
+            else:
+                self.interaction(inter)
 
 
 # ---------------------------------------------------------------------- JSON output
-
-
-def full(obj: Any) -> Any:
-    """``obj`` with every Struct turned into a dict of all its fields, defaults included.
-
-    The wire and journal omit defaults to stay lean; ``--json`` output names
-    every field so a script can rely on a key being there.
-    """
-    if isinstance(obj, msgspec.Struct):
-        out: dict[str, Any] = {}
-        cfg = obj.__struct_config__
-        if cfg.tag_field is not None:
-            out[cfg.tag_field] = cfg.tag
-        for f in msgspec.structs.fields(obj):
-            out[f.encode_name] = full(getattr(obj, f.name))
-        return out
-    if isinstance(obj, (list, tuple)):
-        return [full(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: full(v) for k, v in obj.items()}
-    return obj
 
 
 class JsonRecord(msgspec.Struct):

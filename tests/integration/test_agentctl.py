@@ -288,6 +288,24 @@ def test_a_pending_permission_exits_4_then_answers_are_checked(daemon: Daemon, w
     assert again.returncode == 6  # nothing pending any more
 
 
+def test_tail_gives_answer_hints_only_while_the_interaction_is_pending(daemon: Daemon, workdir: Path) -> None:
+    run = daemon.agentctl("run", "-p", "script", "-m", str(SCRIPTS / "tool.toml"), "--cwd", str(workdir), "go",
+                          "--exit-on-action", "--json")
+    assert run.returncode == 4, run.stderr
+    conv = json_lines(run)[-1]["conversation"]
+    pending = daemon.agentctl("tail", conv, "--no-follow")
+    assert pending.returncode == 0, pending.stderr
+    assert pending.stdout.count("answer with: ") == 1
+    assert "1-1-permission --allow" in pending.stdout.rstrip().splitlines()[-3]  # at the end of the output
+
+    assert daemon.agentctl("answer", conv, "--allow").returncode == 0
+    wait_for_state(daemon, conv, "idle")
+    answered = daemon.agentctl("tail", conv, "--no-follow")
+    assert answered.returncode == 0, answered.stderr
+    assert "answered: Allow once" in answered.stdout
+    assert "answer with" not in answered.stdout
+
+
 def test_a_follower_without_a_terminal_prints_how_to_answer_and_keeps_following(daemon: Daemon, workdir: Path) -> None:
     proc = spawn_agentctl(daemon, "run", "-p", "script", "-m", str(SCRIPTS / "tool.toml"), "--cwd", str(workdir),
                           "--title", "watched", "go")
@@ -431,6 +449,32 @@ def test_autostart_starts_agentd_once_and_reuses_it(tmp_path: Path) -> None:
         assert "started" not in second.stderr
     finally:
         _terminate(pid)
+
+
+def test_autostart_quotes_the_error_of_a_daemon_whose_config_is_broken(tmp_path: Path) -> None:
+    rundir = tmp_path / "run"
+    env = dict(
+        os.environ,
+        AGENTD_SOCKET=str(rundir / "agentd.sock"),
+        AGENTD_STATE_DIR=str(tmp_path / "state"),
+        AGENTD_RUNTIME_DIR=str(rundir),
+        AGENTD_CONFIG=str(tmp_path / "agentd.toml"),
+    )
+    env.pop("AGENTD_NO_AUTOSTART", None)
+    (tmp_path / "agentd.toml").write_text("[daemon]\nno_such_key = 1\n")
+    cp = subprocess.run([sys.executable, "-m", "agentctl", "status", "--json"], env=env,
+                        capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert cp.returncode == 5
+    assert cp.stdout == ""
+    log = rundir / "agentd.log"
+    assert f"agentd exited with status 78 (its configuration is broken) right after starting; its log {log} says:\n" \
+           f"  agentd: {tmp_path / 'agentd.toml'}: unknown key daemon.no_such_key\n" in cp.stderr
+    # only what this daemon wrote is quoted, not the errors of earlier starts
+    (tmp_path / "agentd.toml").write_text("[daemon\n")
+    cp = subprocess.run([sys.executable, "-m", "agentctl", "status"], env=env,
+                        capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert cp.returncode == 5
+    assert "TOML syntax error" in cp.stderr and "no_such_key" not in cp.stderr
 
 
 def _terminate(pid: int, timeout: float = 20.0) -> None:

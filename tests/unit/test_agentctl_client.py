@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from agentctl.client import Client, Unreachable
+from agentctl.client import Client, Unreachable, _daemon_said
 from agentd import contract as c
 from agentd import wire
 
@@ -44,7 +44,7 @@ class Peer:
         f = conn.makefile("rb")
 
         def send(frame: Any) -> None:
-            conn.sendall(wire.encode(frame))
+            conn.sendall(frame if isinstance(frame, bytes) else wire.encode(frame))
 
         try:
             send(wire.HelloFrame(protocol=wire.PROTOCOL_VERSION, server="fake"))
@@ -147,3 +147,60 @@ def test_a_connection_lost_mid_stream_is_unreachable(tmp_path: Path) -> None:
             sub.get(timeout=5)
         with pytest.raises(Unreachable):
             client.call(wire.Status, wire.StatusResult)
+
+
+def test_frames_split_across_reads_or_sharing_one_arrive_whole_and_in_order(tmp_path: Path) -> None:
+    big = "x" * 300_000  # several reads of the client's reader
+
+    def script(req: Any, send: Callable[[Any], None]) -> None:
+        if isinstance(req, wire.Subscribe):
+            result = wire.SubscribeResult(subscription=req.id, last_seq=3)
+            frames = [wire.ResultFrame(id=req.id, result=msgspec.Raw(msgspec.json.encode(result)))]
+            send(b"".join(wire.encode(f) for f in [*frames, *(event(req.id, seq) for seq in (1, 2, 3))]))
+            return
+        data = wire.encode(wire.ResultFrame(id=req.id, result=msgspec.Raw(msgspec.json.encode({"text": big}))))
+        for a, b in zip([0, 1, 9, 70_000, 200_001], [1, 9, 70_000, 200_001, len(data)]):
+            send(data[a:b])
+
+    peer = Peer(tmp_path / "s", script)
+    with Client.connect(str(tmp_path / "s"), autostart=False) as client:
+        sub = client.subscribe("c1")
+        seqs = [wire.decode_record(sub.get(timeout=5).record).seq for _ in range(3)]
+        assert client.call(wire.Status, dict[str, str]) == {"text": big}
+    assert seqs == [1, 2, 3]
+    assert not peer.errors
+
+
+def test_a_frame_over_the_client_limit_ends_the_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wire, "CLIENT_MAX_FRAME_BYTES", 1000)
+
+    def script(req: Any, send: Callable[[Any], None]) -> None:
+        text = "x" * (1000 - len(wire.encode(wire.ResultFrame(id=req.id, result=msgspec.Raw(b'""')))) + 1)
+        if isinstance(req, wire.Status):  # exactly at the limit: fine
+            send(wire.ResultFrame(id=req.id, result=msgspec.Raw(msgspec.json.encode(text))))
+        else:  # one byte over
+            send(wire.ResultFrame(id=req.id, result=msgspec.Raw(msgspec.json.encode(text + "x"))))
+
+    Peer(tmp_path / "s", script)
+    with Client.connect(str(tmp_path / "s"), autostart=False) as client:
+        assert len(client.call(wire.Status, str)) > 900
+        with pytest.raises(wire.ProtocolError, match="over the client limit"):
+            client.call(wire.Providers)
+
+
+def test_a_daemon_that_exits_at_start_is_quoted_from_its_part_of_the_log(tmp_path: Path) -> None:
+    log = tmp_path / "agentd.log"
+    log.write_text("agentd: an older error\n")
+    start = log.stat().st_size
+    with log.open("a") as f:
+        f.write("\nagentd: /x/agentd.toml: unknown key daemon.foo\nagentd: /x/agentd.toml:3:1: second\n")
+    assert _daemon_said(str(log), start) == [
+        "agentd: /x/agentd.toml: unknown key daemon.foo",
+        "agentd: /x/agentd.toml:3:1: second",
+    ]
+    start = log.stat().st_size
+    with log.open("a") as f:
+        f.write("Traceback (most recent call last):\n" + "".join(f"  line {i}\n" for i in range(20)) + "Boom: x\n")
+    said = _daemon_said(str(log), start)
+    assert len(said) == 10 and said[-1] == "Boom: x"
+    assert _daemon_said(str(tmp_path / "missing.log"), 0) == []

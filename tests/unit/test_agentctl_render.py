@@ -9,7 +9,8 @@ import msgspec
 import pytest
 
 from agentctl import exitcodes
-from agentctl.__main__ import Fail, _build_answer
+from agentctl.cli import Fail
+from agentctl.commands.answer import _build_answer
 from agentctl.prompting import Prompter
 from agentctl.render import Renderer, answer_commands, full, json_record, use_color
 from agentd import contract as c
@@ -182,6 +183,57 @@ def test_yolo_conversations_show_no_answer_hints_for_permissions() -> None:
     assert text == "  ↳ Allow bash?: answered: Allow once (yolo)\n"
 
 
+def replay(records: list[wire.Record], snap: wire.Snapshot, live: list[wire.Record] = ()) -> str:
+    """Render as ``tail``/``attach`` do: a journal replay up to a snapshot, then live records."""
+    out = io.StringIO()
+    r = Renderer(out, color=False, unicode=True, replay=True)
+    for x in records:
+        r.record(CONV, x)
+    r.snapshot(CONV, snap)
+    for x in live:
+        r.record(CONV, x)
+    r.end_line()
+    return out.getvalue()
+
+
+HINTS = (
+    "  answer with: agentctl answer c0ffee1234567 p1 --allow\n"
+    "          or: agentctl answer c0ffee1234567 p1 --deny\n"
+    "          or: agentctl answer c0ffee1234567 p1 --option ID\n"
+)
+
+
+def test_a_replay_shows_no_answer_hints_under_an_interaction_answered_later_in_it() -> None:
+    text = replay(A_TURN, wire.Snapshot(state=wire.ConversationState.IDLE, last_seq=16))
+    assert "answer with" not in text
+    # the rest is rendered as live: the interaction, its options, then its answer
+    assert text == render(A_TURN).replace(HINTS, "")
+
+
+def test_a_replay_gives_the_hints_of_an_interaction_still_pending_at_its_end() -> None:
+    pending = wire.Snapshot(state=wire.ConversationState.REQUIRES_ACTION, last_seq=8, pending=[PERMISSION])
+    # the interaction is the last thing shown: its hints follow it, as when following live
+    text = replay(A_TURN[:11], pending)
+    assert text == render(A_TURN[:11])
+    assert text.endswith("  3) Reject  [--deny]\n" + HINTS)
+    # other lines came after it: the hints come at the end, saying which interaction they answer
+    text = replay([*A_TURN[:11], rec("title", "cleanup", seq=9)], pending)
+    assert text.endswith("· title: cleanup\n? still pending: Allow bash?\n" + HINTS)
+    assert text.count("answer with") == 1
+    # once caught up, a new interaction gets its hints at once
+    question = c.Interaction(id="q1", kind=c.InteractionKind.QUESTION, title="Which?",
+                             questions=[c.Question(text="Which?", choices=["a", "b"])])
+    text = replay([], wire.Snapshot(state=wire.ConversationState.RUNNING, last_seq=0),
+                  live=[rec("interaction", question, seq=1)])
+    assert "answer with: agentctl answer c0ffee1234567 q1 --choice CHOICE" in text
+
+
+def test_a_replay_drops_the_hints_of_interactions_the_turn_ended() -> None:
+    turn_failed = rec("turn", c.Turn(state=c.TurnState.FAILED, error="boom"), seq=9)
+    text = replay([*A_TURN[:11], turn_failed], wire.Snapshot(state=wire.ConversationState.IDLE, last_seq=9))
+    assert "answer with" not in text and "still pending" not in text
+
+
 def test_unreadable_or_unknown_records_are_skipped() -> None:
     broken = wire.Record(type="turn", ts="t", data=msgspec.Raw(b'{"state": "exploded"}'))
     text = render([broken, rec("future_kind", {"x": 1})])
@@ -288,6 +340,33 @@ def test_a_permission_prompt_takes_a_number_or_an_option_id() -> None:
     replies = iter(["9", "2"])
     assert Prompter(lambda _: next(replies), lambda _: None).ask(PERMISSION) == c.Answer(decision="always")
     assert Prompter(lambda _: "no", lambda _: None).ask(PERMISSION) == c.Answer(decision="no")
+
+
+def test_a_number_that_is_not_a_choice_is_re_asked_not_taken_as_free_text() -> None:
+    q = c.Question(text="Colour?", choices=["red", "green"], custom=True)
+    inter = c.Interaction(id="q", kind=c.InteractionKind.QUESTION, title="Pick", questions=[q])
+    replies = iter(["3", "0", "2"])
+    said: list[str] = []
+    assert Prompter(lambda _: next(replies), said.append).ask(inter) == c.Answer(answers=[["green"]])
+    assert "  3 is not one of the choices: type a number from 1 to 2, or an answer in words\n" in said
+    assert "  0 is not one of the choices: type a number from 1 to 2, or an answer in words\n" in said
+    # free text that is not a bare number is still an answer of its own
+    assert Prompter(lambda _: "dark teal 3", lambda _: None).ask(inter) == c.Answer(answers=[["dark teal 3"]])
+    # several choices: each number must be one; a choice written out counts, numbers included
+    sizes = c.Question(text="Sizes?", choices=["4", "8", "16"], multiple=True, custom=True)
+    inter = c.Interaction(id="q", kind=c.InteractionKind.QUESTION, title="Sizes", questions=[sizes])
+    replies = iter(["1, 7", "16, 1"])
+    said = []
+    assert Prompter(lambda _: next(replies), said.append).ask(inter) == c.Answer(answers=[["16", "4"]])
+    assert any("7 is not one of the choices: type a number from 1 to 3" in s for s in said)
+    # without free text the number is refused the same way
+    closed = c.Interaction(id="q", kind=c.InteractionKind.QUESTION, title="Pick",
+                           questions=[c.Question(text="Colour?", choices=["red", "green"])])
+    replies = iter(["5", "teal", "1"])
+    said = []
+    assert Prompter(lambda _: next(replies), said.append).ask(closed) == c.Answer(answers=[["red"]])
+    assert "  5 is not one of the choices: type a number from 1 to 2\n" in said
+    assert "  type a number from 1 to 2\n" in said
 
 
 # ---------------------------------------------------------------------- JSON and exit codes

@@ -1,0 +1,319 @@
+"""``agentctl``: the command-line client of agentd.
+
+Every command takes ``--json`` (stdout then holds exactly one JSON object, or
+JSON lines for a stream, and nothing else) and reports errors on stderr with a
+documented exit code (see :mod:`agentctl.exitcodes`).
+
+Start-up cost is what a short command such as ``agentctl status --json`` pays,
+so this module imports click and nothing else heavy: each command lives in a
+module of :mod:`agentctl.commands` that loads only when that command runs (or
+when help lists it), and the client (msgspec, :mod:`agentd.wire`) loads only
+when a command talks to agentd. Rendering, prompting and following load when a
+command needs them. And :func:`main` ends the process without the interpreter's
+teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+
+from . import __version__, exitcodes
+
+if TYPE_CHECKING:  # not at run time: these import msgspec and the wire types
+    from agentd.contract import AgentdError
+
+    from .client import Client
+
+
+class Fail(Exception):
+    """A client-side failure with its exit code (the daemon was not asked, or its answer was not usable)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Opts:
+    """Global options, settable before or after the command name."""
+
+    def __init__(self) -> None:
+        self.socket: str | None = None
+        self.no_autostart = False
+        self.json = False
+        self._client: Client | None = None
+
+    def client(self) -> Client:
+        if self._client is None:
+            from .client import Client, autostart_disabled
+
+            self._client = Client.connect(
+                self.socket,
+                autostart=not (self.no_autostart or autostart_disabled()),
+                notify=lambda msg: _err(msg),
+            )
+        return self._client
+
+
+def _opts() -> Opts:
+    return click.get_current_context().ensure_object(Opts)
+
+
+def _setter(name: str) -> Any:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value:  # given at this level; never reset what the group level set
+            setattr(ctx.ensure_object(Opts), name, value)
+        return value
+
+    return callback
+
+
+def common(f: Any) -> Any:
+    """``--json``, ``--socket`` and ``--no-autostart`` on a command (as on the group)."""
+    f = click.option(
+        "--json", "json_", is_flag=True, expose_value=False, callback=_setter("json"),
+        help="Print machine-readable JSON on stdout (JSON lines for streams).",
+    )(f)
+    f = click.option(
+        "--no-autostart", is_flag=True, expose_value=False, callback=_setter("no_autostart"),
+        help="Do not start agentd when it is not running (also AGENTD_NO_AUTOSTART=1).",
+    )(f)
+    f = click.option(
+        "--socket", metavar="PATH", expose_value=False, callback=_setter("socket"),
+        help="agentd's control socket (default: $AGENTD_SOCKET, else <user runtime dir>/agentd/agentd.sock).",
+    )(f)
+    return f
+
+
+# ---------------------------------------------------------------------- output helpers
+
+
+def _err(text: str) -> None:
+    sys.stdout.flush()
+    click.echo(f"agentctl: {text}", err=True)
+
+
+def _json(obj: Any) -> None:
+    import msgspec
+
+    from .jsonout import full
+
+    data = msgspec.json.encode(full(obj))
+    if sys.stdout.isatty():
+        data = msgspec.json.format(data, indent=2)
+    sys.stdout.write(data.decode() + "\n")
+    sys.stdout.flush()
+
+
+def _ok_json(**fields: Any) -> None:
+    _json({"ok": True, **fields})
+
+
+def _style() -> Any:
+    from .render import Style, use_color
+
+    return Style(use_color(sys.stdout))
+
+
+def _text_arg(text: str) -> str:
+    """``-`` reads the text from stdin."""
+    if text == "-":
+        text = sys.stdin.read()
+    if not text.strip():
+        raise click.UsageError("the text is empty")
+    return text
+
+
+def _interactive(no_input: bool) -> bool:
+    o = _opts()
+    if no_input or o.json:
+        return False
+    try:
+        return sys.stdin.isatty() and sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _exit(code: int) -> NoReturn:
+    raise click.exceptions.Exit(code)
+
+
+# ---------------------------------------------------------------------- the group
+
+
+class AgentctlGroup(click.Group):
+    """Maps errors to exit codes in one place, and loads its commands lazily.
+
+    ``lazy`` maps a command name to ``"module:attribute"`` (a module of
+    :mod:`agentctl.commands`); the module is imported when the command is
+    looked up, so running one command loads only its own module, while help
+    and name suggestions still see every command.
+    """
+
+    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd = self.commands.get(cmd_name)
+        if cmd is None and cmd_name in self.lazy:
+            import importlib
+
+            module, attr = self.lazy[cmd_name].split(":")
+            cmd = getattr(importlib.import_module(f"{__package__}.commands.{module}"), attr)
+            self.add_command(cmd, cmd_name)
+        return cmd
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            # click >= 8.4 suggests close names ("Did you mean 'status'?") among the
+            # commands loaded so far: suggest among all of them.
+            no_such = getattr(click.exceptions, "NoSuchCommand", None)
+            if no_such is None or not isinstance(exc, no_such):
+                raise
+            raise no_such(exc.command_name, possibilities=self.list_commands(ctx), ctx=ctx) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Fail as exc:
+            _err(exc.message)
+            raise click.exceptions.Exit(exc.code) from None
+        except KeyboardInterrupt:
+            sys.stdout.flush()
+            raise click.exceptions.Exit(exitcodes.INTERRUPTED) from None
+        except BrokenPipeError:
+            # stdout was closed (agentctl tail --json | head): stop quietly.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise click.exceptions.Exit(exitcodes.FAILED) from None
+        except Exception as exc:
+            code = _error_exit_code(exc)
+            if code is None:
+                raise
+            raise click.exceptions.Exit(code) from None
+
+
+def _error_exit_code(exc: Exception) -> int | None:
+    """Report an error from talking to agentd and return its exit code; None for any other exception.
+
+    Unreachable and AgentdError are looked up where they are defined only if
+    those modules were imported: an exception of theirs cannot exist otherwise,
+    and importing them here would cost every other error path the wire types.
+    """
+    client = sys.modules.get(f"{__package__}.client")
+    if client is not None and isinstance(exc, client.Unreachable):
+        _err(str(exc))
+        return exitcodes.UNREACHABLE
+    contract = sys.modules.get("agentd.contract")
+    if contract is not None and isinstance(exc, contract.AgentdError):
+        _err(_describe(exc))
+        return exitcodes.for_error(exc)
+    return None
+
+
+_NEXT_STEP = {
+    "not_found": " (agentctl ls --all lists conversations)",
+    "busy": " (use --if-busy queue|steer|interrupt, or agentctl cancel)",
+}
+
+
+def _describe(exc: AgentdError) -> str:
+    return f"{exc.code}: {exc.message}{_NEXT_STEP.get(exc.code, '')}"
+
+
+#: Every command: name -> "module:attribute" in agentctl.commands.
+COMMANDS: dict[str, str] = {
+    "status": "daemon:status",
+    "providers": "daemon:providers",
+    "models": "daemon:models",
+    "new": "conversations:new",
+    "ls": "conversations:ls",
+    "show": "conversations:show",
+    "send": "conversations:send",
+    "run": "conversations:run",
+    "tail": "conversations:tail",
+    "attach": "conversations:attach",
+    "steer": "conversations:steer",
+    "cancel": "conversations:cancel",
+    "close": "conversations:close",
+    "rm": "conversations:rm",
+    "title": "conversations:title",
+    "budget": "conversations:budget",
+    "continue": "conversations:continue_",
+    "export": "conversations:export",
+    "answer": "answer:answer",
+    "task": "tasks:task",
+}
+
+
+@click.group(
+    cls=AgentctlGroup,
+    lazy=COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=exitcodes.HELP,
+)
+@common
+@click.version_option(__version__, prog_name="agentctl")
+def cli() -> None:
+    """agentctl: talk to agentd, the supervisor of AI coding-agent runtimes.
+
+    Conversations are named by their id or any unique prefix of it. agentd is
+    started on demand when it is not running (see --no-autostart).
+    """
+    _opts()
+
+
+def main() -> None:
+    """Console-script entry point (also ``python -m agentctl``).
+
+    Once the command is done and stdout and stderr are flushed, the process
+    ends at once (:func:`os._exit`, same exit status): the interpreter's
+    teardown, freeing every module, class and Struct type that click,
+    msgspec and the wire types created, costs 15-30 ms on a slow machine
+    and is of no use to a process about to end. It is skipped only when
+    nothing asked to run at exit (no atexit handler, e.g. coverage's or
+    logging's) and no thread but daemon ones runs (the normal exit would
+    wait for it); agentctl itself writes no file it leaves open.
+    """
+    try:
+        cli(prog_name="agentctl")
+    except SystemExit as exc:
+        code = 0 if exc.code is None else exc.code
+        if isinstance(code, int):
+            _exit_now(code)
+        raise
+
+
+def _exit_now(code: int) -> None:
+    """End the process with ``code`` without the interpreter's teardown, when nothing needs it.
+
+    Returns (for a normal exit) when a stream cannot be flushed, e.g. stdout
+    was a pipe closed early: Python's own exit then reports it as usual.
+    """
+    import atexit
+
+    if getattr(atexit, "_ncallbacks", lambda: 1)() != 0:
+        return
+    threading = sys.modules.get("threading")
+    if threading is not None and any(
+        not t.daemon and t is not threading.main_thread() for t in threading.enumerate()
+    ):
+        return
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with that descriptor closed
+            continue
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - whatever it is, the normal exit reports it as it always did
+            return
+    os._exit(code)

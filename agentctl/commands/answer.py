@@ -1,0 +1,184 @@
+"""agentctl answer: answer a pending interaction from the command line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from agentd import wire
+from agentd.contract import Answer, Interaction, InteractionKind, PlanAnswer
+
+from .. import exitcodes
+from ..cli import Fail, _ok_json, _opts, common
+
+
+@click.command()
+@click.argument("conversation")
+@click.argument("interaction", required=False)
+@click.option("--option", "option", metavar="ID", help="Permission: the option to pick.")
+@click.option("--allow", is_flag=True, help="Permission: the allow-once option.")
+@click.option("--deny", is_flag=True, help="Permission: the reject option.")
+@click.option("--choice", multiple=True, metavar="TEXT", help="Question: a choice (repeatable).")
+@click.option("--text", "texts", multiple=True, metavar="TEXT",
+              help="Question: a free-text answer (repeatable: one per question, in order).")
+@click.option("--field", "fields", multiple=True, metavar="NAME=VALUE",
+              help="Form: a field's value (repeatable; repeat a name for a multi-choice field).")
+@click.option("--reject", is_flag=True, help="Question or form: decline to answer.")
+@click.option("--dismiss", is_flag=True, help="Form or link: dismiss without declining.")
+@click.option("--accept", is_flag=True, help="Link: accept (after opening it).")
+@click.option("--action", metavar="ACTION", help="Plan review: the action to take (autopilot, interactive, exit_only).")
+@click.option("--feedback", metavar="TEXT", help="Plan review: refuse the plan with this feedback.")
+@common
+def answer(
+    conversation: str,
+    interaction: str | None,
+    option: str | None,
+    allow: bool,
+    deny: bool,
+    choice: tuple[str, ...],
+    texts: tuple[str, ...],
+    fields: tuple[str, ...],
+    reject: bool,
+    dismiss: bool,
+    accept: bool,
+    action: str | None,
+    feedback: str | None,
+) -> None:
+    """Answer a pending interaction (INTERACTION: an id or unique prefix;
+    default: the only pending one).
+
+    Exits 6 when nothing (or not that) is pending, 8 when agentd refuses the
+    answer as not fitting.
+    """
+    o = _opts()
+    info = o.client().call(wire.Show, wire.ConversationInfo, conversation=conversation)
+    conv = info.record.id
+    inter = _pick_interaction(conv, info.pending, interaction)
+    ans = _build_answer(
+        inter, option=option, allow=allow, deny=deny, choices=list(choice), texts=list(texts),
+        fields=list(fields), reject=reject, dismiss=dismiss, accept=accept, action=action, feedback=feedback,
+    )
+    o.client().call(wire.AnswerInteraction, Any, conversation=conv, interaction=inter.id, answer=ans)
+    if o.json:
+        return _ok_json(conversation=conv, interaction=inter.id, answer=ans)
+    from ..render import answer_summary
+
+    click.echo(f"answered {inter.id}: {answer_summary(ans, inter)}")
+
+
+def _pick_interaction(conv: str, pending: list[Interaction], wanted: str | None) -> Interaction:
+    if wanted:
+        exact = [p for p in pending if p.id == wanted]
+        matches = exact or [p for p in pending if p.id.startswith(wanted)]
+        if not matches:
+            raise Fail(exitcodes.NOT_FOUND, f"no pending interaction {wanted!r} in conversation {conv}")
+        if len(matches) > 1:
+            raise Fail(exitcodes.USAGE, f"{wanted!r} matches several pending interactions: "
+                                        + ", ".join(p.id for p in matches))
+        return matches[0]
+    if not pending:
+        raise Fail(exitcodes.NOT_FOUND, f"nothing is pending in conversation {conv}")
+    if len(pending) > 1:
+        raise Fail(exitcodes.USAGE, "several interactions are pending; name one: "
+                                    + ", ".join(f"{p.id} ({p.kind.value}: {p.title})" for p in pending))
+    return pending[0]
+
+
+def _build_answer(
+    inter: Interaction,
+    *,
+    option: str | None,
+    allow: bool,
+    deny: bool,
+    choices: list[str],
+    texts: list[str],
+    fields: list[str],
+    reject: bool,
+    dismiss: bool,
+    accept: bool,
+    action: str | None,
+    feedback: str | None,
+) -> Answer:
+    """Turn answer options into an :class:`Answer` for ``inter``.
+
+    Raises :class:`Fail`: usage (2) when no answer was given, invalid (8)
+    when the options do not fit the interaction's kind. Whether the values
+    fit (a known option, an offered choice, a field's bounds) is for the
+    daemon to decide.
+    """
+    perm = [x for x in (option is not None, allow, deny) if x]
+    question = bool(choices or texts or fields or reject or dismiss or accept)
+    plan = action is not None or feedback is not None
+    given = len(perm) + question + plan
+    kinds_given = bool(perm) + question + plan
+    if given == 0:
+        raise Fail(exitcodes.USAGE, f"give an answer for {inter.kind.value} {inter.id}: " + _answer_flags(inter))
+    if kinds_given > 1:
+        raise Fail(exitcodes.USAGE, "mixed answer options of different kinds: " + _answer_flags(inter))
+    if inter.kind is InteractionKind.PERMISSION:
+        if not perm:
+            raise Fail(exitcodes.INVALID, f"{inter.id} is a permission request: {_answer_flags(inter)}")
+        if len(perm) > 1:
+            raise Fail(exitcodes.USAGE, "give one of --option, --allow, --deny")
+        if option is not None:
+            return Answer(decision=option)
+        wanted = [o for o in inter.options if (o.allow_once if allow else o.reject)]
+        if not wanted:
+            raise Fail(exitcodes.INVALID, f"{inter.id} has no {'allow-once' if allow else 'reject'} option; "
+                                          f"pick one with --option: {', '.join(o.id for o in inter.options)}")
+        return Answer(decision=wanted[0].id)
+    if inter.kind is InteractionKind.PLAN_REVIEW:
+        if not plan:
+            raise Fail(exitcodes.INVALID, f"{inter.id} is a plan review: {_answer_flags(inter)}")
+        if action is not None and feedback is not None:
+            raise Fail(exitcodes.USAGE, "give --action or --feedback, not both")
+        if action is not None:
+            return Answer(plan=PlanAnswer(action=action))  # type: ignore[arg-type]
+        return Answer(plan=PlanAnswer(feedback=feedback or ""))
+    # question
+    if not question:
+        raise Fail(exitcodes.INVALID, f"{inter.id} is a question: {_answer_flags(inter)}")
+    if sum((reject, dismiss, accept)) > 1 or ((reject or dismiss or accept) and (choices or texts or fields)):
+        raise Fail(exitcodes.USAGE, "--reject, --dismiss and --accept stand alone")
+    if reject:
+        return Answer(reject=True)
+    if dismiss:
+        return Answer(cancel=True)
+    qs = inter.questions
+    answers: list[list[str]] = [[] for _ in qs]
+    if accept:
+        return Answer(answers=answers)
+    if not qs:
+        raise Fail(exitcodes.INVALID, f"{inter.id} asks nothing to fill in: use --accept, --reject or --dismiss")
+    for spec in fields:
+        name, sep, value = spec.partition("=")
+        if not sep:
+            raise Fail(exitcodes.USAGE, f"--field takes NAME=VALUE, not {spec!r}")
+        idx = [i for i, q in enumerate(qs) if q.field is not None and q.field.name == name]
+        if not idx:
+            names = ", ".join(q.field.name for q in qs if q.field is not None) or "none"
+            raise Fail(exitcodes.INVALID, f"{inter.id} has no field {name!r} (fields: {names})")
+        answers[idx[0]].append(value)
+    plain = [i for i, q in enumerate(qs) if q.field is None] or list(range(len(qs)))
+    for c in choices:
+        offered = [i for i in plain if c in qs[i].choices]
+        open_ = [i for i in offered if not answers[i]]
+        target = (open_ or offered or [i for i in plain if not answers[i]] or plain)[0]
+        answers[target].append(c)
+    for t in texts:
+        target = ([i for i in plain if not answers[i]] or [i for i in plain if qs[i].custom] or plain)[0]
+        answers[target].append(t)
+    return Answer(answers=answers)
+
+
+def _answer_flags(inter: Interaction) -> str:
+    if inter.kind is InteractionKind.PERMISSION:
+        ids = ", ".join(o.id for o in inter.options)
+        return f"use --allow, --deny or --option ID (options: {ids})"
+    if inter.kind is InteractionKind.PLAN_REVIEW:
+        acts = ", ".join(inter.plan.actions) if inter.plan else ""
+        return f"use --action ACTION ({acts or 'none offered'}) or --feedback TEXT"
+    if inter.elicitation is not None and not inter.questions:
+        return "use --accept, --reject or --dismiss"
+    return "use --choice, --text, --field NAME=VALUE, or --reject"

@@ -1,0 +1,498 @@
+"""agentctl's conversation commands: new, ls, show, send, run, tail, attach, steer,
+cancel, close, rm, title, budget, continue, export.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from agentd import wire
+
+from .. import exitcodes
+from ..cli import Fail, _err, _exit, _interactive, _json, _ok_json, _opts, _style, _text_arg, common
+
+
+def _new_options(f: Any) -> Any:
+    f = click.option("--yolo", is_flag=True, help="Let agentd answer permission requests (allow once).")(f)
+    f = click.option("--model", "-m", default="", help="Model id (for the script provider: the script's path).")(f)
+    f = click.option("--title", default="", help="Conversation title.")(f)
+    f = click.option(
+        "--cwd", default=".", show_default=True,
+        type=click.Path(exists=True, file_okay=False, resolve_path=True),
+        help="The agent's working directory.",
+    )(f)
+    f = click.option("--provider", "-p", required=True, help="Provider name (see agentctl providers).")(f)
+    return f
+
+
+def _budget_options(f: Any) -> Any:
+    f = click.option("--on-reach", type=click.Choice(["pause", "stop"]), default=None,
+                     help="What happens when spend reaches --max-cost-usd: pause (default) or stop (close).")(f)
+    f = click.option("--max-cost-usd", type=click.FloatRange(min=0), default=None, metavar="USD",
+                     help="Budget of the conversation (default: the provider's from the config, if any).")(f)
+    return f
+
+
+def _budget_arg(max_cost_usd: float | None, on_reach: str | None) -> wire.Budget | None:
+    if max_cost_usd is None:
+        if on_reach is not None:
+            raise click.UsageError("--on-reach needs --max-cost-usd")
+        return None
+    return wire.Budget(max_cost_usd=max_cost_usd, on_reach=on_reach or "pause")  # type: ignore[arg-type]
+
+
+_attach_option = click.option(
+    "--attach", "attach", multiple=True, metavar="FILE",
+    type=click.Path(exists=True, dir_okay=False, readable=True),
+    help="Send FILE with the prompt (repeatable); agentd's [attachments] limits apply.",
+)
+
+
+def _uploads(paths: tuple[str, ...]) -> list[wire.Upload]:
+    """The files to send, read and base64-encoded (agentd checks names, sizes and types)."""
+    import base64
+
+    out = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise Fail(exitcodes.USAGE, f"cannot read {path}: {exc.strerror or exc}") from None
+        out.append(wire.Upload(name=os.path.basename(path), data=base64.b64encode(data).decode("ascii")))
+    return out
+
+
+def _create(provider: str, cwd: str, title: str, model: str, yolo: bool,
+            budget: wire.Budget | None = None) -> wire.ConversationRecord:
+    if provider == "script" and model and not os.path.isabs(model) and os.path.isfile(model):
+        # A script path is read by the daemon, which does not share our cwd.
+        model = os.path.abspath(model)
+    return _opts().client().call(
+        wire.New, wire.ConversationRecord,
+        provider=provider, workdir=cwd, title=title, model=model, mode="yolo" if yolo else "interactive",
+        budget=budget,
+    )
+
+
+@click.command()
+@_new_options
+@_budget_options
+@common
+def new(provider: str, cwd: str, title: str, model: str, yolo: bool, max_cost_usd: float | None,
+        on_reach: str | None) -> None:
+    """Create a conversation; print its id (--json: the conversation record).
+
+    --max-cost-usd sets its budget: when its spend reaches it, the running turn
+    is cut short and the conversation pauses (or, with --on-reach stop, closes).
+    """
+    rec = _create(provider, cwd, title, model, yolo, _budget_arg(max_cost_usd, on_reach))
+    if _opts().json:
+        return _json(rec)
+    click.echo(rec.id)
+
+
+@click.command("ls")
+@click.option("--all", "all_", is_flag=True, help="Include closed conversations.")
+@common
+def ls(all_: bool) -> None:
+    """List conversations (--json: {"conversations": [record, ...]})."""
+    o = _opts()
+    recs = o.client().call(wire.List, list[wire.ConversationRecord], all=all_)
+    if o.json:
+        return _json({"conversations": recs})
+    if not recs:
+        _err("no conversations" + ("" if all_ else " (closed ones: agentctl ls --all)"))
+        return
+    from ..render import table
+
+    rows = [
+        [r.id, r.state.value, r.provider, r.updated_at[:16].replace("T", " "), r.title or "-"]
+        for r in recs
+    ]
+    click.echo(table(rows, ["ID", "STATE", "PROVIDER", "UPDATED", "TITLE"], _style()))
+
+
+@click.command()
+@click.argument("conversation")
+@common
+def show(conversation: str) -> None:
+    """Show a conversation: its record, pending interactions, usage."""
+    o = _opts()
+    info = o.client().call(wire.Show, wire.ConversationInfo, conversation=conversation)
+    if o.json:
+        return _json(info)
+    from ..render import Renderer
+
+    r = info.record
+    state = r.state.value + (f" (run {r.active_run})" if r.active_run else "")
+    lines = [
+        ("id", r.id),
+        ("title", r.title or "-"),
+        ("provider", r.provider + (f" (model {r.model})" if r.model else "")),
+        ("workdir", r.workdir),
+        ("state", state),
+        ("mode", r.mode),
+        ("created", r.created_at),
+        ("updated", r.updated_at),
+        ("last seq", str(info.last_seq or r.turn_after)),
+    ]
+    if info.queued:
+        lines.append(("queued", str(info.queued)))
+    if info.usage is not None:
+        lines.append(("usage", _usage_text(info.usage)))
+    if r.budget is not None:
+        lines.append(("budget", _budget_text(r)))
+    if r.error:
+        lines.append(("error", r.error))
+    for k, v in lines:
+        click.echo(f"{k + ':':<10} {v}")
+    if info.pending:
+        click.echo("pending:")
+        ren = Renderer(sys.stdout, socket=o.socket)
+        ren.conversation = r.id
+        for inter in info.pending:
+            ren.interaction(inter)
+
+
+# ---------------------------------------------------------------------- turns
+
+
+def _follow(
+    conversation: str,
+    after: int,
+    *,
+    run: str = "",
+    interactive: bool = False,
+    exit_on_action: bool = False,
+    yolo: bool = False,
+    until_caught_up: bool = False,
+    until_idle: bool = False,
+    all_: bool = False,
+) -> int:
+    """Follow with the right output (JSON lines or rendered) and Ctrl-C handling."""
+    from ..follow import Follower
+    from ..render import Renderer
+
+    o = _opts()
+    renderers: dict[str, Renderer] = {}
+
+    def renderer_for(conv: str) -> Renderer:
+        if all_:
+            key = conv
+            if key not in renderers:
+                renderers[key] = Renderer(sys.stdout, stream_deltas=False, prefix=f"[{conv[:8]}] ",
+                                          answer_hints=not interactive, socket=o.socket, yolo=yolo)
+            return renderers[key]
+        if "" not in renderers:
+            # One conversation: the journal is replayed up to a snapshot first (--all is live only).
+            renderers[""] = Renderer(sys.stdout, answer_hints=not interactive, socket=o.socket, yolo=yolo,
+                                     replay=True)
+        return renderers[""]
+
+    follower = Follower(
+        o.client(),
+        renderer_for=None if o.json else renderer_for,
+        json_out=sys.stdout if o.json else None,
+        interactive=interactive,
+        exit_on_action=exit_on_action,
+        yolo=yolo,
+    )
+    try:
+        code = follower.follow(None if all_ else conversation, after, run=run, until_caught_up=until_caught_up,
+                                until_idle=until_idle)
+    except KeyboardInterrupt:
+        for r in renderers.values():
+            r.end_line()
+        sys.stdout.flush()
+        conv = follower.conversation or conversation
+        if run and conv:
+            _err(f"detached; the turn goes on in agentd. Follow it: agentctl attach {conv}; "
+                 f"stop it: agentctl cancel {conv}")
+        raise click.exceptions.Exit(exitcodes.INTERRUPTED) from None
+    for r in renderers.values():
+        r.end_line()
+    return code
+
+
+_follow_options = [
+    click.option("--no-input", is_flag=True, help="Never ask at the terminal; print how to answer instead."),
+    click.option("--exit-on-action", is_flag=True,
+                 help="Exit with code 4 when an interaction waits for an answer agentctl may not give."),
+]
+
+
+def _with(options: list[Any]) -> Any:
+    def deco(f: Any) -> Any:
+        for opt in reversed(options):
+            f = opt(f)
+        return f
+
+    return deco
+
+
+@click.command()
+@click.argument("conversation")
+@click.argument("text")
+@click.option("--if-busy", type=click.Choice(["reject", "queue", "steer", "interrupt"]), default="reject",
+              show_default=True, help="What to do when a turn is running (reject exits 7).")
+@click.option("--follow", "-f", is_flag=True, help="Follow the turn until it ends; exit with its outcome.")
+@_attach_option
+@_with(_follow_options)
+@common
+def send(conversation: str, text: str, if_busy: str, follow: bool, attach: tuple[str, ...], no_input: bool,
+         exit_on_action: bool) -> None:
+    """Send TEXT to a conversation (TEXT - reads stdin).
+
+    Without --follow it returns once agentd took the prompt (--json: the send
+    result: run, disposition, after). With --follow it streams the turn and
+    exits 0 completed, 1 failed, 3 cancelled.
+    """
+    o = _opts()
+    res = o.client().call(wire.Send, wire.SendResult, conversation=conversation, text=_text_arg(text), if_busy=if_busy,
+                          attachments=_uploads(attach))
+    if not follow:
+        if o.json:
+            return _json(res)
+        click.echo(f"run {res.run}: {res.disposition}")
+        return
+    _exit(_follow(conversation, res.after, run=res.run, interactive=_interactive(no_input),
+                  exit_on_action=exit_on_action))
+
+
+@click.command()
+@click.argument("text")
+@_new_options
+@_budget_options
+@_attach_option
+@_with(_follow_options)
+@common
+def run(text: str, provider: str, cwd: str, title: str, model: str, yolo: bool, max_cost_usd: float | None,
+        on_reach: str | None, attach: tuple[str, ...], no_input: bool, exit_on_action: bool) -> None:
+    """Create a conversation, send TEXT, follow the turn to its end.
+
+    Exits 0 when the turn completed, 1 failed, 3 cancelled, 4 needs action
+    (with --exit-on-action). --json streams JSON lines; the last one is
+    {"type": "result", "conversation", "run", "state", "exit_code", ...}.
+    """
+    o = _opts()
+    text = _text_arg(text)
+    uploads = _uploads(attach)
+    rec = _create(provider, cwd, title, model, yolo, _budget_arg(max_cost_usd, on_reach))
+    if not o.json:
+        click.echo(_style().dim(f"conversation {rec.id} ({rec.provider})"))
+    res = o.client().call(wire.Send, wire.SendResult, conversation=rec.id, text=text, attachments=uploads)
+    _exit(_follow(rec.id, res.after, run=res.run, interactive=_interactive(no_input),
+                  exit_on_action=exit_on_action, yolo=yolo))
+
+
+@click.command()
+@click.argument("conversation", required=False)
+@click.option("--after", type=int, default=None, metavar="SEQ",
+              help="Start after this journal seq (default 0: the whole journal).")
+@click.option("--all", "all_", is_flag=True, help="Every conversation, live only.")
+@click.option("--follow/--no-follow", default=True, show_default=True,
+              help="Keep streaming live records, or stop once the journal is printed.")
+@common
+def tail(conversation: str | None, after: int | None, all_: bool, follow: bool) -> None:
+    """Print a conversation's records, then follow it live.
+
+    --json prints one JSON object per line: records as
+    {"type", "conversation", "seq", "ts", "run", "data"}, and
+    {"type": "snapshot", "conversation", "data"} once caught up.
+    """
+    if all_ and conversation:
+        raise click.UsageError("give a conversation or --all, not both")
+    if not all_ and not conversation:
+        raise click.UsageError("give a conversation (or --all)")
+    if all_ and not follow:
+        raise click.UsageError("--all is live only; --no-follow would print nothing")
+    if all_ and after is not None:
+        raise click.UsageError("--all is live only; --after applies to one conversation")
+    _exit(_follow(conversation or "", after or 0, until_caught_up=not follow, all_=all_))
+
+
+@click.command()
+@click.argument("conversation")
+@click.option("--after", type=int, default=None, metavar="SEQ",
+              help="Replay the journal after SEQ first (default: from now, with the turn in flight).")
+@click.option("--until-idle", is_flag=True,
+              help="Stop when the turn in flight ends (exit code from its outcome), at once if none runs.")
+@_with(_follow_options)
+@common
+def attach(conversation: str, after: int | None, until_idle: bool, no_input: bool, exit_on_action: bool) -> None:
+    """Follow a conversation and answer its interactions at the terminal.
+
+    Starts with the turn in flight (or after the last one). Ctrl-D at a
+    prompt leaves that interaction for later; Ctrl-C detaches (the turn goes
+    on). Stops when the conversation is closed, or with --until-idle.
+    """
+    o = _opts()
+    info = o.client().call(wire.Show, wire.ConversationInfo, conversation=conversation)
+    r = info.record
+    interactive = _interactive(no_input)
+    if not o.json:
+        how = "answering at the terminal; " if interactive else ""
+        click.echo(_style().dim(f"attached to {r.id} ({r.provider}, {r.state.value}); {how}Ctrl-C to detach"))
+    _exit(_follow(r.id, r.turn_after if after is None else after, interactive=interactive,
+                  exit_on_action=exit_on_action, yolo=r.mode == "yolo", until_idle=until_idle))
+
+
+@click.command()
+@click.argument("conversation")
+@click.argument("text")
+@common
+def steer(conversation: str, text: str) -> None:
+    """Add TEXT to the running turn (--json: the send result)."""
+    o = _opts()
+    res = o.client().call(wire.Steer, wire.SendResult, conversation=conversation, text=_text_arg(text))
+    if o.json:
+        return _json(res)
+    click.echo(f"run {res.run}: {res.disposition}")
+
+
+def _simple(op: type, conversation: str, done: str, **fields: Any) -> None:
+    o = _opts()
+    o.client().call(op, Any, conversation=conversation, **fields)
+    if o.json:
+        return _ok_json(conversation=conversation, **fields)
+    click.echo(done)
+
+
+@click.command()
+@click.argument("conversation")
+@common
+def cancel(conversation: str) -> None:
+    """Cancel the running turn; the conversation stays open."""
+    _simple(wire.Cancel, conversation, "cancelled")
+
+
+@click.command()
+@click.argument("conversation")
+@common
+def close(conversation: str) -> None:
+    """Close a conversation (kept on disk; agentctl ls --all lists it)."""
+    _simple(wire.Close, conversation, "closed")
+
+
+@click.command()
+@click.argument("conversation")
+@common
+def rm(conversation: str) -> None:
+    """Remove a conversation and its journal."""
+    _simple(wire.Remove, conversation, "removed")
+
+
+@click.command()
+@click.argument("conversation")
+@click.argument("title")
+@common
+def title(conversation: str, title: str) -> None:
+    """Set a conversation's title (also in the provider's own store, where it keeps titles)."""
+    _simple(wire.SetTitle, conversation, "title set", title=title)
+
+
+# ---------------------------------------------------------------------- usage, budgets, export
+
+
+def _usage_text(u: Any) -> str:
+    bits = [f"{u.input_tokens:,} input tokens ({u.cached_tokens:,} cached), {u.output_tokens:,} output"]
+    if u.cost_usd is not None:
+        bits.append(f"{'~' if u.estimated else ''}${u.cost_usd:.4f}" + (" (estimated from [pricing])" if u.estimated else ""))
+    else:
+        bits.append("no cost known")
+    if u.ai_units:
+        bits.append(f"{u.ai_units:g} AI units")
+    return ", ".join(bits)
+
+
+def _budget_text(r: wire.ConversationRecord) -> str:
+    b = r.budget
+    if b is None or b.max_cost_usd is None:
+        return "-"
+    spent = r.usage.cost_usd if r.usage is not None and r.usage.cost_usd is not None else None
+    used = f"${spent:.4f} of " if spent is not None else "no cost known yet, of "
+    return f"{used}${b.max_cost_usd:.4f}, on reach: {b.on_reach}"
+
+
+@click.command()
+@click.argument("conversation")
+@click.option("--max-cost-usd", type=click.FloatRange(min=0), default=None, metavar="USD",
+              help="The new budget (raise or lower it).")
+@click.option("--on-reach", type=click.Choice(["pause", "stop"]), default=None,
+              help="pause (default) or stop (close) when spend reaches it; default: as before.")
+@click.option("--none", "none_", is_flag=True, help="Remove the budget.")
+@common
+def budget(conversation: str, max_cost_usd: float | None, on_reach: str | None, none_: bool) -> None:
+    """Set a conversation's budget: raise, lower or remove it (journaled).
+
+    A conversation paused on its budget stays paused: resume it with
+    agentctl continue. --json: the conversation record.
+    """
+    if none_ == (max_cost_usd is not None):
+        raise click.UsageError("give --max-cost-usd USD or --none")
+    o = _opts()
+    if not none_ and on_reach is None:
+        info = o.client().call(wire.Show, wire.ConversationInfo, conversation=conversation)
+        on_reach = info.record.budget.on_reach if info.record.budget is not None else "pause"
+    new_budget = wire.Budget() if none_ else wire.Budget(max_cost_usd=max_cost_usd, on_reach=on_reach)  # type: ignore[arg-type]
+    rec = o.client().call(wire.SetBudget, wire.ConversationRecord, conversation=conversation, budget=new_budget)
+    if o.json:
+        return _json(rec)
+    click.echo(f"budget: {_budget_text(rec)}" + (f" (state {rec.state.value})" if rec.state.value != "idle" else ""))
+
+
+@click.command("continue")
+@click.argument("conversation")
+@common
+def continue_(conversation: str) -> None:
+    """Resume a conversation paused on its budget, once the budget was raised.
+
+    Nothing is resent: send the next prompt yourself. Exits 8 when the
+    conversation is not paused, 1 (limit) while it is still at its budget.
+    --json: the conversation record.
+    """
+    o = _opts()
+    rec = o.client().call(wire.Continue, wire.ConversationRecord, conversation=conversation)
+    if o.json:
+        return _json(rec)
+    click.echo(f"continued: {rec.id} is {rec.state.value}")
+
+
+@click.command()
+@click.argument("conversation")
+@click.option("--format", "fmt", type=click.Choice(["md", "json", "html"]), default="md", show_default=True,
+              help="Markdown, JSON, or one self-contained HTML file.")
+@click.option("--include-tools", is_flag=True,
+              help="Add tool calls and their output, permission requests, reasoning and subagents' work.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write to FILE instead of stdout.")
+@common
+def export(conversation: str, fmt: str, include_tools: bool, output: str | None) -> None:
+    """Export a conversation's transcript, rendered by agentd from its journal.
+
+    --json: {"conversation", "format", "title", "text"}, or with -o
+    {"ok", "conversation", "format", "path", "bytes"}.
+    """
+    o = _opts()
+    res = o.client().call(wire.Export, wire.ExportResult, conversation=conversation, format=fmt,
+                          include_tools=include_tools)
+    if output is None:
+        if o.json:
+            return _json(res)
+        sys.stdout.write(res.text)
+        sys.stdout.flush()
+        return
+    data = res.text.encode("utf-8")
+    try:
+        with open(output, "wb") as f:
+            f.write(data)
+    except OSError as exc:
+        raise Fail(exitcodes.FAILED, f"cannot write {output}: {exc.strerror or exc}") from None
+    if o.json:
+        return _ok_json(conversation=res.conversation, format=fmt, path=os.path.abspath(output), bytes=len(data))
+    click.echo(f"wrote {output} ({len(data)} bytes)", err=True)
