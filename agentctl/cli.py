@@ -84,7 +84,7 @@ def common(f: Any) -> Any:
     )(f)
     f = click.option(
         "--socket", metavar="PATH", expose_value=False, callback=_setter("socket"),
-        help="agentd's control socket (default: $AGENTD_SOCKET, else <user runtime dir>/agentd/agentd.sock).",
+        help="agentd's control socket (default: $AGENTD_SOCKET, else $AGENTD_RUNTIME_DIR/agentd.sock, else <user runtime dir>/agentd/agentd.sock).",
     )(f)
     return f
 

@@ -57,10 +57,22 @@ class _Closed:
 
 
 def default_socket_path() -> str:
-    """``$AGENTD_SOCKET``, else ``<user runtime dir>/agentd/agentd.sock`` (platformdirs)."""
+    """Where agentd's socket is when neither ``--socket`` nor the config file says: as agentd finds it.
+
+    ``$AGENTD_SOCKET``, else ``$AGENTD_RUNTIME_DIR/agentd.sock``, else
+    ``<user runtime dir>/agentd/agentd.sock`` (platformdirs; on Linux that is
+    ``$XDG_RUNTIME_DIR/agentd`` when set, computed here without importing
+    platformdirs). Relative values are taken from the current directory.
+    """
     env = os.environ.get("AGENTD_SOCKET")
     if env:
-        return env
+        return os.path.abspath(env)
+    runtime = os.environ.get("AGENTD_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(os.path.abspath(runtime), "agentd.sock")
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "").strip()
+    if xdg and sys.platform.startswith("linux"):
+        return os.path.join(xdg, "agentd", "agentd.sock")
     import warnings
 
     import platformdirs

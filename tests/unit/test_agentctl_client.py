@@ -204,3 +204,27 @@ def test_a_daemon_that_exits_at_start_is_quoted_from_its_part_of_the_log(tmp_pat
     said = _daemon_said(str(log), start)
     assert len(said) == 10 and said[-1] == "Boom: x"
     assert _daemon_said(str(tmp_path / "missing.log"), 0) == []
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"AGENTD_SOCKET": "/run/x/my.sock"},
+        {"AGENTD_SOCKET": "rel/my.sock"},
+        {"AGENTD_RUNTIME_DIR": "/run/elsewhere"},
+        {"AGENTD_RUNTIME_DIR": "rel-runtime", "XDG_RUNTIME_DIR": "/run/user/4242"},
+        {"XDG_RUNTIME_DIR": "/run/user/4242"},
+        {},
+    ],
+)
+def test_default_socket_is_where_agentd_puts_it(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """agentctl's default socket follows the same environment as agentd's (config without paths)."""
+    from agentctl.client import default_socket_path
+    from agentd.config import Config
+
+    monkeypatch.chdir(tmp_path)
+    for key in ("AGENTD_SOCKET", "AGENTD_RUNTIME_DIR", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert default_socket_path() == str(Config().resolved_paths().socket)
