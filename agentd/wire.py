@@ -14,6 +14,7 @@ subscription's id (the ``id`` of the ``subscribe`` request).
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
@@ -691,9 +692,19 @@ class _Envelope(msgspec.Struct):
 
 _encoder = msgspec.json.Encoder()
 _envelope_decoder = msgspec.json.Decoder(_Envelope)
-_request_decoder = msgspec.json.Decoder(Request)
 _server_frame_decoder = msgspec.json.Decoder(ServerFrame)
-_record_decoder = msgspec.json.Decoder(Record)
+
+
+# Built on first use: building a decoder analyses every type in its union, a cost
+# agentctl (which decodes neither requests nor, for most commands, records) need not pay.
+@functools.cache
+def _request_decoder() -> msgspec.json.Decoder[Request]:
+    return msgspec.json.Decoder(Request)
+
+
+@functools.cache
+def _record_decoder() -> msgspec.json.Decoder[Record]:
+    return msgspec.json.Decoder(Record)
 
 
 def encode(obj: Any) -> bytes:
@@ -733,7 +744,7 @@ def decode_request(line: bytes) -> Request:
     if env.op not in OPS:
         raise ProtocolError(f"unknown op {env.op!r}", code="unsupported", request_id=env.id)
     try:
-        return _request_decoder.decode(line)
+        return _request_decoder().decode(line)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"invalid {env.op!r} request: {exc}", request_id=env.id) from None
     except RecursionError:
@@ -749,7 +760,7 @@ def decode_server_frame(line: bytes) -> ServerFrame:
 
 
 def decode_record(raw: bytes | msgspec.Raw) -> Record:
-    return _record_decoder.decode(raw)
+    return _record_decoder().decode(raw)
 
 
 def error_from_body(body: ErrorBody) -> AgentdError:
