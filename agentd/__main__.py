@@ -68,9 +68,16 @@ def run(config_path: Path | None) -> None:
 @cli.command("check-config")
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="AGENTD_CONFIG")
 def check_config(config_path: Path | None) -> None:
-    """Load the config, print the resolved paths, exit 78 if it is broken."""
+    """Load the config, print which file was read and the resolved paths, exit 78 if it is broken."""
     config, paths = _load(config_path)
-    click.echo(f"state_dir: {paths.state_dir}\nsocket:    {paths.socket}\nconfig ok")
+    from .config import default_config_path
+
+    if config_path is not None:
+        source = str(config_path)
+    else:
+        default = default_config_path()
+        source = str(default) if default.is_file() else f"none ({default} does not exist: every key at its default)"
+    click.echo(f"config:    {source}\nstate_dir: {paths.state_dir}\nsocket:    {paths.socket}\nconfig ok")
 
 
 @cli.command("install-units")
@@ -80,9 +87,15 @@ def install_units(dest: Path | None) -> None:
     """Write agentd.service and agentd.socket as systemd user units."""
     from .systemd import install_units as _install
 
-    for path in _install(dest):
+    paths = _install(dest)
+    for path in paths:
         click.echo(str(path))
-    click.echo("now: systemctl --user daemon-reload && systemctl --user enable --now agentd.socket", err=True)
+    if dest is None:
+        click.echo("now: systemctl --user daemon-reload && systemctl --user enable --now agentd.socket", err=True)
+    else:
+        click.echo(f"systemd looks for user units in ~/.config/systemd/user; link these there "
+                   f"(systemctl --user link {' '.join(str(p) for p in paths)}), then: "
+                   "systemctl --user daemon-reload && systemctl --user enable --now agentd.socket", err=True)
 
 
 def main() -> None:
