@@ -89,9 +89,16 @@ class Transcript(msgspec.Struct, kw_only=True):
 
 
 def _time(value: _dt.datetime | None, fallback: str) -> str:
+    """``value`` as ``YYYY-MM-DDTHH:MM:SSZ``; None: ``fallback`` (a journal ts) to the same second precision."""
     if value is None:
-        return fallback
+        return _seconds(fallback)
     return value.astimezone(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _seconds(ts: str) -> str:
+    """A journal ts (``2024-05-01T12:00:00.123Z``) without its milliseconds, like every other time here."""
+    head, dot, _ = ts.partition(".")
+    return head + "Z" if dot else ts
 
 
 def _answer_text(inter: c.Interaction, rec: c.AnswerRecord) -> str:
@@ -157,7 +164,7 @@ def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, inclu
             meta.model = meta.model or payload.model
         elif t == "prompt":
             p: wire.PromptRecord = payload
-            entries.append(Entry(role="user", text=p.text, time=rec.ts, run=rec.run,
+            entries.append(Entry(role="user", text=p.text, time=_seconds(rec.ts), run=rec.run,
                                  attachments=list(getattr(p, "attachments", []) or []),
                                  state="" if p.disposition in ("", "started") else p.disposition))
         elif t == "item":
@@ -213,7 +220,7 @@ def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, inclu
             turn: c.Turn = payload
             if turn.state in (c.TurnState.FAILED, c.TurnState.CANCELLED):
                 entries.append(Entry(role="turn", state=turn.state.value, text=turn.error, reason=turn.reason,
-                                     time=rec.ts, run=rec.run))
+                                     time=_seconds(rec.ts), run=rec.run))
         elif t == "title":
             meta.title = payload or meta.title
         elif t == "usage":
@@ -223,7 +230,7 @@ def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, inclu
             if st.state in (wire.ConversationState.CLOSED, wire.ConversationState.BUDGET_PAUSED):
                 what = "closed" if st.state is wire.ConversationState.CLOSED else "paused: budget reached"
                 entries.append(Entry(role="notice", text=f"conversation {what}" + (f" ({st.reason})" if st.reason else ""),
-                                     time=rec.ts))
+                                     time=_seconds(rec.ts)))
     meta.title = record.title or meta.title
     return Transcript(conversation=meta, entries=entries, usage=usage)
 

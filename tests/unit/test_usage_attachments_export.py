@@ -197,6 +197,8 @@ def test_a_transcript_keeps_each_item_once_at_its_first_place_with_its_last_text
     assert t.usage is not None and t.usage.cost_usd == 0.5
     with_tools = export.transcript(_record(), _journal(), include_tools=True)
     assert [e.role for e in with_tools.entries] == ["user", "assistant", "tool", "turn"]
+    # One time format throughout, whether the time came from the journal or from the provider's item.
+    assert {e.time for e in with_tools.entries} == {"2026-01-01T00:00:00Z"}
 
 
 def test_markdown_fences_outgrow_the_backticks_inside() -> None:
