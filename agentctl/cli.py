@@ -221,14 +221,21 @@ def _error_exit_code(exc: Exception) -> int | None:
     return None
 
 
-_NEXT_STEP = {
-    "not_found": " (agentctl ls --all lists conversations)",
-    "busy": " (use --if-busy queue|steer|interrupt, or agentctl cancel)",
+#: Error code -> (what the message starts with, the next step to suggest): the first
+#: whose start fits gives the hint ("" fits any message); none fits: no hint.
+_NEXT_STEP: dict[str, list[tuple[str, str]]] = {
+    "not_found": [
+        ("no provider ", " (agentctl providers lists them)"),
+        ("no task ", " (agentctl task ls lists tasks)"),
+        ("no conversation ", " (agentctl ls --all lists conversations)"),
+    ],
+    "busy": [("", " (use --if-busy queue|steer|interrupt, or agentctl cancel)")],
 }
 
 
 def _describe(exc: AgentdError) -> str:
-    return f"{exc.code}: {exc.message}{_NEXT_STEP.get(exc.code, '')}"
+    hint = next((h for start, h in _NEXT_STEP.get(exc.code, []) if exc.message.startswith(start)), "")
+    return f"{exc.code}: {exc.message}{hint}"
 
 
 #: Every command: name -> "module:attribute" in agentctl.commands.
@@ -236,6 +243,7 @@ COMMANDS: dict[str, str] = {
     "status": "daemon:status",
     "providers": "daemon:providers",
     "models": "daemon:models",
+    "stop": "daemon:stop",
     "new": "conversations:new",
     "ls": "conversations:ls",
     "show": "conversations:show",

@@ -21,12 +21,14 @@ import msgspec
 
 from agentd import wire
 from agentd.contract import (
+    AgentdError,
     AnswerRecord,
     Interaction,
     InteractionGone,
     InteractionKind,
     InteractionState,
     Invalid,
+    Item,
     NotFound,
     Turn,
 )
@@ -37,6 +39,8 @@ from .render import Renderer, full, json_record, json_snapshot
 
 #: How long the stream must be quiet before a pending interaction is acted on, seconds.
 QUIET_S = 0.2
+#: How long to wait for a record while looking back at the start of the turn in flight, seconds.
+LOOK_BACK_TIMEOUT_S = 10.0
 
 
 class FollowResult(msgspec.Struct, kw_only=True):
@@ -86,6 +90,9 @@ class Follower:
         self._closed = False
         self._sub: Subscription | None = None
         self._until_idle = False
+        self._after = 0
+        #: conversations whose turn in flight was looked back at (see _journaled_before)
+        self._looked_back: set[str] = set()
         self.conversation = ""
 
     # ------------------------------------------------------------------ main loop
@@ -108,6 +115,7 @@ class Follower:
         :class:`~agentctl.client.Unreachable` when the connection is lost.
         """
         self._until_idle = until_idle
+        self._after = after if conversation is not None else 0
         self._sub = self.client.subscribe(conversation, after)
         self.conversation = conversation or ""
         try:
@@ -158,7 +166,14 @@ class Follower:
         if self.json_out is not None:
             self._json(json_snapshot(conv, snap))
         elif self._renderer_for is not None:
-            self._renderer_for(conv).snapshot(conv, snap)
+            r = self._renderer_for(conv)
+            unshown = {(it.agent_id, it.id) for it in r.unshown_items(snap)} if r.stream_deltas else set()
+            if unshown and self._after and conv not in self._looked_back:
+                # The replay may have started inside the turn in flight: the snapshot's items
+                # journaled before that are not to be shown as if they were new.
+                self._looked_back.add(conv)
+                r.journaled(self._journaled_before(conv, snap, unshown))
+            r.snapshot(conv, snap)
         for iid in [i for i, (c, _) in self._pending.items() if c == conv]:
             del self._pending[iid]
         for inter in snap.pending:
@@ -169,6 +184,54 @@ class Follower:
             return exitcodes.OK
         self._closed = snap.state is wire.ConversationState.CLOSED
         return None
+
+    def _journaled_before(self, conv: str, snap: wire.Snapshot, unshown: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Which of ``unshown`` (items of the snapshot's turn) were journaled at or before ``after``.
+
+        Reads the journal from the start of the turn in flight up to
+        ``after`` on a second, short-lived subscription. When the turn ended
+        meanwhile, all of them: what was still streaming then arrives as
+        records anyway. When the journal cannot be read, none (shown as before).
+        """
+        try:
+            info = self.client.call(wire.Show, wire.ConversationInfo, conversation=conv)
+        except AgentdError:
+            return set()
+        if info.record.active_run != snap.run:
+            return unshown
+        stop = min(self._after, snap.last_seq)
+        pos = info.record.turn_after
+        if pos >= stop:
+            return set()  # the replay covered the whole turn: nothing of it lies before
+        found: set[tuple[str, str]] = set()
+        try:
+            sub = self.client.subscribe(conv, pos, snapshot=False)
+        except AgentdError:
+            return set()
+        try:
+            while pos < stop:
+                frame = sub.get(timeout=LOOK_BACK_TIMEOUT_S)
+                if frame is None:
+                    break
+                if not isinstance(frame, wire.EventFrame):
+                    continue
+                rec = wire.decode_record(frame.record)
+                if not rec.seq:
+                    continue  # live only
+                pos = rec.seq
+                if rec.seq > stop:
+                    break
+                if rec.type != "item":
+                    continue
+                try:
+                    item = wire.decode_payload(rec)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    continue
+                if isinstance(item, Item) and (item.agent_id, item.id) in unshown:
+                    found.add((item.agent_id, item.id))
+        finally:
+            sub.close()
+        return found
 
     def _quiet(self, run: str) -> int | None:
         """Nothing arrived for a moment: act on what is pending, notice a closed conversation."""

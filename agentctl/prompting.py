@@ -58,6 +58,7 @@ class Prompter:
         opts = inter.options
         if not opts:
             raise EOFError("no options offered")
+        self.say(self.style.dim("  (type a number or an option id; Ctrl-D to answer later)"))
         while True:
             raw = self._read(f"  choose 1-{len(opts)}: ").strip()
             if raw.isdecimal() and 1 <= int(raw) <= len(opts):
@@ -70,6 +71,7 @@ class Prompter:
     def _plan(self, inter: Interaction) -> Answer:
         actions = list(inter.plan.actions) if inter.plan else []
         prompt = f"  choose 1-{len(actions)}, or f to give feedback: " if actions else "  feedback: "
+        self.say(self.style.dim("  (Ctrl-D to answer later)"))
         while True:
             if not actions:
                 text = self._read(prompt).strip()

@@ -244,7 +244,7 @@ def answer_summary(answer: Answer, inter: Interaction | None = None) -> str:
     if answer.reject:
         return "rejected"
     if answer.cancel:
-        return "cancelled"
+        return "dismissed"
     questions = inter.questions if inter is not None else []
     parts = []
     for i, values in enumerate(answer.answers):
@@ -264,7 +264,9 @@ class Renderer:
     conversations interleave: text then appears once its item is journaled).
     ``prefix`` starts every line (the conversation, for ``tail --all``).
     ``answer_hints`` prints, under a pending interaction, the commands that
-    answer it; ``socket`` is added to them when not the default. With
+    answer it; ``socket`` is added to them when not the default. ``seq``
+    starts the first line each durable record prints with its seq, dimmed
+    (``#12``: what ``tail --after`` takes). With
     ``replay`` the records first come from the journal, up to a snapshot:
     hints then wait for the snapshot and are shown only for interactions
     still pending in it, so no hint stands under an interaction that the
@@ -284,6 +286,7 @@ class Renderer:
         unicode: bool | None = None,
         yolo: bool = False,
         replay: bool = False,
+        seq: bool = False,
     ) -> None:
         self.out = out if out is not None else sys.stdout
         self.style = Style(use_color(self.out) if color is None else color)
@@ -296,6 +299,9 @@ class Renderer:
         self.yolo = yolo
         #: records are a replay until the next snapshot: answer hints wait for it
         self.replay = replay
+        #: mark each line a durable record printed with its seq (``#12``), for ``tail --after``
+        self.show_seq = seq
+        self._seq_tag = ""
         if width is None:
             width = 100
             if self.style.color:
@@ -311,6 +317,9 @@ class Renderer:
         self._last_line_key: Any = None
         # what was shown already
         self._printed: dict[tuple[str, str], str] = {}
+        #: text items known to be journaled (shown from their record, or journaled before the
+        #: replay started): a snapshot never shows them again
+        self._journaled: set[tuple[str, str]] = set()
         self._tool_status: dict[tuple[str, str], str] = {}
         self._shown_pending: set[str] = set()
         #: interactions shown pending during a replay whose answer hints wait for the snapshot
@@ -350,8 +359,12 @@ class Renderer:
         """Print one full line (or several), closing any open stream first."""
         self.end_line()
         for part in text.split("\n"):
-            self._write(f"{self.prefix}{part}\n")
+            self._write(f"{self.prefix}{self._take_seq_tag()}{part}\n")
         self._last_line_key = key
+
+    def _take_seq_tag(self) -> str:
+        tag, self._seq_tag = self._seq_tag, ""
+        return tag
 
     def _stream(self, key: tuple[str, str], kind: ItemKind, text: str) -> None:
         if self._stream_key != key:
@@ -374,7 +387,7 @@ class Renderer:
                 self._mid_line = False
             if part:
                 if self._at_line_start:
-                    self._write(lead)
+                    self._write(self.prefix + self._take_seq_tag() + lead[len(self.prefix):])
                     self._at_line_start = False
                 self._write(paint(part))
                 self._mid_line = True
@@ -394,8 +407,14 @@ class Renderer:
         except (msgspec.DecodeError, msgspec.ValidationError):
             return
         handler = getattr(self, f"_on_{rec.type}", None)
-        if handler is not None:
+        if handler is None:
+            return
+        if self.show_seq and rec.seq:
+            self._seq_tag = self.style.dim(f"#{rec.seq}") + " "
+        try:
             handler(rec, payload)
+        finally:
+            self._seq_tag = ""
 
     def _on_conversation(self, rec: wire.Record, c: wire.ConversationCreated) -> None:
         self.yolo = c.mode == "yolo"
@@ -412,9 +431,13 @@ class Renderer:
         head = f"{self.g['prompt']} {lines[0]}"
         rest = [f"  {ln}" for ln in lines[1:]]
         note = "" if p.disposition in ("", "started") else self.style.dim(f" ({p.disposition})")
+        if p.attachments:
+            note += self.style.dim(f"  [attached: {', '.join(a.name for a in p.attachments)}]")
         self.line(self.style.bold("\n".join([head, *rest])) + note)
 
     def _on_item(self, rec: wire.Record, item: Item) -> None:
+        if item.kind in (ItemKind.ASSISTANT, ItemKind.REASONING):
+            self._journaled.add((item.agent_id, item.id))
         self.item(item)
 
     def item(self, item: Item) -> None:
@@ -540,13 +563,13 @@ class Renderer:
             return
         self._resolved.add(inter.id)
         self._shown_pending.discard(inter.id)
-        how = inter.state.value
+        how = f"{inter.state.value} {inter.id}" + (f" ({inter.title})" if inter.title else "")
         if inter.resolution:
             labels = {o.id: o.label for o in inter.options}
             how += f": {labels.get(inter.resolution, inter.resolution)}"
         if inter.id in self._auto:
             how += " (yolo)"
-        self.line(self.style.dim(f"  {self.g['resolved']} {inter.title}: {how}"))
+        self.line(self.style.dim(f"  {self.g['resolved']} {how}"))
 
     def hints(self, inter: Interaction) -> None:
         cmds = answer_commands(self.conversation, inter, self.socket)
@@ -617,8 +640,10 @@ class Renderer:
             self._auto.add(a.interaction_id)
         who = " (yolo)" if a.auto else (f" by {a.by}" if a.by else "")
         asked = self._asked.get(a.interaction_id)
-        title = f"{asked.title}: " if asked is not None and asked.title else ""
-        self.line(self.style.dim(f"  {self.g['resolved']} {title}answered: {answer_summary(a.answer, asked)}{who}"))
+        title = f" ({asked.title})" if asked is not None and asked.title else ""
+        # as agentctl answer says it: answered ID: WHAT
+        self.line(self.style.dim(f"  {self.g['resolved']} answered {a.interaction_id}{title}: "
+                                 f"{answer_summary(a.answer, asked)}{who}"))
 
     def _on_subagent(self, rec: wire.Record, sub: Subagent) -> None:
         self._subagents[sub.id] = sub
@@ -676,21 +701,37 @@ class Renderer:
 
     # -------------------------------------------------------------- snapshots
 
-    def snapshot(self, conversation: str, snap: wire.Snapshot) -> None:
-        """Show what only the snapshot holds: text streamed before we joined, pending interactions.
+    def unshown_items(self, snap: wire.Snapshot) -> list[wire.InFlightItem]:
+        """The text items of ``snap`` that :meth:`snapshot` would show: not known to be journaled.
 
+        A snapshot holds every text item of the turn in flight, the ones
+        already journaled too; what the replay showed is known, but an item
+        journaled before the replay started is not (see :meth:`journaled`).
+        """
+        out = []
+        for it in snap.items:
+            if it.agent_id or it.kind not in (ItemKind.ASSISTANT.value, ItemKind.REASONING.value):
+                continue
+            if (it.agent_id, it.id) not in self._journaled:
+                out.append(it)
+        return out
+
+    def journaled(self, keys: set[tuple[str, str]]) -> None:
+        """Items ((agent id, item id)) journaled before the replay started: a snapshot does not show them."""
+        self._journaled |= keys
+
+    def snapshot(self, conversation: str, snap: wire.Snapshot) -> None:
+        """Show what only the snapshot holds: text still streaming when we joined, pending interactions.
+
+        Text items already journaled are not shown again: the replay showed
+        them, or they lie before where it started (:meth:`journaled`).
         It ends a replay: interactions shown during it that are still pending
         get their answer hints now (the others were answered meanwhile).
         """
         self.conversation = conversation or self.conversation
         if self.stream_deltas:
-            for it in snap.items:
-                try:
-                    kind = ItemKind(it.kind)
-                except ValueError:
-                    continue
-                if kind in (ItemKind.ASSISTANT, ItemKind.REASONING) and not it.agent_id:
-                    self.item(Item(id=it.id, kind=kind, text=it.text))
+            for it in self.unshown_items(snap):
+                self.item(Item(id=it.id, kind=ItemKind(it.kind), text=it.text))
         due, self._hints_due = self._hints_due, {}
         self.replay = False
         for inter in snap.pending:

@@ -5,6 +5,9 @@ Shutdown order is the reverse of start-up, one nursery per layer: the front
 conversations while their runtimes still run; then the runtimes stop; then
 leases are released and the journals get their final fsync. Tasks running
 then stay ``running`` on disk: the next start records them interrupted.
+
+SIGTERM, SIGINT and the ``shutdown`` request (``agentctl stop``) all take
+that one path, systemd's STOPPING notification included.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import structlog
 import trio
@@ -30,7 +34,7 @@ log = structlog.get_logger("agentd")
 
 
 async def serve(config: Config, paths: Paths) -> None:
-    """Run the daemon until SIGTERM or SIGINT. The caller holds the state-dir lock."""
+    """Run the daemon until SIGTERM, SIGINT or a ``shutdown`` request. The caller holds the state-dir lock."""
     owner = f"{new_id('d')}.{os.getpid()}"
     conversations_dir = paths.state_dir / "conversations"
     fsync = FsyncPolicy(config.journal.fsync)
@@ -98,10 +102,9 @@ async def serve(config: Config, paths: Paths) -> None:
                             conversations=len(service),
                             providers=runtimes.names(),
                         )
-                        async for signum in signals:
-                            log.info("agentd.stopping", signal=signal.Signals(signum).name)
-                            systemd.stopping()
-                            break
+                        why = await _stop_wanted(signals, server)
+                        log.info("agentd.stopping", **why)
+                        systemd.stopping()
                         front.cancel_scope.cancel()
                     rt.cancel_scope.cancel()
                 infra.cancel_scope.cancel()
@@ -113,3 +116,22 @@ async def serve(config: Config, paths: Paths) -> None:
                     pass
             await store.aclose()
     log.info("agentd.stopped")
+
+
+async def _stop_wanted(signals: Any, server: Server) -> dict[str, str]:
+    """Wait for SIGTERM or SIGINT, or a client's ``shutdown`` request; say which, for the log."""
+    why: dict[str, str] = {}
+    async with trio.open_nursery() as nursery:
+
+        async def on_signal() -> None:
+            async for signum in signals:
+                why.setdefault("signal", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                return
+
+        nursery.start_soon(on_signal)
+        await server.stop_requested.wait()
+        why.setdefault("request", "shutdown")
+        why.setdefault("peer", server.stop_requested_by)
+        nursery.cancel_scope.cancel()
+    return why

@@ -37,10 +37,13 @@ CATCHUP_CHUNK = 512
 class _Connection:
     """One client: a bounded outbox, its subscriptions, and the requests in flight."""
 
-    def __init__(self, server: "Server", stream: trio.abc.Stream, peer: str, buffer: int) -> None:
+    def __init__(self, server: "Server", stream: trio.abc.Stream, peer: str, buffer: int, *, may_stop: bool = False) -> None:
         self.server = server
         self.stream = stream
         self.peer = peer
+        #: this client may stop the daemon (``shutdown``): it came through the Unix socket with
+        #: the daemon's own uid; never a WebSocket gateway client
+        self.may_stop = may_stop
         # The outbox: frames queued for the writer, at most ``buffer`` of them. A plain list and
         # two events rather than a memory channel: offer() runs once per frame per subscriber
         # on the publisher's path, and the writer takes the whole list in one go. An entry may
@@ -51,6 +54,8 @@ class _Connection:
         self._wake: trio.Event | None = None  # the writer waits for frames
         self._room: trio.Event | None = None  # send() waits for room
         self._shut = False  # no frame is queued any more: the connection is going away
+        self._sending = False  # the writer is inside send_all
+        self._ended = False  # the writer returned
         # A plain socket is written through while its writer is idle (see _queue).
         self._fd = stream.socket.fileno() if isinstance(stream, trio.SocketStream) else -1
         self.subscriptions: dict[int, Subscription] = {}
@@ -140,6 +145,12 @@ class _Connection:
                 event.set()
         self._wake = self._room = None
 
+    async def drain(self, timeout: float = 1.0) -> None:
+        """Wait (``timeout`` at most) until every frame queued so far was handed to the socket."""
+        with trio.move_on_after(timeout):
+            while (self._frames or self._sending) and not self._ended:
+                await trio.sleep(0.005)
+
     # Tasks ----------------------------------------------------------------------
     async def writer(self) -> None:
         """Send queued frames, everything queued at once in one ``send_all``, until shut and drained."""
@@ -158,11 +169,15 @@ class _Connection:
                 if room is not None:
                     self._room = None
                     room.set()
+                self._sending = True
                 try:
                     await self.stream.send_all(frames[0] if len(frames) == 1 else b"".join(frames))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return
+                finally:
+                    self._sending = False
         finally:
+            self._ended = True
             self.shut()
             self._frames = []
             self._count = 0
@@ -243,9 +258,15 @@ class Server:
             wire.TaskShow: self._task_show,
             wire.TaskCancel: self._task_cancel,
             wire.TaskAddComment: self._task_comment,
+            wire.Shutdown: self._shutdown,
         }
         #: the daemon's TaskService (set by the daemon; None = task ops answer unsupported)
         self.tasks: Any = None
+        #: set once a client asked the daemon to stop (``shutdown``), after its answer was sent;
+        #: the daemon then stops as on SIGTERM (see agentd.daemon)
+        self.stop_requested = trio.Event()
+        #: who asked, for the log
+        self.stop_requested_by = ""
 
     # ------------------------------------------------------------------ listening
 
@@ -293,11 +314,16 @@ class Server:
                 nursery.start_soon(self._serve_connection, stream)
 
     async def serve_stream(self, stream: trio.abc.Stream, peer: str) -> None:
-        """Serve one already-authenticated stream (the WebSocket gateway adapts to this)."""
+        """Serve one already-authenticated stream (the WebSocket gateway adapts to this).
+
+        Such a client may use every op but ``shutdown``: only the Unix socket's
+        own-uid clients may stop the daemon.
+        """
         await self._serve(stream, peer)
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         peer = "?"
+        may_stop = False
         try:
             sock = stream.socket
             if sock.family == _socket.AF_UNIX:
@@ -309,19 +335,20 @@ class Server:
                     err = c.Unauthorized(f"uid {uid} may not use this agentd (it runs as uid {os.getuid()})")
                     await _refuse(stream, err)
                     return
-            await self._serve(stream, peer)
+                may_stop = uid == os.getuid()
+            await self._serve(stream, peer, may_stop=may_stop)
         finally:
             with trio.move_on_after(1) as scope:
                 scope.shield = True
                 await stream.aclose()
 
-    async def _serve(self, stream: trio.abc.Stream, peer: str) -> None:
+    async def _serve(self, stream: trio.abc.Stream, peer: str, *, may_stop: bool = False) -> None:
         if self.connections >= self.max_connections:
             err = c.LimitExceeded(f"too many connections (limit {self.max_connections})")
             await _refuse(stream, err)
             return
         self.connections += 1
-        conn = _Connection(self, stream, peer, self.subscriber_buffer)
+        conn = _Connection(self, stream, peer, self.subscriber_buffer, may_stop=may_stop)
         try:
             async with trio.open_nursery() as nursery:
                 conn.nursery = nursery
@@ -476,6 +503,22 @@ class Server:
 
     async def _task_comment(self, conn: _Connection, req: wire.TaskAddComment) -> wire.TaskCommentResult:
         return await self._task_service().comment(req.task, req.text)
+
+    async def _shutdown(self, conn: _Connection, req: wire.Shutdown) -> Any:
+        """Answer, see the answer onto the socket, then have the daemon stop as on SIGTERM."""
+        if not conn.may_stop:
+            log.warning("server.shutdown_refused", peer=conn.peer)
+            raise c.Unauthorized("shutdown is accepted only on agentd's Unix socket, from its own uid")
+        pid = os.getpid()
+        if req.pid != pid:
+            raise c.Invalid(f"this agentd is pid {pid}, not {req.pid}; nothing was stopped", details={"pid": pid})
+        await conn.send(wire.encode_result(req.id, wire.ShutdownResult(pid=pid)))
+        # Stopping closes every connection: the answer must be on its way first.
+        await conn.drain()
+        if not self.stop_requested.is_set():
+            self.stop_requested_by = conn.peer
+            self.stop_requested.set()
+        return _NO_REPLY
 
     async def _unsubscribe(self, conn: _Connection, req: wire.Unsubscribe) -> None:
         sub = conn.subscriptions.pop(req.subscription, None)

@@ -258,6 +258,20 @@ class Export(_Request, tag="export"):
     include_tools: bool = False
 
 
+class Shutdown(_Request, tag="shutdown"):
+    """Stop the daemon gracefully, exactly as SIGTERM does, after answering ``ShutdownResult``.
+
+    Turns running then are cut and recorded ``run_interrupted`` by the next
+    start (the prompt is never resent); tasks likewise. Accepted only on the
+    Unix socket from the daemon's own uid: refused ``unauthorized`` through
+    the WebSocket gateway.
+    """
+
+    #: the pid of the agentd to stop, as its ``hello`` frame and ``status`` give it; a shutdown
+    #: naming another pid (a daemon since restarted, e.g. by socket activation) is refused ``invalid``
+    pid: Annotated[int, msgspec.Meta(gt=0)]
+
+
 Request = Union[
     Hello,
     Status,
@@ -278,6 +292,7 @@ Request = Union[
     SetBudget,
     Continue,
     Export,
+    Shutdown,
     TaskCreate,
     TaskList,
     TaskShow,
@@ -310,6 +325,12 @@ class StatusResult(msgspec.Struct, frozen=True, omit_defaults=True):
     conversations: int
     running: int
     providers: list[str]
+
+
+class ShutdownResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """``shutdown``: the daemon took the request and is stopping; its socket closes, then it exits."""
+
+    pid: int
 
 
 class ConversationRecord(msgspec.Struct, omit_defaults=True):

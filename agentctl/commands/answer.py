@@ -19,7 +19,8 @@ from ..cli import Fail, _ok_json, _opts, common
 @click.option("--option", "option", metavar="ID", help="Permission: the option to pick.")
 @click.option("--allow", is_flag=True, help="Permission: the allow-once option.")
 @click.option("--deny", is_flag=True, help="Permission: the reject option.")
-@click.option("--choice", multiple=True, metavar="TEXT", help="Question: a choice (repeatable).")
+@click.option("--choice", multiple=True, metavar="N|TEXT",
+              help="Question: a choice, by its number as listed (from 1) or its text (repeatable).")
 @click.option("--text", "texts", multiple=True, metavar="TEXT",
               help="Question: a free-text answer (repeatable: one per question, in order).")
 @click.option("--field", "fields", multiple=True, metavar="NAME=VALUE",
@@ -113,7 +114,8 @@ def _build_answer(
     given = len(perm) + question + plan
     kinds_given = bool(perm) + question + plan
     if given == 0:
-        raise Fail(exitcodes.USAGE, f"give an answer for {inter.kind.value} {inter.id}: " + _answer_flags(inter))
+        kind = _kind_phrase(inter).split(" ", 1)[1]
+        raise Fail(exitcodes.USAGE, f"give an answer for {kind} {inter.id}: " + _answer_flags(inter))
     if kinds_given > 1:
         raise Fail(exitcodes.USAGE, "mixed answer options of different kinds: " + _answer_flags(inter))
     if inter.kind is InteractionKind.PERMISSION:
@@ -136,9 +138,9 @@ def _build_answer(
         if action is not None:
             return Answer(plan=PlanAnswer(action=action))  # type: ignore[arg-type]
         return Answer(plan=PlanAnswer(feedback=feedback or ""))
-    # question
+    # question, form or link
     if not question:
-        raise Fail(exitcodes.INVALID, f"{inter.id} is a question: {_answer_flags(inter)}")
+        raise Fail(exitcodes.INVALID, f"{inter.id} is {_kind_phrase(inter)}: {_answer_flags(inter)}")
     if sum((reject, dismiss, accept)) > 1 or ((reject or dismiss or accept) and (choices or texts or fields)):
         raise Fail(exitcodes.USAGE, "--reject, --dismiss and --accept stand alone")
     if reject:
@@ -151,6 +153,9 @@ def _build_answer(
         return Answer(answers=answers)
     if not qs:
         raise Fail(exitcodes.INVALID, f"{inter.id} asks nothing to fill in: use --accept, --reject or --dismiss")
+    if _is_form(inter) and (choices or texts):
+        # --choice/--text would fill no field: the daemon would only say which field is missing.
+        raise Fail(exitcodes.INVALID, f"{inter.id} is a form: {_answer_flags(inter)}")
     for spec in fields:
         name, sep, value = spec.partition("=")
         if not sep:
@@ -163,6 +168,17 @@ def _build_answer(
     plain = [i for i, q in enumerate(qs) if q.field is None] or list(range(len(qs)))
     for c in choices:
         offered = [i for i in plain if c in qs[i].choices]
+        if not offered and c.strip().isdecimal():
+            # A number picks a choice as the prompt lists them (from 1), in the next question
+            # offering choices; a choice whose text is that number wins (above).
+            with_choices = [i for i in plain if qs[i].choices]
+            if with_choices:
+                i = ([j for j in with_choices if not answers[j]] or with_choices)[0]
+                n = int(c)
+                if not 1 <= n <= len(qs[i].choices):
+                    raise Fail(exitcodes.INVALID, _no_such_choice(inter, qs[i], c))
+                answers[i].append(qs[i].choices[n - 1])
+                continue
         open_ = [i for i in offered if not answers[i]]
         target = (open_ or offered or [i for i in plain if not answers[i]] or plain)[0]
         answers[target].append(c)
@@ -170,6 +186,31 @@ def _build_answer(
         target = ([i for i in plain if not answers[i]] or [i for i in plain if qs[i].custom] or plain)[0]
         answers[target].append(t)
     return Answer(answers=answers)
+
+
+def _no_such_choice(inter: Interaction, q: Any, given: str) -> str:
+    listed = ", ".join(f"{n}) {text}" for n, text in enumerate(q.choices, 1))
+    words = "; for an answer in words use --text" if q.custom else ""
+    about = f" for {q.header or q.text!r}" if len(inter.questions) > 1 else ""
+    return (f"--choice {given} is not one of the choices{about}: give 1-{len(q.choices)} or the text "
+            f"of one ({listed}){words}")
+
+
+def _is_form(inter: Interaction) -> bool:
+    """A form: every question is a field (answered with --field)."""
+    return bool(inter.questions) and all(q.field is not None for q in inter.questions)
+
+
+def _kind_phrase(inter: Interaction) -> str:
+    if inter.kind is InteractionKind.PERMISSION:
+        return "a permission request"
+    if inter.kind is InteractionKind.PLAN_REVIEW:
+        return "a plan review"
+    if inter.elicitation is not None and not inter.questions:
+        return "a link"
+    if _is_form(inter):
+        return "a form"
+    return "a question"
 
 
 def _answer_flags(inter: Interaction) -> str:
@@ -181,4 +222,8 @@ def _answer_flags(inter: Interaction) -> str:
         return f"use --action ACTION ({acts or 'none offered'}) or --feedback TEXT"
     if inter.elicitation is not None and not inter.questions:
         return "use --accept, --reject or --dismiss"
-    return "use --choice, --text, --field NAME=VALUE, or --reject"
+    names = ", ".join(q.field.name for q in inter.questions if q.field is not None)
+    if _is_form(inter):
+        return f"use --field NAME=VALUE (fields: {names}); or --reject, --dismiss"
+    fields = f", --field NAME=VALUE (fields: {names})" if names else ""
+    return f"use --choice N|TEXT, --text TEXT{fields}, or --reject"

@@ -130,6 +130,7 @@ def show(conversation: str) -> None:
 
     r = info.record
     state = r.state.value + (f" (run {r.active_run})" if r.active_run else "")
+    last = info.last_seq or r.turn_after
     lines = [
         ("id", r.id),
         ("title", r.title or "-"),
@@ -139,7 +140,8 @@ def show(conversation: str) -> None:
         ("mode", r.mode),
         ("created", r.created_at),
         ("updated", r.updated_at),
-        ("last seq", str(info.last_seq or r.turn_after)),
+        ("last seq", f"{last} (agentctl tail --after {last} prints only what comes next; "
+                     "tail --seq shows each record's seq)"),
     ]
     if info.queued:
         lines.append(("queued", str(info.queued)))
@@ -173,6 +175,7 @@ def _follow(
     until_caught_up: bool = False,
     until_idle: bool = False,
     all_: bool = False,
+    seq: bool = False,
 ) -> int:
     """Follow with the right output (JSON lines or rendered) and Ctrl-C handling."""
     from ..follow import Follower
@@ -186,12 +189,12 @@ def _follow(
             key = conv
             if key not in renderers:
                 renderers[key] = Renderer(sys.stdout, stream_deltas=False, prefix=f"[{conv[:8]}] ",
-                                          answer_hints=not interactive, socket=o.socket, yolo=yolo)
+                                          answer_hints=not interactive, socket=o.socket, yolo=yolo, seq=seq)
             return renderers[key]
         if "" not in renderers:
             # One conversation: the journal is replayed up to a snapshot first (--all is live only).
             renderers[""] = Renderer(sys.stdout, answer_hints=not interactive, socket=o.socket, yolo=yolo,
-                                     replay=True)
+                                     replay=True, seq=seq)
         return renderers[""]
 
     follower = Follower(
@@ -297,13 +300,17 @@ def run(text: str, provider: str, cwd: str, title: str, model: str, yolo: bool, 
 @click.option("--all", "all_", is_flag=True, help="Every conversation, live only.")
 @click.option("--follow/--no-follow", default=True, show_default=True,
               help="Keep streaming live records, or stop once the journal is printed.")
+@click.option("--seq", "show_seq", is_flag=True,
+              help="Start each record's first line with its journal seq (#12), what --after takes.")
 @common
-def tail(conversation: str | None, after: int | None, all_: bool, follow: bool) -> None:
+def tail(conversation: str | None, after: int | None, all_: bool, follow: bool, show_seq: bool) -> None:
     """Print a conversation's records, then follow it live.
 
     --json prints one JSON object per line: records as
     {"type", "conversation", "seq", "ts", "run", "data"}, and
     {"type": "snapshot", "conversation", "data"} once caught up.
+    Text of the turn in flight that was journaled at or before --after is
+    not shown; text still streaming is.
     """
     if all_ and conversation:
         raise click.UsageError("give a conversation or --all, not both")
@@ -313,7 +320,7 @@ def tail(conversation: str | None, after: int | None, all_: bool, follow: bool) 
         raise click.UsageError("--all is live only; --no-follow would print nothing")
     if all_ and after is not None:
         raise click.UsageError("--all is live only; --after applies to one conversation")
-    _exit(_follow(conversation or "", after or 0, until_caught_up=not follow, all_=all_))
+    _exit(_follow(conversation or "", after or 0, until_caught_up=not follow, all_=all_, seq=show_seq))
 
 
 @click.command()
@@ -367,8 +374,25 @@ def _simple(op: type, conversation: str, done: str, **fields: Any) -> None:
 @click.argument("conversation")
 @common
 def cancel(conversation: str) -> None:
-    """Cancel the running turn; the conversation stays open."""
-    _simple(wire.Cancel, conversation, "cancelled")
+    """Cancel the running turn; the conversation stays open.
+
+    With no turn running it says so and changes nothing (still exit 0).
+    --json: {"ok": true, "conversation", "cancelled", "run"}; cancelled is
+    false (run "") when no turn was running.
+    """
+    o = _opts()
+    # agentd's cancel answers the same whether a turn ran or not: look first.
+    info = o.client().call(wire.Show, wire.ConversationInfo, conversation=conversation)
+    r = info.record
+    run = r.active_run
+    if run:
+        o.client().call(wire.Cancel, Any, conversation=r.id)
+    if o.json:
+        return _ok_json(conversation=r.id, cancelled=bool(run), run=run)
+    if run:
+        click.echo(f"cancelled run {run} in {r.id}")
+    else:
+        click.echo(f"nothing to cancel: no turn is running in {r.id}")
 
 
 @click.command()

@@ -1,13 +1,20 @@
-"""agentctl status, providers, models: the daemon and what it offers."""
+"""agentctl status, providers, models, stop: the daemon, what it offers, and stopping it."""
 
 from __future__ import annotations
+
+import os
 
 import click
 import msgspec
 
 from agentd import wire
 
-from ..cli import _json, _opts, _style, common
+from .. import exitcodes
+from ..cli import Fail, _json, _opts, _style, common
+
+#: ``agentctl stop --timeout`` default, seconds: what agentd needs to close its provider
+#: conversations (5 s at most) and stop its runtimes, with room to spare.
+STOP_TIMEOUT_S = 15.0
 
 
 @click.command()
@@ -65,3 +72,103 @@ def models(provider: str) -> None:
 
     rows = [[m.id, m.name, ", ".join(m.efforts)] for m in ms]
     click.echo(table(rows, ["ID", "NAME", "EFFORTS"], _style()))
+
+
+@click.command()
+@click.option("--timeout", type=click.FloatRange(min=0), default=STOP_TIMEOUT_S, show_default=True,
+              metavar="SECONDS", help="How long to wait for agentd to exit (then exit 1).")
+@common
+def stop(timeout: float) -> None:
+    """Stop agentd gracefully, as SIGTERM does, and wait until it has exited.
+
+    Running turns are cut; the next start records them run_interrupted (the
+    prompt is never resent). Never starts agentd: when none runs, says so
+    and exits 0. Under systemd socket activation the socket unit starts agentd
+    again on the next connection; `systemctl --user stop agentd.socket
+    agentd.service` stops it for good.
+
+    --json: {"stopped", "pid", "socket", "waited_s"} ("stopped": false when none was running).
+    """
+    import time
+
+    from ..client import Client, Unreachable, _nobody_listening, _open_socket, default_socket_path
+
+    o = _opts()
+    path = o.socket or default_socket_path()
+    try:
+        sock = _open_socket(path)  # never autostart: stopping a daemon we just started helps no one
+    except OSError as exc:
+        if not _nobody_listening(exc):
+            raise Unreachable(f"cannot connect to agentd at {path}: {exc.strerror or exc}") from None
+        if o.json:
+            return _json({"stopped": False, "pid": None, "socket": path, "waited_s": 0.0})
+        click.echo("agentd is not running")
+        return
+    client = Client(sock, path)
+    try:
+        client._start()
+        pid = client.call(wire.Status, wire.StatusResult).pid
+        started = _start_time(pid)
+        asked = time.monotonic()
+        try:
+            client.call(wire.Shutdown, wire.ShutdownResult, pid=pid)
+        except Unreachable:
+            pass  # it went away meanwhile (a SIGTERM, a crash): wait for its process all the same
+        # agentd closes every connection once it stops serving, then stops its runtimes and exits.
+        client._reader.join(timeout)
+    finally:
+        client.close()
+    deadline = asked + timeout
+    while _alive(pid, started):
+        if time.monotonic() >= deadline:
+            raise Fail(
+                exitcodes.FAILED,
+                f"agentd (pid {pid}) was asked to stop but is still running after {timeout:g} s; "
+                f"it goes on stopping (its log says what it waits for; `kill -KILL {pid}` ends it at once)",
+            )
+        time.sleep(0.05)
+    waited = round(time.monotonic() - asked, 3)
+    if o.json:
+        return _json({"stopped": True, "pid": pid, "socket": path, "waited_s": waited})
+    click.echo(f"stopped agentd (pid {pid})")
+
+
+def _proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat from the state on ([] when there is no such process); None without /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return [] if os.path.exists("/proc/self/stat") else None
+    except OSError:
+        return None
+    return data.rsplit(b")", 1)[-1].split()
+
+
+def _start_time(pid: int) -> bytes | None:
+    """When the process started (clock ticks since boot), to tell it from a later one with its pid."""
+    fields = _proc_stat(pid)
+    return fields[19] if fields and len(fields) > 19 else None
+
+
+def _alive(pid: int, started: bytes | None) -> bool:
+    """Whether process ``pid`` (started at ``started``) still runs; an exited, unreaped one (a zombie) does not."""
+    fields = _proc_stat(pid)
+    if fields is not None:
+        if not fields or (started is not None and len(fields) > 19 and fields[19] != started):
+            return False
+        if fields[0] not in (b"Z", b"X"):
+            return True
+        # Its main thread has exited. The process has once its other threads have too (until
+        # then they hold its files: the state-dir lock, the journals).
+        try:
+            return os.listdir(f"/proc/{pid}/task") not in ([], [str(pid)])
+        except OSError:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # another user's process now has the pid: ours (same uid as us) is gone
+    return True

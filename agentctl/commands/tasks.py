@@ -109,7 +109,8 @@ def task_show(task_id: str) -> None:
         lines.append(("usage", spend))
     if t.callback:
         state = t.callback_state or "not sent yet"
-        lines.append(("callback", f"{t.callback} ({state}, {len(t.callback_attempts)} attempts)"))
+        n = len(t.callback_attempts)
+        lines.append(("callback", f"{t.callback} ({state}, {n} attempt{'' if n == 1 else 's'})"))
     if t.error:
         lines.append(("error", t.error))
     for k, v in lines:

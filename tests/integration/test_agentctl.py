@@ -260,6 +260,99 @@ def test_tail_no_follow_prints_the_journal_then_a_snapshot(daemon: Daemon, workd
     assert later[0]["seq"] == 4
 
 
+def test_tail_after_a_seq_inside_the_turn_in_flight_shows_nothing_from_before_it(daemon: Daemon, workdir: Path,
+                                                                               tmp_path: Path) -> None:
+    script = tmp_path / "midway.toml"
+    script.write_text(
+        'model = "midway"\ndelay_ms = 0\n[[turn]]\n'
+        '[[turn.step]]\nkind = "reasoning"\ntext = "Pondering first."\n'
+        '[[turn.step]]\nkind = "text"\ntext = "First part of the answer."\n'
+        '[[turn.step]]\nkind = "title"\ntitle = "midway"\n'
+        '[[turn.step]]\nkind = "text"\ntext = "Second part."\n'
+        '[[turn.step]]\nkind = "wait"\n'
+    )
+    conv = new_conversation(daemon, workdir, str(script))
+    assert daemon.agentctl("send", conv, "go").returncode == 0
+    deadline = time.monotonic() + 15
+    while True:
+        lines = json_lines(daemon.agentctl("tail", conv, "--no-follow", "--json"))
+        texts = {x["data"].get("text"): x["seq"] for x in lines if x["type"] == "item"}
+        if "Second part." in texts:
+            break
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.05)
+    snapshot = lines[-1]["data"]
+    assert snapshot["state"] == "running"
+    assert {i["text"] for i in snapshot["items"]} >= {"Pondering first.", "First part of the answer."}
+    first = texts["First part of the answer."]
+    try:
+        # after the first text: neither it nor the reasoning before it shows again
+        after = daemon.agentctl("tail", conv, "--no-follow", "--after", str(first))
+        assert after.returncode == 0, after.stderr
+        assert "title: midway" in after.stdout and after.stdout.count("Second part.") == 1
+        assert "Pondering" not in after.stdout and "First part" not in after.stdout, after.stdout
+        # just before it: the replay shows it, once
+        before = daemon.agentctl("tail", conv, "--no-follow", "--after", str(first - 1))
+        assert before.stdout.count("First part of the answer.") == 1 and "Pondering" not in before.stdout
+        # from the start: everything, once
+        whole = daemon.agentctl("tail", conv, "--no-follow")
+        assert whole.stdout.count("Pondering first.") == 1 and whole.stdout.count("First part") == 1
+        # --seq shows where each record is, as --after takes it
+        marked = daemon.agentctl("tail", conv, "--no-follow", "--seq")
+        assert f"#{first} First part of the answer." in marked.stdout.splitlines()
+        assert f"tail --after {lines[-2]['seq']} " in daemon.agentctl("show", conv).stdout
+    finally:
+        daemon.agentctl("cancel", conv)
+
+
+def test_cancel_says_when_no_turn_is_running(daemon: Daemon, workdir: Path) -> None:
+    conv = new_conversation(daemon, workdir, "wait.toml")
+    idle = daemon.agentctl("cancel", conv)
+    assert idle.returncode == 0
+    assert idle.stdout == f"nothing to cancel: no turn is running in {conv}\n"
+    assert one_json(daemon.agentctl("cancel", conv, "--json"))["cancelled"] is False
+    run = one_json(daemon.agentctl("send", conv, "wait", "--json"))["run"]
+    cancelled = daemon.agentctl("cancel", conv, "--json")
+    assert cancelled.returncode == 0
+    assert one_json(cancelled) == {"ok": True, "conversation": conv, "cancelled": True, "run": run}
+    wait_for_state(daemon, conv, "idle")
+
+
+def test_send_follow_shows_the_files_attached_to_the_prompt(daemon: Daemon, workdir: Path, tmp_path: Path) -> None:
+    log = tmp_path / "build.log"
+    log.write_text("error: it broke\n")
+    conv = new_conversation(daemon, workdir, "echo.toml")
+    cp = daemon.agentctl("send", conv, "what is wrong here?", "--attach", str(log), "--follow")
+    assert cp.returncode == 0, cp.stderr
+    assert "› what is wrong here?  [attached: build.log]" in cp.stdout.splitlines()
+
+
+def test_answer_choice_by_number_picks_that_choice(daemon: Daemon, workdir: Path, tmp_path: Path) -> None:
+    script = tmp_path / "colour.toml"
+    script.write_text(
+        'model = "colour"\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\nkind = "question"\ntitle = "Pick a colour"\n'
+        'text = "Which colour?"\nchoices = ["red", "green", "blue"]\ncustom = true\necho = "{answer} it is."\n'
+    )
+    conv = new_conversation(daemon, workdir, str(script))
+    assert daemon.agentctl("send", conv, "go").returncode == 0
+    wait_for_state(daemon, conv, "requires_action")
+    out_of_range = daemon.agentctl("answer", conv, "--choice", "4")
+    assert out_of_range.returncode == 8
+    assert "1) red, 2) green, 3) blue" in out_of_range.stderr
+    ok = daemon.agentctl("answer", conv, "--choice", "2")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.endswith(": green\n") and ok.stdout.startswith("answered ")
+    wait_for_state(daemon, conv, "idle")
+    lines = json_lines(daemon.agentctl("tail", conv, "--no-follow", "--json"))
+    assert any(x["type"] == "item" and x["data"].get("text") == "green it is." for x in lines)
+
+
+def test_a_missing_provider_points_at_agentctl_providers(daemon: Daemon, workdir: Path) -> None:
+    cp = daemon.agentctl("new", "-p", "foo", "--cwd", str(workdir))
+    assert cp.returncode == 6
+    assert "no provider 'foo'" in cp.stderr and "(agentctl providers lists them)" in cp.stderr
+
+
 # ---------------------------------------------------------------------- interactions
 
 
@@ -302,7 +395,7 @@ def test_tail_gives_answer_hints_only_while_the_interaction_is_pending(daemon: D
     wait_for_state(daemon, conv, "idle")
     answered = daemon.agentctl("tail", conv, "--no-follow")
     assert answered.returncode == 0, answered.stderr
-    assert "answered: Allow once" in answered.stdout
+    assert "answered 1-1-permission (Allow bash?): Allow once" in answered.stdout
     assert "answer with" not in answered.stdout
 
 
@@ -325,7 +418,7 @@ def test_yolo_runs_to_the_end_without_asking(daemon: Daemon, workdir: Path) -> N
     cp = daemon.agentctl("run", "-p", "script", "-m", str(SCRIPTS / "tool.toml"), "--cwd", str(workdir), "go",
                          "--yolo", "--exit-on-action")
     assert cp.returncode == 0, cp.stdout + cp.stderr
-    assert "answered: Allow once (yolo)" in cp.stdout
+    assert "answered 1-1-permission (Allow bash?): Allow once (yolo)" in cp.stdout
     assert "answer with" not in cp.stdout
 
 

@@ -12,7 +12,7 @@ from agentctl import exitcodes
 from agentctl.cli import Fail
 from agentctl.commands.answer import _build_answer
 from agentctl.prompting import Prompter
-from agentctl.render import Renderer, answer_commands, full, json_record, use_color
+from agentctl.render import Renderer, answer_commands, answer_summary, full, json_record, use_color
 from agentd import contract as c
 from agentd import wire
 
@@ -92,7 +92,7 @@ def test_a_recorded_turn_renders_as_plain_text_without_ansi() -> None:
         "  answer with: agentctl answer c0ffee1234567 p1 --allow\n"
         "          or: agentctl answer c0ffee1234567 p1 --deny\n"
         "          or: agentctl answer c0ffee1234567 p1 --option ID\n"
-        "  ↳ Allow bash?: answered: Allow once\n"
+        "  ↳ answered p1 (Allow bash?): Allow once\n"
         "✓ bash rm -rf build  completed, exit 0\n"
         "▸ subagent checker started: check it\n"
         "[checker] all clean\n"
@@ -157,6 +157,77 @@ def test_text_streamed_before_a_snapshot_is_not_printed_twice() -> None:
     assert text.endswith("ld\n")
 
 
+def test_a_snapshot_shows_only_text_still_streaming_not_what_was_journaled() -> None:
+    # tail --after 6 on a turn in flight: items r and a were journaled at 5 and 6, before the
+    # replay started; item b streams on. The snapshot holds all three.
+    out = io.StringIO()
+    r = Renderer(out, color=False, unicode=True, replay=True)
+    r.record(CONV, rec("item", TOOL_RUNNING, seq=7))
+    snap = wire.Snapshot(
+        state=wire.ConversationState.RUNNING, last_seq=7, run="r1",
+        items=[wire.InFlightItem(id="r", kind="reasoning", text="Let me think."),
+               wire.InFlightItem(id="a", kind="assistant", text="I will remove it."),
+               wire.InFlightItem(id="b", kind="assistant", text="Now I ")],
+    )
+    assert [it.id for it in r.unshown_items(snap)] == ["r", "a", "b"]
+    r.journaled({("", "r"), ("", "a")})
+    r.snapshot(CONV, snap)
+    r.record(CONV, rec("delta", c.Delta(item_id="b", kind=c.ItemKind.ASSISTANT, text="check.")))
+    r.record(CONV, rec("item", c.Item(id="b", kind=c.ItemKind.ASSISTANT, text="Now I check."), seq=8))
+    r.end_line()
+    assert out.getvalue() == "⚙ bash rm -rf build  running\nNow I check.\n"
+    # what the replay itself showed is never shown again by a snapshot, whatever its text there
+    out = io.StringIO()
+    r = Renderer(out, color=False, unicode=True, replay=True)
+    r.record(CONV, rec("item", c.Item(id="a", kind=c.ItemKind.ASSISTANT, text="I will remove it."), seq=6))
+    r.snapshot(CONV, wire.Snapshot(state=wire.ConversationState.RUNNING, last_seq=6,
+                                   items=[wire.InFlightItem(id="a", kind="assistant", text="I will remove it!")]))
+    r.end_line()
+    assert out.getvalue() == "I will remove it.\n"
+
+
+def test_seq_marks_the_first_line_of_each_durable_record() -> None:
+    journal = [x for x in A_TURN if x.seq]  # as tail replays it: no deltas
+    lines = render(journal, seq=True).splitlines()
+    assert lines[:5] == [
+        "#1 · conversation c0ffee1234567 (script, /w)",
+        "#2 › clean up",
+        "#5 ┊ Let me think.",
+        "#6 I will remove it.",
+        "#7 ⚙ bash rm -rf build  running",
+    ]
+    assert lines[5] == "#8 ? permission: Allow bash?" and lines[6] == "  rm -rf build"  # the first line only
+    assert lines[-1] == "#16 ✓ turn completed"
+    assert "#" not in render(journal)  # off by default
+    # live-only records (seq 0) carry none
+    assert render([rec("delta", c.Delta(item_id="x", kind=c.ItemKind.ASSISTANT, text="hi"))], seq=True) == "hi\n"
+
+
+def test_a_prompt_shows_the_files_sent_with_it() -> None:
+    att = [c.Attachment(name="build.log", mime="text/plain", size=10), c.Attachment(name="a.png", mime="image/png")]
+    text = render([rec("prompt", wire.PromptRecord(text="what is wrong here?", attachments=att)),
+                   rec("item", c.Item(id="u1", kind=c.ItemKind.USER, text="what is wrong here?"))])
+    assert text == "› what is wrong here?  [attached: build.log, a.png]\n"
+
+
+def test_resolutions_read_like_agentctl_answer_says_them() -> None:
+    question = c.Interaction(id="q1", kind=c.InteractionKind.QUESTION, title="Pick a colour",
+                             questions=[c.Question(text="Colour?", choices=["red", "green", "blue"])])
+    text = render([
+        rec("interaction", question, seq=1),
+        rec("answer", c.AnswerRecord(interaction_id="q1", answer=c.Answer(answers=[["green"]]), by="pid 7 uid 1"), seq=2),
+        rec("interaction", PERMISSION, seq=3),
+        rec("interaction", msgspec.structs.replace(PERMISSION, state=c.InteractionState.EXPIRED,
+                                                   resolution="turn ended"), seq=4),
+    ], answer_hints=False)
+    assert "  ↳ answered q1 (Pick a colour): green by pid 7 uid 1\n" in text
+    assert "  ↳ expired p1 (Allow bash?): turn ended\n" in text
+    form = c.Interaction(id="f1", kind=c.InteractionKind.QUESTION, title="Form", elicitation=c.Elicitation(),
+                         questions=[c.Question(text="Lines", field=c.Field(name="lines", type="integer"))])
+    assert answer_summary(c.Answer(cancel=True), form) == "dismissed"
+    assert answer_summary(c.Answer(answers=[["3"]]), form) == "lines=3"
+
+
 def test_a_user_item_echoing_the_prompt_is_shown_once_but_a_steer_is_shown() -> None:
     text = render([
         rec("prompt", wire.PromptRecord(text="go")),
@@ -173,14 +244,14 @@ def test_yolo_conversations_show_no_answer_hints_for_permissions() -> None:
         rec("answer", c.AnswerRecord(interaction_id="p1", answer=c.Answer(decision="once"), auto=True)),
     ])
     assert "answer with" not in text
-    assert "↳ Allow bash?: answered: Allow once (yolo)" in text
+    assert "↳ answered p1 (Allow bash?): Allow once (yolo)" in text
     # agentd marks a permission it is about to answer itself: no prompt is shown for it
     auto = msgspec.structs.replace(PERMISSION, auto=True)
     text = render([
         rec("interaction", auto),
         rec("interaction", msgspec.structs.replace(PERMISSION, state=c.InteractionState.ANSWERED, resolution="once")),
     ])
-    assert text == "  ↳ Allow bash?: answered: Allow once (yolo)\n"
+    assert text == "  ↳ answered p1 (Allow bash?): Allow once (yolo)\n"
 
 
 def replay(records: list[wire.Record], snap: wire.Snapshot, live: list[wire.Record] = ()) -> str:
@@ -311,6 +382,72 @@ def test_choices_texts_and_fields_go_to_their_questions() -> None:
         build(inter, fields=["height=3"])
     assert exc.value.code == exitcodes.INVALID
     assert build(inter, reject=True) == c.Answer(reject=True)
+
+
+COLOUR = c.Interaction(
+    id="q1", kind=c.InteractionKind.QUESTION, title="Pick a colour",
+    questions=[c.Question(text="Which colour?", choices=["red", "green", "blue"], custom=True)],
+)
+
+
+def test_a_number_given_to_choice_picks_that_choice_as_the_prompt_lists_them() -> None:
+    assert build(COLOUR, choices=["2"]) == c.Answer(answers=[["green"]])
+    assert build(COLOUR, choices=["blue"]) == c.Answer(answers=[["blue"]])
+    assert build(COLOUR, texts=["2"]) == c.Answer(answers=[["2"]])  # free text stays --text
+    # a choice whose text is the number wins
+    sizes = c.Interaction(id="s", kind=c.InteractionKind.QUESTION, title="Size",
+                          questions=[c.Question(text="Size?", choices=["4", "8", "16"], multiple=True)])
+    assert build(sizes, choices=["4", "2"]) == c.Answer(answers=[["4", "8"]])
+    # with several questions a number goes to the next one offering choices without an answer
+    two = c.Interaction(id="t", kind=c.InteractionKind.QUESTION, title="Two", questions=[
+        c.Question(text="Why?"),
+        c.Question(text="Colour?", choices=["red", "green"]),
+        c.Question(text="Size?", choices=["S", "M", "L"]),
+    ])
+    assert build(two, choices=["2", "3"], texts=["because"]).answers == [["because"], ["green"], ["L"]]
+
+
+def test_a_number_that_is_no_choice_is_refused_naming_the_choices() -> None:
+    for bad in ("4", "0"):
+        with pytest.raises(Fail) as exc:
+            build(COLOUR, choices=[bad])
+        assert exc.value.code == exitcodes.INVALID
+        assert exc.value.message == (f"--choice {bad} is not one of the choices: give 1-3 or the text of one "
+                                     "(1) red, 2) green, 3) blue); for an answer in words use --text")
+
+
+def test_a_form_answered_with_the_wrong_options_says_it_is_a_form_and_names_its_fields() -> None:
+    form = c.Interaction(id="f1", kind=c.InteractionKind.QUESTION, title="Details", elicitation=c.Elicitation(),
+                         questions=[c.Question(text="Name", field=c.Field(name="name", type="string")),
+                                    c.Question(text="Lines", field=c.Field(name="lines", type="integer",
+                                                                           required=True))])
+    for kw in ({"choices": ["blue"]}, {"texts": ["x"]}, {"choices": ["1"], "fields": ["name=a"]}, {"allow": True}):
+        with pytest.raises(Fail) as exc:
+            build(form, **kw)
+        assert exc.value.code == exitcodes.INVALID, kw
+        assert exc.value.message.startswith("f1 is a form: use --field NAME=VALUE (fields: name, lines)"), kw
+    with pytest.raises(Fail) as exc:
+        build(form)
+    assert exc.value.code == exitcodes.USAGE
+    assert exc.value.message.startswith("give an answer for form f1: use --field NAME=VALUE (fields: name, lines)")
+    assert build(form, fields=["name=a", "lines=3"]).answers == [["a"], ["3"]]
+    with pytest.raises(Fail) as exc:
+        build(COLOUR, allow=True)
+    assert exc.value.message == "q1 is a question: use --choice N|TEXT, --text TEXT, or --reject"
+
+
+def test_every_terminal_prompt_says_ctrl_d_answers_later() -> None:
+    plan = c.Interaction(id="pl", kind=c.InteractionKind.PLAN_REVIEW, title="Plan",
+                         plan=c.PlanReview(request_id="x", actions=["autopilot"]))
+    for inter in (PERMISSION, COLOUR, plan):
+        said: list[str] = []
+
+        def decline(prompt: str) -> str:
+            raise EOFError
+
+        with pytest.raises(EOFError):
+            Prompter(decline, said.append).ask(inter)
+        assert any("Ctrl-D to answer later" in line for line in said), inter.kind
 
 
 def test_a_form_prompt_re_asks_a_field_until_it_fits() -> None:
