@@ -13,7 +13,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 from typing import Any
 
 from agentd.config import AcpAgentConfig
@@ -25,25 +24,23 @@ ACP_DIR = HERE / "acp-agents"
 def install_acp_agents(root: pathlib.Path = ACP_DIR) -> pathlib.Path:
     """``node_modules/.bin`` of ``root`` with claude-agent-acp and gemini, after ``npm ci`` when needed.
 
-    Raises RuntimeError (with npm's output) when npm is missing or fails.
+    One process at a time (installs.py's file lock). Raises RuntimeError (with
+    npm's output) when npm is missing or fails.
     """
+    from installs import install_lock, npm_ci
+
     bins = root / "node_modules" / ".bin"
     wanted = [bins / "claude-agent-acp", bins / "gemini"]
-    if all(p.exists() for p in wanted):
+    with install_lock(root):
+        if all(p.exists() for p in wanted):
+            return bins
+        if shutil.which("npm") is None:
+            raise RuntimeError("npm is not installed, so the ACP agents (npm packages) cannot be installed")
+        npm_ci(root, timeout=900)
+        missing = [p.name for p in wanted if not p.exists()]
+        if missing:
+            raise RuntimeError(f"`npm ci` in {root} installed no {', '.join(missing)}")
         return bins
-    npm = shutil.which("npm")
-    if npm is None:
-        raise RuntimeError("npm is not installed, so the ACP agents (npm packages) cannot be installed")
-    proc = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=root,
-                          capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`npm ci` in {root} failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}")
-    missing = [p.name for p in wanted if not p.exists()]
-    if missing:
-        raise RuntimeError(f"`npm ci` in {root} installed no {', '.join(missing)}")
-    return bins
-
-
 
 
 def _isolated_env(tmp: pathlib.Path) -> dict[str, str]:
@@ -70,8 +67,13 @@ def claude_config(bins: pathlib.Path, tmp: pathlib.Path, base_url: str) -> AcpAg
     return AcpAgentConfig(command=[str(bins / "claude-agent-acp")], env=env, restart_after_cancel=True)
 
 
+#: ``model.name``: a fixed model. With the default ("auto") Gemini CLI first asks a classifier
+#: model which model to use, and both calls follow retry policies of their own that ignore
+#: ``general.maxAttempts``: a failing model endpoint then took 90 s of backoff (5 classifier
+#: attempts, 3 chat attempts) before the turn failed. With a fixed model one attempt is made.
 GEMINI_SETTINGS = {
     "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False, "maxAttempts": 1},
+    "model": {"name": "gemini-2.5-pro"},
     "privacy": {"usageStatisticsEnabled": False},
     "security": {"folderTrust": {"enabled": False}},
     "telemetry": {"enabled": False},

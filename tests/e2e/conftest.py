@@ -4,8 +4,9 @@ Reusable by any e2e test (provider level or through the daemon and agentctl):
 
 * ``copilot_cli`` (session) -> ``str``: path of the real Copilot CLI binary,
   installed from ``tests/e2e/package-lock.json`` with ``npm ci`` when
-  ``node_modules`` lacks it. Skips (with the reason) only when npm is missing
-  or cannot install it.
+  ``node_modules`` lacks it (installs.py: one process at a time, under a file
+  lock, as the tests run in parallel). Skips (with the reason) only when npm is
+  missing or cannot install it.
 * ``model_server`` -> :class:`modelserver.ModelServer`: the scripted
   OpenAI-compatible model server on 127.0.0.1 (``.url``, ``.requests``,
   ``.model_requests``, mode setters such as ``answer_text_only()``,
@@ -24,10 +25,7 @@ Reusable by any e2e test (provider level or through the daemon and agentctl):
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import platform
-import shutil
 import subprocess
 import sys
 
@@ -36,47 +34,11 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from installs import install_copilot_cli  # noqa: E402  (tests/bench imports it from here too)
 from modelserver import ModelServer  # noqa: E402
 
 MODEL = "scripted-model"
 KEY_ENV = "AGENTD_E2E_MODEL_KEY"
-
-
-def _native_cli(root: pathlib.Path) -> pathlib.Path | None:
-    """The platform binary of @github/copilot under ``root/node_modules``, or None."""
-    arch = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine().lower(), platform.machine())
-    plats = {"linux": ["linux", "linuxmusl"], "darwin": ["darwin"], "win32": ["win32"]}.get(sys.platform, [sys.platform])
-    for plat in plats:
-        exe = root / "node_modules" / "@github" / f"copilot-{plat}-{arch}" / ("copilot.exe" if sys.platform == "win32" else "copilot")
-        if exe.is_file() and os.access(exe, os.X_OK):
-            return exe
-    return None
-
-
-def install_copilot_cli(root: pathlib.Path = HERE) -> pathlib.Path:
-    """The installed CLI binary, running ``npm ci`` in ``root`` first when needed.
-
-    Raises RuntimeError (with npm's output) when npm is missing or fails.
-    """
-    exe = _native_cli(root)
-    if exe is not None:
-        return exe
-    npm = shutil.which("npm")
-    if npm is None:
-        raise RuntimeError("npm is not installed, so the Copilot CLI (npm @github/copilot) cannot be installed")
-    proc = subprocess.run(
-        [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"`npm ci` in {root} failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}")
-    exe = _native_cli(root)
-    if exe is None:
-        raise RuntimeError(f"`npm ci` in {root} installed no Copilot CLI binary for {sys.platform}/{platform.machine()}")
-    return exe
 
 
 @pytest.fixture(scope="session")
@@ -148,14 +110,14 @@ def copilot_byok_toml(copilot_cli: str, model_server: ModelServer, copilot_home:
 
 # --------------------------------------------------------------------------- conformance matrix
 
-MATRIX_FILE = HERE / "conformance-matrix.md"
-_matrix: dict[tuple[str, str], str] = {}
-_notes: dict[tuple[str, str], set[str]] = {}
-_RANK = {"pass": 0, "unsupported": 1, "skipped": 2, "fail": 3}
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    """A conformance test's report carries its matrix cell (``report.conformance``).
+
+    The cell travels with the report (to the controlling process under
+    pytest-xdist); tests/conftest.py builds the matrix from the reports, prints
+    it at the end of the run and writes it to conformance-matrix.md.
+    """
     outcome = yield
     report = outcome.get_result()
     params = getattr(getattr(item, "callspec", None), "params", {})
@@ -163,39 +125,19 @@ def pytest_runtest_makereport(item, call):
         return
     if report.when != "call" and not (report.skipped or report.failed):
         return
+    notes: list[str] = []
     if report.skipped:
         reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
         result = "unsupported" if "unsupported:" in reason else "skipped"
     elif report.failed:
         result = "fail"
     else:
-        notes = [value for name, value in item.user_properties if name == "note"]
+        notes = sorted({value for name, value in item.user_properties if name == "note"})
         result = "pass"
-        if notes:
-            _notes.setdefault((params["runtime"], params["scenario"]), set()).update(notes)
-    key = (params["runtime"], params["scenario"])
-    if _RANK[result] >= _RANK.get(_matrix.get(key, "pass"), 0) or key not in _matrix:
-        _matrix[key] = result  # a scenario with variants shows its worst
-
-
-def pytest_terminal_summary(terminalreporter):
-    if not _matrix:
-        return
     from runtimes_e2e import RUNTIMES
 
-    scenarios = list(dict.fromkeys(s for _, s in sorted(_matrix, key=lambda k: list(_matrix).index(k))))
-    runtimes = [r for r in RUNTIMES if any(k[0] == r for k in _matrix)]
-    lines = ["| runtime | " + " | ".join(scenarios) + " |", "| --- |" + " --- |" * len(scenarios)]
-    for rt in runtimes:
-        cells = []
-        for s in scenarios:
-            cell = _matrix.get((rt, s), "-")
-            if cell == "pass" and (rt, s) in _notes:
-                cell = "pass*"
-            cells.append(cell)
-        lines.append(f"| {rt} | " + " | ".join(cells) + " |")
-    notes = sorted({f"* {rt} {s}: {n}" for (rt, s), ns in _notes.items() for n in ns})
-    table = "\n".join(lines + ([""] + notes if notes else []))
-    terminalreporter.write_sep("=", "conformance matrix (runtime x scenario)")
-    terminalreporter.write_line(table)
-    MATRIX_FILE.write_text(table + "\n")
+    runtime, scenario = params["runtime"], params["scenario"]
+    scenarios = list(getattr(item.module, "SCENARIOS", {}))
+    order = [RUNTIMES.index(runtime) if runtime in RUNTIMES else len(RUNTIMES),
+             scenarios.index(scenario) if scenario in scenarios else len(scenarios)]
+    report.conformance = {"runtime": runtime, "scenario": scenario, "result": result, "notes": notes, "order": order}

@@ -110,7 +110,14 @@ class ScriptRuntime(Runtime):
         )
 
     def slow_text(self) -> None:
-        self._write(f'[[turn.step]]\nkind = "text"\ntext = {q(LONG_TEXT)}\nchunk = 4\ndelay_ms = 50\n')
+        # The provider reads the script when the conversation opens, so a text_only() made after
+        # that (the prompt that follows a cancelled slow turn) cannot change it: the script's
+        # second turn is that quick text answer, else the follow-up replays the slow one (~40 s).
+        self._write(
+            f'[[turn.step]]\nkind = "text"\ntext = {q(LONG_TEXT)}\nchunk = 4\ndelay_ms = 50\n'
+            f'[[turn]]\n[[turn.step]]\nkind = "text"\ntext = {q("Back again. You said: {prompt}. Earlier: {history}")}\n'
+            'chunk = 8\ndelay_ms = 5\n'
+        )
 
     def saw_earlier_turn(self, daemon: Any, cid: str, earlier: str, later: str) -> bool:
         items = [r["data"] for r in daemon.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "assistant"]
@@ -124,7 +131,7 @@ class CopilotRuntime(Runtime):
 
     def __init__(self, root: pathlib.Path) -> None:
         super().__init__(root)
-        from conftest import install_copilot_cli
+        from installs import install_copilot_cli
 
         try:
             cli = install_copilot_cli()
@@ -206,7 +213,7 @@ class AcpRuntime(Runtime):
         self.name = self.provider = f"acp:{agent}"
         try:
             if agent == "copilot":
-                from conftest import install_copilot_cli
+                from installs import install_copilot_cli
 
                 cli = str(install_copilot_cli())
             else:

@@ -82,16 +82,5 @@ def log_events(d: Daemon) -> list[dict[str, Any]]:
     return out
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print the figures RELIABILITY.md quotes (frames fuzzed, faults injected) after a run."""
-    from .fuzz import FRAMES
-    from .figures import FAULTS
-
-    if FRAMES:
-        total = sum(FRAMES.values())
-        parts = ", ".join(f"{k}: {v}" for k, v in sorted(FRAMES.items()))
-        terminalreporter.write_line(f"agentd reliability: {total} frames fuzzed ({parts})")
-    if FAULTS:
-        total = sum(FAULTS.values())
-        parts = ", ".join(f"{k}: {v}" for k, v in sorted(FAULTS.items()))
-        terminalreporter.write_line(f"agentd reliability: {total} faults injected ({parts})")
+# The figures RELIABILITY.md quotes (frames fuzzed: fuzz.FRAMES, faults injected: figures.FAULTS) are
+# printed after a run by tests/conftest.py, which adds up those of every pytest-xdist worker.

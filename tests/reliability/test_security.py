@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import pwd
 import shutil
 import socket
@@ -57,15 +56,20 @@ def test_state_runtime_and_socket_files_are_private(daemon: Daemon, workdir: Pat
 def other_user() -> pwd.struct_passwd:
     if os.geteuid() != 0:
         pytest.skip("creating a second user needs root")
-    try:
+    from filelock import FileLock
+
+    # One process at a time: tests run in parallel (pytest-xdist), and a second useradd of the
+    # same user fails (or finds /etc/passwd locked).
+    with FileLock(os.path.join(tempfile.gettempdir(), f"agentd-tests-{OTHER_USER}.lock"), timeout=120):
+        try:
+            return pwd.getpwnam(OTHER_USER)
+        except KeyError:
+            pass
+        proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"useradd failed: {proc.stderr.strip()}")
         return pwd.getpwnam(OTHER_USER)
-    except KeyError:
-        pass
-    proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"useradd failed: {proc.stderr.strip()}")
-    return pwd.getpwnam(OTHER_USER)
 
 
 #: Runs as the other user: connect, print what happened as one JSON line (standard library only).
@@ -202,9 +206,15 @@ CANARY_CLI = "canary-agentctl-env-1a2b3c4d5e6f7a8b9c0d"  # in the environment ag
 
 
 def _copilot_cli() -> str | None:
-    arch = {"x86_64": "x64", "aarch64": "arm64"}.get(platform.machine().lower(), platform.machine())
-    exe = REPO / "tests" / "e2e" / "node_modules" / "@github" / f"copilot-linux-{arch}" / "copilot"
-    return str(exe) if exe.is_file() and os.access(exe, os.X_OK) else None
+    """The Copilot CLI of the e2e tests, installed (once, under their lock) if need be; None when it cannot be."""
+    if str(REPO / "tests" / "e2e") not in sys.path:
+        sys.path.insert(0, str(REPO / "tests" / "e2e"))
+    from installs import install_copilot_cli  # tests/e2e/installs.py
+
+    try:
+        return str(install_copilot_cli())
+    except (RuntimeError, OSError, subprocess.TimeoutExpired):
+        return None
 
 
 def test_secrets_canary_appears_in_no_journal_log_json_output_or_error(tmp_path: Path) -> None:
