@@ -39,6 +39,8 @@ from .render import Renderer, full, json_record, json_snapshot
 
 #: How long the stream must be quiet before a pending interaction is acted on, seconds.
 QUIET_S = 0.2
+#: subscribe after this to get only what comes next: agentd takes the smaller of it and its last seq
+FROM_NOW = 1 << 62
 #: How long to wait for a record while looking back at the start of the turn in flight, seconds.
 LOOK_BACK_TIMEOUT_S = 10.0
 
@@ -94,6 +96,8 @@ class Follower:
         #: conversations whose turn in flight was looked back at (see _journaled_before)
         self._looked_back: set[str] = set()
         self.conversation = ""
+        #: the run followed (set by ``follow``, also when its ``send`` started it)
+        self.run = ""
 
     # ------------------------------------------------------------------ main loop
 
@@ -103,6 +107,7 @@ class Follower:
         after: int = 0,
         *,
         run: str = "",
+        send: Callable[[], str] | None = None,
         until_caught_up: bool = False,
         until_idle: bool = False,
     ) -> int:
@@ -111,13 +116,20 @@ class Follower:
         code of the turn that ended, 0 if none ran), or until the conversation
         is closed (0).
 
-        Otherwise follows until interrupted. Raises
+        ``send``, when given, is called once the subscription is open and
+        returns the run to follow (it sends the prompt); subscribe ``after``
+        :data:`FROM_NOW` then. Otherwise follows until interrupted. Raises
         :class:`~agentctl.client.Unreachable` when the connection is lost.
         """
         self._until_idle = until_idle
-        self._after = after if conversation is not None else 0
+        self._after = after if conversation is not None and after != FROM_NOW else 0
         self._sub = self.client.subscribe(conversation, after)
         self.conversation = conversation or ""
+        if send is not None:
+            # Sent once subscribed, so nothing of the turn is missed: its deltas go out live only,
+            # and a quick turn can be over before a subscription made after the send begins.
+            run = send()
+        self.run = run
         try:
             while True:
                 frame = self._buffer.popleft() if self._buffer else self._sub.get(timeout=QUIET_S)

@@ -176,8 +176,12 @@ def _follow(
     until_idle: bool = False,
     all_: bool = False,
     seq: bool = False,
+    send: Any = None,
 ) -> int:
-    """Follow with the right output (JSON lines or rendered) and Ctrl-C handling."""
+    """Follow with the right output (JSON lines or rendered) and Ctrl-C handling.
+
+    ``send`` (a function returning the run it started) is called once subscribed; see Follower.follow.
+    """
     from ..follow import Follower
     from ..render import Renderer
 
@@ -206,14 +210,14 @@ def _follow(
         yolo=yolo,
     )
     try:
-        code = follower.follow(None if all_ else conversation, after, run=run, until_caught_up=until_caught_up,
-                                until_idle=until_idle)
+        code = follower.follow(None if all_ else conversation, after, run=run, send=send,
+                               until_caught_up=until_caught_up, until_idle=until_idle)
     except KeyboardInterrupt:
         for r in renderers.values():
             r.end_line()
         sys.stdout.flush()
         conv = follower.conversation or conversation
-        if run and conv:
+        if (run or follower.run) and conv:
             _err(f"detached; the turn goes on in agentd. Follow it: agentctl attach {conv}; "
                  f"stop it: agentctl cancel {conv}")
         raise click.exceptions.Exit(exitcodes.INTERRUPTED) from None
@@ -256,14 +260,23 @@ def send(conversation: str, text: str, if_busy: str, follow: bool, attach: tuple
     exits 0 completed, 1 failed, 3 cancelled.
     """
     o = _opts()
-    res = o.client().call(wire.Send, wire.SendResult, conversation=conversation, text=_text_arg(text), if_busy=if_busy,
-                          attachments=_uploads(attach))
+    text, uploads = _text_arg(text), _uploads(attach)
+
+    def send_prompt() -> str:
+        res = o.client().call(wire.Send, wire.SendResult, conversation=conversation, text=text, if_busy=if_busy,
+                              attachments=uploads)
+        return res.run
+
     if not follow:
+        res = o.client().call(wire.Send, wire.SendResult, conversation=conversation, text=text, if_busy=if_busy,
+                              attachments=uploads)
         if o.json:
             return _json(res)
         click.echo(f"run {res.run}: {res.disposition}")
         return
-    _exit(_follow(conversation, res.after, run=res.run, interactive=_interactive(no_input),
+    from ..follow import FROM_NOW
+
+    _exit(_follow(conversation, FROM_NOW, send=send_prompt, interactive=_interactive(no_input),
                   exit_on_action=exit_on_action))
 
 
@@ -288,8 +301,12 @@ def run(text: str, provider: str, cwd: str, title: str, model: str, yolo: bool, 
     rec = _create(provider, cwd, title, model, yolo, _budget_arg(max_cost_usd, on_reach))
     if not o.json:
         click.echo(_style().dim(f"conversation {rec.id} ({rec.provider})"))
-    res = o.client().call(wire.Send, wire.SendResult, conversation=rec.id, text=text, attachments=uploads)
-    _exit(_follow(rec.id, res.after, run=res.run, interactive=_interactive(no_input),
+    from ..follow import FROM_NOW
+
+    def send_prompt() -> str:
+        return o.client().call(wire.Send, wire.SendResult, conversation=rec.id, text=text, attachments=uploads).run
+
+    _exit(_follow(rec.id, FROM_NOW, send=send_prompt, interactive=_interactive(no_input),
                   exit_on_action=exit_on_action, yolo=yolo))
 
 

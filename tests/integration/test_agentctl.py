@@ -159,7 +159,11 @@ def test_run_of_a_completing_script_streams_json_lines_and_exits_0(daemon: Daemo
     assert result["type"] == "result" and result["state"] == "completed" and result["exit_code"] == 0
     records = [x for x in lines[:-1] if x["type"] != "snapshot"]
     assert all(x["conversation"] == result["conversation"] for x in lines)
-    assert records[0]["type"] == "prompt" and records[0]["data"]["text"] == "hello there"
+    # Subscribed before the send, so everything the send caused streams live: the title taken
+    # from the prompt, then the run's own records, the prompt first.
+    run_records = [x for x in records if x.get("run") == result["run"]]
+    assert run_records[0]["type"] == "prompt" and run_records[0]["data"]["text"] == "hello there"
+    assert any(x["type"] == "delta" for x in run_records), "the streamed text reaches the follower"
     assert records[-1]["type"] == "turn" and records[-1]["run"] == result["run"]
     durable = [x["seq"] for x in records if x["seq"]]
     assert durable == sorted(set(durable)), "each journal record exactly once, in order"

@@ -92,4 +92,6 @@ def test_main_ends_with_the_command_s_exit_status_and_its_output_flushed(tmp_pat
     # so does a thread that the normal exit would wait for
     waited = run_main("import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), print('done'))).start()",
                       "--version")
-    assert (waited.returncode, waited.stdout) == (0, f"agentctl, version {__version__}\ndone\n")
+    # (either order: under load the thread's 0.3 s can pass before agentctl printed)
+    assert waited.returncode == 0
+    assert sorted(waited.stdout.splitlines()) == sorted([f"agentctl, version {__version__}", "done"])
