@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from daemon_harness import Daemon
+from environment import unavailable
 
 SCRIPTS = Path(__file__).parent / "scripts"
 EXPORT = str(SCRIPTS / "export.toml")
@@ -141,7 +140,7 @@ def _chromium() -> str:
         found = next((shutil.which(n) for n in names if shutil.which(n)), None)
         if found:
             return found
-    pytest.skip("no Chromium here and `apt-get install -y chromium` is not possible (not root, no apt-get, "
+    unavailable("no Chromium here and `apt-get install -y chromium` is not possible (not root, no apt-get, "
                 "or no package source); CI installs it in .ci/run")
 
 

@@ -28,6 +28,7 @@ from agentd.journal import FsyncPolicy, Journal, JournalStore
 from agentd.leases import FileLeaseStore
 from agentd.runtimes import Runtimes
 from daemon_harness import Daemon
+from environment import unavailable
 
 from .conftest import ECHO, FAST, SCRIPTS, fast_daemon, log_events, new, run_turn, turn_state, wait_for
 from .figures import FAULTS
@@ -51,7 +52,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     try:
         _mount("-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(conv))
     except (subprocess.CalledProcessError, FileNotFoundError) as exc:
-        pytest.skip(f"cannot mount a tmpfs here: {exc}")
+        unavailable(f"cannot mount a tmpfs here: {exc}")
     try:
         yield conv
     finally:
@@ -171,7 +172,7 @@ def test_a_read_only_state_dir_refuses_turns_with_the_reason_and_serves_reads(tm
         _mount("-o", "remount,bind,ro", str(conv_dir))
     except (subprocess.CalledProcessError, FileNotFoundError) as exc:
         d.stop()
-        pytest.skip(f"cannot bind-mount read-only here: {exc}")
+        unavailable(f"cannot bind-mount read-only here: {exc}")
     FAULTS["read-only state dir"] += 1
     try:
         before = {cid: d.journal(cid) for cid in cids}

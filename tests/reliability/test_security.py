@@ -22,6 +22,7 @@ from trio_websocket import HandshakeError, open_websocket_url
 
 from agentd import wire
 from daemon_harness import REPO, Daemon
+from environment import unavailable
 
 from .conftest import ECHO, fast_daemon, log_events, new, run_turn, turn_state, wait_for
 from .figures import FAULTS
@@ -55,7 +56,7 @@ def test_state_runtime_and_socket_files_are_private(daemon: Daemon, workdir: Pat
 @pytest.fixture(scope="module")
 def other_user() -> pwd.struct_passwd:
     if os.geteuid() != 0:
-        pytest.skip("creating a second user needs root")
+        unavailable("creating a second user needs root")
     from filelock import FileLock
 
     # One process at a time: tests run in parallel (pytest-xdist), and a second useradd of the
@@ -68,7 +69,7 @@ def other_user() -> pwd.struct_passwd:
         proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
                               capture_output=True, text=True)
         if proc.returncode != 0:
-            pytest.skip(f"useradd failed: {proc.stderr.strip()}")
+            unavailable(f"useradd failed: {proc.stderr.strip()}")
         return pwd.getpwnam(OTHER_USER)
 
 
