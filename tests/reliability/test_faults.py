@@ -25,7 +25,9 @@ from .conftest import ECHO, fast_daemon, log_events, new, wait_for
 from .figures import FAULTS
 
 AGENT = Path(__file__).parent / "acp_fault_agent.py"
-HANG_S = 1.5
+#: the daemon's hang timeout here: long enough for the 80 MB ``bigline`` to arrive and be refused
+#: (64 MB read before the line counts as too long: over 1.5 s with the suite's workers on 2 cores)
+HANG_S = 4.0
 #: acp:flaky runs the fault agent through this: while $FAULT_CRASH_FLAG exists, every start crashes
 CRASH_WRAPPER = 'if [ -e "$FAULT_CRASH_FLAG" ]; then exec "$0" "$1" crash-start; else exec "$0" "$1"; fi'
 
