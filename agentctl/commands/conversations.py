@@ -262,21 +262,19 @@ def send(conversation: str, text: str, if_busy: str, follow: bool, attach: tuple
     o = _opts()
     text, uploads = _text_arg(text), _uploads(attach)
 
-    def send_prompt() -> str:
-        res = o.client().call(wire.Send, wire.SendResult, conversation=conversation, text=text, if_busy=if_busy,
-                              attachments=uploads)
-        return res.run
+    def send_prompt() -> wire.SendResult:
+        return o.client().call(wire.Send, wire.SendResult, conversation=conversation, text=text, if_busy=if_busy,
+                               attachments=uploads)
 
     if not follow:
-        res = o.client().call(wire.Send, wire.SendResult, conversation=conversation, text=text, if_busy=if_busy,
-                              attachments=uploads)
+        res = send_prompt()
         if o.json:
             return _json(res)
         click.echo(f"run {res.run}: {res.disposition}")
         return
     from ..follow import FROM_NOW
 
-    _exit(_follow(conversation, FROM_NOW, send=send_prompt, interactive=_interactive(no_input),
+    _exit(_follow(conversation, FROM_NOW, send=lambda: send_prompt().run, interactive=_interactive(no_input),
                   exit_on_action=exit_on_action))
 
 
