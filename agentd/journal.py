@@ -95,15 +95,7 @@ class _RecordsIndex(msgspec.Struct):
 _seq_decoder = msgspec.json.Decoder(_Seq)
 _index_decoder = msgspec.json.Decoder(_RecordsIndex)
 _encode = msgspec.json.Encoder().encode
-#: record type -> b'{"type":"<type>"', for the few types there are
-_type_heads: dict[str, bytes] = {}
-
-
-def _type_head(type: str) -> bytes:
-    head = b'{"type":%s' % _encode(type)
-    if len(_type_heads) < 256:
-        _type_heads[type] = head
-    return head
+_time = time.time
 
 
 def _log() -> structlog.typing.FilteringBoundLogger:
@@ -221,7 +213,7 @@ class Journal:
     __slots__ = (
         "path", "last_seq", "_policy", "_on_dirty", "_queued", "_readonly", "_fd", "_end", "_synced", "_broken",
         "_broken_reason", "_errno", "_idx_seq", "_idx_off", "_cursors", "_ts_lo", "_ts_hi", "_ts", "_ts_mid",
-        "_run", "_run_tail",
+        "_heads", "_run", "_run_tail",
     )
 
     path: pathlib.Path
@@ -280,6 +272,8 @@ class Journal:
         self._ts_lo = self._ts_hi = 0.0
         self._ts = ""
         self._ts_mid = b""
+        #: record type -> b'{"type":"<type>","ts":"<ts>","data":' for the current millisecond
+        self._heads: dict[str, bytes] = {}
         # the last run appended, and the end of a line for it
         self._run: str | None = None
         self._run_tail = b"}\n"
@@ -351,16 +345,16 @@ class Journal:
                 self._raise_unusable()
         if 10 in data:  # b"\n"; the int form is a plain memchr, several times faster
             raise ValueError("journal payload contains a raw newline")
-        now = time.time()
+        now = _time()
         if not self._ts_lo <= now < self._ts_hi:
             self._set_ts(now)
         seq = self.last_seq + 1
         # The bytes msgspec makes of Record(type, ts, data, seq, run), put together from pieces
-        # encoded once (per type, per ms, per run): this is the daemon's hottest path.
+        # encoded once (per type and ms, per run): this is the daemon's hottest path.
         if run != self._run:
             self._run = run
             self._run_tail = b',"run":%s}\n' % _encode(run) if run else b"}\n"
-        buf = b'%s%s%s,"seq":%d%s' % (_type_heads.get(type) or _type_head(type), self._ts_mid, data, seq, self._run_tail)
+        buf = b'%s%s,"seq":%d%s' % (self._heads.get(type) or self._head(type), data, seq, self._run_tail)
         off = self._end
         size = len(buf)
         try:
@@ -384,6 +378,13 @@ class Journal:
         self._ts = _format_ms(ms)
         self._ts_mid = b',"ts":"%s","data":' % self._ts.encode()
         self._ts_lo, self._ts_hi = ms / 1000, (ms + 1) / 1000
+        self._heads.clear()
+
+    def _head(self, type: str) -> bytes:
+        head = b'{"type":%s%s' % (_encode(type), self._ts_mid)
+        if len(self._heads) < 64:  # the few record types there are; anything past that is not cached
+            self._heads[type] = head
+        return head
 
     def _rollback(self, off: int) -> None:
         """Cut a partly written line off after a failed write."""

@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import structlog
 import trio
 

@@ -31,7 +31,6 @@ import re
 import signal
 import subprocess
 import uuid
-from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 

@@ -140,4 +140,5 @@ def pytest_runtest_makereport(item, call):
     scenarios = list(getattr(item.module, "SCENARIOS", {}))
     order = [RUNTIMES.index(runtime) if runtime in RUNTIMES else len(RUNTIMES),
              scenarios.index(scenario) if scenario in scenarios else len(scenarios)]
-    report.conformance = {"runtime": runtime, "scenario": scenario, "result": result, "notes": notes, "order": order}
+    report.conformance = {"runtime": runtime, "scenario": scenario, "result": result, "notes": notes, "order": order,
+                          "cells": len(RUNTIMES) * len(scenarios)}

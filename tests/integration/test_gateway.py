@@ -7,7 +7,6 @@ import socket
 from pathlib import Path
 
 import pytest
-import trio
 from trio_websocket import HandshakeError, open_websocket_url
 
 from agentd import wire

@@ -21,7 +21,7 @@ from agentd import contract as c
 from agentd import wire
 from daemon_harness import Client, Daemon
 
-from .conftest import ECHO, fast_daemon, log_events, new, wait_for
+from .conftest import ECHO, fast_daemon, log_events, new
 from .figures import FAULTS
 
 AGENT = Path(__file__).parent / "acp_fault_agent.py"

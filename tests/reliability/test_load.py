@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -15,7 +14,6 @@ import msgspec
 import trio
 
 from agentd import wire
-from daemon_harness import Daemon
 
 from .conftest import ECHO, fast_daemon, new
 from .figures import FAULTS

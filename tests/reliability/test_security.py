@@ -24,7 +24,7 @@ from agentd import wire
 from daemon_harness import REPO, Daemon
 from environment import unavailable
 
-from .conftest import ECHO, fast_daemon, log_events, new, run_turn, turn_state, wait_for
+from .conftest import ECHO, fast_daemon, log_events, new, run_turn, wait_for
 from .figures import FAULTS
 
 AGENT = Path(__file__).parent / "acp_fault_agent.py"
@@ -279,7 +279,7 @@ env = {{ FAULT_TOKEN = {json.dumps(CANARY_ENV)}, OPENAI_API_KEY = {json.dumps(CA
             assert model_server.model_requests, "the Copilot CLI never called the model: the canary proves nothing"
         with d.client() as client:
             for conv in (cid, acp):
-                sub = client.subscribe(conv, after=0)
+                client.subscribe(conv, after=0)
                 for frame in client.frames(timeout=10):
                     outputs.append(repr(frame))
                     if isinstance(frame, wire.SnapshotFrame):
