@@ -448,12 +448,15 @@ class Journal:
     async def sync(self) -> None:
         """Return once every record appended before the call is on disk.
 
-        Always a checkpoint. fsyncs only when something is unsynced, in a
-        worker thread, or on the trio thread while this process's recent
-        fsyncs took under 1 ms (see :class:`_FsyncTimer`); a no-op for
-        ``never``. Cancellation waits for an fsync already started. Raises
-        OSError when the fsync fails, and ``trio.ClosedResourceError`` when
-        closed.
+        fsyncs only when something is unsynced, in a worker thread, or on the
+        trio thread while this process's recent fsyncs took under 1 ms (see
+        :class:`_FsyncTimer`); a no-op for ``never``. A cancel point always,
+        and a schedule point unless the fsync ran on the trio thread: there
+        the caller yields on its own schedule, as the conversation pump does
+        every PUMP_SLICE_S (a schedule point right after an fsync costs about
+        45 us on a 2-core VM, a fifth of the fsync; see BENCHMARKS.md).
+        Cancellation waits for an fsync already started. Raises OSError when
+        the fsync fails, and ``trio.ClosedResourceError`` when closed.
         """
         if self._fd < 0:
             self._raise_unusable()
@@ -468,7 +471,7 @@ class Journal:
             finally:
                 _fsync_timer.add(time.perf_counter() - t0)
             self._synced = end
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint_if_cancelled()
             return
         await _sync_journals([self])
 

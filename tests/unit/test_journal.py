@@ -401,6 +401,32 @@ async def test_always_fsyncs_on_the_loop_only_while_fsyncs_are_fast(
     j.close()
 
 
+async def test_inline_fsync_is_a_cancel_point_but_not_a_schedule_point(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, fsync_timer: journal_mod._FsyncTimer
+) -> None:
+    j = JournalStore(tmp_path, fsync=FsyncPolicy.ALWAYS).open("c1")
+    fsync_timer.mean_s = 0.0001
+    monkeypatch.setattr(fsync_timer, "add", lambda seconds: None)
+    ran: list[int] = []
+
+    async def other() -> None:
+        ran.append(1)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        j.append("item", payload(0))
+        await j.sync()
+        # The other task did not run: the pump, not the fsync, decides when to yield.
+        assert ran == [] and j._synced == j._end
+    assert ran == [1]
+    j.append("item", payload(1))
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await j.sync()  # the fsync is done before the cancel point
+    assert scope.cancelled_caught and j._synced == j._end
+    j.close()
+
+
 async def test_inline_fsync_error_refuses_further_appends(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, fsync_timer: journal_mod._FsyncTimer
 ) -> None:
