@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
@@ -185,6 +185,45 @@ class _ModelServerProcess:
             self.proc.kill()
 
 
+def _cpu_ms(pid: int) -> float:
+    """CPU time (user + system) a process has used so far, in ms; 0 when /proc cannot tell (not Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (to find the Copilot CLI each side started); [] where /proc cannot tell."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+class _Cpu:
+    """CPU ms used during each side's turns, by process: ``(side, "agentd" | "cli" | "bench")``."""
+
+    def __init__(self) -> None:
+        self.ms: dict[tuple[str, str], float] = {}
+
+    def turn(self, side: str, pids: dict[str, int], fn: Callable[[], float]) -> float:
+        """Run one turn (``fn``, returning its wall time), adding the CPU of ``pids`` and of this process."""
+        before = {name: _cpu_ms(pid) for name, pid in pids.items()}
+        t0 = time.process_time()
+        wall = fn()
+        used = {name: _cpu_ms(pid) - before[name] for name, pid in pids.items()}
+        used["bench"] = (time.process_time() - t0) * 1000
+        for name, ms in used.items():
+            self.ms[side, name] = self.ms.get((side, name), 0.0) + ms
+        return wall
+
+
 def _record_write_ms(root: Path, n: int = 20) -> float:
     from agentd import _fsutil
 
@@ -210,6 +249,7 @@ def bench_copilot(ctx: Ctx) -> Result:
     os.environ[KEY_ENV] = "sk-agentd-bench-dummy-key"
     direct = agentd = None
     ours, base = [], []
+    cpu = _Cpu()
     try:
         for side in ("agentd", "direct"):
             (root / side / "home").mkdir(parents=True)
@@ -218,9 +258,13 @@ def bench_copilot(ctx: Ctx) -> Result:
         direct = _Direct(cli, server.url, root / "direct" / "home", root / "direct" / "work")
         agentd.turn()  # warm-up: first turn pays for lazy work on both sides
         direct.turn()
+        daemon = agentd.daemon.proc.pid
+        through = {"agentd": daemon, "cli": next(iter(_children(daemon)), 0)}
+        direct_cli = [p for p in _children(os.getpid()) if p not in (daemon, server.proc.pid)]
+        alone = {"cli": direct_cli[0] if len(direct_cli) == 1 else 0}
         for _ in range(turns):
-            ours.append(agentd.turn())
-            base.append(direct.turn())
+            ours.append(cpu.turn("agentd", through, agentd.turn))
+            base.append(cpu.turn("direct", alone, direct.turn))
     finally:
         for side in (agentd, direct):
             if side is not None:
@@ -231,6 +275,14 @@ def bench_copilot(ctx: Ctx) -> Result:
     r.met = (r.ratio or 99) <= 1.02 if not ctx.quick else None
     r.notes.append(f"{turns} turns each, alternating, after one warm-up turn each; "
                    f"{(r.median - r.base_median) * 1000:+.0f} ms per turn through agentd")
+    if cpu.ms.get(("agentd", "agentd")):
+        per = {key: ms / turns for key, ms in cpu.ms.items()}
+        r.notes.append(
+            f"CPU per turn (from /proc): through agentd, agentd {per['agentd', 'agentd']:.1f} ms (its SDK thread "
+            f"included), the Copilot CLI {per['agentd', 'cli']:.1f} ms, the bench client reading agentd's frames "
+            f"{per['agentd', 'bench']:.1f} ms; directly, the bench process (the SDK) {per['direct', 'bench']:.1f} ms, "
+            f"the Copilot CLI {per['direct', 'cli']:.1f} ms"
+        )
     write_ms = _record_write_ms(root)
     r.notes.append(f"before the prompt reaches the provider agentd writes the conversation record durably (write, "
                    f"fsync, rename, fsync dir): {write_ms:.1f} ms (median) on this disk, measured in the same run; the "
