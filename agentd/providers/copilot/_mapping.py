@@ -288,16 +288,17 @@ class EventMapper:
     def _map(self, ev: se.SessionEvent) -> list[Event]:
         d: Any = ev.data  # the payload class follows ev.type
         agent = ev.agent_id or ""
-        when = utc(ev.timestamp)
         t = ev.type
+        # Deltas are most of a turn's events; their time is needed only when a stream starts.
+        if t is T.ASSISTANT_MESSAGE_DELTA:
+            return self._delta(d.message_id, ItemKind.ASSISTANT, d.delta_content, agent, ev.timestamp)
+        if t is T.ASSISTANT_REASONING_DELTA:
+            return self._delta(d.reasoning_id, ItemKind.REASONING, d.delta_content, agent, ev.timestamp)
+        when = utc(ev.timestamp)
         if t is T.USER_MESSAGE:
             delivery = "steer" if d.delivery is se.UserMessageDelivery.STEERING else ""
             return [ItemEvent(item=Item(id=str(ev.id), kind=ItemKind.USER, text=d.content, time=when, agent_id=agent,
                                         delivery=delivery, attachments=user_attachments(d.attachments)))]
-        if t is T.ASSISTANT_MESSAGE_DELTA:
-            return self._delta(d.message_id, ItemKind.ASSISTANT, d.delta_content, agent, when)
-        if t is T.ASSISTANT_REASONING_DELTA:
-            return self._delta(d.reasoning_id, ItemKind.REASONING, d.delta_content, agent, when)
         if t is T.ASSISTANT_MESSAGE:
             return self._assistant_message(d, agent, when)
         if t is T.ASSISTANT_REASONING:
@@ -373,12 +374,12 @@ class EventMapper:
 
     # ------------------------------------------------------------------ messages
 
-    def _delta(self, item_id: str, kind: ItemKind, text: str, agent: str, when: _dt.datetime) -> list[Event]:
+    def _delta(self, item_id: str, kind: ItemKind, text: str, agent: str, at: _dt.datetime | None) -> list[Event]:
         if not text:
             return []
         stream = self._streams.get(item_id)
         if stream is None:
-            stream = self._streams[item_id] = _Stream(kind=kind, agent_id=agent, time=when)
+            stream = self._streams[item_id] = _Stream(kind=kind, agent_id=agent, time=utc(at))
         stream.text += text
         if not self.live:
             return []
