@@ -151,8 +151,10 @@ class CopilotConversation:
         }
 
     def _sdk_event(self, event: se.SessionEvent) -> None:
-        """SDK callback (asyncio thread): note request ids, then hand the event to trio."""
+        """SDK callback (asyncio thread): note request ids, then hand the event to trio (unless inert)."""
         t = event.type
+        if t in m.INERT:
+            return
         d: Any = event.data
         if t is T.USER_INPUT_REQUESTED:
             self._announced["ask_user"].append((d.request_id, d.question, d.tool_call_id or ""))

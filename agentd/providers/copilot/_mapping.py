@@ -551,27 +551,19 @@ class EventMapper:
 
 
 #: Known event types with nothing for the contract (or handled by the conversation).
-_IGNORED = frozenset(
+#: SDK event types that change nothing in agentd: no contract event, and no effect in
+#: CopilotConversation._handle. Dropped in the SDK's thread, before the hop to trio: most of a
+#: turn's events are assistant.streaming_delta (one per chunk, beside assistant.message_delta).
+INERT = frozenset(
     {
         T.ASSISTANT_MESSAGE_START,
         T.ASSISTANT_STREAMING_DELTA,
         T.ASSISTANT_TOOL_CALL_DELTA,
         T.ASSISTANT_TURN_END,
         T.ASSISTANT_IDLE,
-        T.SESSION_IDLE,
-        T.ABORT,
         T.AGENT_INTERRUPTED,
         T.SYSTEM_MESSAGE,
         T.SESSION_INFO,
-        T.PERMISSION_REQUESTED,
-        T.PERMISSION_COMPLETED,
-        T.USER_INPUT_REQUESTED,
-        T.USER_INPUT_COMPLETED,
-        T.ELICITATION_REQUESTED,
-        T.ELICITATION_COMPLETED,
-        T.EXIT_PLAN_MODE_REQUESTED,
-        T.EXIT_PLAN_MODE_COMPLETED,
-        T.SESSION_TODOS_CHANGED,
         T.SESSION_SHUTDOWN,
         T.PENDING_MESSAGES_MODIFIED,
         T.SESSION_BACKGROUND_TASKS_CHANGED,
@@ -591,6 +583,20 @@ _IGNORED = frozenset(
         T.HOOK_PROGRESS,
     }
 )
+#: types that map to no contract event: the inert ones, and those CopilotConversation._handle acts on
+_IGNORED = INERT | {
+    T.SESSION_IDLE,
+    T.ABORT,
+    T.PERMISSION_REQUESTED,
+    T.PERMISSION_COMPLETED,
+    T.USER_INPUT_REQUESTED,
+    T.USER_INPUT_COMPLETED,
+    T.ELICITATION_REQUESTED,
+    T.ELICITATION_COMPLETED,
+    T.EXIT_PLAN_MODE_REQUESTED,
+    T.EXIT_PLAN_MODE_COMPLETED,
+    T.SESSION_TODOS_CHANGED,
+}
 
 
 def _copy_subagent(sub: Subagent) -> Subagent:
