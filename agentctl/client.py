@@ -49,6 +49,10 @@ class Unreachable(Exception):
     """agentd could not be reached (no socket, refused, or the connection broke)."""
 
 
+class NotRunning(Unreachable):
+    """Nothing listens on the socket (no socket file, or connection refused) and autostart was off."""
+
+
 class _Closed:
     """Put into every queue when the connection ends; ``error`` says why."""
 
@@ -136,7 +140,7 @@ class Client:
             if not _nobody_listening(exc):
                 raise Unreachable(f"cannot connect to agentd at {path}: {exc.strerror or exc}") from None
             if not autostart:
-                raise Unreachable(
+                raise NotRunning(
                     f"agentd is not running at {path} ({exc.strerror or exc}); "
                     "start it with `agentd run` (autostart is disabled)"
                 ) from None
@@ -210,6 +214,11 @@ class Client:
                 self.request(wire.Unsubscribe(id=self.next_id(), subscription=sub_id), Any)
             except AgentdError:
                 pass  # already gone on the daemon's side
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the daemon to close the connection; whether it did."""
+        self._reader.join(timeout)
+        return not self._reader.is_alive()
 
     def close(self) -> None:
         try:

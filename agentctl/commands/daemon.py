@@ -91,22 +91,18 @@ def stop(timeout: float) -> None:
     """
     import time
 
-    from ..client import Client, Unreachable, _nobody_listening, _open_socket, default_socket_path
+    from ..client import Client, NotRunning, Unreachable, default_socket_path
 
     o = _opts()
     path = o.socket or default_socket_path()
     try:
-        sock = _open_socket(path)  # never autostart: stopping a daemon we just started helps no one
-    except OSError as exc:
-        if not _nobody_listening(exc):
-            raise Unreachable(f"cannot connect to agentd at {path}: {exc.strerror or exc}") from None
+        client = Client.connect(path, autostart=False)  # stopping a daemon we just started helps no one
+    except NotRunning:
         if o.json:
             return _json({"stopped": False, "pid": None, "socket": path, "waited_s": 0.0})
         click.echo("agentd is not running")
         return
-    client = Client(sock, path)
     try:
-        client._start()
         pid = client.call(wire.Status, wire.StatusResult).pid
         started = _start_time(pid)
         asked = time.monotonic()
@@ -115,7 +111,7 @@ def stop(timeout: float) -> None:
         except Unreachable:
             pass  # it went away meanwhile (a SIGTERM, a crash): wait for its process all the same
         # agentd closes every connection once it stops serving, then stops its runtimes and exits.
-        client._reader.join(timeout)
+        client.wait_closed(timeout)
     finally:
         client.close()
     deadline = asked + timeout
