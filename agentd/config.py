@@ -173,6 +173,7 @@ class ServerConfig(_Section):
     #: A prompt's attachments travel in its frame, base64-encoded (4/3 of their size)
     max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 << 20
     #: frames queued per connection before the subscriber gets `lagged` and must resubscribe
+    #: (an empty outbox takes one burst of events of any size, up to 1024 frames)
     subscriber_buffer: Annotated[int, msgspec.Meta(ge=1)] = 4096
     #: concurrent client connections (socket and WebSocket together)
     max_connections: Annotated[int, msgspec.Meta(ge=1)] = 1024

@@ -73,7 +73,9 @@ class _Connection:
     def offer_many(self, frames: bytes, count: int) -> bool:
         if self._shut:
             return True
-        if self._count + count > self._limit:
+        # An empty outbox takes a burst of any size (at most PUMP_BATCH frames past the limit):
+        # a subscriber that keeps up is never cut off because a burst outgrew its buffer.
+        if self._count and self._count + count > self._limit:
             return False
         self._queue(frames, count)
         return True

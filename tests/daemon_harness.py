@@ -182,6 +182,9 @@ class Client:
         records: list[wire.Record] = []
         deadline = time.monotonic() + timeout
         for frame in self.frames(timeout):
+            if isinstance(frame, wire.LaggedFrame):
+                # Nothing more comes for that subscription: say so now, not after `timeout` of silence.
+                raise AssertionError(f"cut off for lag while following turn {until_run}: {frame}")
             if isinstance(frame, wire.EventFrame):
                 rec = wire.decode_record(frame.record)
                 records.append(rec)

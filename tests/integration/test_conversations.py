@@ -103,11 +103,15 @@ def test_replay_after_a_seq_starts_right_after_it(daemon: Daemon, workdir: Path)
 
 
 def test_slow_subscriber_gets_lagged_while_another_keeps_receiving(tmp_path: Path, workdir: Path) -> None:
-    # ~3 MB of deltas: far more than the socket buffer plus a 16-frame outbox.
+    # ~3 MB of deltas, 6000 frames: far more than the socket buffer plus a 1024-frame outbox, so the
+    # slow one (never reading) is cut off. The fast one reads, but it is a Python test process:
+    # under load it can stall for a few hundred ms (a full GC, the scheduler) while the daemon
+    # goes on at a frame a ms. With a 16-frame outbox that was enough to cut the fast one off too
+    # (about 0.25 s of stall); 1024 frames lets it stall for a second or more.
     flood = tmp_path / "flood.toml"
     flood.write_text('model = "flood"\n[[turn]]\n[[turn.step]]\nkind = "text"\nchunk = 500\ndelay_ms = 1\n'
                      f'text = "{"x" * 3_000_000}"\n')
-    d = Daemon(tmp_path, "[server]\nsubscriber_buffer = 16\n").start()
+    d = Daemon(tmp_path, "[server]\nsubscriber_buffer = 1024\n").start()
     try:
         with d.client() as fast, d.client() as slow:
             cid = new(fast, workdir, flood)

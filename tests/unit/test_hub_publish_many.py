@@ -66,3 +66,17 @@ def test_a_subscriber_without_room_for_the_burst_is_cut_off_with_none_of_it() ->
     hub.publish_many("c1", RECORDS)
     assert boxes[0].data == b"" and boxes[0].lagged_subs == [subs[0]]
     assert subs[0].closed and subs[0].cursor == 4  # resume after what it had
+
+
+async def test_a_burst_larger_than_the_buffer_reaches_a_subscriber_that_keeps_up() -> None:
+    # The real outbox: with subscriber_buffer below the pump's burst size (PUMP_BATCH), a reader
+    # that has taken everything so far must not be cut off for one burst.
+    import trio.testing
+
+    from agentd.server import _Connection
+
+    send, _receive = trio.testing.memory_stream_pair()
+    conn = _Connection(None, send, "test", buffer=2)  # type: ignore[arg-type]
+    assert conn.offer_many(b"a\nb\nc\n", 3)  # empty: taken, though 3 > 2
+    assert not conn.offer_many(b"d\n", 1)  # still queued (nobody writes here): full
+    assert not conn.offer(b"e\n")
