@@ -550,7 +550,6 @@ class EventMapper:
         return [ModelSelectionEvent(selection=ModelSelection(model=model, effort=effort))]
 
 
-#: Known event types with nothing for the contract (or handled by the conversation).
 #: SDK event types that change nothing in agentd: no contract event, and no effect in
 #: CopilotConversation._handle. Dropped in the SDK's thread, before the hop to trio: most of a
 #: turn's events are assistant.streaming_delta (one per chunk, beside assistant.message_delta).
