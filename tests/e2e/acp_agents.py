@@ -101,7 +101,9 @@ def copilot_config(cli: str, tmp: pathlib.Path, openai_url: str, model: str) -> 
 #: Gemini CLI 0.61.0 begins every session/load by starting a chat file named after the current UTC
 #: minute and the session id. In the minute the session was created that is the session's own file:
 #: the load resets it and then finds nothing ("No previous sessions found"), and the transcript is
-#: lost. Its loads (reopen, restart after a kill) are therefore made a minute after the creation.
+#: lost. agentd waits for the next minute before such a load (LOAD_IN_A_LATER_MINUTE in
+#: agentd/providers/acp/_provider.py); the tests create these sessions early in a minute, so that
+#: their reloads come within it and show that wait keeps the transcript.
 LOAD_NEEDS_A_NEW_MINUTE = {"gemini"}
 
 

@@ -70,8 +70,11 @@ class Runtime:
         self.server.answer_text_only(LONG_TEXT)
         self.server.stream_slowly(0.1)
 
-    def before_reload(self, created: float) -> None:
-        """Called before a prompt that makes the runtime load the conversation anew (wall-clock ``created``)."""
+    def before_create(self) -> None:
+        """Called right before a scenario creates its conversation."""
+
+    def check_reload(self, daemon: Any, reloaded_at: float) -> None:
+        """Called after a prompt sent at ``reloaded_at`` (wall clock) made the runtime load the conversation anew."""
 
     def saw_earlier_turn(self, daemon: Any, cid: str, earlier: str, later: str) -> bool:
         """Whether the model request of ``later`` carried the earlier prompt (the runtime kept history)."""
@@ -238,16 +241,25 @@ class AcpRuntime(Runtime):
         self.server.reset()
         acp_agents.call_shell(self.server, self.agent, command)
 
-    def before_reload(self, created: float) -> None:
+    def before_create(self) -> None:
         import acp_agents
 
         if self.agent in acp_agents.LOAD_NEEDS_A_NEW_MINUTE:
             import time
 
-            delay = (int(created // 60) + 1) * 60 + 0.5 - time.time()
-            if delay > 0:
-                print(f"\nwaiting {delay:.1f} s for the next UTC minute ({self.name}: session/load)")
-                time.sleep(delay)
+            # Early in a minute, so the reload (seconds later) falls within it and agentd must wait.
+            into = time.time() % 60
+            if into > 25:
+                print(f"\nwaiting {60.5 - into:.1f} s for a new UTC minute ({self.name}: session/load)")
+                time.sleep(60.5 - into)
+
+    def check_reload(self, daemon: Any, reloaded_at: float) -> None:
+        import acp_agents
+
+        if self.agent in acp_agents.LOAD_NEEDS_A_NEW_MINUTE and self.created // 60 == reloaded_at // 60:
+            assert "acp.load_waits_for_a_later_minute" in daemon.log.read_text(), (
+                "the reload came in the session's creation minute, yet agentd did not wait it out"
+            )
 
 
 _PROFILES: dict[str, Any] = {

@@ -164,6 +164,7 @@ def _require(d: Daemon, runtime: Runtime, scenario: str) -> dict[str, Any]:
 
 def _new(d: Daemon, runtime: Runtime, workdir: Path, scenario: str, *extra: str) -> str:
     """A new conversation's id (its creation time is kept in ``runtime.created``)."""
+    runtime.before_create()
     runtime.created = time.time()
     args = ["new", "-p", runtime.provider, "--cwd", str(workdir), "--json", *extra]
     model = runtime.model_for(scenario)
@@ -262,9 +263,10 @@ def test_restart_reopens_by_id_and_the_follow_up_carries_the_earlier_turns(runti
     assert first.finish() == 0, first.stderr()
     daemon.stop()
     daemon.start()
-    runtime.before_reload(runtime.created)
+    reloaded_at = time.time()
     second = Follower(daemon, cid, "What is my name?")
     assert second.finish() == 0, second.stderr()
+    runtime.check_reload(daemon, reloaded_at)
     assert runtime.saw_earlier_turn(daemon, cid, "My name is Ada Lovelace", "What is my name?")
 
 
@@ -286,9 +288,10 @@ def test_runtime_killed_mid_turn_fails_the_turn_and_the_next_prompt_works(runtim
     end = _turn_ends(daemon, cid)[-1]["data"]
     assert end["state"] == "failed" and end.get("error"), end
     runtime.text_only("Alive again.")
-    runtime.before_reload(runtime.created)
+    reloaded_at = time.time()
     again = Follower(daemon, cid, "Are you there?")
     assert again.finish() == 0, again.stderr()
+    runtime.check_reload(daemon, reloaded_at)
 
 
 @pytest.mark.parametrize("scenario", ["model_fails"])

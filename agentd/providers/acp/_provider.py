@@ -102,6 +102,15 @@ REQUEST_TIMEOUT_S = 30.0
 #: LOAD_SETTLE_MAX_S): ACP wants the replay before the answer, but Gemini CLI streams it after.
 LOAD_SETTLE_S = 0.15
 LOAD_SETTLE_MAX_S = 3.0
+#: Agents (by the ``agentInfo.name`` of their initialize answer) whose session/load must wait for
+#: a UTC minute after the one the session was created in. Gemini CLI (seen in 0.61.0) begins every
+#: load by starting a chat file named after the current UTC minute and the session id; within the
+#: creation minute that is the session's own file, which the load empties, and the transcript is
+#: lost. A wait of under a minute, in the rare reload that soon (a restart, a runtime that died
+#: right after the first prompt), keeps it.
+LOAD_IN_A_LATER_MINUTE = frozenset({"gemini-cli"})
+#: past the minute's turn, for the agent's clock against ours, s
+LOAD_MINUTE_MARGIN_S = 0.5
 
 class _Record(msgspec.Struct, omit_defaults=True):
     """``conversations/<id>.json``: what a reopen needs besides the id."""
@@ -406,7 +415,7 @@ class AcpProvider:
                 error = RuntimeUnavailable(f"{self.name} answered session/new without a sessionId")
                 self._start_failed(agent, error)
                 raise error
-            conv = AcpConversation(self, agent, setup.session_id, workdir, sink, title=request.title)
+            conv = AcpConversation(self, agent, setup.session_id, workdir, sink, title=request.title, created_at=utcnow())
             agent.register(setup.session_id, conv)
             conv._apply_setup(setup)
             model = request.model or self.config.model
@@ -424,7 +433,7 @@ class AcpProvider:
             agent.key = conv.id  # from now on its exits count against the conversation's slot
         self._fresh_start_worked("a conversation opened")
         self._open[conv.id] = conv
-        await self._save_record(_Record(id=conv.id, workdir=workdir, title=request.title, created_at=utcnow()))
+        await self._save_record(_Record(id=conv.id, workdir=workdir, title=request.title, created_at=conv.created_at))
         return conv
 
     async def previous(self, workdir: str) -> list[PreviousConversation]:
@@ -486,7 +495,8 @@ class AcpProvider:
             caps = agent.init.agent_capabilities
             if not caps.load_session and caps.session_capabilities.resume is None:
                 raise Unsupported(f"{self.name} can neither load nor resume a session (it advertises neither)")
-            conv = AcpConversation(self, agent, cid, workdir, sink, title=request.title or (record.title if record else ""))
+            conv = AcpConversation(self, agent, cid, workdir, sink, title=request.title or (record.title if record else ""),
+                                   created_at=record.created_at if record else None)
             await conv._attach(agent, "session/load" if caps.load_session else "session/resume")
         except BaseException as exc:
             if isinstance(exc, RuntimeUnavailable):
@@ -691,8 +701,10 @@ class AcpConversation:
     """
 
     def __init__(self, provider: AcpProvider, agent: _Agent, session_id: str, workdir: str, sink: EventSink,
-                 *, title: str = "") -> None:
+                 *, title: str = "", created_at: _dt.datetime | None = None) -> None:
         self._provider = provider
+        #: when the session was created (session/new), if agentd knows: see LOAD_IN_A_LATER_MINUTE
+        self.created_at = created_at
         self._agent: _Agent | None = agent
         self._id = session_id
         self.workdir = workdir
@@ -964,6 +976,8 @@ class AcpConversation:
             self._index.clear()
             self._seg = None
             self._tools = {}
+        if method == "session/load":
+            await self._wait_for_a_later_minute(agent)
         self._last_update = trio.current_time()
         agent.register(self.id, self)
         timeout = self._provider.config.startup_timeout_s
@@ -984,6 +998,19 @@ class AcpConversation:
             with trio.move_on_after(LOAD_SETTLE_MAX_S):
                 while (quiet := trio.current_time() - self._last_update) < LOAD_SETTLE_S:
                     await trio.sleep(LOAD_SETTLE_S - quiet)
+
+    async def _wait_for_a_later_minute(self, agent: _Agent) -> None:
+        """Before session/load: wait out the UTC minute the session was created in, for the agents
+        of LOAD_IN_A_LATER_MINUTE (at most a minute, once per session and only that soon)."""
+        info = agent.init.agent_info
+        if info is None or info.name not in LOAD_IN_A_LATER_MINUTE or self.created_at is None:
+            return
+        created = self.created_at.timestamp()
+        delay = (created // 60 + 1) * 60 + LOAD_MINUTE_MARGIN_S - _dt.datetime.now(_dt.timezone.utc).timestamp()
+        if delay > 0:
+            log.info("acp.load_waits_for_a_later_minute", agent=info.name, version=info.version, session=self.id,
+                     wait_s=round(delay, 1), why="a load in the minute the session was created loses its transcript")
+            await trio.sleep(delay)
 
     def _apply_setup(self, setup: s.SessionSetup) -> None:
         self._models = setup.models
