@@ -118,7 +118,13 @@ class Prompter:
         label = shorten(q.header or q.text, 40) if several else ""
         while True:
             if q.field is not None:
-                prompt = f"  {q.field.name} ({field_hint(q)}): "
+                hint = field_hint(q)
+                many = q.field.type == "array"
+                if q.choices and q.field.type != "boolean":
+                    hint += ", " + ("numbers or names, comma-separated" if many else "a number or a name")
+                elif many:
+                    hint += ", comma-separated"
+                prompt = f"  {q.field.name} ({hint}): "
             elif q.choices:
                 rng = f"1-{len(q.choices)}"
                 how = f"{rng}, comma-separated" if q.multiple else rng

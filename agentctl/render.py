@@ -33,6 +33,7 @@ from agentd.contract import (
     Question,
     Subagent,
     SubagentStatus,
+    TodoList,
     ToolStatus,
     Turn,
     TurnState,
@@ -90,6 +91,9 @@ class Style:
     def cyan(self, t: str) -> str:
         return self._sgr("36", t)
 
+
+#: lines of a finished tool's output shown under it (the end of it)
+TOOL_OUTPUT_LINES = 3
 
 _GLYPHS_UNICODE = {
     "prompt": "›",
@@ -333,6 +337,7 @@ class Renderer:
         self._subagents: dict[str, Subagent] = {}
         self._sub_status: dict[str, str] = {}
         self._title = ""
+        self._todos_line = ""
 
     # -------------------------------------------------------------- output primitives
 
@@ -508,6 +513,12 @@ class Renderer:
         if rewrite:
             self._write("\x1b[1A\r\x1b[2K")
         self.line(text, key=("tool", key))
+        if status == "completed" and t.output:
+            # The end of what it printed, as a terminal would have shown it last.
+            lines = [ln for ln in t.output.splitlines() if ln.strip()][-TOOL_OUTPUT_LINES:]
+            indent = " " * (len(self.g["tool_ok"]) + 1)
+            for ln in lines:
+                self.line(self.style.dim(indent + shorten(ln, max(10, self.width - len(self.prefix) - len(indent)), self.g["ellipsis"])))
 
     def _on_delta(self, rec: wire.Record, d: Delta) -> None:
         self.delta(d)
@@ -662,6 +673,26 @@ class Renderer:
         why = f": {sub.error}" if sub.error else ""
         self.line(paint(f"{self.g['sub_end']} subagent {name} {status}{why}"))
 
+    def _on_todos(self, rec: wire.Record, todos: TodoList) -> None:
+        self.todos(todos)
+
+    def todos(self, todos: TodoList) -> None:
+        """One line: how many are done, which are in progress (the same line is not repeated)."""
+        if not todos.known or not todos.todos:
+            return
+        items = todos.todos
+        done = sum(t.status == "done" for t in items)
+        text = f"{self.g['info']} todos: {done}/{len(items)} done"
+        now = [t.title for t in items if t.status == "in_progress"]
+        if now:
+            text += "; now: " + ", ".join(now)
+        blocked = sum(t.status == "blocked" for t in items)
+        if blocked:
+            text += f"; {blocked} blocked"
+        if text != self._todos_line:
+            self._todos_line = text
+            self.line(self.style.dim(shorten(text, max(20, self.width - len(self.prefix)), self.g["ellipsis"])))
+
     def _on_title(self, rec: wire.Record, title: str) -> None:
         if title == self._title:
             return
@@ -732,6 +763,8 @@ class Renderer:
         if self.stream_deltas:
             for it in self.unshown_items(snap):
                 self.item(Item(id=it.id, kind=ItemKind(it.kind), text=it.text))
+        if snap.todos is not None:
+            self.todos(snap.todos)  # live-only records: a replay has not shown them
         due, self._hints_due = self._hints_due, {}
         self.replay = False
         for inter in snap.pending:

@@ -465,9 +465,11 @@ def test_a_form_prompt_re_asks_a_field_until_it_fits() -> None:
     )
     replies = iter(["", "50", "abc", "5", "y", "1,2"])
     said: list[str] = []
-    p = Prompter(lambda prompt: next(replies), said.append)
+    prompts: list[str] = []
+    p = Prompter(lambda prompt: prompts.append(prompt) or next(replies), said.append)
     answer = p.ask(inter)
     assert answer.answers == [["5"], ["yes"], ["Tools", "Subagents"]]
+    assert prompts[-1] == "  topics (array, >= 1 choices, optional, numbers or names, comma-separated): "
     c.validate_answer(inter, answer)
     assert any("required" in s for s in said)
     assert any("<= 20" in s for s in said)
@@ -546,3 +548,20 @@ def test_turn_outcomes_map_to_exit_codes() -> None:
     assert exitcodes.for_turn(c.TurnState.CANCELLED) == 3
     assert exitcodes.for_turn("cancelled") == 3
     assert (exitcodes.NEEDS_ACTION, exitcodes.UNREACHABLE, exitcodes.USAGE) == (4, 5, 2)
+
+
+def test_a_finished_tool_shows_the_end_of_its_output_and_todos_show_progress() -> None:
+    done = c.Item(id="t2", kind=c.ItemKind.TOOL, tool=c.ToolCall(
+        name="bash", input="make", status=c.ToolStatus.COMPLETED, exit_code=0,
+        output="cc -c a.c\n\ncc -c b.c\ncc -o app a.o b.o\nbuilt app\n"))
+    todos = c.TodoList(todos=[c.Todo(id="1", title="Build", status="done"), c.Todo(id="2", title="Test", status="in_progress"),
+                              c.Todo(id="3", title="Ship", status="blocked")])
+    text = render([rec("item", done), rec("todos", todos), rec("todos", todos),
+                   rec("todos", c.TodoList(known=False))])
+    assert text == (
+        "✓ bash make  completed, exit 0\n"
+        "  cc -c b.c\n"
+        "  cc -o app a.o b.o\n"
+        "  built app\n"
+        "· todos: 1/3 done; now: Test; 1 blocked\n"  # shown once while it stays the same; unknown: nothing
+    )
