@@ -517,8 +517,9 @@ class Renderer:
             # The end of what it printed, as a terminal would have shown it last.
             lines = [ln for ln in t.output.splitlines() if ln.strip()][-TOOL_OUTPUT_LINES:]
             indent = " " * (len(self.g["tool_ok"]) + 1)
+            room = max(10, self.width - len(self.prefix) - len(indent) - (len(self._agent_name(item.agent_id)) + 3 if lead else 0))
             for ln in lines:
-                self.line(self.style.dim(indent + shorten(ln, max(10, self.width - len(self.prefix) - len(indent)), self.g["ellipsis"])))
+                self.line(lead + self.style.dim(indent + shorten(ln, room, self.g["ellipsis"])))
 
     def _on_delta(self, rec: wire.Record, d: Delta) -> None:
         self.delta(d)

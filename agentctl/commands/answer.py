@@ -164,7 +164,13 @@ def _build_answer(
         if not idx:
             names = ", ".join(q.field.name for q in qs if q.field is not None) or "none"
             raise Fail(exitcodes.INVALID, f"{inter.id} has no field {name!r} (fields: {names})")
-        answers[idx[0]].append(value)
+        q = qs[idx[0]]
+        assert q.field is not None
+        if q.field.type == "array" and "," in value and value not in q.choices and value not in q.field.values:
+            # several choices in one flag, as the terminal prompt takes them (repeating --field works too)
+            answers[idx[0]].extend(v.strip() for v in value.split(",") if v.strip())
+        else:
+            answers[idx[0]].append(value)
     plain = [i for i, q in enumerate(qs) if q.field is None] or list(range(len(qs)))
     for c in choices:
         offered = [i for i in plain if c in qs[i].choices]

@@ -378,6 +378,8 @@ def test_choices_texts_and_fields_go_to_their_questions() -> None:
     )
     a = build(inter, choices=["blue"], texts=["because"], fields=["age=7", "tags=a", "tags=b"])
     assert a.answers == [["blue"], ["because"], ["7"], ["a", "b"]]
+    # several choices of an array field in one flag, split at commas as the terminal prompt does
+    assert build(inter, fields=["tags=a, b", "tags=c"]).answers[3] == ["a", "b", "c"]
     with pytest.raises(Fail) as exc:
         build(inter, fields=["height=3"])
     assert exc.value.code == exitcodes.INVALID
