@@ -529,7 +529,7 @@ def _autostart(path: str, notify: Any) -> socket.socket:
         if log_fd is not None:
             os.close(log_fd)
     if notify is not None:
-        notify(f"started agentd (pid {proc.pid}); log: {log_path or '/dev/null'}")
+        notify(f"starting agentd (pid {proc.pid}); log: {log_path or '/dev/null'}")
     deadline = time.monotonic() + AUTOSTART_TIMEOUT_S
     last: OSError | None = None
     while time.monotonic() < deadline:

@@ -531,13 +531,13 @@ def test_autostart_starts_agentd_once_and_reuses_it(tmp_path: Path) -> None:
     env.pop("AGENTD_NO_AUTOSTART", None)
     first = subprocess.run([sys.executable, "-m", "agentctl", "status", "--json"], env=env,
                            capture_output=True, text=True, timeout=30, cwd=tmp_path)
-    started = re.search(r"started agentd \(pid (\d+)\)", first.stderr)
+    started = re.search(r"starting agentd \(pid (\d+)\)", first.stderr)
     assert started, first.stderr
     pid = int(started.group(1))
     try:
         assert first.returncode == 0, first.stderr
         assert one_json(first)["pid"] == pid
-        assert f"started agentd (pid {pid}); log: {rundir / 'agentd.log'}" in first.stderr
+        assert f"starting agentd (pid {pid}); log: {rundir / 'agentd.log'}" in first.stderr
         assert one_json(first)["socket"] == str(rundir / "agentd.sock")
         second = subprocess.run([sys.executable, "-m", "agentctl", "status", "--json"], env=env,
                                 capture_output=True, text=True, timeout=30, cwd=tmp_path)
