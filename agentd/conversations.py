@@ -126,6 +126,9 @@ class _Live:
         self.pending: dict[str, c.Interaction] = {}
         #: interactions the daemon answered itself (yolo, timeout), until the provider resolves them
         self.auto_answered: set[str] = set()
+        #: interactions whose answer is being handed to the provider -> the provider's resolution
+        #: that came meanwhile (journaled after the answer record, so the answer comes first)
+        self.responding: dict[str, tuple[str, bytes, str] | None] = {}
         #: text so far of the turn's streamed items: id -> (kind, agent_id, chunks)
         self.items: dict[str, tuple[str, str, list[str]]] = {}
         self.todos: c.TodoList | None = None
@@ -725,6 +728,9 @@ class ConversationService:
                 data = _json.encode(msgspec.structs.replace(inter, auto=True))
             if not live.pending and live.record.state is _S.REQUIRES_ACTION:
                 self._set_state(live, _S.RUNNING)
+            if inter.id in live.responding:
+                live.responding[inter.id] = (type_, data, run)  # _respond journals it after the answer
+                return
         elif isinstance(event, c.TurnEvent):
             turn = event.turn
             if not turn.state.terminal:
@@ -874,10 +880,19 @@ class ConversationService:
             live.auto_answered.add(interaction_id)
         if live.conv is None:
             raise c.InteractionGone("the provider conversation ended; the interaction can no longer be answered")
-        await live.conv.respond(interaction_id, answer)
-        # Journaled after the provider took it: an answer it refused is not recorded as given.
-        rec = c.AnswerRecord(interaction_id=interaction_id, answer=answer, auto=auto, by=by)
-        await self._append(live, "answer", _json.encode(rec), run=live.run)
+        live.responding[interaction_id] = None
+        try:
+            await live.conv.respond(interaction_id, answer)
+            # Journaled after the provider took it: an answer it refused is not recorded as given.
+            rec = c.AnswerRecord(interaction_id=interaction_id, answer=answer, auto=auto, by=by)
+            await self._append(live, "answer", _json.encode(rec), run=live.run)
+        finally:
+            # The provider's resolution, if it came meanwhile, goes after the answer (a reader sees
+            # who answered first), or alone when the answer failed.
+            resolution = live.responding.pop(interaction_id, None)
+            if resolution is not None:
+                with trio.CancelScope(shield=True):
+                    await self._append_or_publish(live, resolution[0], resolution[1], run=resolution[2])
 
     # ------------------------------------------------------------------ turns
 

@@ -226,7 +226,16 @@ def test_answers_from_another_client_and_invalid_answers_are_refused(daemon: Dae
     assert (workdir / "ran.txt").read_text() == "ran\n"
     answers = [msgspec.json.decode(r.data) for r in records if r.type == "answer"]
     assert [a.get("auto", False) for a in answers] == [False, False]
+    assert all(a["by"].startswith("pid ") for a in answers), answers
     assert any("teal" in msgspec.json.decode(r.data).get("text", "") for r in records if r.type == "item")
+    # Each answer (who gave it) is journaled before the provider's resolution of its interaction,
+    # though the provider resolves it while agentd hands the answer over (the script provider
+    # then yields, and trio may run the pump first).
+    order = [(r.type, msgspec.json.decode(r.data).get("interaction_id") or msgspec.json.decode(r.data).get("id"))
+             for r in records if r.type == "answer" or (r.type == "interaction"
+                                                        and msgspec.json.decode(r.data).get("state", "pending") != "pending")]
+    assert order == [("answer", perm["id"]), ("interaction", perm["id"]),
+                     ("answer", question["id"]), ("interaction", question["id"])], order
 
 
 def test_yolo_answers_permissions_allow_once_and_the_journal_says_so(daemon: Daemon, workdir: Path) -> None:
