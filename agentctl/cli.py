@@ -175,12 +175,11 @@ class AgentctlGroup(click.Group):
         try:
             return super().resolve_command(ctx, args)
         except click.UsageError as exc:
-            # click >= 8.4 suggests close names ("Did you mean 'status'?") among the
-            # commands loaded so far: suggest among all of them.
-            no_such = getattr(click.exceptions, "NoSuchCommand", None)
-            if no_such is None or not isinstance(exc, no_such):
+            # click suggests close names ("Did you mean 'status'?") among the commands
+            # loaded so far: suggest among all of them.
+            if not isinstance(exc, click.exceptions.NoSuchCommand):
                 raise
-            raise no_such(exc.command_name, possibilities=self.list_commands(ctx), ctx=ctx) from None
+            raise click.exceptions.NoSuchCommand(exc.command_name, possibilities=self.list_commands(ctx), ctx=ctx) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

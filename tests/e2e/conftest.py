@@ -34,6 +34,7 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from environment import unavailable  # noqa: E402
 from installs import install_copilot_cli  # noqa: E402  (tests/bench imports it from here too)
 from modelserver import ModelServer  # noqa: E402
 
@@ -46,9 +47,7 @@ def copilot_cli() -> str:
     try:
         return str(install_copilot_cli())
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-        reason = f"the Copilot CLI could not be installed: {exc}"
-        print(f"\nSKIP: {reason}", file=sys.stderr)
-        pytest.skip(reason)
+        unavailable(f"the Copilot CLI could not be installed: {exc}")
 
 
 @pytest.fixture
@@ -127,10 +126,11 @@ def pytest_runtest_makereport(item, call):
         return
     notes: list[str] = []
     if report.skipped:
-        reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        result = "unsupported" if "unsupported:" in reason else "skipped"
+        result = "skipped"
     elif report.failed:
         result = "fail"
+    elif any(name == "unsupported" for name, _ in item.user_properties):
+        result = "unsupported"  # the runtime reports the scenario's capability false (checked)
     else:
         notes = sorted({value for name, value in item.user_properties if name == "note"})
         result = "pass"

@@ -12,12 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import pathlib
-import sys
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
+from environment import unavailable
 from modelserver import ModelServer
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -29,11 +27,6 @@ RUNTIMES = ["script", "copilot", "claude", "acp:claude", "acp:gemini", "acp:copi
 
 LONG_TEXT = " ".join(f"word{i}" for i in range(400))
 q = json.dumps  # a JSON string is a valid TOML basic string
-
-
-def _skip(reason: str) -> None:
-    print(f"\nSKIP: {reason}", file=sys.stderr)
-    pytest.skip(reason)
 
 
 class Runtime:
@@ -139,7 +132,7 @@ class CopilotRuntime(Runtime):
         try:
             cli = install_copilot_cli()
         except (RuntimeError, OSError) as exc:
-            _skip(f"the Copilot CLI could not be installed: {exc}")
+            unavailable(f"the Copilot CLI could not be installed: {exc}")
         self.server = ModelServer(root / "model-requests.jsonl", model=MODEL)
         self.server.start()
         home = root / "copilot-home"
@@ -167,7 +160,7 @@ class ClaudeRuntime(Runtime):
 
         cli = bundled_cli() or shutil.which("claude")
         if not cli:
-            _skip("Claude Code is not installed: `pip install claude-agent-sdk` bundles it")
+            unavailable("Claude Code is not installed: `pip install claude-agent-sdk` bundles it")
         self.server = ModelServer(root / "model-requests.jsonl", model=MODEL)
         self.server.start()
         config_dir, home = root / "claude-config", root / "claude-home"
@@ -222,7 +215,7 @@ class AcpRuntime(Runtime):
             else:
                 bins = acp_agents.install_acp_agents()
         except (RuntimeError, OSError) as exc:
-            _skip(f"the ACP agent {agent} could not be installed: {exc}")
+            unavailable(f"the ACP agent {agent} could not be installed: {exc}")
         self.server = ModelServer(root / "model-requests.jsonl", model=MODEL)
         self.server.start()
         base = self.server.url.removesuffix("/v1")

@@ -22,6 +22,7 @@ import trio
 from agentd import contract as c
 from agentd.providers.claude import bundled_cli
 from modelserver import ModelServer
+from environment import unavailable
 from test_claude_provider import ListSink as ClaudeSink
 from test_claude_provider import claude_config_for
 from test_claude_provider import start_provider as start_claude
@@ -77,7 +78,7 @@ async def test_claude_gets_images_inline_and_every_file_by_path(
 ) -> None:
     cli = bundled_cli() or shutil.which("claude")
     if not cli:
-        pytest.skip("Claude Code is not installed: `pip install claude-agent-sdk` (its wheel bundles the binary)")
+        unavailable("Claude Code is not installed: `pip install claude-agent-sdk` (its wheel bundles the binary)")
     provider, _ = await start_claude(nursery, claude_config_for(cli, model_server, tmp_path, model_key_env),
                                      tmp_path / "state")
     assert provider.capabilities().attachments

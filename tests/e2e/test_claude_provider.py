@@ -14,7 +14,6 @@ import os
 import pathlib
 import shutil
 import signal
-import sys
 import time
 import uuid
 from typing import Any
@@ -26,6 +25,7 @@ from agentd import contract as c
 from agentd.config import ClaudeConfig
 from agentd.providers.claude import ClaudeConversation, ClaudeProvider, bundled_cli
 import provider_sinks
+from environment import unavailable
 from modelserver import DEFAULT_FINAL_TEXT, DEFAULT_TEXT, ModelServer
 
 pytestmark = pytest.mark.e2e
@@ -42,9 +42,7 @@ def claude_cli() -> str:
     """The Claude Code binary from the claude-agent-sdk wheel (else `claude` on PATH); skips when absent."""
     exe = bundled_cli() or shutil.which("claude") or ""
     if not exe:
-        reason = "Claude Code is not installed: `pip install claude-agent-sdk` (its wheel bundles the binary)"
-        print(f"\nSKIP: {reason}", file=sys.stderr)
-        pytest.skip(reason)
+        unavailable("Claude Code is not installed: `pip install claude-agent-sdk` (its wheel bundles the binary)")
     return exe
 
 

@@ -151,15 +151,24 @@ def daemon(runtime: Runtime, tmp_path: Path) -> Iterator[Daemon]:
         d.stop()
 
 
-def _require(d: Daemon, runtime: Runtime, scenario: str) -> dict[str, Any]:
+def _supported(d: Daemon, runtime: Runtime, scenario: str, request: pytest.FixtureRequest) -> bool:
+    """Whether the runtime can do ``scenario`` by the capabilities the real daemon reports.
+
+    A scenario it cannot do is its matrix cell ``unsupported``: the test checks that the
+    runtime says so outright (each capability present and false), and goes no further.
+    """
     providers = {p["name"]: p for p in _json(d.agentctl("providers", "--json"))["providers"]}
     info = providers[runtime.provider]
     assert info["available"], f"{runtime.provider} is not available: {info.get('error')}"
     caps = info["capabilities"]
     missing = [cap for cap in SCENARIOS[scenario] if not caps.get(cap)]
-    if missing:
-        pytest.skip(f"unsupported: {runtime.name} reports {', '.join(missing)} = false")
-    return caps
+    if not missing:
+        return True
+    assert all(caps.get(cap) is False for cap in missing), f"{runtime.name} does not report {missing}: {caps}"
+    why = f"{runtime.name} reports {', '.join(missing)} = false"
+    print(f"\nunsupported: {why}")
+    request.node.user_properties.append(("unsupported", why))
+    return False
 
 
 def _new(d: Daemon, runtime: Runtime, workdir: Path, scenario: str, *extra: str) -> str:
@@ -177,8 +186,9 @@ def _new(d: Daemon, runtime: Runtime, workdir: Path, scenario: str, *extra: str)
 
 
 @pytest.mark.parametrize("scenario", ["text"])
-def test_text_turn_is_streamed_and_journaled(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str) -> None:
-    _require(daemon, runtime, scenario)
+def test_text_turn_is_streamed_and_journaled(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str, request: pytest.FixtureRequest) -> None:
+    if not _supported(daemon, runtime, scenario, request):
+        return
     runtime.text_only("Hello from the conformance suite, streamed in pieces.")
     cid = _new(daemon, runtime, workdir, scenario)
     follower = Follower(daemon, cid, "Say hello")
@@ -193,8 +203,9 @@ def test_text_turn_is_streamed_and_journaled(runtime: Runtime, daemon: Daemon, w
 
 
 @pytest.mark.parametrize("scenario", ["permission"])
-def test_permission_allow_runs_the_tool_and_deny_does_not(runtime: Runtime, daemon: Daemon, tmp_path: Path, scenario: str) -> None:
-    _require(daemon, runtime, scenario)
+def test_permission_allow_runs_the_tool_and_deny_does_not(runtime: Runtime, daemon: Daemon, tmp_path: Path, scenario: str, request: pytest.FixtureRequest) -> None:
+    if not _supported(daemon, runtime, scenario, request):
+        return
     runtime.call_tool(COMMAND)
     for decision in ("--allow", "--deny"):
         workdir = tmp_path / f"work{decision}"
@@ -217,8 +228,9 @@ def test_permission_allow_runs_the_tool_and_deny_does_not(runtime: Runtime, daem
 
 
 @pytest.mark.parametrize("scenario", ["yolo"])
-def test_yolo_answers_the_permission_allow_once_with_no_person(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str) -> None:
-    _require(daemon, runtime, scenario)
+def test_yolo_answers_the_permission_allow_once_with_no_person(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str, request: pytest.FixtureRequest) -> None:
+    if not _supported(daemon, runtime, scenario, request):
+        return
     runtime.call_tool(COMMAND)
     cid = _new(daemon, runtime, workdir, scenario, "--yolo")
     follower = Follower(daemon, cid, "Run the command")
@@ -232,8 +244,9 @@ def test_yolo_answers_the_permission_allow_once_with_no_person(runtime: Runtime,
 
 
 @pytest.mark.parametrize("scenario", ["cancel"])
-def test_cancel_during_a_slow_answer_ends_cancelled_within_a_second(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str) -> None:
-    _require(daemon, runtime, scenario)
+def test_cancel_during_a_slow_answer_ends_cancelled_within_a_second(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str, request: pytest.FixtureRequest) -> None:
+    if not _supported(daemon, runtime, scenario, request):
+        return
     runtime.slow_text()
     cid = _new(daemon, runtime, workdir, scenario)
     follower = Follower(daemon, cid, "Tell me a long story")
@@ -255,8 +268,9 @@ def test_cancel_during_a_slow_answer_ends_cancelled_within_a_second(runtime: Run
 
 
 @pytest.mark.parametrize("scenario", ["restart"])
-def test_restart_reopens_by_id_and_the_follow_up_carries_the_earlier_turns(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str) -> None:
-    _require(daemon, runtime, scenario)
+def test_restart_reopens_by_id_and_the_follow_up_carries_the_earlier_turns(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str, request: pytest.FixtureRequest) -> None:
+    if not _supported(daemon, runtime, scenario, request):
+        return
     runtime.text_only("Nice to meet you.")
     cid = _new(daemon, runtime, workdir, scenario)
     first = Follower(daemon, cid, "My name is Ada Lovelace")
@@ -271,8 +285,9 @@ def test_restart_reopens_by_id_and_the_follow_up_carries_the_earlier_turns(runti
 
 
 @pytest.mark.parametrize("scenario", ["runtime_killed"])
-def test_runtime_killed_mid_turn_fails_the_turn_and_the_next_prompt_works(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str) -> None:
-    _require(daemon, runtime, scenario)
+def test_runtime_killed_mid_turn_fails_the_turn_and_the_next_prompt_works(runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str, request: pytest.FixtureRequest) -> None:
+    if not _supported(daemon, runtime, scenario, request):
+        return
     runtime.slow_text()
     cid = _new(daemon, runtime, workdir, scenario)
     follower = Follower(daemon, cid, "Tell me a long story")
@@ -305,7 +320,8 @@ def test_model_endpoint_failure_ends_the_turn_with_the_runtime_report(
     model failure as answer text and end the turn normally; agentd passes that
     on faithfully (it never invents a failure), and the matrix notes it.
     """
-    _require(daemon, runtime, scenario)
+    if not _supported(daemon, runtime, scenario, request):
+        return
     answer = "This answer never arrives whole, it is cut or refused."
     runtime.text_only(answer)
     if failure == "http_500":
