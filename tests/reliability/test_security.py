@@ -206,36 +206,32 @@ CANARY_ENV = "canary-agent-env-7c1e9b3a5d2f4e6a8b0c"  # a value in an ACP agent'
 CANARY_CLI = "canary-agentctl-env-1a2b3c4d5e6f7a8b9c0d"  # in the environment agentctl sends prompts from
 
 
-def _copilot_cli() -> str | None:
-    """The Copilot CLI of the e2e tests, installed (once, under their lock) if need be; None when it cannot be."""
+def _copilot_cli() -> str:
+    """The Copilot CLI of the e2e tests, installed (once, under their lock) if need be."""
     if str(REPO / "tests" / "e2e") not in sys.path:
         sys.path.insert(0, str(REPO / "tests" / "e2e"))
     from installs import install_copilot_cli  # tests/e2e/installs.py
 
     try:
         return str(install_copilot_cli())
-    except (RuntimeError, OSError, subprocess.TimeoutExpired):
-        return None
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        unavailable(f"the Copilot CLI could not be installed: {exc}")
 
 
 def test_secrets_canary_appears_in_no_journal_log_json_output_or_error(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     (work / "notes.txt").write_text("nothing secret here\n")
-    model_server = None
-    cli = _copilot_cli()
-    copilot = ""
-    if cli is not None:
-        sys.path.insert(0, str(REPO / "tests" / "e2e"))
-        from modelserver import ModelServer  # the scripted OpenAI-compatible model server of the e2e tests
+    cli = _copilot_cli()  # also puts tests/e2e on sys.path
+    from modelserver import ModelServer  # the scripted OpenAI-compatible model server of the e2e tests
 
-        model_server = ModelServer(tmp_path / "model-requests.jsonl", model="canary-model")
-        model_server.start()
-        home = tmp_path / "copilot-home"
-        home.mkdir()
-        copilot = (f'[providers.copilot]\nenabled = true\ncli_path = {json.dumps(cli)}\ncopilot_home = {json.dumps(str(home))}\n'
-                   f'[providers.copilot.byok]\ntype = "openai"\nbase_url = {json.dumps(model_server.url)}\n'
-                   f'api_key_env = "AGENTD_CANARY_KEY"\nmodel = "canary-model"\n')
+    model_server = ModelServer(tmp_path / "model-requests.jsonl", model="canary-model")
+    model_server.start()
+    home = tmp_path / "copilot-home"
+    home.mkdir()
+    copilot = (f'[providers.copilot]\nenabled = true\ncli_path = {json.dumps(cli)}\ncopilot_home = {json.dumps(str(home))}\n'
+               f'[providers.copilot.byok]\ntype = "openai"\nbase_url = {json.dumps(model_server.url)}\n'
+               f'api_key_env = "AGENTD_CANARY_KEY"\nmodel = "canary-model"\n')
     config = f"""
 [providers.acp.fault]
 command = [{json.dumps(sys.executable)}, {json.dumps(str(AGENT))}]
@@ -243,7 +239,7 @@ env = {{ FAULT_TOKEN = {json.dumps(CANARY_ENV)}, OPENAI_API_KEY = {json.dumps(CA
 """
     root = tmp_path / "d"
     root.mkdir()
-    d = Daemon(root, (copilot or "[providers.copilot]\nenabled = false\n") + "[providers.claude]\nenabled = false\n" + config,
+    d = Daemon(root, copilot + "[providers.claude]\nenabled = false\n" + config,
                env={"AGENTD_CANARY_KEY": CANARY_KEY, "OPENAI_API_KEY": CANARY_KEY, "ANTHROPIC_API_KEY": CANARY_KEY})
     d.start(timeout=60)
     outputs: list[str] = []
@@ -271,12 +267,11 @@ env = {{ FAULT_TOKEN = {json.dumps(CANARY_ENV)}, OPENAI_API_KEY = {json.dumps(CA
         ctl("run", "--provider", "acp:fault", "--cwd", str(work), "--json", "crash", ok=False)  # a failed turn
         ctl("send", "no-such-conversation", "hi", "--json", ok=False)  # an error
         ctl("models", "--provider", "copilot", "--json", ok=False)
-        if model_server is not None:
-            # A real Copilot CLI turn on the bring-your-own-key endpoint: the key is read and used.
-            model_server.answer_text_only()
-            out = ctl("run", "--provider", "copilot", "--cwd", str(work), "--json", "say hi")
-            assert json.loads(out.strip().splitlines()[-1])["state"] == "completed"
-            assert model_server.model_requests, "the Copilot CLI never called the model: the canary proves nothing"
+        # A real Copilot CLI turn on the bring-your-own-key endpoint: the key is read and used.
+        model_server.answer_text_only()
+        out = ctl("run", "--provider", "copilot", "--cwd", str(work), "--json", "say hi")
+        assert json.loads(out.strip().splitlines()[-1])["state"] == "completed"
+        assert model_server.model_requests, "the Copilot CLI never called the model: the canary proves nothing"
         with d.client() as client:
             for conv in (cid, acp):
                 client.subscribe(conv, after=0)
@@ -286,8 +281,7 @@ env = {{ FAULT_TOKEN = {json.dumps(CANARY_ENV)}, OPENAI_API_KEY = {json.dumps(CA
                         break
     finally:
         d.stop()
-        if model_server is not None:
-            model_server.stop()
+        model_server.stop()
     leaks = []
     for canary in (CANARY_KEY, CANARY_ENV, CANARY_CLI):
         for path in [d.log, d.config.parent / "agentd.log", *d.state_dir.rglob("*")]:
