@@ -89,18 +89,19 @@ _matrix: dict[tuple[str, str], str] = {}
 _notes: dict[tuple[str, str], set[str]] = collections.defaultdict(set)
 #: runtime/scenario -> its place in the matrix
 _order: dict[str, int] = {}
-#: how many cells the full matrix has (every runtime x every scenario)
-_cells = [0]
+#: how many cells the full matrix has (every runtime x every scenario), as the cells say
+_cells_total = 0
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    global _cells_total
     cell = getattr(report, "conformance", None)
     if not cell:
         return
     runtime, scenario, result = cell["runtime"], cell["scenario"], cell["result"]
     _order.setdefault(f"runtime:{runtime}", cell["order"][0])
     _order.setdefault(f"scenario:{scenario}", cell["order"][1])
-    _cells[0] = cell.get("cells", 0)
+    _cells_total = cell["cells"]
     key = (runtime, scenario)
     if key not in _matrix or _RANK[result] >= _RANK[_matrix[key]]:
         _matrix[key] = result
@@ -176,7 +177,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         table = _matrix_table()
         terminalreporter.write_sep("=", "conformance matrix (runtime x scenario)")
         terminalreporter.write_line(table)
-        if len(_matrix) >= _cells[0]:
+        if len(_matrix) >= _cells_total:
             MATRIX_FILE.write_text(table + "\n")
         else:  # a partial run (-k, one file, -x) must not replace the full matrix in the repo
-            terminalreporter.write_line(f"(partial: {len(_matrix)} of {_cells[0]} cells; {MATRIX_FILE.name} left as it was)")
+            terminalreporter.write_line(f"(partial: {len(_matrix)} of {_cells_total} cells; {MATRIX_FILE.name} left as it was)")

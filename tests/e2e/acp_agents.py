@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 from typing import Any
 
 from agentd.config import AcpAgentConfig
@@ -27,20 +26,12 @@ def install_acp_agents(root: pathlib.Path = ACP_DIR) -> pathlib.Path:
     One process at a time (installs.py's file lock). Raises RuntimeError (with
     npm's output) when npm is missing or fails.
     """
-    from installs import install_lock, npm_ci
+    from installs import npm_installed
 
     bins = root / "node_modules" / ".bin"
     wanted = [bins / "claude-agent-acp", bins / "gemini"]
-    with install_lock(root):
-        if all(p.exists() for p in wanted):
-            return bins
-        if shutil.which("npm") is None:
-            raise RuntimeError("npm is not installed, so the ACP agents (npm packages) cannot be installed")
-        npm_ci(root, timeout=900)
-        missing = [p.name for p in wanted if not p.exists()]
-        if missing:
-            raise RuntimeError(f"`npm ci` in {root} installed no {', '.join(missing)}")
-        return bins
+    return npm_installed(root, lambda: bins if all(p.exists() for p in wanted) else None,
+                         "ACP agents (claude-agent-acp, gemini)", timeout=900)
 
 
 def _isolated_env(tmp: pathlib.Path) -> dict[str, str]:

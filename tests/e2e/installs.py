@@ -18,9 +18,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 HERE = pathlib.Path(__file__).resolve().parent
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -36,11 +38,27 @@ def install_lock(root: pathlib.Path, timeout: float = 1200.0) -> Iterator[None]:
         yield
 
 
-def npm_ci(root: pathlib.Path, timeout: float) -> None:
-    """``npm ci`` in ``root``; RuntimeError (with npm's output) when npm is missing or fails."""
-    npm = shutil.which("npm")
-    if npm is None:
-        raise RuntimeError(f"npm is not installed, so the npm packages of {root} cannot be installed")
+def npm_installed(root: pathlib.Path, find: Callable[[], T | None], what: str, timeout: float) -> T:
+    """``find()`` under ``root``, after ``npm ci`` there when it finds nothing (under install_lock).
+
+    ``what`` names the package(s) for errors. Raises RuntimeError (with npm's output) when npm
+    is missing or fails, or when ``find()`` still finds nothing after it.
+    """
+    with install_lock(root):
+        found = find()
+        if found is not None:
+            return found
+        npm = shutil.which("npm")
+        if npm is None:
+            raise RuntimeError(f"npm is not installed, so {what} cannot be installed")
+        _npm_ci(npm, root, timeout)
+        found = find()
+        if found is None:
+            raise RuntimeError(f"`npm ci` in {root} installed no {what}")
+        return found
+
+
+def _npm_ci(npm: str, root: pathlib.Path, timeout: float) -> None:
     proc = subprocess.run(
         [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
         cwd=root,
@@ -68,14 +86,5 @@ def install_copilot_cli(root: pathlib.Path = HERE) -> pathlib.Path:
 
     Raises RuntimeError (with npm's output) when npm is missing or fails.
     """
-    with install_lock(root):
-        exe = native_cli(root)
-        if exe is not None:
-            return exe
-        if shutil.which("npm") is None:
-            raise RuntimeError("npm is not installed, so the Copilot CLI (npm @github/copilot) cannot be installed")
-        npm_ci(root, timeout=600)
-        exe = native_cli(root)
-        if exe is None:
-            raise RuntimeError(f"`npm ci` in {root} installed no Copilot CLI binary for {sys.platform}/{platform.machine()}")
-        return exe
+    what = f"Copilot CLI (npm @github/copilot) binary for {sys.platform}/{platform.machine()}"
+    return npm_installed(root, lambda: native_cli(root), what, timeout=600)

@@ -353,21 +353,16 @@ def fsync_timer(monkeypatch: pytest.MonkeyPatch) -> journal_mod._FsyncTimer:
     return timer
 
 
-_real_run_sync = trio.to_thread.run_sync
-
-
-def _counting(calls: list[object]):  # type: ignore[no-untyped-def]
-    async def counting(fn, *args, **kw):  # type: ignore[no-untyped-def]
-        calls.append(fn)
-        return await _real_run_sync(fn, *args, **kw)
-
-    return counting
-
-
 def fsync_threads(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Records each hand-off of an fsync to a worker thread."""
     calls: list[object] = []
-    monkeypatch.setattr(trio.to_thread, "run_sync", _counting(calls))
+    real = trio.to_thread.run_sync
+
+    async def counting(fn, *args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(fn)
+        return await real(fn, *args, **kw)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counting)
     return calls
 
 

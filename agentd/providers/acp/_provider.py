@@ -1006,7 +1006,7 @@ class AcpConversation:
         if info is None or info.name not in LOAD_IN_A_LATER_MINUTE or self.created_at is None:
             return
         created = self.created_at.timestamp()
-        delay = (created // 60 + 1) * 60 + LOAD_MINUTE_MARGIN_S - _dt.datetime.now(_dt.timezone.utc).timestamp()
+        delay = (created // 60 + 1) * 60 + LOAD_MINUTE_MARGIN_S - utcnow().timestamp()
         if delay > 0:
             log.info("acp.load_waits_for_a_later_minute", agent=info.name, version=info.version, session=self.id,
                      wait_s=round(delay, 1), why="a load in the minute the session was created loses its transcript")
