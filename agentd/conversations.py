@@ -331,6 +331,7 @@ class ConversationService:
                 error = "agentd stopped before this queued prompt was sent; it was not sent"
             turn = c.Turn(state=c.TurnState.FAILED, reason=c.RUN_INTERRUPTED, error=error)
             await self._append(live, "turn", _json.encode(turn), run=run)
+            ended.add(run)  # one end a run, even if the record lists it twice (active and queued)
         record.active_run = ""
         record.queued = []
         record.state = _S.IDLE
@@ -798,8 +799,16 @@ class ConversationService:
             next_run, text = live.queue.popleft()
             # Handed over at once: a prompt sent before the queued one starts is queued behind it,
             # never started ahead of it (which also left the provider busy under the next start).
-            live.record.active_run = next_run
+            self._make_active(live.record, next_run)
             self._spawn(self._start_queued, live, next_run, text)
+
+    @staticmethod
+    def _make_active(record: wire.ConversationRecord, run: str) -> None:
+        """``run`` becomes the active one, and is no longer queued: a record saved from now on
+        (a crash may follow) never lists it as both."""
+        record.active_run = run
+        if run in record.queued:
+            record.queued.remove(run)
 
     async def _save_after_end(self, live: _Live) -> None:
         """Save the record of a turn that just ended, once its end record was sent.
@@ -987,7 +996,7 @@ class ConversationService:
                 log.warning("turn.queued_start_failed", conversation=live.record.id, run=run, error=exc.message)
                 if live.run == "" and live.queue and live.record.state is not _S.CLOSED:
                     next_run, next_text = live.queue.popleft()
-                    live.record.active_run = next_run
+                    self._make_active(live.record, next_run)
                     self._spawn(self._start_queued, live, next_run, next_text)
 
     async def _start(
@@ -1004,9 +1013,7 @@ class ConversationService:
         """
         after = live.published_seq
         record = live.record
-        record.active_run = run
-        if run in record.queued:
-            record.queued.remove(run)
+        self._make_active(record, run)
         record.turn_after = after
         record.state = _S.RUNNING
         record.error = ""

@@ -323,3 +323,25 @@ def test_kill_mid_turn_records_run_interrupted_and_never_resends(tmp_path: Path,
         assert prompts == ["wait for me", "steer me then"]
     finally:
         d.stop()
+
+
+def test_a_run_both_active_and_queued_in_the_record_gets_one_interrupted_end(tmp_path: Path, workdir: Path) -> None:
+    # The record as a crash could leave it while a queued prompt was being handed over: the
+    # run active, and still listed as queued. Found by the SIGKILL harness (two ends for one run).
+    d = Daemon(tmp_path).start()
+    with d.client() as client:
+        cid = new(client, workdir, WAIT)
+        run = client.request(wire.Send, conversation=cid, text="wait for me")["run"]
+        wait_for(lambda: any(r["type"] == "turn" for r in d.journal(cid)))
+    d.kill()
+    path = d.state_dir / "conversations" / cid / "record.json"
+    record = json.loads(path.read_text())
+    assert record["active_run"] == run
+    path.write_text(json.dumps({**record, "queued": [run]}))
+    d.start()
+    try:
+        ends = [r for r in d.journal(cid) if r["type"] == "turn" and r.get("run") == run and r["data"]["state"] != "working"]
+        assert [e["data"]["reason"] for e in ends] == [c.RUN_INTERRUPTED]
+        assert d.record(cid).get("queued", []) == []
+    finally:
+        d.stop()
