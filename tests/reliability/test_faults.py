@@ -45,7 +45,11 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     starts = root / "agent-starts.log"
     flaky_starts = root / "flaky-starts.log"
     crash_flag = root / "crash-at-start"
+    # The flood test's reader takes 20,000 deltas in one turn; on a loaded machine a Python reader
+    # can stall long enough to be cut off for lag (right, but not what that test is about).
     config = f"""
+[server]
+subscriber_buffer = 32768
 [runtimes]
 hang_timeout_s = {HANG_S}
 [providers.acp.fault]
