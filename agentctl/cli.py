@@ -258,6 +258,7 @@ COMMANDS: dict[str, str] = {
     "budget": "conversations:budget",
     "continue": "conversations:continue_",
     "export": "conversations:export",
+    "history": "history:history",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

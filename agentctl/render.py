@@ -421,6 +421,19 @@ class Renderer:
         finally:
             self._seq_tag = ""
 
+    def history_entry(self, entry: wire.HistoryEntry) -> None:
+        """Render one entry of a history page (``agentctl history``), tagged with its seq when
+        ``seq`` is on; each entry stands alone (no prompt is matched against a user item)."""
+        if self.show_seq and entry.seq:
+            self._seq_tag = self.style.dim(f"#{entry.seq}") + " "
+        try:
+            self.end_line()
+            self._printed.pop((entry.item.agent_id, entry.item.id), None)
+            self.item(entry.item)
+            self.end_line()
+        finally:
+            self._seq_tag = ""
+
     def _on_conversation(self, rec: wire.Record, c: wire.ConversationCreated) -> None:
         self.yolo = c.mode == "yolo"
         bits = [c.provider, c.workdir]

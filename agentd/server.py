@@ -254,6 +254,7 @@ class Server:
             wire.SetBudget: self._budget,
             wire.Continue: self._continue,
             wire.Export: self._export,
+            wire.History: self._history,
             wire.TaskCreate: self._task_create,
             wire.TaskList: self._task_ls,
             wire.TaskShow: self._task_show,
@@ -482,6 +483,13 @@ class Server:
 
     async def _export(self, conn: _Connection, req: wire.Export) -> wire.ExportResult:
         return await self.service.export(req.conversation, req.format, include_tools=req.include_tools)
+
+    async def _history(self, conn: _Connection, req: wire.History) -> wire.HistoryPage:
+        from . import history
+
+        reader = self.service.reader(req.conversation)  # reading takes no lease and opens no runtime
+        return history.page(reader.journal, reader.record.id, reader.published_seq,
+                            limit=req.limit, before=req.before, after=req.after)
 
     def _task_service(self) -> Any:
         if self.tasks is None:

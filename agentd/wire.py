@@ -258,6 +258,18 @@ class Export(_Request, tag="export"):
     include_tools: bool = False
 
 
+class History(_Request, tag="history"):
+    """A page of a conversation's items from its journal (agentd.history): the newest ``limit``,
+    or those below ``before`` / above ``after`` (journal seqs; at most one of the two)."""
+
+    conversation: str
+    limit: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 50
+    #: the newest ``limit`` items with seq < before
+    before: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    #: the oldest ``limit`` items with seq > after (0: from the first)
+    after: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
 class Shutdown(_Request, tag="shutdown"):
     """Stop the daemon gracefully, exactly as SIGTERM does, after answering ``ShutdownResult``.
 
@@ -292,6 +304,7 @@ Request = Union[
     SetBudget,
     Continue,
     Export,
+    History,
     Shutdown,
     TaskCreate,
     TaskList,
@@ -559,6 +572,28 @@ class BudgetRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     budget: Budget
     source: Literal["new", "config", "command"] = "command"
     by: str = ""
+
+
+class HistoryEntry(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One item of a history page: its latest form, at the seq of the record that holds it.
+    The user's prompts are ``user`` items with id ``prompt-<seq>``."""
+
+    seq: int
+    item: Item
+    run: str = ""
+
+
+class HistoryPage(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Entries oldest first. ``before`` / ``after``: the cursor of the next older / newer page
+    (pass it as the request's ``before`` / ``after``), 0 when there is none; ``start`` / ``end``:
+    the page reaches the first / the newest entry."""
+
+    conversation: str
+    items: list[HistoryEntry] = []
+    before: int = 0
+    after: int = 0
+    start: bool = False
+    end: bool = False
 
 
 class ExportResult(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -1,0 +1,196 @@
+"""Paging through a conversation's history, from its journal, without opening it on its runtime.
+
+The seed contract's ``HistoryPager`` reads one agent's recorded transcript a
+window at a time, sending nothing and changing nothing. agentd's own record of
+a conversation is its journal, so a page is cut from there: reading takes no
+lease, starts no runtime, and leaves an idle conversation unloaded.
+
+What a page holds (:class:`agentd.wire.HistoryEntry`):
+
+* the user's prompts (``prompt`` records), as ``user`` items;
+* the provider's items (``item`` records), each **once**, in the form of its
+  latest record and at that record's ``seq`` (a tool call announced, then
+  completed, appears where it completed, completed). An item is keyed by
+  ``(run, agent_id, id)``: a runtime that reuses its own ids in a later turn
+  never makes a later turn's item hide an earlier one.
+
+Cursors are journal sequence numbers (``seq``). ``before=S`` gives the newest
+``limit`` entries whose seq is below S, ``after=S`` the oldest ``limit`` above
+it (``after=0``: the first page); neither gives the newest page. A page says where the next one starts
+(``HistoryPage.before`` / ``HistoryPage.after``) and whether it reached either
+end of the record (``start`` / ``end``).
+
+Cost: a page reads the journal through its offset index in windows of seq,
+growing from ``limit`` records, so a page near the end of a 100,000-record
+journal reads a few hundred lines, not the file (tests/bench/bench_history.py).
+Deciding that an item's record is its latest needs the records after it up to
+its turn's terminal ``turn`` record (no provider updates an item after its turn
+ended), so the look-ahead past a page is at most the rest of one turn.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+
+from . import contract as c
+from . import wire
+
+__all__ = ["MAX_LIMIT", "page"]
+
+#: Most entries one page may ask for (``history --limit``).
+MAX_LIMIT = 1000
+
+_Key = tuple[str, str, str]  # (run, agent_id, item id)
+
+
+class _Head(msgspec.Struct):
+    type: str
+    seq: int = 0
+    run: str = ""
+    data: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class _TurnHead(msgspec.Struct):
+    state: c.TurnState
+
+
+_head = msgspec.json.Decoder(_Head)
+_item = msgspec.json.Decoder(c.Item)
+_prompt = msgspec.json.Decoder(wire.PromptRecord)
+_turn = msgspec.json.Decoder(_TurnHead)
+
+
+class JournalReader(Protocol):
+    """What a page is read from: ``read_after(after, limit)`` gives the encoded records with
+    seq > after, oldest first, at most ``limit`` of them (agentd.journal.Journal)."""
+
+    def read_after(self, after: int, limit: int | None = None) -> list[bytes]: ...
+
+
+class _Rec(msgspec.Struct):
+    seq: int
+    run: str
+    key: _Key | None
+    entry: wire.HistoryEntry | None
+    #: the run's terminal turn record
+    ends_run: bool = False
+
+
+def _parse(line: bytes) -> _Rec:
+    head = _head.decode(line)
+    if head.type == "item":
+        item = _item.decode(head.data)
+        entry = wire.HistoryEntry(seq=head.seq, run=head.run, item=item)
+        return _Rec(head.seq, head.run, (head.run, item.agent_id, item.id), entry)
+    if head.type == "prompt":
+        prompt = _prompt.decode(head.data)
+        item = c.Item(id=f"prompt-{head.seq}", kind=c.ItemKind.USER, text=prompt.text,
+                      attachments=list(prompt.attachments))
+        return _Rec(head.seq, head.run, None, wire.HistoryEntry(seq=head.seq, run=head.run, item=item))
+    if head.type == "turn" and head.run:
+        ends = _turn.decode(head.data).state.terminal
+        return _Rec(head.seq, head.run, None, None, ends_run=ends)
+    return _Rec(head.seq, head.run, None, None)
+
+
+def _read(journal: JournalReader, lo: int, hi: int) -> list[_Rec]:
+    """Records with lo < seq < hi, oldest first."""
+    if hi <= lo + 1:
+        return []
+    return [_parse(line) for line in journal.read_after(lo, limit=hi - lo - 1)]
+
+
+def _latest(journal: JournalReader, recs: list[_Rec], last_seq: int, hi: int) -> list[wire.HistoryEntry]:
+    """The entries of ``recs`` (records with seq < ``hi``) that are their item's latest record.
+
+    A record is superseded by a later one of the same key, in ``recs`` or after them: the
+    journal past ``hi - 1`` is read only until every run with a candidate item has ended.
+    """
+    last: dict[_Key, int] = {}
+    for rec in recs:
+        if rec.key is not None:
+            last[rec.key] = rec.seq
+    open_runs = {k[0] for k in last}
+    for rec in recs:
+        if rec.ends_run:
+            open_runs.discard(rec.run)
+    beyond: set[_Key] = set()
+    after, window = hi - 1, 256
+    while open_runs and after < last_seq:
+        chunk = _read(journal, after, min(last_seq, after + window) + 1)
+        if not chunk:
+            break
+        for rec in chunk:
+            if rec.key is not None and rec.key in last:
+                beyond.add(rec.key)
+            if rec.ends_run:
+                open_runs.discard(rec.run)
+        after = chunk[-1].seq
+        window *= 2
+    return [r.entry for r in recs if r.entry is not None
+            and (r.key is None or (last[r.key] == r.seq and r.key not in beyond))]
+
+
+def page(journal: JournalReader, conversation: str, last_seq: int, *,
+         limit: int = 50, before: int | None = None, after: int | None = None) -> wire.HistoryPage:
+    """One page of ``conversation``'s history from ``journal``, whose last published seq is
+    ``last_seq``: the oldest ``limit`` entries with seq > ``after`` when it is given, else the
+    newest ``limit`` entries with seq < ``before`` (or of all, without it). Synchronous and
+    read-only: call it where journal reads are allowed (the daemon's trio thread).
+
+    Raises Invalid for a limit outside 1..MAX_LIMIT, for both cursors at once or a cursor out
+    of range; the journal's own errors (JournalCorrupt, OSError) for a damaged journal.
+    """
+    if not 1 <= limit <= MAX_LIMIT:
+        raise c.Invalid(f"limit must be between 1 and {MAX_LIMIT}, not {limit}")
+    if before is not None and after is not None:
+        raise c.Invalid("give at most one of before and after")
+    if (before is not None and before < 1) or (after is not None and after < 0):
+        raise c.Invalid("history cursors are journal seqs: before >= 1, after >= 0")
+    if after is not None:
+        return _forward(journal, conversation, last_seq, limit, min(after, last_seq))
+    hi = min(before, last_seq + 1) if before is not None else last_seq + 1
+    return _backward(journal, conversation, last_seq, limit, hi)
+
+
+def _backward(journal: JournalReader, conversation: str, last_seq: int, limit: int, hi: int) -> wire.HistoryPage:
+    # Widen the window below hi until it holds `limit` entries or reaches seq 1.
+    width = max(64, limit * 4)
+    while True:
+        lo = max(0, hi - 1 - width)
+        recs = _read(journal, lo, hi)
+        entries = _latest(journal, recs, last_seq, hi)
+        if len(entries) > limit or lo == 0:
+            break
+        width *= 4
+    more = len(entries) > limit
+    if more:
+        entries = entries[-limit:]
+    # `before` names the oldest entry shown: the next page is what lies below it.
+    return wire.HistoryPage(
+        conversation=conversation, items=entries,
+        before=entries[0].seq if more and entries else 0,
+        after=max(hi - 1, 0) if hi <= last_seq else 0,
+        start=not more, end=hi > last_seq)
+
+
+def _forward(journal: JournalReader, conversation: str, last_seq: int, limit: int, after: int) -> wire.HistoryPage:
+    width = max(64, limit * 4)
+    while True:
+        hi = min(last_seq, after + width) + 1
+        recs = _read(journal, after, hi)
+        entries = _latest(journal, recs, last_seq, hi)
+        if len(entries) > limit or hi > last_seq:
+            break
+        width *= 4
+    more = len(entries) > limit
+    if more:
+        entries = entries[:limit]
+    # `after` names the newest entry shown: the next page is what lies above it.
+    return wire.HistoryPage(
+        conversation=conversation, items=entries,
+        before=after + 1 if after > 0 else 0,
+        after=entries[-1].seq if more and entries else 0,
+        start=after == 0, end=not more)

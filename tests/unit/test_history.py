@@ -1,0 +1,131 @@
+"""History pages (agentd.history) against a real journal: every item once, in its latest form,
+whatever the page size, cursor or id reuse; checked against a whole-journal fold."""
+
+from __future__ import annotations
+
+import pathlib
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentd import contract as c
+from agentd import history, wire
+from agentd.journal import FsyncPolicy, Journal
+
+
+def _item(id_: str, text: str, agent: str = "", done: bool = False) -> bytes:
+    tool = c.ToolCall(name="sh", status=c.ToolStatus.COMPLETED if done else c.ToolStatus.RUNNING)
+    return msgspec.json.encode(c.Item(id=id_, kind=c.ItemKind.TOOL, text=text, agent_id=agent, tool=tool))
+
+
+def _write(path: pathlib.Path, turns: list[list[tuple[str, str]]]) -> Journal:
+    """A journal of turns; each turn's steps are (item id, agent id): a record of that item.
+    Ids repeat within a turn (updates) and across turns (a runtime reusing its own ids)."""
+    j = Journal(path, fsync=FsyncPolicy.NEVER)
+    j.append("conversation", msgspec.json.encode(wire.ConversationCreated(provider="script", workdir="/")))
+    for n, steps in enumerate(turns):
+        run = f"r{n}"
+        j.append("prompt", msgspec.json.encode(wire.PromptRecord(text=f"prompt {n}")), run=run)
+        for k, (iid, agent) in enumerate(steps):
+            j.append("item", _item(iid, f"{run}:{iid}:{k}", agent), run=run)
+            j.append("usage", b"{}", run=run)
+        j.append("turn", msgspec.json.encode(c.Turn(state=c.TurnState.COMPLETED)), run=run)
+    return j
+
+
+def _oracle(j: Journal) -> list[tuple[int, str, str]]:
+    """Every entry, folded from the whole journal: (seq, run, text) at each item's last record."""
+    last: dict[tuple[str, str, str], tuple[int, str, str]] = {}
+    out: list[tuple[int, str, str]] = []
+    for line in j.read_after(0):
+        rec = wire.decode_record(line)
+        if rec.type == "prompt":
+            out.append((rec.seq, rec.run, msgspec.json.decode(rec.data, type=wire.PromptRecord).text))
+        elif rec.type == "item":
+            item = msgspec.json.decode(rec.data, type=c.Item)
+            last[(rec.run, item.agent_id, item.id)] = (rec.seq, rec.run, item.text)
+    return sorted(out + list(last.values()))
+
+
+def _flat(p: wire.HistoryPage) -> list[tuple[int, str, str]]:
+    return [(e.seq, e.run, e.item.text) for e in p.items]
+
+
+def _all_backward(j: Journal, limit: int) -> list[tuple[int, str, str]]:
+    got: list[tuple[int, str, str]] = []
+    p = history.page(j, "c", j.last_seq, limit=limit)
+    pages = 0
+    while True:
+        assert len(p.items) <= limit
+        got = _flat(p) + got
+        pages += 1
+        if not p.before:
+            assert p.start
+            break
+        assert not p.start and len(p.items) == limit
+        p = history.page(j, "c", j.last_seq, limit=limit, before=p.before)
+        assert pages < 10_000
+    return got
+
+
+def _all_forward(j: Journal, limit: int) -> list[tuple[int, str, str]]:
+    got: list[tuple[int, str, str]] = []
+    p = history.page(j, "c", j.last_seq, limit=limit, after=0)
+    while True:
+        got += _flat(p)
+        if not p.after:
+            assert p.end
+            break
+        assert not p.end and len(p.items) == limit
+        p = history.page(j, "c", j.last_seq, limit=limit, after=p.after)
+    return got
+
+
+_ids = st.sampled_from(["t1", "t2", "t3", "call_0"])
+_agents = st.sampled_from(["", "", "sub-a"])
+_turns = st.lists(st.lists(st.tuples(_ids, _agents), max_size=12), min_size=0, max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(turns=_turns, limit=st.integers(1, 7))
+def test_pages_backward_and_forward_hold_every_entry_once_in_its_latest_form(
+        tmp_path_factory: pytest.TempPathFactory, turns: list[list[tuple[str, str]]], limit: int) -> None:
+    j = _write(tmp_path_factory.mktemp("h") / "events.jsonl", turns)
+    want = _oracle(j)
+    assert _all_backward(j, limit) == want
+    assert _all_forward(j, limit) == want
+    newest = history.page(j, "c", j.last_seq, limit=limit)
+    assert _flat(newest) == want[-limit:] and newest.end
+
+
+def test_an_id_reused_by_a_later_turn_keeps_both_items(tmp_path: pathlib.Path) -> None:
+    j = _write(tmp_path / "events.jsonl", [[("call_0", ""), ("call_0", "")], [("call_0", "")]])
+    texts = [e.item.text for e in history.page(j, "c", j.last_seq).items if e.item.kind is c.ItemKind.TOOL]
+    assert texts == ["r0:call_0:1", "r1:call_0:0"]
+
+
+def test_an_item_still_open_in_a_running_turn_shows_its_newest_form_once(tmp_path: pathlib.Path) -> None:
+    j = _write(tmp_path / "events.jsonl", [])
+    j.append("prompt", msgspec.json.encode(wire.PromptRecord(text="go")), run="live")
+    j.append("item", _item("t1", "started"), run="live")
+    j.append("item", _item("t1", "halfway"), run="live")
+    p = history.page(j, "c", j.last_seq, limit=1, before=j.last_seq)  # below the newest record
+    assert _flat(p) == [(2, "live", "go")]  # t1's newest form lies above the cursor: not here
+    assert [e.item.text for e in history.page(j, "c", j.last_seq).items] == ["go", "halfway"]
+
+
+def test_only_records_published_so_far_are_read(tmp_path: pathlib.Path) -> None:
+    j = _write(tmp_path / "events.jsonl", [[("t1", "")]])
+    published = j.last_seq
+    j.append("prompt", msgspec.json.encode(wire.PromptRecord(text="not yet published")), run="r9")
+    assert all(e.seq <= published for e in history.page(j, "c", published).items)
+
+
+@pytest.mark.parametrize("kwargs", [{"limit": 0}, {"limit": history.MAX_LIMIT + 1}, {"before": 3, "after": 1},
+                                    {"before": 0}, {"after": -1}])
+def test_bad_page_requests_are_invalid(tmp_path: pathlib.Path, kwargs: dict[str, int]) -> None:
+    j = _write(tmp_path / "events.jsonl", [[("t1", "")]])
+    with pytest.raises(c.Invalid):
+        history.page(j, "c", j.last_seq, **kwargs)
