@@ -259,6 +259,7 @@ COMMANDS: dict[str, str] = {
     "continue": "conversations:continue_",
     "export": "conversations:export",
     "history": "history:history",
+    "set-model": "models:set_model",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

@@ -153,7 +153,10 @@ class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
     history: bool = False
     #: reopen an exact conversation id after the daemon restarted
     reopen: bool = False
+    #: list the models it offers (``models()``)
     models: bool = False
+    #: change a conversation's model or effort between turns (``set_model``)
+    set_model: bool = False
     titles: bool = False
     usage: bool = False
     context_size: bool = False
@@ -692,13 +695,20 @@ class Activity(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class ModelSelection(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Provider-confirmed model settings; ``None`` fields were not reported."""
+    """Model settings: provider-confirmed (``source`` ""), or asked for by a person (``source``
+    "user", journaled by the daemon before the provider is told; ``queued`` while it waits for
+    the running turn to end). ``None`` fields were not reported."""
 
     model: str
     effort: str | None = None
+    source: str = ""
+    queued: bool = False
 
 
 class Model(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One model a provider offers: its id, display name and the effort levels it takes
+    (empty: none listed)."""
+
     id: str
     name: str = ""
     efforts: list[str] = []

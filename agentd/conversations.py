@@ -33,6 +33,7 @@ import trio
 
 from . import attachments as _attachments
 from . import contract as c
+from . import models as _models
 from . import usage as _usage
 from . import wire
 from .hub import Hub
@@ -391,8 +392,8 @@ class ConversationService:
         return len(self._records)
 
     async def create(
-        self, *, provider: str, workdir: str, title: str = "", model: str = "", mode: str = "interactive",
-        budget: wire.Budget | None = None,
+        self, *, provider: str, workdir: str, title: str = "", model: str = "", effort: str = "",
+        mode: str = "interactive", budget: wire.Budget | None = None,
     ) -> wire.ConversationRecord:
         """Create a conversation: record, journal, lease, and the provider conversation.
 
@@ -417,6 +418,7 @@ class ConversationService:
             updated_at=now,
             title=title,
             model=model,
+            effort=effort,
             mode=mode,  # type: ignore[arg-type]
         )
         budget_source = "new"
@@ -507,6 +509,7 @@ class ConversationService:
                 conversation_id=record.provider_conversation_id,
                 title=record.title,
                 model=record.model,
+                effort=record.effort,
             )
             try:
                 conv = await provider.open(request, live.sink)
@@ -519,6 +522,16 @@ class ConversationService:
                 record.provider_conversation_id = conv.id
                 self._save(record)
             return conv
+
+    # The narrow surface agentd.models (and later rooms) use; each is the method named.
+    async def open_conversation(self, live: _Live) -> c.Conversation:
+        return await self._ensure_open(live)
+
+    async def journal(self, live: _Live, type_: str, data: bytes) -> int:
+        return await self._append(live, type_, data, run=live.run)
+
+    def save_record(self, record: wire.ConversationRecord) -> None:
+        self._save(record)
 
     # ------------------------------------------------------------------ journal + publish
 
@@ -1049,6 +1062,7 @@ class ConversationService:
                 # opened: its prompt never reaches the provider. What was opened stays for the next one.
                 await self._abandoned_open(live, run)
                 return after
+            await _models.apply_queued(self, live, conv)  # a set-model --after-turn
             live.sent_run = run
             await conv.send(c.Prompt(text=text, attachments=list(attachments or [])))
         except c.SubmissionUncertain as exc:

@@ -255,6 +255,7 @@ class Server:
             wire.Continue: self._continue,
             wire.Export: self._export,
             wire.History: self._history,
+            wire.SetModel: self._set_model,
             wire.TaskCreate: self._task_create,
             wire.TaskList: self._task_ls,
             wire.TaskShow: self._task_show,
@@ -442,10 +443,19 @@ class Server:
         return await self.service.runtimes.models(req.provider)
 
     async def _new(self, conn: _Connection, req: wire.New) -> wire.ConversationRecord:
+        from . import models
+
+        if req.model or req.effort:
+            models.check(await models.catalog(self.service.runtimes, req.provider), req.model, req.effort)
         return await self.service.create(
-            provider=req.provider, workdir=req.workdir, title=req.title, model=req.model, mode=req.mode,
-            budget=req.budget,
+            provider=req.provider, workdir=req.workdir, title=req.title, model=req.model, effort=req.effort,
+            mode=req.mode, budget=req.budget,
         )
+
+    async def _set_model(self, conn: _Connection, req: wire.SetModel) -> wire.ConversationRecord:
+        from . import models
+
+        return await models.select(self.service, req.conversation, req.model, req.effort, after_turn=req.after_turn)
 
     async def _ls(self, conn: _Connection, req: wire.List) -> list[wire.ConversationRecord]:
         return self.service.list(include_closed=req.all)

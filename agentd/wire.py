@@ -114,6 +114,8 @@ class New(_Request, tag="new"):
     workdir: str
     title: str = ""
     model: str = ""
+    #: an effort level the model lists ("" = the runtime's default)
+    effort: str = ""
     mode: Mode = "interactive"
     #: None = the provider's default budget from the config ([budgets.<provider>]), if any
     budget: Budget | None = None
@@ -258,6 +260,16 @@ class Export(_Request, tag="export"):
     include_tools: bool = False
 
 
+class SetModel(_Request, tag="set_model"):
+    """Choose the model / effort of a conversation's next turns (agentd.models); during a turn
+    it is refused ``busy`` unless ``after_turn`` queues it."""
+
+    conversation: str
+    model: str = ""
+    effort: str = ""
+    after_turn: bool = False
+
+
 class History(_Request, tag="history"):
     """A page of a conversation's items from its journal (agentd.history): the newest ``limit``,
     or those below ``before`` / above ``after`` (journal seqs; at most one of the two)."""
@@ -305,6 +317,7 @@ Request = Union[
     Continue,
     Export,
     History,
+    SetModel,
     Shutdown,
     TaskCreate,
     TaskList,
@@ -346,6 +359,13 @@ class ShutdownResult(msgspec.Struct, frozen=True, omit_defaults=True):
     pid: int
 
 
+class ModelChoice(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A model and effort level asked for with ``set-model`` (agentd.models)."""
+
+    model: str = ""
+    effort: str = ""
+
+
 class ConversationRecord(msgspec.Struct, omit_defaults=True):
     """A conversation as the daemon keeps it on disk (``record.json``)."""
 
@@ -356,6 +376,10 @@ class ConversationRecord(msgspec.Struct, omit_defaults=True):
     updated_at: str
     title: str = ""
     model: str = ""
+    #: the effort level asked for ("" = the runtime's default)
+    effort: str = ""
+    #: a set-model queued behind the running turn (``--after-turn``), applied before the next prompt
+    next_model: ModelChoice | None = None
     mode: Mode = "interactive"
     state: ConversationState = ConversationState.IDLE
     #: the provider's own conversation id, once opened

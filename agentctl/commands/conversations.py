@@ -18,6 +18,7 @@ from ..cli import Fail, _err, _exit, _interactive, _json, _ok_json, _opts, _styl
 
 def _new_options(f: Any) -> Any:
     f = click.option("--yolo", is_flag=True, help="Let agentd answer permission requests (allow once).")(f)
+    f = click.option("--effort", default="", help="Effort level the model lists (agentctl models PROVIDER).")(f)
     f = click.option("--model", "-m", default="", help="Model id (for the script provider: the script's path).")(f)
     f = click.option("--title", default="", help="Conversation title.")(f)
     f = click.option(
@@ -67,15 +68,15 @@ def _uploads(paths: tuple[str, ...]) -> list[wire.Upload]:
     return out
 
 
-def _create(provider: str, cwd: str, title: str, model: str, yolo: bool,
+def _create(provider: str, cwd: str, title: str, model: str, effort: str, yolo: bool,
             budget: wire.Budget | None = None) -> wire.ConversationRecord:
     if provider == "script" and model and not os.path.isabs(model) and os.path.isfile(model):
         # A script path is read by the daemon, which does not share our cwd.
         model = os.path.abspath(model)
     return _opts().client().call(
         wire.New, wire.ConversationRecord,
-        provider=provider, workdir=cwd, title=title, model=model, mode="yolo" if yolo else "interactive",
-        budget=budget,
+        provider=provider, workdir=cwd, title=title, model=model, effort=effort,
+        mode="yolo" if yolo else "interactive", budget=budget,
     )
 
 
@@ -83,14 +84,14 @@ def _create(provider: str, cwd: str, title: str, model: str, yolo: bool,
 @_new_options
 @_budget_options
 @common
-def new(provider: str, cwd: str, title: str, model: str, yolo: bool, max_cost_usd: float | None,
+def new(provider: str, cwd: str, title: str, model: str, effort: str, yolo: bool, max_cost_usd: float | None,
         on_reach: str | None) -> None:
     """Create a conversation; print its id (--json: the conversation record).
 
     --max-cost-usd sets its budget: when its spend reaches it, the running turn
     is cut short and the conversation pauses (or, with --on-reach stop, closes).
     """
-    rec = _create(provider, cwd, title, model, yolo, _budget_arg(max_cost_usd, on_reach))
+    rec = _create(provider, cwd, title, model, effort, yolo, _budget_arg(max_cost_usd, on_reach))
     if _opts().json:
         return _json(rec)
     click.echo(rec.id)
@@ -135,6 +136,9 @@ def show(conversation: str) -> None:
         ("id", r.id),
         ("title", r.title or "-"),
         ("provider", r.provider + (f" (model {r.model})" if r.model else "")),
+        ("model", (r.model or "the runtime's default") + (f", effort {r.effort}" if r.effort else "")
+         + (f"; next turn: {r.next_model.model or r.model}" + (f", effort {r.next_model.effort}" if r.next_model.effort else "")
+            if r.next_model else "")),
         ("workdir", r.workdir),
         ("state", state),
         ("mode", r.mode),
@@ -285,7 +289,7 @@ def send(conversation: str, text: str, if_busy: str, follow: bool, attach: tuple
 @_attach_option
 @_with(_follow_options)
 @common
-def run(text: str, provider: str, cwd: str, title: str, model: str, yolo: bool, max_cost_usd: float | None,
+def run(text: str, provider: str, cwd: str, title: str, model: str, effort: str, yolo: bool, max_cost_usd: float | None,
         on_reach: str | None, attach: tuple[str, ...], no_input: bool, exit_on_action: bool) -> None:
     """Create a conversation, send TEXT, follow the turn to its end.
 
@@ -296,7 +300,7 @@ def run(text: str, provider: str, cwd: str, title: str, model: str, yolo: bool, 
     o = _opts()
     text = _text_arg(text)
     uploads = _uploads(attach)
-    rec = _create(provider, cwd, title, model, yolo, _budget_arg(max_cost_usd, on_reach))
+    rec = _create(provider, cwd, title, model, effort, yolo, _budget_arg(max_cost_usd, on_reach))
     if not o.json:
         click.echo(_style().dim(f"conversation {rec.id} ({rec.provider})"))
     from ..follow import FROM_NOW

@@ -532,6 +532,7 @@ class ScriptProvider:
             history=True,
             reopen=True,
             models=False,
+            set_model=True,
             titles=True,
             usage=True,
             context_size=True,

@@ -300,6 +300,7 @@ class AcpProvider:
             reopen=load or sc.resume is not None,
             import_=sc.list is not None,
             models="models" in self._seen,
+            set_model="models" in self._seen,
             usage="usage" in self._seen,
             context_size="context" in self._seen,
             todos="todos" in self._seen,
@@ -418,11 +419,7 @@ class AcpProvider:
             conv = AcpConversation(self, agent, setup.session_id, workdir, sink, title=request.title, created_at=utcnow())
             agent.register(setup.session_id, conv)
             conv._apply_setup(setup)
-            model = request.model or self.config.model
-            if model and model != conv._model_id():
-                await conv.set_model(model, request.effort)
-            elif request.effort:
-                await conv.set_model(conv._model_id(), request.effort)
+            await conv._select(request.model or self.config.model, request.effort)
             if self.config.mode:
                 await conv.set_mode(self.config.mode)
         except BaseException:
@@ -498,6 +495,8 @@ class AcpProvider:
             conv = AcpConversation(self, agent, cid, workdir, sink, title=request.title or (record.title if record else ""),
                                    created_at=record.created_at if record else None)
             await conv._attach(agent, "session/load" if caps.load_session else "session/resume")
+            # A reloaded session may start on the agent's default: ask for agentd's choice again.
+            await conv._select(request.model, request.effort)
         except BaseException as exc:
             if isinstance(exc, RuntimeUnavailable):
                 self._start_failed(agent, exc)
@@ -878,6 +877,13 @@ class AcpConversation:
         if seg is not None and seg.text:  # a message still streaming (or the replay's last one)
             items.append(Item(id=seg.id, kind=seg.kind, text=seg.text, time=seg.started))
         return HistoryRecord(items=items, usage=usage, model=self._model_id())
+
+    async def _select(self, model: str, effort: str) -> None:
+        """Apply the model / effort an open request names, where it differs from the session's."""
+        if model and model != self._model_id():
+            await self.set_model(model, effort)
+        elif effort:
+            await self.set_model(self._model_id(), effort)
 
     async def set_model(self, model: str, effort: str = "") -> None:
         """Select ``model`` (session/set_model, or the session's model config option) and ``effort``

@@ -181,6 +181,7 @@ class ClaudeProvider:
             questions=True,
             history=True,
             reopen=True,
+            set_model=True,
             usage=True,
             context_size=True,
             account=True,

@@ -200,6 +200,7 @@ class CopilotProvider:
             history=True,
             reopen=True,
             models=self.byok is None,
+            set_model=True,
             titles=True,
             usage=True,
             context_size=True,

@@ -1,0 +1,134 @@
+"""Model selection: which model and effort level a conversation's next turns use.
+
+Rules (the seed contract's ``Conversation.SetModel`` and ``Provider.Models``):
+
+* A choice is checked against the provider's catalog before anything reaches the
+  provider: an unknown model, or an effort level the chosen model does not list,
+  is :class:`~agentd.contract.Invalid` and the message lists what is allowed. A
+  provider that lists no models (``models()`` raises Unsupported: the script
+  provider, Claude Code, Copilot with bring-your-own-key) leaves the check to the
+  provider itself, which refuses what it cannot take when the choice is applied.
+* A choice applies from the next turn on. While a turn runs it is refused
+  :class:`~agentd.contract.Busy` unless the caller queues it (``after_turn``);
+  a queued choice is applied right before the next prompt reaches the provider.
+* Every choice is journaled as a ``model_selection`` record with ``source:
+  "user"`` (the provider's confirmation, when it sends one, follows as its own
+  ``model_selection`` record) and kept in the conversation record (``model``,
+  ``effort``), so a conversation reopened after a daemon restart asks its
+  runtime for the same model again.
+
+The conversation service stays the turn state machine: it calls
+:func:`apply_queued` before it sends a prompt, and nothing else here is its code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from . import contract as c
+from . import wire
+
+if TYPE_CHECKING:
+    from .conversations import ConversationService, _Live
+    from .runtimes import Runtimes
+
+__all__ = ["apply_queued", "catalog", "check", "select"]
+
+_json = msgspec.json.Encoder()
+
+
+async def catalog(runtimes: "Runtimes", provider: str) -> list[c.Model] | None:
+    """The provider's models, or None when it lists none (its ``models()`` is Unsupported).
+
+    Raises NotFound for an unknown provider, RuntimeUnavailable when its runtime cannot start.
+    """
+    try:
+        return await runtimes.models(provider)
+    except c.Unsupported:
+        return None
+
+
+def check(models: list[c.Model] | None, model: str, effort: str) -> None:
+    """Raise Invalid unless ``model`` (and ``effort``, when given) is in ``models``.
+
+    ``model`` "" keeps the current model (only ``effort`` is checked, against every listed
+    model's levels). ``models`` None checks nothing (see the module docstring).
+    """
+    if models is None:
+        return
+    if model:
+        found = next((m for m in models if m.id == model), None)
+        if found is None:
+            raise c.Invalid(f"unknown model {model!r}; this provider offers: {', '.join(m.id for m in models) or 'none'}",
+                            details={"models": [m.id for m in models]})
+        levels = found.efforts
+    else:
+        levels = sorted({e for m in models for e in m.efforts})
+    if effort and levels and effort not in levels:
+        what = f"model {model!r}" if model else "this provider"
+        raise c.Invalid(f"unknown effort {effort!r} for {what}; allowed: {', '.join(levels)}",
+                        details={"efforts": list(levels)})
+
+
+async def select(service: "ConversationService", ref: str, model: str, effort: str = "", *,
+                 after_turn: bool = False) -> wire.ConversationRecord:
+    """Choose ``model`` / ``effort`` for conversation ``ref`` from its next turn on.
+
+    Idle: the conversation is opened on its runtime (if it is not) and the provider applies
+    the choice now, so a choice it cannot take fails here, not in the next turn. Running:
+    Busy, unless ``after_turn``, which queues the choice for the next prompt (a later
+    choice replaces a queued one). Returns the conversation record.
+
+    Raises NotFound, Closed, Busy, Invalid (see :func:`check`; also the provider's own
+    refusal), Unsupported when the provider cannot change models, InternalError when the
+    record cannot be written.
+    """
+    if not model and not effort:
+        raise c.Invalid("give a model, an effort, or both")
+    live = await service.live(ref)
+    record = live.record
+    if record.state is wire.ConversationState.CLOSED:
+        raise c.Closed(f"conversation {record.id} is closed")
+    if not (await service.runtimes.get(record.provider)).capabilities().set_model:
+        raise c.Unsupported(f"provider {record.provider!r} cannot change a conversation's model")
+    check(await catalog(service.runtimes, record.provider), model, effort)
+    choice = wire.ModelChoice(model=model or record.model, effort=effort)
+    if live.run:
+        if not after_turn:
+            raise c.Busy(f"a turn is running in {record.id} (run {live.run}); "
+                         "the model can change after it (agentctl set-model --after-turn)")
+        record.next_model = choice
+        service.save_record(record)
+        await service.journal(live, "model_selection", _json.encode(
+            c.ModelSelection(model=choice.model, effort=choice.effort or None, source="user", queued=True)))
+        return record
+    await _apply(service, live, choice)
+    return record
+
+
+async def apply_queued(service: "ConversationService", live: "_Live", conv: c.Conversation) -> None:
+    """Apply the choice queued with ``after_turn``, if any, to ``conv`` before a prompt is sent.
+
+    Raises what the provider's ``set_model`` raises; the choice stays queued then.
+    """
+    choice = live.record.next_model
+    if choice is None:
+        return
+    await _apply(service, live, choice, conv)
+
+
+async def _apply(service: "ConversationService", live: "_Live", choice: wire.ModelChoice,
+                 conv: c.Conversation | None = None) -> None:
+    record = live.record
+    if conv is None:
+        conv = await service.open_conversation(live)
+    # Journaled first: the provider's confirmation (its own model_selection) comes after it.
+    await service.journal(live, "model_selection", _json.encode(
+        c.ModelSelection(model=choice.model, effort=choice.effort or None, source="user")))
+    await conv.set_model(choice.model, choice.effort)
+    record.model = choice.model
+    record.effort = choice.effort
+    record.next_model = None
+    service.save_record(record)
