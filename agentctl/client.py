@@ -533,7 +533,7 @@ def _autostart(path: str, notify: Any) -> socket.socket:
         # The daemon's own rule (agentd._trust): never a log in another user's directory, nor through a symlink.
         _trust.private_dir(rundir, "socket dir", narrow=False)
         log_fd = _trust.open_file(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, "autostart log")
-    except _trust.Untrusted as exc:
+    except (_trust.Untrusted, OSError) as exc:
         raise Unreachable(f"agentd is not running at {path}, and agentctl will not start it: {exc}") from None
     log_start = os.lseek(log_fd, 0, os.SEEK_END)  # where what this daemon writes begins in the log
     try:

@@ -77,6 +77,9 @@ def run(config_path: Path | None) -> None:
     except AlreadyRunning as exc:
         click.echo(f"agentd: {exc.message}", err=True)
         sys.exit(1)
+    except OSError as exc:  # ENOSPC, EIO: a later start may succeed
+        click.echo(f"agentd: cannot prepare {exc.filename or 'its paths'}: {exc.strerror or exc}", err=True)
+        sys.exit(1)
     import trio
 
     from .daemon import serve

@@ -25,9 +25,11 @@ never follows a symlink). Files are opened with ``O_NOFOLLOW``, created 0600,
 and checked again with ``fstat`` on the open descriptor.
 
 A path that breaks the rule, or that the system will not let agentd use
-(EACCES, EROFS, ENOTDIR, ...), raises :class:`Untrusted`; its text names the
-path and what is wrong. The daemon exits :data:`EXIT_UNUSABLE` (78, EX_CONFIG)
-on it: a restart cannot fix it, and the shipped systemd unit does not retry 78.
+(EACCES, EPERM, EROFS, ENOTDIR, ELOOP, ENAMETOOLONG, ...), raises
+:class:`Untrusted`, whose text names the path and what is wrong. The daemon
+exits :data:`EXIT_UNUSABLE` (78, EX_CONFIG) on it: a restart cannot fix it,
+and the shipped systemd unit does not retry 78. Other OSErrors (ENOSPC, EIO),
+which may pass, stay OSError.
 
 Standard library only (no trio, structlog or msgspec): agentctl applies the
 same rule to the runtime dir and its autostart log, and so words a refusal
@@ -47,6 +49,8 @@ __all__ = [
     "check_config_file",
     "check_socket_length",
     "check_socket_path",
+    "chmod_nofollow",
+    "make_dir",
     "open_file",
     "private_dir",
 ]
@@ -137,7 +141,10 @@ def _check_above(what: str, path: str) -> None:
         d = parent
 
 
-def _unusable(what: str, path: str | os.PathLike[str], exc: OSError) -> Untrusted:
+def _unusable(what: str, path: str | os.PathLike[str], exc: OSError) -> Exception:
+    """An errno waiting cannot change becomes :class:`Untrusted`; others (ENOSPC, EIO) stay OSError."""
+    if exc.errno not in _UNUSABLE:
+        return exc
     return Untrusted(what, path, f"cannot be used: {exc.strerror or exc}")
 
 

@@ -495,6 +495,8 @@ def load_config(path: pathlib.Path | None = None) -> Config:
     except _trust.Untrusted as e:
         raise ConfigError(f"its directory {e.path}: {e.problem}" if e.what == "config dir" else e.problem,
                           path=path) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror or e}", path=path) from None
     return parse_config(raw, path=path)
 
 
