@@ -29,6 +29,7 @@ import _socket as socket
 
 import msgspec
 
+# _trust is standard library only, like wire: the daemon's own trust rule, so refusals read the same.
 from agentd import _trust, wire
 from agentd.contract import AgentdError, LimitExceeded
 
