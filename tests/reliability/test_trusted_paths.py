@@ -128,7 +128,8 @@ def test_a_directory_or_config_writable_by_group_or_others_is_refused(root: Path
 def test_a_symlink_where_agentd_expects_its_own_path_is_refused_and_not_followed(root: Path, which: str) -> None:
     d = fast_daemon(root / "agentd", "[websocket]\nenabled = true\nport = 0\n")
     elsewhere = root / "elsewhere"
-    elsewhere.mkdir(mode=0o700)
+    elsewhere.mkdir()
+    os.chmod(elsewhere, 0o755)  # a chmod through the symlink would show as 0700
     victim = elsewhere / "victim"
     victim.write_text("precious\n")
     os.chmod(victim, 0o600)
@@ -147,6 +148,7 @@ def test_a_symlink_where_agentd_expects_its_own_path_is_refused_and_not_followed
     assert f"{link}: a symlink (to " in err and "agentd does not follow symlinks" in err, err
     assert victim.read_text() == "precious\n" and stat.S_IMODE(victim.stat().st_mode) == 0o600
     assert sorted(p.name for p in elsewhere.iterdir()) == ["victim"], "agentd wrote through the symlink"
+    assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o755, "agentd chmodded through the symlink"
 
 
 # --------------------------------------------------------------------------- the socket path
