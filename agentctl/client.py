@@ -29,7 +29,8 @@ import _socket as socket
 
 import msgspec
 
-from agentd import wire
+# _trust is standard library only, like wire: the daemon's own trust rule, so refusals read the same.
+from agentd import _trust, wire
 from agentd.contract import AgentdError, LimitExceeded
 
 from . import __version__
@@ -51,6 +52,10 @@ class Unreachable(Exception):
 
 class NotRunning(Unreachable):
     """Nothing listens on the socket (no socket file, or connection refused) and autostart was off."""
+
+
+class ForeignListener(Unreachable):
+    """The process listening on the socket runs as another uid (SO_PEERCRED): nothing is sent to it."""
 
 
 class _Closed:
@@ -134,6 +139,10 @@ class Client:
         daemon's error (e.g. a protocol mismatch) as an :class:`AgentdError`.
         """
         path = path or default_socket_path()
+        try:
+            _trust.check_socket_length(path)  # the daemon refuses such a path with these same words
+        except _trust.Untrusted as exc:
+            raise Unreachable(str(exc)) from None
         try:
             sock = _open_socket(path)
         except OSError as exc:
@@ -464,13 +473,30 @@ def _peek_seq(raw: msgspec.Raw) -> int:
 
 
 def _open_socket(path: str) -> socket.socket:
+    """Connect to ``path``; raises OSError, or :class:`ForeignListener` before anything is sent."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
+        _check_peer(sock, path)
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+def _check_peer(sock: socket.socket, path: str) -> None:
+    """Refuse a listener that runs as another uid: it could be another user's fake agentd (SO_PEERCRED)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return  # not Linux: the 0700 runtime dir is the only guard
+    cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)  # struct ucred: pid, uid, gid
+    pid, uid = (int.from_bytes(cred[i:i + 4], sys.byteorder) for i in (0, 4))
+    me = os.geteuid()
+    if uid != me:
+        raise ForeignListener(
+            f"the process listening at {path} (pid {pid}) runs as uid {uid}, not as you (uid {me}); "
+            "agentctl sends it nothing. Another user may have created that path: remove it, "
+            "or point --socket / AGENTD_SOCKET at your own agentd"
+        )
 
 
 def _nobody_listening(exc: OSError) -> bool:
@@ -504,20 +530,19 @@ def _autostart(path: str, notify: Any) -> socket.socket:
 
     rundir = os.path.dirname(os.path.abspath(path))
     log_path = os.path.join(rundir, "agentd.log")
-    log_fd: int | None = None
-    log_start = 0  # where what this daemon writes begins in the log
     try:
-        os.makedirs(rundir, mode=0o700, exist_ok=True)
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        log_start = os.lseek(log_fd, 0, os.SEEK_END)
-    except OSError:
-        log_path = ""
+        # The daemon's own rule (agentd._trust): never a log in another user's directory, nor through a symlink.
+        _trust.private_dir(rundir, "socket dir", narrow=False)
+        log_fd = _trust.open_file(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, "autostart log")
+    except (_trust.Untrusted, OSError) as exc:
+        raise Unreachable(f"agentd is not running at {path}, and agentctl will not start it: {exc}") from None
+    log_start = os.lseek(log_fd, 0, os.SEEK_END)  # where what this daemon writes begins in the log
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "agentd", "run"],
             stdin=subprocess.DEVNULL,
-            stdout=log_fd if log_fd is not None else subprocess.DEVNULL,
-            stderr=log_fd if log_fd is not None else subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
             env=_daemon_env(path),
             cwd="/",
             start_new_session=True,
@@ -526,31 +551,32 @@ def _autostart(path: str, notify: Any) -> socket.socket:
     except OSError as exc:
         raise Unreachable(f"agentd is not running at {path}, and starting it failed: {exc}") from None
     finally:
-        if log_fd is not None:
-            os.close(log_fd)
+        os.close(log_fd)
     if notify is not None:
-        notify(f"starting agentd (pid {proc.pid}); log: {log_path or '/dev/null'}")
+        notify(f"starting agentd (pid {proc.pid}); log: {log_path}")
     deadline = time.monotonic() + AUTOSTART_TIMEOUT_S
     last: OSError | None = None
     while time.monotonic() < deadline:
         try:
             return _open_socket(path)
+        except ForeignListener:
+            raise
         except OSError as exc:
             if not _nobody_listening(exc):
                 raise Unreachable(f"cannot connect to agentd at {path}: {exc.strerror or exc}") from None
             last = exc
         if proc.poll() is not None:
             if proc.returncode == EXIT_CONFIG:
-                break  # its config is broken: no agentd started with it will come up
+                break  # a start-up error a restart cannot fix: no agentd started like this will come up
             # Ours exited: maybe another agentd holds the state dir and is still
             # starting, so keep trying a little longer, but not the whole wait.
             deadline = min(deadline, time.monotonic() + 1.0)
         time.sleep(0.05)
-    where = f"; see {log_path}" if log_path else ""
+    where = f"; see {log_path}"
     code = proc.poll()
     if code is not None:
-        what = " (its configuration is broken)" if code == EXIT_CONFIG else ""
-        said = _daemon_said(log_path, log_start) if log_path else []
+        what = " (a start-up error a restart cannot fix)" if code == EXIT_CONFIG else ""
+        said = _daemon_said(log_path, log_start)
         if not said:
             raise Unreachable(f"agentd exited with status {code}{what} right after starting{where}") from None
         quoted = "\n".join(f"  {line}" for line in said)
@@ -563,9 +589,9 @@ def _autostart(path: str, notify: Any) -> socket.socket:
     ) from None
 
 
-#: agentd's exit status for a configuration it cannot load (``agentd.config.EXIT_CONFIG``, sysexits
-#: EX_CONFIG); not imported from there, which would load the whole config machinery.
-EXIT_CONFIG = 78
+#: agentd's exit status for a start-up error a restart cannot fix: a broken config, a path it may
+#: not use (sysexits EX_CONFIG; the systemd unit does not restart on it).
+EXIT_CONFIG = _trust.EXIT_UNUSABLE
 #: At most this many lines of a daemon's output are quoted when it exits at start.
 QUOTED_LINES = 10
 
@@ -578,7 +604,7 @@ def _daemon_said(log_path: str, start: int) -> list[str]:
     :data:`QUOTED_LINES`, each cut to 500 characters. Empty when unreadable.
     """
     try:
-        with open(log_path, "rb") as f:
+        with os.fdopen(os.open(log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
             f.seek(max(start, os.fstat(f.fileno()).st_size - 64 * 1024))
             text = f.read().decode("utf-8", "replace")
     except OSError:

@@ -1,7 +1,9 @@
 """``agentd``: run the daemon, check its config, install its systemd user units.
 
 Exit codes: 0 stopped cleanly; 1 could not start (another agentd holds the
-state dir, the socket is in use); 78 the config is broken (EX_CONFIG).
+state dir, the socket is in use); 78 (EX_CONFIG) a start-up error a restart
+cannot fix: the config is broken, or a path agentd needs breaks the trust rule
+of :mod:`agentd._trust` or cannot be used (the message names the path and why).
 """
 
 from __future__ import annotations
@@ -25,6 +27,30 @@ def _load(config_path: Path | None):  # -> (Config, Paths)
     return config, config.resolved_paths()
 
 
+def _trusted_paths(config, paths) -> None:  # (Config, Paths)
+    """Check, creating what is missing (0700), every path the daemon trusts before it uses one.
+
+    Raises :class:`~agentd._trust.Untrusted`. The lock file is checked as it is
+    taken; the socket here and again as it is bound.
+    """
+    from . import _trust
+
+    _trust.check_socket_path(paths.socket)
+    _trust.private_dir(paths.runtime_dir, "runtime dir")
+    _trust.private_dir(paths.state_dir, "state dir")
+    if config.websocket.enabled:
+        from .gateway import load_or_create_token
+
+        load_or_create_token(paths.token_file)
+
+
+def _unusable(exc: Exception) -> None:
+    from ._trust import EXIT_UNUSABLE
+
+    click.echo(f"agentd: {exc}", err=True)
+    sys.exit(EXIT_UNUSABLE)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="agentd")
 def cli() -> None:
@@ -40,13 +66,19 @@ def run(config_path: Path | None) -> None:
     from .logs import configure_logging
 
     configure_logging(config.log.level, config.log.format)
+    from ._trust import Untrusted
     from .leases import AlreadyRunning, DaemonLock
 
-    paths.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
+        _trusted_paths(config, paths)
         lock = DaemonLock.acquire(paths.state_dir)
+    except Untrusted as exc:
+        _unusable(exc)
     except AlreadyRunning as exc:
         click.echo(f"agentd: {exc.message}", err=True)
+        sys.exit(1)
+    except OSError as exc:  # ENOSPC, EIO: a later start may succeed
+        click.echo(f"agentd: cannot prepare {exc.filename or 'its paths'}: {exc.strerror or exc}", err=True)
         sys.exit(1)
     import trio
 
@@ -58,6 +90,8 @@ def run(config_path: Path | None) -> None:
     sys.setswitchinterval(0.0005)
     try:
         trio.run(serve, config, paths)
+    except Untrusted as exc:  # the socket, checked again as it is bound
+        _unusable(exc)
     except OSError as exc:
         click.echo(f"agentd: {exc}", err=True)
         sys.exit(1)
@@ -70,7 +104,13 @@ def run(config_path: Path | None) -> None:
 def check_config(config_path: Path | None) -> None:
     """Load the config, print which file was read and the resolved paths, exit 78 if it is broken."""
     config, paths = _load(config_path)
+    from ._trust import Untrusted, check_socket_length
     from .config import default_config_path
+
+    try:
+        check_socket_length(paths.socket)
+    except Untrusted as exc:
+        _unusable(exc)
 
     if config_path is not None:
         source = str(config_path)

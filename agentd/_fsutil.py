@@ -6,10 +6,14 @@ the calls short (one small file) or move them to a worker thread.
 
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
 import re
 import secrets
+import stat
+
+from . import _trust
 
 #: State directories hold prompts and transcripts: owner only.
 DIR_MODE = 0o700
@@ -25,23 +29,27 @@ def is_safe_name(name: str) -> bool:
 
 
 def make_dirs(path: pathlib.Path) -> None:
-    """Create ``path`` and every missing parent with mode 0700; an existing directory is left as it is.
+    """Create ``path`` and every missing parent, each exactly 0700 whatever the umask; an existing one is left as it is.
 
     A directory it creates is made durable in its parent (fsync), so files
-    later fsynced inside it cannot vanish with it after a crash.
+    later fsynced inside it cannot vanish with it after a crash. The rule
+    behind it, and the checks of the directories agentd trusts, are in :mod:`agentd._trust`.
     """
-    path = pathlib.Path(path)
-    if os.path.isdir(path):
-        return
-    if path.parent != path:
-        make_dirs(path.parent)  # os.makedirs would give missing parents the default mode (0755)
+    _trust.make_dir(path)
+
+
+def read_file(path: pathlib.Path) -> bytes:
+    """The bytes of the regular file at ``path``, never through a symlink (OSError ELOOP) nor from a FIFO or device."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        os.mkdir(path, DIR_MODE)
-    except FileExistsError:
-        if not os.path.isdir(path):
-            raise
-        return
-    fsync_dir(path.parent)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -56,7 +64,7 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
 
 def fsync_dir(path: pathlib.Path) -> None:
     """fsync a directory, so a rename or unlink in it survives a crash."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
@@ -71,7 +79,7 @@ def atomic_write(path: pathlib.Path, data: bytes) -> None:
     exist. Raises ``OSError``; the temporary file is removed on failure.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
     try:
         try:
             write_all(fd, data)

@@ -35,6 +35,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 import platformdirs
 
+from . import _trust
+
 __all__ = [
     "APP_NAME",
     "EXIT_CONFIG",
@@ -66,9 +68,9 @@ __all__ = [
 
 APP_NAME = "agentd"
 
-#: Process exit status for a configuration that cannot be loaded (sysexits EX_CONFIG).
-#: The systemd unit lists it in RestartPreventExitStatus, so a broken file is not retried.
-EXIT_CONFIG = 78
+#: Process exit status for a configuration that cannot be loaded, or a path agentd may not use
+#: (sysexits EX_CONFIG). The systemd unit lists it in RestartPreventExitStatus: a restart cannot fix it.
+EXIT_CONFIG = _trust.EXIT_UNUSABLE
 
 #: Environment variables that override the file's paths.
 ENV_STATE_DIR = "AGENTD_STATE_DIR"
@@ -477,17 +479,22 @@ def load_config(path: pathlib.Path | None = None) -> Config:
     ``Config()`` (all defaults). An explicit path must exist. Raises
     :class:`ConfigError` for a missing or unreadable file, invalid UTF-8, a TOML
     syntax error (with line and column), an unknown key, or a value of the
-    wrong type or out of range (with its dotted key path).
+    wrong type or out of range (with its dotted key path), and for a file
+    or directory that breaks the trust rule of :mod:`agentd._trust` (a symlink,
+    another user's, writable by group or others).
     """
     if path is None:
         path = default_config_path()
-        if not path.is_file():
+        if not os.path.lexists(path):
             return Config()
     path = pathlib.Path(path)
     try:
-        raw = path.read_bytes()
+        raw = _trust.check_config_file(path)
     except FileNotFoundError:
         raise ConfigError("file not found", path=path) from None
+    except _trust.Untrusted as e:
+        raise ConfigError(f"its directory {e.path}: {e.problem}" if e.what == "config dir" else e.problem,
+                          path=path) from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror or e}", path=path) from None
     return parse_config(raw, path=path)

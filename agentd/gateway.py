@@ -26,6 +26,7 @@ import structlog
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket as _serve
 
+from . import _trust
 from .logs import register_secret
 
 if TYPE_CHECKING:
@@ -36,21 +37,25 @@ log = structlog.get_logger("agentd.gateway")
 
 
 def load_or_create_token(path: Path) -> str:
-    """The bearer token in ``path``; a new random one (256 bits) written 0600 when missing."""
+    """The bearer token in ``path``; a new random one (256 bits) written 0600 when missing or empty.
+
+    The file and its directory must pass the trust rule (:mod:`agentd._trust`:
+    ours, a real file not a symlink, the file readable by us alone); raises
+    :class:`~agentd._trust.Untrusted` otherwise, so another user's token is never adopted.
+    """
+    _trust.private_dir(path.parent, "token dir", narrow=False)
     try:
-        token = path.read_text().strip()
-        if token:
-            return token
+        fd = _trust.open_file(path, os.O_RDWR, "token file", secret=True)
     except FileNotFoundError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = _trust.open_file(path, os.O_RDWR | os.O_CREAT, "token file", secret=True)
     try:
-        os.write(fd, token.encode() + b"\n")
+        token = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        if not token:
+            token = secrets.token_urlsafe(32)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, token.encode() + b"\n", 0)
     finally:
         os.close(fd)
-    os.chmod(path, 0o600)
     return token
 
 

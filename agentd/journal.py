@@ -231,7 +231,7 @@ class Journal:
         # Called on the first append after each group commit (BATCH only).
         self._on_dirty = on_dirty if self._policy is FsyncPolicy.BATCH else None
         self._queued = False
-        flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
+        flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         #: the file can only be read (a read-only file system): why
         self._readonly: OSError | None = None
         try:
@@ -244,7 +244,7 @@ class Journal:
                 if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
                     raise
                 # Read-only: the conversation stays readable; appends say why they cannot be made.
-                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 self._readonly = exc
         try:
             self._end, self.last_seq, last_off = self._recover()
@@ -404,7 +404,7 @@ class Journal:
     def _reopen_writable(self) -> bool:
         """A journal opened read-only: try again for writing (the file system came back)."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return False
         try:
@@ -754,7 +754,7 @@ class JournalStore:
         """
         records: dict[str, bytes] | None = None
         try:
-            data = (self.root / INDEX_FILE).read_bytes()
+            data = _fsutil.read_file(self.root / INDEX_FILE)
         except FileNotFoundError:
             self._index_on_disk = False
         else:
@@ -814,8 +814,11 @@ class JournalStore:
     def read_record(self, conversation_id: str) -> bytes | None:
         """The bytes of ``record.json``, or None when there is none (or the id is invalid)."""
         try:
-            return (self._dir(conversation_id) / RECORD_FILE).read_bytes()
+            return _fsutil.read_file(self._dir(conversation_id) / RECORD_FILE)
         except (FileNotFoundError, NotADirectoryError, Invalid):
+            return None
+        except OSError as exc:  # a symlink (never followed), a FIFO: not a record agentd wrote
+            _log().error("journal.record_unreadable", conversation=conversation_id, error=str(exc))
             return None
 
     def remove(self, conversation_id: str) -> None:

@@ -26,7 +26,7 @@ import msgspec
 import structlog
 import trio
 
-from . import _fsutil
+from . import _fsutil, _trust
 from .contract import AgentdError, Invalid, NotFound
 
 __all__ = [
@@ -98,12 +98,13 @@ class DaemonLock:
 
         Does not wait: raises :class:`AlreadyRunning` with the holder's pid
         when another process (or another DaemonLock in this one) holds it.
-        Raises OSError when the file cannot be opened.
+        Raises :class:`~agentd._trust.Untrusted` when the lock file breaks the
+        trust rule (a symlink, another user's, writable by others) or cannot be opened.
         """
         state_dir = pathlib.Path(state_dir)
         _fsutil.make_dirs(state_dir)
         path = state_dir / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, _fsutil.FILE_MODE)
+        fd = _trust.open_file(path, os.O_RDWR | os.O_CREAT, "lock file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -227,7 +228,7 @@ class FileLeaseStore:
     @contextlib.contextmanager
     def _locked(self, d: pathlib.Path) -> Iterator[None]:
         """flock the key's directory; raises FileNotFoundError when it does not exist."""
-        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -236,7 +237,7 @@ class FileLeaseStore:
 
     def _read(self, d: pathlib.Path) -> Lease | None:
         try:
-            data = (d / LEASE_FILE).read_bytes()
+            data = _fsutil.read_file(d / LEASE_FILE)
         except (FileNotFoundError, NotADirectoryError):
             return None
         try:

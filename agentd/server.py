@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 import trio
 
-from . import __version__
+from . import __version__, _trust
 from . import contract as c
 from . import wire
 from .conversations import ConversationService
@@ -275,13 +275,15 @@ class Server:
 
     @staticmethod
     def bind_unix(path: Path) -> trio.socket.SocketType:
-        """Create the listening socket: directory 0700, socket 0600, a stale socket file replaced.
+        """Create the listening socket: socket 0600, a stale socket file replaced.
 
-        Raises OSError(EADDRINUSE) when something answers on ``path``.
+        The path and its directory must pass the trust rule (:mod:`agentd._trust`);
+        raises :class:`~agentd._trust.Untrusted` when the path is too long for
+        AF_UNIX or something other than a socket is there (it is never deleted),
+        OSError(EADDRINUSE) when something answers on ``path``.
         """
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(path.parent, 0o700)
-        if path.exists():
+        _trust.private_dir(path.parent, "socket dir", narrow=False)
+        if _trust.check_socket_path(path):
             probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             try:
                 probe.connect(str(path))
@@ -292,12 +294,11 @@ class Server:
             finally:
                 probe.close()
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        old = os.umask(0o177)  # the socket is born 0600: no window where others could connect
+        old = os.umask(0o177)  # the socket is born 0600 (no chmod after): no window where others could connect
         try:
             sock.bind(str(path))
         finally:
             os.umask(old)
-        os.chmod(path, 0o600)
         sock.listen(512)
         return trio.socket.from_stdlib_socket(sock)
 

@@ -78,7 +78,8 @@ NotifyAccess=main
 ExecStart={_EXEC} run
 Restart=on-failure
 RestartSec=2
-# 78 (EX_CONFIG): agentd.toml is broken; restarting will not fix it.
+# 78 (EX_CONFIG): agentd.toml is broken, or a path agentd needs is unusable or
+# untrusted (another user's, a symlink, a socket path too long): restarting will not fix it.
 RestartPreventExitStatus=78
 WatchdogSec=30
 # SIGTERM goes to agentd alone, which stops its runtimes within

@@ -128,8 +128,7 @@ class TaskStore:
             if not stem or not _fsutil.is_safe_name(stem):
                 continue  # temp files of an interrupted write start with a dot
             try:
-                with open(e.path, "rb") as f:
-                    out.append(_task_decoder.decode(f.read()))
+                out.append(_task_decoder.decode(_fsutil.read_file(Path(e.path))))
             except (OSError, msgspec.DecodeError) as exc:
                 log.error("task.record_unreadable", path=e.path, error=str(exc))
         out.sort(key=lambda t: (t.created_at, t.id))

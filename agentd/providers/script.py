@@ -38,7 +38,7 @@ import msgspec
 import structlog
 import trio
 
-from .._fsutil import make_dirs
+from .._fsutil import make_dirs, read_file
 from ..config import ScriptConfig
 from ..contract import (
     MAX_TAIL_LINE_BYTES,
@@ -463,7 +463,7 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 def _atomic_write(path: Path, data: bytes) -> None:
     """Write, fsync, rename, fsync the directory: a reader sees the old or the new file."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         try:
             view = memoryview(data)
@@ -476,7 +476,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    dirfd = os.open(path.parent, os.O_RDONLY)
+    dirfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         os.fsync(dirfd)
     finally:
@@ -484,7 +484,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def _append_fsync(path: Path, line: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, line)
         os.fsync(fd)
@@ -614,7 +614,7 @@ class ScriptProvider:
             raise ConversationNotFound(f"no script conversation {conversation_id!r}")
         path = self.conversation_path(conversation_id)
         try:
-            data = await trio.to_thread.run_sync(path.read_bytes)
+            data = await trio.to_thread.run_sync(read_file, path)
         except FileNotFoundError:
             raise ConversationNotFound(f"no script conversation {conversation_id!r} in {self.dir}") from None
         try:

@@ -375,8 +375,8 @@ def test_missing_explicit_file_is_an_error(tmp_path: pathlib.Path) -> None:
 
 
 def test_unreadable_or_non_utf8_file_is_an_error(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read"):
-        load_config(tmp_path)  # a directory
+    with pytest.raises(ConfigError, match="a directory, not a regular file"):
+        load_config(tmp_path)
     path = tmp_path / "agentd.toml"
     path.write_bytes(b'[log]\nlevel = "\xff"\n')
     with pytest.raises(ConfigError, match="not UTF-8"):

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from ..._fsutil import read_file
 from ...contract import Option, Prompt, Todo, TodoList, ToolCall, ToolStatus, TurnState
 from . import _schema as s
 
@@ -225,12 +226,12 @@ def prompt_blocks(prompt: Prompt, caps: s.PromptCapabilities) -> list[dict[str, 
         link = {"type": "resource_link", "uri": path.as_uri(), "name": a.name, "mimeType": a.mime, "size": a.size}
         try:
             if caps.image and a.mime.startswith("image/") and 0 < a.size <= MAX_INLINE_IMAGE_BYTES:
-                data = base64.b64encode(path.read_bytes()).decode("ascii")
+                data = base64.b64encode(read_file(path)).decode("ascii")
                 blocks.append({"type": "image", "data": data, "mimeType": a.mime, "uri": path.as_uri()})
                 continue
             if caps.embedded_context and (a.mime.startswith("text/") or a.mime in _TEXT_TYPES) \
                     and a.size <= MAX_INLINE_TEXT_BYTES:
-                text = path.read_bytes().decode("utf-8")
+                text = read_file(path).decode("utf-8")
                 blocks.append({"type": "resource", "resource": {"uri": path.as_uri(), "mimeType": a.mime, "text": text}})
                 continue
         except (OSError, UnicodeDecodeError):

@@ -41,7 +41,7 @@ import msgspec
 import structlog
 import trio
 
-from ..._fsutil import atomic_write, is_safe_name, make_dirs
+from ..._fsutil import atomic_write, is_safe_name, make_dirs, read_file
 from ...config import AcpAgentConfig
 from ...contract import (
     Answer,
@@ -601,7 +601,7 @@ class AcpProvider:
 
     async def _read_record(self, cid: str) -> _Record | None:
         try:
-            data = await trio.to_thread.run_sync(self._record_path(cid).read_bytes)
+            data = await trio.to_thread.run_sync(read_file, self._record_path(cid))
             record = msgspec.json.decode(data, type=_Record)
         except (FileNotFoundError, msgspec.DecodeError):
             return None

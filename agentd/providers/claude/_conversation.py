@@ -36,12 +36,14 @@ from __future__ import annotations
 import base64
 import collections
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import structlog
 import trio
 
+from ..._fsutil import read_file
 from ...contract import (
     Activity,
     ActivityEvent,
@@ -128,8 +130,7 @@ def prompt_content(prompt: Prompt) -> Any:
         inline = False
         if a.path and a.mime in INLINE_IMAGE_TYPES and 0 < a.size <= MAX_INLINE_IMAGE_BYTES:
             try:
-                with open(a.path, "rb") as f:
-                    data = f.read(MAX_INLINE_IMAGE_BYTES + 1)
+                data = read_file(Path(a.path))[:MAX_INLINE_IMAGE_BYTES + 1]  # stored copies: never through a symlink
                 blocks.append({"type": "image", "source": {"type": "base64", "media_type": a.mime,
                                                            "data": base64.b64encode(data).decode("ascii")}})
                 inline = True

@@ -45,7 +45,7 @@ import msgspec
 import structlog
 import trio
 
-from ..._fsutil import atomic_write, make_dirs
+from ..._fsutil import atomic_write, make_dirs, read_file
 from ...contract import (
     Account,
     Capabilities,
@@ -329,7 +329,7 @@ class ClaudeProvider:
     async def _read_record(self, session_id: str) -> _Record | None:
         path = self._record_path(session_id)
         try:
-            data = await trio.to_thread.run_sync(path.read_bytes)
+            data = await trio.to_thread.run_sync(read_file, path)
         except FileNotFoundError:
             return None
         try:
