@@ -57,7 +57,7 @@ def run(config_path: Path | None) -> None:
     # the GIL while the other parses a burst of events (the GIL convoy): 0.5 ms bounds it.
     sys.setswitchinterval(0.0005)
     try:
-        trio.run(serve, config, paths)
+        trio.run(serve, config, paths, config_path)
     except OSError as exc:
         click.echo(f"agentd: {exc}", err=True)
         sys.exit(1)
