@@ -402,8 +402,8 @@ class AcpProvider:
             raise Closed(f"provider {self.name!r} is not running")
         if request.conversation_id:
             return await self._reopen(request, sink)
-        workdir = await _check_workdir(request.workdir)
-        files = await self._pin(workdir)
+        files = await self._pin(request.workdir)
+        workdir = files.path
         try:
             agent = await self._agent_for(workdir)
         except BaseException:
@@ -526,9 +526,14 @@ class AcpProvider:
         return conv
 
     async def _pin(self, workdir: str) -> agentfs.Workdir:
-        """The workdir pinned for fs/* (before the agent starts, so it cannot swap it first)."""
+        """The workdir pinned for fs/* (before the agent starts, so it cannot swap it first), within
+        agent_files.timeout_s. Raises Invalid when it is no directory or cannot be opened."""
+        if not workdir:
+            raise Invalid("a workdir is required")
         try:
-            return await agentfs.pin(workdir, self.files)
+            return await agentfs.pin(os.path.abspath(os.path.expanduser(workdir)), self.files)
+        except (NotADirectoryError, FileNotFoundError):
+            raise Invalid(f"workdir {workdir!r} is not a directory") from None
         except (OSError, agentfs.FileAccessError) as exc:
             raise Invalid(f"workdir {workdir!r} cannot be opened: {exc}") from None
 
