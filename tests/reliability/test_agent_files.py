@@ -113,8 +113,11 @@ def test_a_symlink_swapped_in_a_loop_during_reads_never_leaks_a_byte_of_the_secr
         assert flipper.stdout is not None and flipper.stdout.readline() == "flipping\n"
         with d.client() as client:
             cid = open_acp(client, tree)
-            for _ in range(16):
+            # 400 reads at least, and on until 20 of them met the link (the flipper's pace varies with load).
+            for turn in range(80):
                 answers += many(reply(client, cid, f"readmany 25 {tree / 'target'}"))
+                if turn >= 15 and sum(a.startswith("error:") for a in answers) >= 20:
+                    break
     finally:
         flipper.kill()
         flipper.wait()
@@ -124,7 +127,7 @@ def test_a_symlink_swapped_in_a_loop_during_reads_never_leaks_a_byte_of_the_secr
     assert not leaked, f"{len(leaked)} of {len(answers)} reads returned the secret: {leaked[:3]}"
     # The race really ran: some reads found the file, some the link (refused, never followed).
     assert "ok:inside\n" in answers, answers[:5]
-    assert any(a.startswith("error:") and "symbolic link" in a for a in answers), answers[:5]
+    assert sum(a.startswith("error:") and "symbolic link" in a for a in answers) >= 20, answers[:5]
     assert all(a == "ok:inside\n" or "symbolic link" in a for a in answers), set(answers)
 
 
@@ -329,13 +332,18 @@ def test_a_hung_request_hits_its_deadline_while_other_conversations_go_on_and_si
             # 50 reads into the hung mount at once: more than any thread pool of the daemon.
             run = client.request(wire.Send, conversation=cid, text=f"readmany 50 {hung_mount / 'file.txt'}")["run"]
             sent = time.monotonic()
+
+            def answered() -> bool:
+                return any(r["type"] == "turn" and r.get("run") == run and r["data"]["state"] != "working"
+                           for r in d.journal(cid))
+
             turns = 0
-            while time.monotonic() - sent < 4:  # meanwhile the other conversation's turns go on
+            while not answered() and time.monotonic() - sent < 15:  # meanwhile the other conversation goes on
                 records = run_turn(other, script, f"hello {turns}", timeout=5)
                 assert msgspec.json.decode(records[-1].data)["state"] == "completed"
                 turns += 1
+            took_reads = time.monotonic() - sent
             records = client.follow(run, timeout=10)
-            answered = time.monotonic() - sent
             texts = [msgspec.json.decode(r.data).get("text", "") for r in records if r.type == "item"]
             answers = many(next(t for t in texts if t.startswith("many:")))
             assert json.loads(lease.read_text())["expires_at"] > renewed_at, "the lease was not renewed meanwhile"
@@ -352,6 +360,6 @@ def test_a_hung_request_hits_its_deadline_while_other_conversations_go_on_and_si
     finally:
         d.stop(signal.SIGKILL)
     assert len(answers) == 50 and all("did not finish within 2 s" in a for a in answers), answers[:3]
-    assert answered < 10, f"the hung reads were answered after {answered:.1f} s"
-    assert turns >= 5, f"only {turns} turns of the other conversation completed in 4 s"
+    assert took_reads < 6, f"the hung reads were answered after {took_reads:.1f} s"
+    assert turns >= 3, f"only {turns} turns of the other conversation completed meanwhile"
     assert d.proc.returncode == 0 and took < 5, f"agentd took {took:.1f} s to stop (exit {d.proc.returncode})"
