@@ -266,7 +266,7 @@ class AcpProvider:
                  restart_policy: RestartPolicy | None = None, files: agentfs.Policy | None = None) -> None:
         self.name = name
         #: what fs/* may do for the agent (the daemon's [agent_files] and own paths)
-        self.files = files or agentfs.Policy(own_dirs=(str(state_dir),))
+        self.file_policy = files or agentfs.Policy(own_dirs=(str(state_dir),))
         self.agent = name.split(":", 1)[1] if name.startswith("acp:") else name
         self.config = config
         self.display_name = config.display_name or f"ACP: {self.agent}"
@@ -531,7 +531,7 @@ class AcpProvider:
         if not workdir:
             raise Invalid("a workdir is required")
         try:
-            return await agentfs.pin(os.path.abspath(os.path.expanduser(workdir)), self.files)
+            return await agentfs.pin(os.path.abspath(os.path.expanduser(workdir)), self.file_policy)
         except (NotADirectoryError, FileNotFoundError):
             raise Invalid(f"workdir {workdir!r} is not a directory") from None
         except (OSError, agentfs.FileAccessError) as exc:
