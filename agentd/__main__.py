@@ -89,7 +89,7 @@ def run(config_path: Path | None) -> None:
     # the GIL while the other parses a burst of events (the GIL convoy): 0.5 ms bounds it.
     sys.setswitchinterval(0.0005)
     try:
-        trio.run(serve, config, paths)
+        trio.run(serve, config, paths, config_path)
     except Untrusted as exc:  # the socket, checked again as it is bound
         _unusable(exc)
     except OSError as exc:

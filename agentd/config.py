@@ -275,6 +275,17 @@ class AttachmentsConfig(_Section):
     retention_days: NonNegFloat = 30.0
 
 
+class AgentFilesConfig(_Section):
+    """[agent_files]: files agentd reads and writes for an agent (ACP fs/*), beneath its workdir."""
+
+    #: largest file read or written, bytes; a bigger one is refused (at most this + 1 bytes are read)
+    max_bytes: Annotated[int, msgspec.Meta(ge=1)] = 10 << 20
+    #: seconds one file request may take (a hung file system), waiting for a thread included
+    timeout_s: PosFloat = 30.0
+    #: worker threads for file requests, all conversations together
+    threads: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
+
+
 class PricingConfig(_Section, kw_only=True):
     """[pricing."<model>"]: USD per million tokens, for providers that report no cost.
 
@@ -435,6 +446,7 @@ class Config(_Section):
     tasks: TasksConfig = msgspec.field(default_factory=TasksConfig)
     providers: ProvidersConfig = msgspec.field(default_factory=ProvidersConfig)
     attachments: AttachmentsConfig = msgspec.field(default_factory=AttachmentsConfig)
+    agent_files: AgentFilesConfig = msgspec.field(default_factory=AgentFilesConfig)
     pricing: dict[Annotated[str, msgspec.Meta(min_length=1)], PricingConfig] = {}
     budgets: dict[Annotated[str, msgspec.Meta(min_length=1)], BudgetConfig] = {}
 

@@ -20,8 +20,8 @@ from typing import Any
 import structlog
 import trio
 
-from . import systemd
-from .config import Config, Paths
+from . import agentfs, systemd
+from .config import Config, Paths, default_config_path
 from .conversations import ConversationService, new_id
 from .hub import Hub
 from .journal import FsyncPolicy, JournalStore
@@ -33,15 +33,18 @@ from .tasks import TaskService
 log = structlog.get_logger("agentd")
 
 
-async def serve(config: Config, paths: Paths) -> None:
-    """Run the daemon until SIGTERM, SIGINT or a ``shutdown`` request. The caller holds the state-dir lock."""
+async def serve(config: Config, paths: Paths, config_path: Path | None = None) -> None:
+    """Run the daemon until SIGTERM, SIGINT or a ``shutdown`` request. The caller holds the state-dir lock.
+
+    ``config_path``: the agentd.toml loaded (None: the default one), kept out of agents' reach.
+    """
     owner = f"{new_id('d')}.{os.getpid()}"
     conversations_dir = paths.state_dir / "conversations"
     fsync = FsyncPolicy(config.journal.fsync)
     store = JournalStore(conversations_dir, fsync=fsync, batch_ms=config.journal.batch_ms)
     leases = FileLeaseStore(conversations_dir, owner=owner, ttl_s=config.leases.ttl_s, exclusive=True)
     hub = Hub()
-    runtimes = Runtimes(config, paths.state_dir)
+    runtimes = Runtimes(config, paths.state_dir, files=_agent_files(config, paths, config_path))
     service = ConversationService(
         store=store,
         leases=leases,
@@ -116,6 +119,17 @@ async def serve(config: Config, paths: Paths) -> None:
                     pass
             await store.aclose()
     log.info("agentd.stopped")
+
+
+def _agent_files(config: Config, paths: Paths, config_path: Path | None) -> agentfs.Policy:
+    """What agent file access may do, and agentd's own paths it refuses wherever they lie."""
+    af = config.agent_files
+    default = default_config_path()
+    return agentfs.Policy(
+        max_bytes=af.max_bytes, timeout_s=af.timeout_s, threads=af.threads,
+        own_dirs=(str(paths.state_dir), str(paths.runtime_dir), str(default.parent)),
+        own_files=(str(paths.socket), str(paths.token_file), str(Path(config_path or default).absolute())),
+    )
 
 
 async def _stop_wanted(signals: Any, server: Server) -> dict[str, str]:

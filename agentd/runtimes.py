@@ -26,6 +26,7 @@ from . import contract as c
 from . import wire
 
 if TYPE_CHECKING:
+    from . import agentfs
     from .config import Config
 
 log = structlog.get_logger("agentd.runtimes")
@@ -52,9 +53,11 @@ class _Slot:
 class Runtimes:
     """The configured providers, by name."""
 
-    def __init__(self, config: "Config", state_dir: Path) -> None:
+    def __init__(self, config: "Config", state_dir: Path, *, files: "agentfs.Policy | None" = None) -> None:
         self.config = config
         self.state_dir = state_dir
+        #: agent file access: limits and agentd's own paths (None: the defaults, the state dir refused)
+        self.files = files
         self._slots: dict[str, _Slot] = {}
         self._declare()
 
@@ -103,7 +106,8 @@ class Runtimes:
             def acp(agent: Any = agent, full: str = full) -> c.Provider:
                 from .providers.acp import AcpProvider
 
-                return AcpProvider(agent, state_dir=state_dir, name=full, restart_policy=restart_policy())
+                return AcpProvider(agent, state_dir=state_dir, name=full, restart_policy=restart_policy(),
+                                   files=self.files)
 
             self._slots[full] = _Slot(full, acp)
 

@@ -16,6 +16,9 @@ what to do:
 * ``badresult``    -> answers the prompt with a result of the wrong shape
 * ``read PATH`` / ``write PATH CONTENT`` -> fs/read_text_file / fs/write_text_file,
   answering ``ok:<content>`` or ``error:<message>``
+* ``readlines PATH LINE LIMIT`` -> fs/read_text_file of that line range, answered like ``read``
+* ``readmany N PATH`` -> N fs/read_text_file requests at once, then ``many:<JSON list>`` of their
+  answers (``ok:<content>`` or ``error:<message>`` each, in the order sent)
 * anything else    -> ``echo:<prompt>``, then ``end_turn``
 
 Every start appends a line to ``$FAULT_AGENT_LOG`` (when set), so a test can
@@ -81,7 +84,31 @@ def badresult(session: str, rid: Any, rest: str) -> bool:
     return True
 
 
-COMMANDS = {**fake.COMMANDS, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline,
+def readlines(session: str, rid: Any, rest: str) -> bool:
+    path, line, limit = rest.rsplit(" ", 2)
+    answer = fake.call("fs/read_text_file", {"sessionId": session, "path": path, "line": int(line), "limit": int(limit)})
+    say(session, f"ok:{answer['result']['content']}" if "result" in answer else f"error:{answer['error']['message']}")
+    return False
+
+
+def readmany(session: str, rid: Any, rest: str) -> bool:
+    count, path = rest.split(" ", 1)
+    ids = [f"many-{n}" for n in range(int(count))]
+    for i in ids:
+        send({"jsonrpc": "2.0", "id": i, "method": "fs/read_text_file", "params": {"sessionId": session, "path": path}})
+    answers: dict[str, str] = {}
+    while len(answers) < len(ids):
+        msg = fake.read()
+        if msg is None:
+            sys.exit(0)
+        if msg.get("id") in ids and "method" not in msg:
+            answers[msg["id"]] = (f"ok:{msg['result']['content']}" if "result" in msg
+                                  else f"error:{msg['error']['message']}")
+    say(session, "many:" + json.dumps([answers[i] for i in ids]))
+    return False
+
+
+COMMANDS = {**fake.COMMANDS, "readlines": readlines, "readmany": readmany, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline,
             "notrpc": notrpc, "badresult": badresult}
 
 

@@ -1,15 +1,13 @@
-"""The acp provider's pure parts: ACP values to contract values, and workdir confinement."""
+"""The acp provider's pure parts: ACP values to contract values (file access: tests/unit/test_agentfs.py)."""
 
 from __future__ import annotations
 
-import os
 import pathlib
 
 import msgspec
 import pytest
 
 from agentd import contract as c
-from agentd.providers.acp import _fs
 from agentd.providers.acp import _mapping as m
 from agentd.providers.acp import _schema as s
 
@@ -88,31 +86,6 @@ def test_not_found_answers_of_the_agents() -> None:
     assert m.is_not_found(-32603, 'Internal error: Invalid session identifier "abc".')
     assert m.is_not_found(-32603, "Internal error: No previous sessions found for this project.")
     assert not m.is_not_found(-32603, "Internal error: API Error: 500")
-
-
-def test_confinement_resolves_symlinks_and_dotdot(tmp_path: pathlib.Path) -> None:
-    work = tmp_path / "work"
-    (work / "sub").mkdir(parents=True)
-    (tmp_path / "secret").write_text("x")
-    os.symlink(tmp_path / "secret", work / "link")
-    os.symlink(tmp_path, work / "up")
-    os.symlink(work / "sub", work / "inner")
-    real = os.path.realpath(work)
-    assert _fs.confine(str(work / "sub" / ".." / "a.txt"), str(work)) == pathlib.Path(real, "a.txt")
-    assert _fs.confine("sub/b.txt", str(work)) == pathlib.Path(real, "sub", "b.txt")
-    assert _fs.confine(str(work / "inner" / "c.txt"), str(work)) == pathlib.Path(real, "sub", "c.txt")
-    for escape in (work / ".." / "secret", work / "link", work / "up" / "secret", work / "up" / "new.txt",
-                   pathlib.Path("/etc/passwd"), pathlib.Path(str(work) + "-sibling", "x")):
-        with pytest.raises(_fs.OutsideWorkdir):
-            _fs.confine(str(escape), str(work))
-
-
-def test_reading_a_line_window(tmp_path: pathlib.Path) -> None:
-    f = tmp_path / "f.txt"
-    f.write_text("1\n2\n3\n4\n")
-    assert _fs.read_text(f) == "1\n2\n3\n4\n"
-    assert _fs.read_text(f, line=2, limit=2) == "2\n3\n"
-    assert _fs.read_text(f, line=4) == "4\n"
 
 
 def test_attachments_become_blocks_the_agent_advertises(tmp_path: pathlib.Path) -> None:

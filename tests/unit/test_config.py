@@ -114,6 +114,7 @@ def test_defaults_have_the_documented_values() -> None:
     assert c.providers.acp == {}
     assert (c.attachments.max_bytes, c.attachments.max_files, c.attachments.retention_days) == (10 << 20, 10, 30)
     assert "text/*" in c.attachments.allowed_types and "application/pdf" in c.attachments.allowed_types
+    assert (c.agent_files.max_bytes, c.agent_files.timeout_s, c.agent_files.threads) == (10 << 20, 30.0, 4)
     assert (c.pricing, c.budgets) == ({}, {})
 
 

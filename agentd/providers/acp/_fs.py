@@ -1,59 +1,56 @@
-"""fs/read_text_file and fs/write_text_file, confined to a conversation's workdir.
+"""fs/read_text_file and fs/write_text_file: ACP's file requests, served by :mod:`agentd.agentfs`.
 
-A path is resolved the way the kernel would open it (symlinks followed,
-``..`` applied) before it is compared with the resolved workdir, so neither a
-symlink inside the workdir pointing out nor a ``..`` escape gets through.
-These functions block on the disk: call them through ``trio.to_thread``.
+agentfs does the confinement (pinned workdir, regular files only, size and
+time bounds, agentd's own directories refused); this module only converts
+between ACP's params and results and agentfs's errors. An
+:class:`agentfs.Refused` (outside the workdir, a symlink, agentd's own files)
+is left to the caller, which journals it as a notice; every other failure
+becomes the JSON-RPC error answered to the agent.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import msgspec
+
+from ... import agentfs
+from . import _schema as s
+from ._rpc import RpcError
 
 
-class OutsideWorkdir(Exception):
-    """The path resolves outside the workdir; ``resolved`` is where it points."""
-
-    def __init__(self, path: str, resolved: str, root: str) -> None:
-        super().__init__(f"{path} resolves to {resolved}, outside the conversation's workdir {root}")
-        self.path = path
-        self.resolved = resolved
-        self.root = root
-
-
-def confine(path: str, workdir: str) -> Path:
-    """The real path ``path`` names (relative paths are taken from ``workdir``).
-
-    Raises OutsideWorkdir when it is not ``workdir`` itself or below it.
-    """
-    root = os.path.realpath(workdir)
-    candidate = path if os.path.isabs(path) else os.path.join(root, path)
-    real = os.path.realpath(candidate)
-    if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
-        raise OutsideWorkdir(path, real, root)
-    return Path(real)
+async def read_text_file(files: agentfs.Workdir, params: Any, *, missing_file: Literal["error", "empty"]) -> dict:
+    """Answer ``fs/read_text_file``. Raises agentfs.Refused, RpcError."""
+    req = msgspec.convert(params, s.ReadTextFileRequest)
+    try:
+        with _answers("read", req.path):
+            return {"content": await files.read_text(req.path, req.line, req.limit)}
+    except FileNotFoundError:
+        if missing_file == "empty":
+            return {"content": ""}
+        raise RpcError(s.RESOURCE_NOT_FOUND, f"Resource not found: {req.path}", {"uri": req.path}) from None
 
 
-def read_text(path: Path, line: int | None = None, limit: int | None = None) -> str:
-    """The file's text (UTF-8, undecodable bytes replaced), from 1-based ``line``, at most ``limit`` lines.
-
-    Raises FileNotFoundError, IsADirectoryError, PermissionError.
-    """
-    text = path.read_bytes().decode("utf-8", "replace")
-    if line is None and limit is None:
-        return text
-    lines = text.splitlines(keepends=True)
-    start = max((line or 1) - 1, 0)
-    end = None if limit is None else start + max(limit, 0)
-    return "".join(lines[start:end])
+async def write_text_file(files: agentfs.Workdir, params: Any) -> dict:
+    """Answer ``fs/write_text_file``. Raises agentfs.Refused, RpcError."""
+    req = msgspec.convert(params, s.WriteTextFileRequest)
+    with _answers("write", req.path):
+        await files.write_text(req.path, req.content)
+    return {}
 
 
-def write_text(path: Path, content: str, workdir: str) -> None:
-    """Write ``content`` (UTF-8) to ``path``, creating missing parent directories inside ``workdir``."""
-    parent = path.parent
-    if not parent.exists():
-        confine(str(parent), workdir)
-        parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="") as f:
-        f.write(content)
+@contextmanager
+def _answers(verb: str, path: str) -> Iterator[None]:
+    """agentfs errors other than Refused (and FileNotFoundError) as the RpcError answered to the agent."""
+    try:
+        yield
+    except (agentfs.Refused, FileNotFoundError):
+        raise
+    except agentfs.TimedOut as exc:
+        raise RpcError(s.INTERNAL_ERROR, str(exc), {"path": path}) from None
+    except agentfs.FileAccessError as exc:
+        raise RpcError(s.INVALID_PARAMS, str(exc), {"path": path}) from None
+    except OSError as exc:
+        raise RpcError(s.INTERNAL_ERROR, f"cannot {verb} {path}: {exc.strerror or exc}", {"path": path}) from None

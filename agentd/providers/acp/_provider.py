@@ -41,6 +41,7 @@ import msgspec
 import structlog
 import trio
 
+from ... import agentfs
 from ..._fsutil import atomic_write, is_safe_name, make_dirs, read_file
 from ...config import AcpAgentConfig
 from ...contract import (
@@ -262,8 +263,10 @@ class AcpProvider:
     """
 
     def __init__(self, config: AcpAgentConfig, *, state_dir: Path, name: str,
-                 restart_policy: RestartPolicy | None = None) -> None:
+                 restart_policy: RestartPolicy | None = None, files: agentfs.Policy | None = None) -> None:
         self.name = name
+        #: what fs/* may do for the agent (the daemon's [agent_files] and own paths)
+        self.file_policy = files or agentfs.Policy(own_dirs=(str(state_dir),))
         self.agent = name.split(":", 1)[1] if name.startswith("acp:") else name
         self.config = config
         self.display_name = config.display_name or f"ACP: {self.agent}"
@@ -400,8 +403,13 @@ class AcpProvider:
             raise Closed(f"provider {self.name!r} is not running")
         if request.conversation_id:
             return await self._reopen(request, sink)
-        workdir = await _check_workdir(request.workdir)
-        agent = await self._agent_for(workdir)
+        files = await self._pin(request.workdir)
+        workdir = files.path
+        try:
+            agent = await self._agent_for(workdir)
+        except BaseException:
+            files.close()
+            raise
         try:
             try:
                 raw = await agent.proc.request("session/new", {"cwd": workdir, "mcpServers": []},
@@ -416,13 +424,14 @@ class AcpProvider:
                 error = RuntimeUnavailable(f"{self.name} answered session/new without a sessionId")
                 self._start_failed(agent, error)
                 raise error
-            conv = AcpConversation(self, agent, setup.session_id, workdir, sink, title=request.title, created_at=utcnow())
+            conv = AcpConversation(self, agent, setup.session_id, files, sink, title=request.title, created_at=utcnow())
             agent.register(setup.session_id, conv)
             conv._apply_setup(setup)
             await conv._select(request.model or self.config.model, request.effort)
             if self.config.mode:
                 await conv.set_mode(self.config.mode)
         except BaseException:
+            files.close()
             with trio.CancelScope(shield=True):
                 await self._release(agent)
             raise
@@ -486,18 +495,24 @@ class AcpProvider:
                 raise Busy(f"conversation {cid} is running a turn here")
             old._replaced = True  # the same conversation goes on: keep its restart backoff
             await old.close()
-        # After an exit the daemon reopens the conversation: this start is its restart.
-        agent = await self._agent_for(workdir, cid)
+        files = await self._pin(workdir)
+        try:
+            # After an exit the daemon reopens the conversation: this start is its restart.
+            agent = await self._agent_for(workdir, cid)
+        except BaseException:
+            files.close()
+            raise
         try:
             caps = agent.init.agent_capabilities
             if not caps.load_session and caps.session_capabilities.resume is None:
                 raise Unsupported(f"{self.name} can neither load nor resume a session (it advertises neither)")
-            conv = AcpConversation(self, agent, cid, workdir, sink, title=request.title or (record.title if record else ""),
+            conv = AcpConversation(self, agent, cid, files, sink, title=request.title or (record.title if record else ""),
                                    created_at=record.created_at if record else None)
             await conv._attach(agent, "session/load" if caps.load_session else "session/resume")
             # A reloaded session may start on the agent's default: ask for agentd's choice again.
             await conv._select(request.model, request.effort)
         except BaseException as exc:
+            files.close()
             if isinstance(exc, RuntimeUnavailable):
                 self._start_failed(agent, exc)
             with trio.CancelScope(shield=True):
@@ -508,6 +523,18 @@ class AcpProvider:
             await self._save_record(_Record(id=cid, workdir=workdir, title=conv._title,
                                             created_at=record.created_at if record else utcnow()))
         return conv
+
+    async def _pin(self, workdir: str) -> agentfs.Workdir:
+        """The workdir pinned for fs/* (before the agent starts, so it cannot swap it first), within
+        agent_files.timeout_s. Raises Invalid when it is no directory or cannot be opened."""
+        if not workdir:
+            raise Invalid("a workdir is required")
+        try:
+            return await agentfs.pin(os.path.abspath(os.path.expanduser(workdir)), self.file_policy)
+        except (NotADirectoryError, FileNotFoundError):
+            raise Invalid(f"workdir {workdir!r} is not a directory") from None
+        except (OSError, agentfs.FileAccessError) as exc:
+            raise Invalid(f"workdir {workdir!r} cannot be opened: {exc}") from None
 
     async def _agent_for(self, workdir: str, key: str = "") -> _Agent:
         """A started agent for a session in ``workdir``: the shared one, or a new process there
@@ -699,14 +726,16 @@ class AcpConversation:
     after :meth:`close` or once the provider stopped.
     """
 
-    def __init__(self, provider: AcpProvider, agent: _Agent, session_id: str, workdir: str, sink: EventSink,
+    def __init__(self, provider: AcpProvider, agent: _Agent, session_id: str, files: agentfs.Workdir, sink: EventSink,
                  *, title: str = "", created_at: _dt.datetime | None = None) -> None:
         self._provider = provider
+        #: the workdir pinned at open: fs/* requests resolve beneath it; closed with the conversation
+        self.files = files
+        self.workdir = files.path
         #: when the session was created (session/new), if agentd knows: see LOAD_IN_A_LATER_MINUTE
         self.created_at = created_at
         self._agent: _Agent | None = agent
         self._id = session_id
-        self.workdir = workdir
         self._sink = sink
         self._title = title
         self._items: list[Item] = []
@@ -729,8 +758,6 @@ class AcpConversation:
         self._revive_lock = trio.Lock()
         #: an agent being stopped after a cancel; a new one starts only once it is gone
         self._retiring: _Agent | None = None
-        #: real paths of this conversation's attachments: fs/read_text_file may read them too
-        self._readable: set[str] = set()
         #: trio time of the latest session/update
         self._last_update = 0.0
         #: the agent's slash commands (available_commands_update), names only
@@ -785,7 +812,7 @@ class AcpConversation:
             if prompt.attachments:
                 caps = agent.init.agent_capabilities.prompt_capabilities
                 blocks = await trio.to_thread.run_sync(m.prompt_blocks, prompt, caps)
-                self._readable.update(os.path.realpath(a.path) for a in prompt.attachments if a.path)
+                await self.files.allow(a.path for a in prompt.attachments if a.path)  # fs/read_text_file may read them
             with trio.CancelScope(shield=True):
                 self._check_open()
                 turn = _Turn(self._model_id())
@@ -943,6 +970,7 @@ class AcpConversation:
             return
         self._closed = True
         self._closed_reason = f"conversation {self.id} is closed"
+        self.files.close()
         with trio.CancelScope(shield=True):
             agent, self._agent = self._agent, None
             turn = self._turn
@@ -1164,6 +1192,7 @@ class AcpConversation:
             self._finish(self._turn, TurnState.CANCELLED, "", "shutdown")
         self._closed = True
         self._closed_reason = f"provider {self._provider.name} stopped"
+        self.files.close()
         self._agent = None
 
     # ------------------------------------------------------------------ session/update
@@ -1296,46 +1325,24 @@ class AcpConversation:
         return cancelled
 
     async def _on_read(self, params: Any) -> Any:
-        req = msgspec.convert(params, s.ReadTextFileRequest)
-        path = await self._confined("fs/read_text_file", req.path)
         try:
-            text = await trio.to_thread.run_sync(_fs.read_text, path, req.line, req.limit)
-        except FileNotFoundError:
-            if self._provider.config.missing_file == "empty":
-                return {"content": ""}
-            raise RpcError(s.RESOURCE_NOT_FOUND, f"Resource not found: {req.path}", {"uri": req.path}) from None
-        except IsADirectoryError:
-            raise RpcError(s.INVALID_PARAMS, f"{req.path} is a directory") from None
-        except OSError as exc:
-            raise RpcError(s.INTERNAL_ERROR, f"cannot read {req.path}: {exc.strerror or exc}") from None
-        return {"content": text}
+            return await _fs.read_text_file(self.files, params, missing_file=self._provider.config.missing_file)
+        except agentfs.Refused as exc:
+            raise self._refuse("fs/read_text_file", exc) from None
 
     async def _on_write(self, params: Any) -> Any:
-        req = msgspec.convert(params, s.WriteTextFileRequest)
-        path = await self._confined("fs/write_text_file", req.path)
         try:
-            await trio.to_thread.run_sync(_fs.write_text, path, req.content, self.workdir)
-        except _fs.OutsideWorkdir as exc:
-            raise self._refuse("fs/write_text_file", req.path, exc) from None
-        except OSError as exc:
-            raise RpcError(s.INTERNAL_ERROR, f"cannot write {req.path}: {exc.strerror or exc}") from None
-        return {}
+            return await _fs.write_text_file(self.files, params)
+        except agentfs.Refused as exc:
+            raise self._refuse("fs/write_text_file", exc) from None
 
-    async def _confined(self, method: str, path: str) -> Path:
-        try:
-            return await trio.to_thread.run_sync(_fs.confine, path, self.workdir)
-        except _fs.OutsideWorkdir as exc:
-            if method == "fs/read_text_file" and exc.resolved in self._readable:
-                return Path(exc.resolved)  # a file the user attached to a prompt
-            raise self._refuse(method, path, exc) from None
-
-    def _refuse(self, method: str, path: str, exc: _fs.OutsideWorkdir) -> RpcError:
+    def _refuse(self, method: str, exc: agentfs.Refused) -> RpcError:
         """Journal the refusal (a notice item) and build the error answered to the agent."""
-        text = f"Refused {method} of {path}: {exc}"
-        log.warning("acp.fs_refused", agent=self._provider.name, conversation=self.id, method=method, path=path,
-                    resolved=exc.resolved)
+        text = f"Refused {method} of {exc.path}: {exc}"
+        log.warning("acp.fs_refused", agent=self._provider.name, conversation=self.id, method=method, path=exc.path,
+                    why=exc.kind)
         self._put(Item(id=f"notice-{uuid.uuid4().hex[:12]}", kind=ItemKind.NOTICE, text=text, time=utcnow()), emit=True)
-        return RpcError(s.INVALID_PARAMS, f"access denied: {exc}", {"path": path})
+        return RpcError(s.INVALID_PARAMS, f"access denied: {exc}", {"path": exc.path})
 
     # ------------------------------------------------------------------ helpers
 
