@@ -252,7 +252,7 @@ class TasksConfig(_Section):
     concurrency: Annotated[int, msgspec.Meta(ge=1)] = 2
     #: per-provider limits that replace `concurrency`, e.g. { claude = 1 }
     provider_concurrency: dict[str, Annotated[int, msgspec.Meta(ge=1)]] = {}
-    #: seconds one callback POST may take
+    #: seconds one callback POST may take, all told: connect, send and the answer (not per read)
     callback_timeout_s: PosFloat = 10.0
     #: seconds after the task ended during which a failing callback is retried
     callback_retry_window_s: NonNegFloat = 600.0

@@ -25,6 +25,7 @@ from .contract import (
     Attachment,
     AgentdError,
     Answer,
+    LimitExceeded,
     AnswerRecord,
     Capabilities,
     Context,
@@ -780,6 +781,24 @@ def encode_error(request_id: int | None, error: AgentdError) -> bytes:
     """An ``error`` frame; its message and detail strings are cut to a bounded size, whatever they quote."""
     body = ErrorBody(code=error.code, message=_clip_middle(error.message), details=_clip_details(error.details))
     return encode(ErrorFrame(id=request_id, error=body))
+
+
+def size_text(n: int) -> str:
+    """A byte count as people read it: ``512 bytes``, ``2.0 KiB``, ``10.0 MiB``."""
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    if n >= 1 << 10:
+        return f"{n / (1 << 10):.1f} KiB"
+    return f"{n} bytes"
+
+
+def attachment_over_limit(name: str, size: int, max_bytes: int, *, at_least: bool = False) -> LimitExceeded:
+    """The ``limit`` error for a file past ``[attachments] max_bytes`` (agentd's and agentctl's alike)."""
+    told = f"more than {size_text(max_bytes)}" if at_least else size_text(size)
+    return LimitExceeded(
+        f"attachment {name!r} is {told}, over the {size_text(max_bytes)} limit ([attachments] max_bytes)",
+        details={"name": name, "size": size, "max_bytes": max_bytes},
+    )
 
 
 def _decoder_message(exc: Exception) -> str:
