@@ -183,6 +183,7 @@ def test_a_connection_that_sends_no_hello_is_dropped_after_the_hello_timeout(tmp
                 assert frames[-1]["type"] == "error" and "no hello within 1 s" in frames[-1]["error"]["message"]
             waited = time.monotonic() - t0
             assert waited < 4, f"a silent connection was dropped only after {waited:.1f}s"
+            print(f"hello timeout 1 s: silent and half-hello connections dropped after {waited:.2f}s")
             time.sleep(0.5)
             # A client that said hello stays, past the timeout.
             assert greeted.request(wire.Status)["pid"] == d.proc.pid
@@ -210,6 +211,7 @@ def test_an_oversized_bad_request_gets_a_short_error_and_the_connection_goes_on(
                 assert isinstance(reply, wire.ErrorFrame) and reply.id == frame["id"], reply
                 message = reply.error.message
                 assert len(message) < 1200, f"{len(message)}-character error for {reply.error.code}"
+                print(f"{len(json.dumps(frame))}-byte bad request: {len(message)}-character {reply.error.code} error")
                 assert "chars" in message and "…" in message, message
                 assert all(len(json.dumps(v)) < 1200 for v in reply.error.details.values())
             assert client.request(wire.Status)["pid"] == d.proc.pid
