@@ -118,6 +118,8 @@ class Client:
         self.hello: wire.HelloFrame | None = None
         #: the daemon's limit of one incoming frame (from its hello result); None = not told
         self.max_frame_bytes: int | None = None
+        #: the daemon's largest attachment ([attachments] max_bytes, from its hello result); None = not told
+        self.max_attachment_bytes: int | None = None
         self._reader = threading.Thread(target=self._read_loop, name="agentctl-reader", daemon=True)
 
     # ------------------------------------------------------------------ connecting
@@ -165,10 +167,13 @@ class Client:
         self._send(wire.Hello(id=0, protocol=wire.PROTOCOL_VERSION, client=f"agentctl/{__version__}"))
         raw = self._wait(hello_q, 0)
         try:
-            limit = msgspec.json.decode(raw).get("max_frame_bytes")
-        except (msgspec.DecodeError, AttributeError):
-            limit = None
-        self.max_frame_bytes = limit if isinstance(limit, int) and limit > 0 else None
+            told = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            told = None
+        if not isinstance(told, dict):
+            told = {}
+        self.max_frame_bytes = _positive(told.get("max_frame_bytes"))
+        self.max_attachment_bytes = _positive(told.get("max_attachment_bytes"))
 
     # ------------------------------------------------------------------ requests
 
@@ -460,6 +465,10 @@ class _SeqOnly(msgspec.Struct):
 
 
 _seq_decoder = msgspec.json.Decoder(_SeqOnly)
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _peek_seq(raw: msgspec.Raw) -> int:

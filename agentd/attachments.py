@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import _fsutil
-from .contract import Attachment, Invalid, LimitExceeded
+from .contract import Attachment, Invalid
+from .wire import attachment_over_limit
 
 __all__ = ["ATTACHMENTS_DIR", "clean_name", "decode", "is_allowed", "sniff_mime", "store", "sweep"]
 
@@ -132,28 +133,14 @@ def decode(name: str, data_b64: str, *, max_bytes: int) -> bytes:
     """The bytes of a base64 upload; :class:`LimitExceeded` past ``max_bytes``, :class:`Invalid` if not base64."""
     size = len(data_b64) // 4 * 3 - len(data_b64[-2:]) + len(data_b64[-2:].rstrip("="))
     if size > max_bytes:  # refused before decoding: the size follows from the length
-        raise LimitExceeded(
-            f"attachment {name!r} is {_size(size)}, over the {_size(max_bytes)} limit ([attachments] max_bytes)",
-            details={"name": name, "size": size, "max_bytes": max_bytes},
-        )
+        raise attachment_over_limit(name, size, max_bytes)
     try:
         data = base64.b64decode(data_b64, validate=True)
     except (binascii.Error, ValueError):
         raise Invalid(f"attachment {name!r}: its data is not valid base64") from None
     if len(data) > max_bytes:
-        raise LimitExceeded(
-            f"attachment {name!r} is {_size(len(data))}, over the {_size(max_bytes)} limit ([attachments] max_bytes)",
-            details={"name": name, "size": len(data), "max_bytes": max_bytes},
-        )
+        raise attachment_over_limit(name, len(data), max_bytes)
     return data
-
-
-def _size(n: int) -> str:
-    if n >= 1 << 20:
-        return f"{n / (1 << 20):.1f} MiB"
-    if n >= 1 << 10:
-        return f"{n / (1 << 10):.1f} KiB"
-    return f"{n} bytes"
 
 
 def _attachments_dir(conversation_dir: Path) -> Path:

@@ -179,6 +179,15 @@ class ServerConfig(_Section):
     subscriber_buffer: Annotated[int, msgspec.Meta(ge=1)] = 4096
     #: concurrent client connections (socket and WebSocket together)
     max_connections: Annotated[int, msgspec.Meta(ge=1)] = 1024
+    #: bytes queued per connection (responses wait for room; a subscriber past it gets `lagged`);
+    #: an empty outbox takes one frame of any size
+    outbox_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 << 20
+    #: requests of one connection running at once; past it agentd stops reading that connection
+    max_requests_in_flight: Annotated[int, msgspec.Meta(ge=1)] = 64
+    #: subscriptions one connection may hold; past it `subscribe` answers `limit`
+    max_subscriptions: Annotated[int, msgspec.Meta(ge=1)] = 256
+    #: seconds a new connection has to send `hello` before it is closed
+    hello_timeout_s: PosFloat = 5.0
 
 
 class WebSocketConfig(_Section):
@@ -193,6 +202,12 @@ class WebSocketConfig(_Section):
     #: browser Origins allowed besides http://127.0.0.1:<port> and http://localhost:<port>;
     #: a request with any other Origin header is refused (clients without one are not browsers)
     allowed_origins: list[str] = []
+    #: connections that have not yet passed the token check, in total and per peer address;
+    #: past either cap a new connection is closed at once
+    max_unauthenticated: Annotated[int, msgspec.Meta(ge=1)] = 128
+    max_unauthenticated_per_peer: Annotated[int, msgspec.Meta(ge=1)] = 16
+    #: seconds a connection has to send its WebSocket handshake (with the token) before it is closed
+    handshake_timeout_s: PosFloat = 5.0
 
     def __post_init__(self) -> None:
         _check_path(self.token_file, "token_file")
@@ -239,7 +254,7 @@ class TasksConfig(_Section):
     concurrency: Annotated[int, msgspec.Meta(ge=1)] = 2
     #: per-provider limits that replace `concurrency`, e.g. { claude = 1 }
     provider_concurrency: dict[str, Annotated[int, msgspec.Meta(ge=1)]] = {}
-    #: seconds one callback POST may take
+    #: seconds one callback POST may take, all told: connect, send and the answer (not per read)
     callback_timeout_s: PosFloat = 10.0
     #: seconds after the task ended during which a failing callback is retried
     callback_retry_window_s: NonNegFloat = 600.0

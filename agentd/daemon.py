@@ -8,11 +8,16 @@ then stay ``running`` on disk: the next start records them interrupted.
 
 SIGTERM, SIGINT and the ``shutdown`` request (``agentctl stop``) all take
 that one path, systemd's STOPPING notification included.
+
+At start the open-files soft limit is raised to the hard limit (often 1024
+soft against 500,000 hard): the caps on connections, not a low default, bound
+how many descriptors clients may hold, and the owner's own socket keeps room.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,7 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
 
     ``config_path``: the agentd.toml loaded (None: the default one), kept out of agents' reach.
     """
+    _raise_open_files_limit()
     owner = f"{new_id('d')}.{os.getpid()}"
     conversations_dir = paths.state_dir / "conversations"
     fsync = FsyncPolicy(config.journal.fsync)
@@ -64,6 +70,10 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
         max_frame_bytes=config.server.max_frame_bytes,
         subscriber_buffer=config.server.subscriber_buffer,
         max_connections=config.server.max_connections,
+        outbox_bytes=config.server.outbox_bytes,
+        max_requests_in_flight=config.server.max_requests_in_flight,
+        max_subscriptions=config.server.max_subscriptions,
+        hello_timeout_s=config.server.hello_timeout_s,
         state_dir=paths.state_dir,
         socket_path=paths.socket,
     )
@@ -130,6 +140,26 @@ def _agent_files(config: Config, paths: Paths, config_path: Path | None) -> agen
         own_dirs=(str(paths.state_dir), str(paths.runtime_dir), str(default.parent)),
         own_files=(str(paths.socket), str(paths.token_file), str(Path(config_path or default).absolute())),
     )
+
+
+def _raise_open_files_limit() -> None:
+    """Set RLIMIT_NOFILE's soft limit to its hard limit; a refusal is logged, never fatal."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        # The kernel refuses "unlimited" for open files; fs.nr_open is the real ceiling.
+        try:
+            target = int(Path("/proc/sys/fs/nr_open").read_text())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as exc:
+        log.warning("agentd.nofile_limit", soft=soft, hard=hard, error=str(exc))
+        return
+    log.info("agentd.nofile_limit", soft=target, was=soft)
 
 
 async def _stop_wanted(signals: Any, server: Server) -> dict[str, str]:

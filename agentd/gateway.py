@@ -10,6 +10,15 @@ the runtime dir, as ``Authorization: Bearer <token>`` or, for browsers that
 cannot set headers on a WebSocket, as the query parameter ``?token=<token>``.
 A request with an ``Origin`` header (a browser) must come from an allowed
 Origin. Refusals are answered 401/403 before the upgrade and logged.
+
+Connections that have not passed the token check are bounded, so that
+another local user's idle connections cannot use up agentd's descriptors:
+at most ``[websocket] max_unauthenticated`` in total and
+``max_unauthenticated_per_peer`` per peer address (past either, a new
+connection is closed at once, before agentd reads a byte), each with
+``handshake_timeout_s`` to send its handshake. Past the token check the
+connection counts against ``[server] max_connections`` and must send
+``hello`` within ``[server] hello_timeout_s``, as on the Unix socket.
 """
 
 from __future__ import annotations
@@ -18,13 +27,12 @@ import hmac
 import os
 import secrets
 import urllib.parse
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket as _serve
+from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, WebSocketServer
 
 from . import _trust
 from .logs import register_secret
@@ -91,6 +99,69 @@ class _MessageStream(trio.abc.Stream):
         await self.ws.aclose()
 
 
+class _Admission:
+    """The connections not yet past the token check: counted in total and per peer address."""
+
+    def __init__(self, total: int, per_peer: int) -> None:
+        self.total = total
+        self.per_peer = per_peer
+        #: (address, port) of the peer -> its stream, until it passes or fails the token check
+        self.pending: dict[tuple[str, int], trio.SocketStream] = {}
+        self.per_address: dict[str, int] = {}
+        self.refused = 0
+
+    def admit(self, key: tuple[str, int], stream: trio.SocketStream) -> bool:
+        self.settle(key)  # the same peer address and port again: the earlier connection is gone
+        if len(self.pending) >= self.total or self.per_address.get(key[0], 0) >= self.per_peer:
+            self.refused += 1
+            return False
+        self.pending[key] = stream
+        self.per_address[key[0]] = self.per_address.get(key[0], 0) + 1
+        return True
+
+    def settle(self, key: tuple[str, int]) -> None:
+        """The connection passed or failed the token check, or closed: it no longer counts."""
+        if self.pending.pop(key, None) is None:
+            return
+        left = self.per_address[key[0]] - 1
+        if left:
+            self.per_address[key[0]] = left
+        else:
+            del self.per_address[key[0]]
+
+    def sweep(self) -> None:
+        # trio-websocket closes a connection whose handshake timed out without telling us.
+        for key, stream in list(self.pending.items()):
+            if stream.socket.fileno() < 0:
+                self.settle(key)
+
+
+class _AdmittingListener(trio.abc.Listener[trio.SocketStream]):
+    """A TCP listener that closes a new connection at once when the unauthenticated caps are full."""
+
+    def __init__(self, inner: trio.SocketListener, admission: _Admission) -> None:
+        self.inner = inner
+        self.admission = admission
+
+    async def accept(self) -> trio.SocketStream:
+        while True:
+            stream = await self.inner.accept()
+            try:
+                address, port, *_ = stream.socket.getpeername()
+            except OSError:
+                await stream.aclose()
+                continue
+            if self.admission.admit((address, port), stream):
+                return stream
+            if self.admission.refused % 1000 == 1:  # a flood logs now and then, not once per connection
+                log.warning("gateway.refused", peer=f"{address}:{port}", reason="too many unauthenticated connections",
+                            refused=self.admission.refused)
+            await stream.aclose()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 def _allowed_origins(host: str, port: int, extra: list[str]) -> set[str]:
     return {f"http://127.0.0.1:{port}", f"http://localhost:{port}", f"http://[::1]:{port}", *extra}
 
@@ -103,14 +174,26 @@ async def serve_websocket(server: "Server", config: "Config", paths: "Paths", *,
     expected = f"Bearer {token}".encode()
     allowed: set[str] = set()  # filled once the port is known
 
+    admission = _Admission(ws_config.max_unauthenticated, ws_config.max_unauthenticated_per_peer)
+
     async def handler(request: WebSocketRequest) -> None:
+        remote = request.remote
+        key = (str(remote.address), remote.port) if not isinstance(remote, str) else ("?", 0)
+        try:
+            ws = await _authenticate(request)
+        finally:
+            admission.settle(key)
+        if ws is not None:
+            await server.serve_stream(_MessageStream(ws), f"ws {remote}")
+
+    async def _authenticate(request: WebSocketRequest) -> WebSocketConnection | None:
         headers = {k.lower(): v for k, v in request.headers}
         peer = f"{request.remote}"
         origin = headers.get(b"origin")
         if origin is not None and origin.decode(errors="replace") not in allowed:
             log.warning("gateway.refused", peer=peer, reason="origin", origin=origin.decode(errors="replace"))
             await request.reject(403, body=b"origin not allowed\n")
-            return
+            return None
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
         given = headers.get(b"authorization", b"")
         if not given and query.get("token"):
@@ -118,19 +201,22 @@ async def serve_websocket(server: "Server", config: "Config", paths: "Paths", *,
         if not hmac.compare_digest(given, expected):
             log.warning("gateway.refused", peer=peer, reason="token")
             await request.reject(401, body=b"a bearer token is required\n")
-            return
-        ws = await request.accept()
-        await server.serve_stream(_MessageStream(ws), f"ws {peer}")
+            return None
+        return await request.accept()
 
+    listeners = await trio.open_tcp_listeners(ws_config.port, host=ws_config.host)
+    port = listeners[0].socket.getsockname()[1]
+    ws_server = WebSocketServer(
+        handler,
+        [_AdmittingListener(listener, admission) for listener in listeners],
+        max_message_size=config.server.max_frame_bytes,
+        connect_timeout=ws_config.handshake_timeout_s,
+    )
     async with trio.open_nursery() as nursery:
-        ws_server = await nursery.start(
-            partial(_serve, max_message_size=config.server.max_frame_bytes),
-            handler,
-            ws_config.host,
-            ws_config.port,
-            None,
-        )
-        port = ws_server.port
+        await nursery.start(ws_server.run)
         allowed.update(_allowed_origins(ws_config.host, port, list(ws_config.allowed_origins)))
         log.info("gateway.listening", host=ws_config.host, port=port, token_file=str(paths.token_file))
         task_status.started(port)
+        while True:
+            await trio.sleep(min(0.25, ws_config.handshake_timeout_s / 4))
+            admission.sweep()

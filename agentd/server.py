@@ -5,11 +5,23 @@ Transport below, API above: this module turns frames into calls on the
 frames. Every connection has a bounded outbox written by one writer task;
 requests run concurrently, each in its own task, so a slow operation never
 holds up a connection's other requests or its subscriptions.
+
+Every client is bounded (issue 12, "bounded clients"), so one that pipelines
+without reading, subscribes without end or never speaks costs agentd a fixed
+amount: at most ``server.max_requests_in_flight`` requests of a connection run
+at once, and past that agentd stops reading from it (the kernel's socket
+buffers then push back on the client); the outbox holds at most
+``server.subscriber_buffer`` frames and ``server.outbox_bytes`` bytes (a
+response waits for room, a subscriber past it gets ``lagged``); at most
+``server.max_subscriptions`` subscriptions per connection (past it: ``limit``);
+a connection that has not sent ``hello`` within ``server.hello_timeout_s`` is
+sent an ``invalid`` error and closed.
 """
 
 from __future__ import annotations
 
 import errno
+import math
 import os
 import socket as _socket
 import struct
@@ -36,7 +48,8 @@ CATCHUP_CHUNK = 512
 class _Connection:
     """One client: a bounded outbox, its subscriptions, and the requests in flight."""
 
-    def __init__(self, server: "Server", stream: trio.abc.Stream, peer: str, buffer: int, *, may_stop: bool = False) -> None:
+    def __init__(self, server: "Server", stream: trio.abc.Stream, peer: str, buffer: int, *, may_stop: bool = False,
+                 buffer_bytes: int = 32 << 20, in_flight: int = 64) -> None:
         self.server = server
         self.stream = stream
         self.peer = peer
@@ -46,10 +59,14 @@ class _Connection:
         # The outbox: frames queued for the writer, at most ``buffer`` of them. A plain list and
         # two events rather than a memory channel: offer() runs once per frame per subscriber
         # on the publisher's path, and the writer takes the whole list in one go. An entry may
-        # hold several frames (offer_many); _count counts frames.
+        # hold several frames (offer_many); _count counts frames, _bytes their size.
         self._frames: list[bytes] = []
         self._count = 0
+        self._bytes = 0
         self._limit = buffer
+        self._byte_limit = buffer_bytes
+        #: requests of this connection running now; the reader waits for a slot (back-pressure)
+        self.in_flight = trio.Semaphore(in_flight)
         self._wake: trio.Event | None = None  # the writer waits for frames
         self._room: trio.Event | None = None  # send() waits for room
         self._shut = False  # no frame is queued any more: the connection is going away
@@ -65,7 +82,7 @@ class _Connection:
     def offer(self, frame: bytes) -> bool:
         if self._shut:
             return True  # the connection is going away; nothing to lag
-        if self._count >= self._limit:
+        if self._full():
             return False
         self._queue(frame, 1)
         return True
@@ -75,16 +92,21 @@ class _Connection:
             return True
         # An empty outbox takes a burst of any size (at most PUMP_BATCH frames past the limit):
         # a subscriber that keeps up is never cut off because a burst outgrew its buffer.
-        if self._count and self._count + count > self._limit:
+        if self._count and (self._count + count > self._limit or self._bytes + len(frames) > self._byte_limit):
             return False
         self._queue(frames, count)
         return True
+
+    def _full(self) -> bool:
+        # An empty outbox takes one frame of any size (a large response still goes out).
+        return self._count >= self._limit or (self._count > 0 and self._bytes >= self._byte_limit)
 
     def _queue(self, data: bytes, count: int) -> None:
         wake = self._wake
         if wake is None:
             self._frames.append(data)  # the writer is busy (or not started): it takes it next
             self._count += count
+            self._bytes += len(data)
             return
         # The writer is idle, so nothing is queued: write through now, as asyncio's transports
         # do, saving a task switch per frame (latency); only what the socket does not take
@@ -99,6 +121,7 @@ class _Connection:
             data = data[n:]
         self._frames.append(data)
         self._count += count
+        self._bytes += len(data)
         self._wake = None
         wake.set()
 
@@ -121,7 +144,7 @@ class _Connection:
         checkpoint); dropped once the connection is going away.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        while not self._shut and self._count >= self._limit:
+        while not self._shut and self._full():
             if self._room is None:
                 self._room = trio.Event()
             await self._room.wait()
@@ -131,7 +154,9 @@ class _Connection:
     async def send_many(self, frames: bytes, count: int) -> None:
         """Queue ``count`` frames joined in ``frames``, waiting for room for all of them (or an empty outbox)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        while not self._shut and self._count and self._count + count > self._limit:
+        while not self._shut and self._count and (
+            self._count + count > self._limit or self._bytes + len(frames) > self._byte_limit
+        ):
             if self._room is None:
                 self._room = trio.Event()
             await self._room.wait()
@@ -166,6 +191,7 @@ class _Connection:
                     continue
                 self._frames = []
                 self._count = 0
+                self._bytes = 0
                 room = self._room
                 if room is not None:
                     self._room = None
@@ -182,6 +208,7 @@ class _Connection:
             self.shut()
             self._frames = []
             self._count = 0
+            self._bytes = 0
 
     async def lines(self, max_frame: int) -> Any:
         """Yield complete lines; raise LimitExceeded for a line longer than ``max_frame`` bytes."""
@@ -221,6 +248,10 @@ class Server:
         max_frame_bytes: int = wire.DEFAULT_MAX_FRAME_BYTES,
         subscriber_buffer: int = 4096,
         max_connections: int = 1024,
+        outbox_bytes: int = 32 << 20,
+        max_requests_in_flight: int = 64,
+        max_subscriptions: int = 256,
+        hello_timeout_s: float = 5.0,
         state_dir: Path,
         socket_path: Path,
         check_uid: bool = True,
@@ -230,6 +261,10 @@ class Server:
         self.max_frame_bytes = max_frame_bytes
         self.subscriber_buffer = subscriber_buffer
         self.max_connections = max_connections
+        self.outbox_bytes = outbox_bytes
+        self.max_requests_in_flight = max_requests_in_flight
+        self.max_subscriptions = max_subscriptions
+        self.hello_timeout_s = hello_timeout_s
         self.state_dir = state_dir
         self.socket_path = socket_path
         self.check_uid = check_uid
@@ -352,7 +387,8 @@ class Server:
             await _refuse(stream, err)
             return
         self.connections += 1
-        conn = _Connection(self, stream, peer, self.subscriber_buffer, may_stop=may_stop)
+        conn = _Connection(self, stream, peer, self.subscriber_buffer, may_stop=may_stop,
+                           buffer_bytes=self.outbox_bytes, in_flight=self.max_requests_in_flight)
         try:
             async with trio.open_nursery() as nursery:
                 conn.nursery = nursery
@@ -376,39 +412,57 @@ class Server:
 
     async def _read_loop(self, conn: _Connection, nursery: trio.Nursery) -> None:
         greeted = False
+        # Until hello: a connection that says nothing holds a descriptor and a slot for nobody.
+        hello_scope = trio.CancelScope(deadline=trio.current_time() + self.hello_timeout_s)
         try:
-            async for line in conn.lines(self.max_frame_bytes):
-                if not line.strip():
-                    continue
-                try:
-                    request = wire.decode_request(line)
-                except wire.ProtocolError as exc:
-                    await conn.send(wire.encode_error(exc.request_id, exc))
-                    continue
-                if not greeted:
-                    if not isinstance(request, wire.Hello):
-                        await conn.send(wire.encode_error(request.id, c.Invalid("the first frame must be hello")))
-                        return
-                    if request.protocol != wire.PROTOCOL_VERSION:
-                        err = c.Invalid(
-                            f"protocol mismatch: agentd speaks {wire.PROTOCOL_VERSION}, the client {request.protocol}",
-                            details={"server": wire.PROTOCOL_VERSION, "client": request.protocol},
-                        )
-                        await conn.send(wire.encode_error(request.id, err))
-                        return
-                    greeted = True
-                    hello = {"protocol": wire.PROTOCOL_VERSION, "max_frame_bytes": self.max_frame_bytes}
-                    await conn.send(wire.encode_result(request.id, hello))
-                    continue
-                if isinstance(request, wire.Hello):
-                    await conn.send(wire.encode_error(request.id, c.Invalid("hello was already sent")))
-                    continue
-                nursery.start_soon(self._dispatch, conn, request)
+            with hello_scope:
+                async for line in conn.lines(self.max_frame_bytes):
+                    if not line.strip():
+                        continue
+                    try:
+                        request = wire.decode_request(line)
+                    except wire.ProtocolError as exc:
+                        await conn.send(wire.encode_error(exc.request_id, exc))
+                        continue
+                    if not greeted:
+                        if not isinstance(request, wire.Hello):
+                            await conn.send(wire.encode_error(request.id, c.Invalid("the first frame must be hello")))
+                            return
+                        if request.protocol != wire.PROTOCOL_VERSION:
+                            err = c.Invalid(
+                                f"protocol mismatch: agentd speaks {wire.PROTOCOL_VERSION}, the client {request.protocol}",
+                                details={"server": wire.PROTOCOL_VERSION, "client": request.protocol},
+                            )
+                            await conn.send(wire.encode_error(request.id, err))
+                            return
+                        greeted = True
+                        hello_scope.deadline = math.inf
+                        hello = {"protocol": wire.PROTOCOL_VERSION, "max_frame_bytes": self.max_frame_bytes,
+                                 "max_attachment_bytes": self.service.attachments.max_bytes}
+                        await conn.send(wire.encode_result(request.id, hello))
+                        continue
+                    if isinstance(request, wire.Hello):
+                        await conn.send(wire.encode_error(request.id, c.Invalid("hello was already sent")))
+                        continue
+                    # Back-pressure: with every slot taken, stop reading; the client's writes then
+                    # block on full socket buffers instead of agentd holding a task per line.
+                    await conn.in_flight.acquire()
+                    nursery.start_soon(self._dispatch, conn, request)
         except c.LimitExceeded as exc:
             log.warning("server.frame_too_large", peer=conn.peer, error=exc.message)
             await conn.send(wire.encode_error(None, exc))
+        if hello_scope.cancelled_caught:
+            log.warning("server.hello_timeout", peer=conn.peer, timeout_s=self.hello_timeout_s)
+            err = c.Invalid(f"no hello within {self.hello_timeout_s:g} s (server.hello_timeout_s); closing")
+            conn.offer(wire.encode_error(None, err))
 
     async def _dispatch(self, conn: _Connection, request: Any) -> None:
+        try:
+            await self._answer_request(conn, request)
+        finally:
+            conn.in_flight.release()
+
+    async def _answer_request(self, conn: _Connection, request: Any) -> None:
         handler = self._handlers[type(request)]
         try:
             result = await handler(conn, request)
@@ -550,6 +604,11 @@ class Server:
         """Replay after ``req.after``, switch live with no gap or duplicate, then snapshot."""
         if req.id in conn.subscriptions:
             raise c.Invalid(f"subscription id {req.id} is in use on this connection")
+        if len(conn.subscriptions) >= self.max_subscriptions:
+            raise c.LimitExceeded(
+                f"this connection has {len(conn.subscriptions)} subscriptions, the limit "
+                "(server.max_subscriptions); unsubscribe one first, or subscribe to all conversations at once"
+            )
         if req.conversation is None:
             sub = Subscription(req.id, None, conn)
             sub.live = True

@@ -672,13 +672,25 @@ class TaskService:
             while task.callback_state == "pending":
                 at = _now()
                 code, error = 0, ""
-                try:
-                    async with client.stream("POST", task.callback, content=body, headers=headers) as resp:
-                        code = resp.status_code
-                    if not 200 <= code < 300:
-                        error = f"HTTP {code} {resp.reason_phrase}".rstrip()
-                except Exception as exc:  # any failure of the POST is an attempt that failed
-                    error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                # httpx's timeout is per read: a receiver trickling a byte a second would hold the
+                # attempt forever. callback_timeout_s bounds the whole attempt (connect, send, answer).
+                with trio.move_on_after(cfg.callback_timeout_s) as attempt_scope:
+                    try:
+                        async with client.stream("POST", task.callback, content=body, headers=headers) as resp:
+                            code = resp.status_code
+                            seen = 0
+                            async for chunk in resp.aiter_raw():  # the answer, within the deadline
+                                seen += len(chunk)
+                                if seen > 65536:  # nobody reads a callback's answer: no need of more
+                                    break
+                        if not 200 <= code < 300:
+                            error = f"HTTP {code} {resp.reason_phrase}".rstrip()
+                    except Exception as exc:  # any failure of the POST is an attempt that failed
+                        error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                if attempt_scope.cancelled_caught:
+                    code = 0
+                    error = (f"timed out: no whole answer within {cfg.callback_timeout_s:g} s "
+                             "(tasks.callback_timeout_s bounds connect, send and answer together)")
                 attempt = wire.CallbackAttempt(
                     attempt=len(task.callback_attempts) + 1, at=at, status=task.status, status_code=code,
                     error=error, ok=not error,

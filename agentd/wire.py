@@ -25,6 +25,7 @@ from .contract import (
     Attachment,
     AgentdError,
     Answer,
+    LimitExceeded,
     AnswerRecord,
     Capabilities,
     Context,
@@ -799,10 +800,73 @@ def encode_result(request_id: int, result: Any) -> bytes:
     return encode(ResultFrame(id=request_id, result=msgspec.Raw(_encoder.encode(result))))
 
 
+#: Longest piece of a client's request an error quotes back, characters: an error about a
+#: 16 MB frame must not be a 16 MB frame itself.
+ECHO_LIMIT = 200
+#: Longest error message or detail string agentd sends; past it, the middle is cut out.
+ERROR_TEXT_LIMIT = 1000
+
+
+def clip(text: str, limit: int = ECHO_LIMIT) -> str:
+    """``text`` when at most ``limit`` characters; else its start, an ellipsis and its length."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} chars)"
+
+
+def _clip_middle(text: str) -> str:
+    # Whatever agentd itself says is short: a long message quotes the request somewhere inside,
+    # so keep its start and its end (a decoder error names the path last) and cut the middle.
+    if len(text) <= ERROR_TEXT_LIMIT:
+        return text
+    return f"{text[:ECHO_LIMIT]}… ({len(text)} chars in all) …{text[-ECHO_LIMIT:]}"
+
+
+def _clip_details(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return _clip_middle(value)
+    if depth > 3:
+        return value
+    if isinstance(value, dict):
+        if len(value) > 100:
+            value = dict(list(value.items())[:100])
+        return {_clip_middle(str(k)): _clip_details(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clip_details(v, depth + 1) for v in value[:100]]
+    return value
+
+
 def encode_error(request_id: int | None, error: AgentdError) -> bytes:
-    return encode(
-        ErrorFrame(id=request_id, error=ErrorBody(code=error.code, message=error.message, details=error.details))
+    """An ``error`` frame; its message and detail strings are cut to a bounded size, whatever they quote."""
+    body = ErrorBody(code=error.code, message=_clip_middle(error.message), details=_clip_details(error.details))
+    return encode(ErrorFrame(id=request_id, error=body))
+
+
+def size_text(n: int) -> str:
+    """A byte count as people read it: ``512 bytes``, ``2.0 KiB``, ``10.0 MiB``."""
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    if n >= 1 << 10:
+        return f"{n / (1 << 10):.1f} KiB"
+    return f"{n} bytes"
+
+
+def attachment_over_limit(name: str, size: int, max_bytes: int, *, at_least: bool = False) -> LimitExceeded:
+    """The ``limit`` error for a file past ``[attachments] max_bytes`` (agentd's and agentctl's alike)."""
+    told = f"more than {size_text(max_bytes)}" if at_least else size_text(size)
+    return LimitExceeded(
+        f"attachment {name!r} is {told}, over the {size_text(max_bytes)} limit ([attachments] max_bytes)",
+        details={"name": name, "size": size, "max_bytes": max_bytes},
     )
+
+
+def _decoder_message(exc: Exception) -> str:
+    # msgspec quotes bad values and unknown field names (" - at `$.path`" last): clip the quote.
+    text = str(exc)
+    head, sep, path = text.rpartition(" - at `")
+    if not sep:
+        return clip(text)
+    return f"{clip(head)}{sep}{clip(path)}"
 
 
 def decode_request(line: bytes) -> Request:
@@ -815,18 +879,18 @@ def decode_request(line: bytes) -> Request:
     try:
         env = _envelope_decoder.decode(line)
     except msgspec.DecodeError as exc:
-        raise ProtocolError(f"malformed frame: {exc}") from None
+        raise ProtocolError(f"malformed frame: {_decoder_message(exc)}") from None
     except RecursionError:
         # msgspec recurses per nesting level; a frame of a few hundred KB of "[" exhausts the stack.
         raise ProtocolError("malformed frame: nested too deeply") from None
     if env.op is None:
         raise ProtocolError("frame has no op", request_id=env.id)
     if env.op not in OPS:
-        raise ProtocolError(f"unknown op {env.op!r}", code="unsupported", request_id=env.id)
+        raise ProtocolError(f"unknown op {clip(env.op)!r}", code="unsupported", request_id=env.id)
     try:
         return _request_decoder().decode(line)
     except msgspec.DecodeError as exc:
-        raise ProtocolError(f"invalid {env.op!r} request: {exc}", request_id=env.id) from None
+        raise ProtocolError(f"invalid {env.op!r} request: {_decoder_message(exc)}", request_id=env.id) from None
     except RecursionError:
         raise ProtocolError(f"invalid {env.op!r} request: nested too deeply", request_id=env.id) from None
 

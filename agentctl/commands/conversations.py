@@ -54,18 +54,60 @@ _attach_option = click.option(
 
 
 def _uploads(paths: tuple[str, ...]) -> list[wire.Upload]:
-    """The files to send, read and base64-encoded (agentd checks names, sizes and types)."""
-    import base64
+    """The files to send, read and base64-encoded (agentd checks names, sizes and types).
 
+    Regular files only, opened non-blocking (a FIFO or a device would hang or never end),
+    and never more read than agentd's attachment limit (from its hello) + 1 byte.
+    Raises Fail (usage) for a file that cannot be read or is not a regular file,
+    LimitExceeded (exit 1, as agentd's own refusal) for one over the limit.
+    """
+    import base64
+    import stat
+
+    if not paths:
+        return []
+    client = _opts().client()
+    # Older daemons do not say; a frame cannot carry more than 3/4 of its limit in base64.
+    limit = client.max_attachment_bytes or (client.max_frame_bytes or wire.DEFAULT_MAX_FRAME_BYTES) * 3 // 4
     out = []
     for path in paths:
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             raise Fail(exitcodes.USAGE, f"cannot read {path}: {exc.strerror or exc}") from None
-        out.append(wire.Upload(name=os.path.basename(path), data=base64.b64encode(data).decode("ascii")))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise Fail(exitcodes.USAGE, f"cannot attach {path}: not a regular file ({_file_kind(st.st_mode)})")
+            name = os.path.basename(path)
+            if st.st_size > limit:
+                raise wire.attachment_over_limit(name, st.st_size, limit)
+            chunks, size = [], 0
+            while size <= limit:  # it may grow while read: never more than limit + 1 bytes
+                chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        except OSError as exc:
+            raise Fail(exitcodes.USAGE, f"cannot read {path}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
+        if size > limit:
+            raise wire.attachment_over_limit(name, size, limit, at_least=True)
+        data = b"".join(chunks)
+        out.append(wire.Upload(name=name, data=base64.b64encode(data).decode("ascii")))
     return out
+
+
+def _file_kind(mode: int) -> str:
+    import stat
+
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a file"
 
 
 def _create(provider: str, cwd: str, title: str, model: str, effort: str, yolo: bool,

@@ -127,6 +127,41 @@ def test_files_past_the_limits_are_refused_with_a_clear_error_and_nothing_is_sen
         d.stop()
 
 
+def _agentctl_bounded(d: Daemon, *args: str, timeout: float = 15.0) -> tuple[subprocess.CompletedProcess[str], float]:
+    """agentctl with 1 GiB of address space at most (a regression fails, not the machine), timed."""
+    import resource
+    import sys
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    t0 = time.monotonic()
+    cp = subprocess.run([sys.executable, "-m", "agentctl", "--socket", str(d.socket), *args], env=d.env,
+                        capture_output=True, text=True, timeout=timeout, cwd=d.root, preexec_fn=cap)
+    return cp, time.monotonic() - t0
+
+
+def test_attach_takes_regular_files_only_and_never_reads_past_the_limit(daemon: Daemon, workdir: Path) -> None:
+    conv = new(daemon, workdir)
+    fifo = workdir / "pipe"
+    os.mkfifo(fifo)
+    huge = workdir / "huge.bin"
+    with open(huge, "wb") as f:
+        f.truncate(64 << 20)  # sparse: 64 MiB to read, none on disk
+    link = workdir / "zero-link"
+    link.symlink_to("/dev/zero")
+    for path, kind in (("/dev/zero", "a character device"), (str(fifo), "a FIFO"), (str(link), "a character device")):
+        cp, took = _agentctl_bounded(daemon, "send", conv, "hi", "--attach", path)
+        assert cp.returncode == 2, cp.stderr
+        assert f"cannot attach {path}: not a regular file ({kind})" in cp.stderr
+        assert took < 10, f"--attach {path} took {took:.1f}s to fail"
+    cp, took = _agentctl_bounded(daemon, "send", conv, "hi", "--attach", str(huge))
+    assert cp.returncode == 1, cp.stderr
+    assert "limit: attachment 'huge.bin' is 64.0 MiB, over the 10.0 MiB limit ([attachments] max_bytes)" in cp.stderr
+    assert took < 10
+    assert not [r for r in daemon.journal(conv) if r["type"] == "prompt"], "a refused prompt was sent"
+
+
 def test_a_request_over_the_frame_limit_is_refused_by_agentctl_before_sending(tmp_path: Path, workdir: Path) -> None:
     d = start(tmp_path / "d", "[server]\nmax_frame_bytes = 4096\n")
     try:

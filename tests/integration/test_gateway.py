@@ -43,9 +43,10 @@ async def test_the_same_frames_flow_over_the_websocket_with_the_token(gateway) -
         hello = json.loads(await ws.get_message())
         assert hello["type"] == "hello" and hello["protocol"] == wire.PROTOCOL_VERSION
         await ws.send_message(json.dumps({"id": 0, "op": "hello", "protocol": wire.PROTOCOL_VERSION}))
-        # The hello result also says how big a frame the daemon takes (server.max_frame_bytes).
-        assert json.loads(await ws.get_message()) == {
-            "type": "result", "id": 0, "result": {"protocol": 1, "max_frame_bytes": 16 << 20}}
+        # The hello result also says how big a frame and an attachment the daemon takes
+        # (server.max_frame_bytes, attachments.max_bytes).
+        assert json.loads(await ws.get_message()) == {"type": "result", "id": 0, "result": {
+            "protocol": 1, "max_frame_bytes": 16 << 20, "max_attachment_bytes": 10 << 20}}
         await ws.send_message(json.dumps({"id": 1, "op": "status"}))
         status = json.loads(await ws.get_message())
         assert status["id"] == 1 and status["result"]["pid"] == d.proc.pid

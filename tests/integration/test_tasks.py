@@ -390,6 +390,78 @@ def test_a_callback_that_never_succeeds_gives_up_after_the_window_and_never_fail
     assert all(a["status_code"] == 0 and not a["ok"] and "Connect" in a["error"] for a in attempts)
 
 
+class Trickler:
+    """An HTTP receiver on 127.0.0.1 that reads the POST, then answers one byte every 0.5 s (~40 s)."""
+
+    ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-slow: " + b"z" * 60 + b"\r\n\r\nok"
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.accepted: list[float] = []
+        self.cut: list[float] = []  # when the caller hung up on us
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/hook"
+
+    def _serve(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        self.accepted.append(time.monotonic())
+        with conn:
+            conn.settimeout(5)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            try:
+                for i in range(len(self.ANSWER)):
+                    conn.sendall(self.ANSWER[i:i + 1])
+                    time.sleep(0.5)
+            except OSError:
+                self.cut.append(time.monotonic())
+                return
+            # The caller may have closed without our noticing yet: the next write tells.
+            try:
+                time.sleep(0.2)
+                conn.sendall(b"x")
+                conn.sendall(b"x")
+            except OSError:
+                self.cut.append(time.monotonic())
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_callback_timeout_is_a_deadline_for_the_whole_attempt_not_per_read(start: Any, workdir: Path) -> None:
+    # A receiver trickling its answer a byte every 0.5 s never trips a 1.5 s per-read timeout.
+    d = start("callback_timeout_s = 1.5\ncallback_retry_window_s = 0\n")
+    trickler = Trickler()
+    try:
+        task = create(d, workdir, "call a slow one", "--callback", trickler.url)
+        deadline = time.monotonic() + 30
+        while (t := show(d, task)["task"])["callback_state"] != "failed":
+            assert time.monotonic() < deadline, t
+            time.sleep(0.05)
+        recorded = time.monotonic()
+        assert trickler.accepted, "the callback never connected"
+        took = recorded - trickler.accepted[0]
+        assert took < 1.5 + 2.0, f"the attempt took {took:.1f}s with a 1.5 s deadline"
+        [attempt] = t["callback_attempts"]
+        assert not attempt["ok"] and attempt["status_code"] == 0 and "timed out" in attempt["error"], attempt
+        assert t["status"] == "completed"
+        wait_deadline = time.monotonic() + 5
+        while not trickler.cut:
+            assert time.monotonic() < wait_deadline, "agentd kept the connection to the slow receiver open"
+            time.sleep(0.05)
+        print(f"callback deadline: a receiver trickling 1 byte / 0.5 s was cut after {took:.2f}s (deadline 1.5 s)")
+    finally:
+        trickler.close()
+
+
 def test_only_http_and_https_callbacks_are_accepted(start: Any, workdir: Path) -> None:
     d = start()
     for url in ("ftp://127.0.0.1/hook", "file:///etc/passwd", "127.0.0.1:8080/hook", "http://"):

@@ -1,0 +1,348 @@
+"""Bounded clients (issue 12): whatever one client does, agentd's cost for it stays bounded.
+
+Through the real daemon and real sockets: a client that pipelines 300,000
+requests and never reads is pushed back by its own socket (agentd stops
+reading it) while the daemon's memory stays flat and others are served; a
+connection's subscriptions are capped (``limit``); a connection that never
+says ``hello`` is closed; an error about a megabyte of bad request is short;
+a flood of unauthenticated WebSocket connections from another user neither
+exhausts agentd's descriptors nor locks the owner out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from trio_websocket import open_websocket_url
+
+from agentd import contract as c
+from agentd import wire
+from daemon_harness import Daemon
+
+from .conftest import ECHO, fast_daemon, new
+
+HELLO = wire.encode(wire.Hello(id=0, protocol=wire.PROTOCOL_VERSION, client="tests"))
+
+
+def _proc_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for pid {pid}")
+
+
+def _open_fds(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+def _raw(d: Daemon) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(str(d.socket))
+    return sock
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """True once the other side closed ``sock`` (EOF or reset); never blocks."""
+    try:
+        while True:
+            data = sock.recv(65536, socket.MSG_DONTWAIT)
+            if not data:
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+# ---------------------------------------------------------------------- pipelining without reading
+
+
+def test_a_client_pipelining_300k_requests_without_reading_is_pushed_back_and_memory_stays_flat(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    total = 300_000
+    d = fast_daemon(tmp_path).start()
+    try:
+        pid = d.proc.pid
+        base_kb = _proc_kb(pid, "VmRSS")
+        flood = _raw(d)
+        flood.sendall(HELLO)
+        requests = b"".join(b'{"id":%d,"op":"status"}\n' % i for i in range(1, total + 1))
+        sent = [0]
+
+        def pump() -> None:
+            view = memoryview(requests)
+            flood.settimeout(None)
+            try:
+                while sent[0] < len(requests):
+                    sent[0] += flood.send(view[sent[0]:sent[0] + 65536])
+            except OSError:
+                pass
+
+        pumper = threading.Thread(target=pump, daemon=True)
+        pumper.start()
+        # Sending stalls: agentd stopped reading this client (it never reads its answers).
+        last, still_since = -1, time.monotonic()
+        deadline = time.monotonic() + 15
+        while time.monotonic() - still_since < 1.5:
+            assert time.monotonic() < deadline, f"agentd took all {sent[0]} bytes: nothing pushed back"
+            if sent[0] != last:
+                last, still_since = sent[0], time.monotonic()
+            time.sleep(0.05)
+        taken = requests.count(b"\n", 0, sent[0])
+        assert taken < total, "agentd read every pipelined request of a client that never reads"
+        # Meanwhile everyone else is served at once.
+        with d.client() as other:
+            t0 = time.monotonic()
+            assert other.request(wire.Status)["pid"] == pid
+            rtt = time.monotonic() - t0
+        assert rtt < 1.0, f"another client's status took {rtt:.2f}s"
+        peak_kb = _proc_kb(pid, "VmHWM")
+        growth_mb = (peak_kb - base_kb) / 1024
+        assert growth_mb < 64, f"agentd grew by {growth_mb:.0f} MiB for one client that never reads"
+        # Now the client reads: what it sent is answered, each request once (the first 20,000
+        # here, to keep the test short), and agentd reads on as the client drains.
+        flood.settimeout(30)
+        ids: set[int] = set()
+        buf = b""
+        t0 = time.monotonic()
+        want = 20_000
+        while len(ids) < want:
+            chunk = flood.recv(1 << 20)
+            assert chunk, f"agentd closed the connection after {len(ids)} answers"
+            buf += chunk
+            lines = buf.split(b"\n")
+            buf = lines.pop()
+            for line in lines:
+                frame = json.loads(line)
+                if frame["type"] == "result" and frame["id"]:
+                    assert frame["id"] not in ids and frame["result"]["pid"] == pid, frame
+                    ids.add(frame["id"])
+            assert time.monotonic() - t0 < 20, f"only {len(ids)} answers within 20 s"
+        assert requests.count(b"\n", 0, sent[0]) > taken, "agentd did not read on as the client drained"
+        drained = time.monotonic() - t0
+        flood.close()
+        pumper.join(5)
+        assert _proc_kb(pid, "VmRSS") - base_kb < 64 * 1024
+        with capsys.disabled():
+            print(f"\nbounded clients: {total} pipelined requests, {taken} taken before agentd stopped reading; "
+                  f"RSS peak +{growth_mb:.1f} MiB; another client's status {rtt * 1000:.0f} ms; "
+                  f"{want} answered in {drained:.1f}s once the client read")
+    finally:
+        d.stop()
+
+
+# ---------------------------------------------------------------------- subscriptions, hello, errors
+
+
+def test_subscriptions_per_connection_are_capped_with_a_limit_error(tmp_path: Path) -> None:
+    d = fast_daemon(tmp_path, "[server]\nmax_subscriptions = 4\n").start()
+    work = tmp_path / "work"
+    work.mkdir()
+    try:
+        with d.client() as a, d.client() as b:
+            cid = new(a, work, ECHO)
+            subs = [a.subscribe(cid) for _ in range(3)] + [a.subscribe(None)]
+            with pytest.raises(c.LimitExceeded, match="max_subscriptions"):
+                a.subscribe(cid)
+            with pytest.raises(c.LimitExceeded):
+                a.subscribe(None)
+            # The cap is per connection: another one subscribes; the first goes on after an unsubscribe.
+            b.subscribe(cid)
+            a.request(wire.Unsubscribe, subscription=subs[0])
+            a.subscribe(cid)
+            assert a.request(wire.Status)["pid"] == d.proc.pid
+    finally:
+        d.stop()
+
+
+def test_a_connection_that_sends_no_hello_is_dropped_after_the_hello_timeout(tmp_path: Path) -> None:
+    d = fast_daemon(tmp_path, "[server]\nhello_timeout_s = 1.0\n").start()
+    try:
+        silent, trickle = _raw(d), _raw(d)
+        trickle.sendall(b'{"id": 0, "op": "hel')  # half a hello, then nothing (slowloris)
+        with d.client() as greeted:
+            t0 = time.monotonic()
+            for sock in (silent, trickle):
+                data = b""
+                while chunk := sock.recv(65536):
+                    data += chunk
+                frames = [json.loads(line) for line in data.splitlines()]
+                assert frames[0]["type"] == "hello"
+                assert frames[-1]["type"] == "error" and "no hello within 1 s" in frames[-1]["error"]["message"]
+            waited = time.monotonic() - t0
+            assert waited < 4, f"a silent connection was dropped only after {waited:.1f}s"
+            print(f"hello timeout 1 s: silent and half-hello connections dropped after {waited:.2f}s")
+            time.sleep(0.5)
+            # A client that said hello stays, past the timeout.
+            assert greeted.request(wire.Status)["pid"] == d.proc.pid
+        silent.close()
+        trickle.close()
+    finally:
+        d.stop()
+
+
+def test_an_oversized_bad_request_gets_a_short_error_and_the_connection_goes_on(tmp_path: Path) -> None:
+    d = fast_daemon(tmp_path).start()
+    big = "x" * 1_000_000
+    bad = [
+        {"id": 1, "op": big},  # unknown op
+        {"id": 2, "op": "status", big: 1},  # unknown field
+        {"id": 3, "op": "new", "provider": "script", "workdir": "/", "mode": big},  # bad enum value
+        {"id": 4, "op": "show", "conversation": big},  # no such conversation
+        {"id": 5, "op": "new", "provider": big, "workdir": big},  # a handler quoting what it got
+    ]
+    try:
+        with d.client() as client:
+            for frame in bad:
+                client.send_raw(json.dumps(frame).encode() + b"\n")
+                reply = client.read()
+                assert isinstance(reply, wire.ErrorFrame) and reply.id == frame["id"], reply
+                message = reply.error.message
+                assert len(message) < 1200, f"{len(message)}-character error for {reply.error.code}"
+                print(f"{len(json.dumps(frame))}-byte bad request: {len(message)}-character {reply.error.code} error")
+                assert "chars" in message and "…" in message, message
+                assert all(len(json.dumps(v)) < 1200 for v in reply.error.details.values())
+            assert client.request(wire.Status)["pid"] == d.proc.pid
+    finally:
+        d.stop()
+
+
+# ---------------------------------------------------------------------- the WebSocket gateway under a flood
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+GATEWAY = """\
+[websocket]
+enabled = true
+port = {port}
+max_unauthenticated = 64
+max_unauthenticated_per_peer = 16
+handshake_timeout_s = {timeout}
+"""
+
+
+def _start_with_low_nofile(d: Daemon, soft: int = 256) -> Daemon:
+    """Start agentd with an open-files soft limit of ``soft`` (the usual 1024, scaled down)."""
+    was = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, was[1]), was[1]))
+    try:
+        return d.start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, was)
+
+
+def _nofile_limits(pid: int) -> tuple[int, int]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError("no open-files limit")
+
+
+def _flood(port: int, addresses: list[str], each: int) -> list[socket.socket]:
+    """Connections that never authenticate: half say nothing, half send part of a handshake, slowly."""
+    socks = []
+    for address in addresses:
+        for n in range(each):
+            s = socket.socket()
+            s.bind((address, 0))
+            s.connect(("127.0.0.1", port))
+            if n % 2:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            socks.append(s)
+    return socks
+
+
+async def _status_over_ws(ws: Any, rid: int) -> dict[str, Any]:
+    await ws.send_message(json.dumps({"id": rid, "op": "status"}))
+    while True:
+        frame = json.loads(await ws.get_message())
+        if frame.get("id") == rid:
+            return frame["result"]
+
+
+@contextlib.asynccontextmanager
+async def _ws(port: int, token: str) -> AsyncIterator[Any]:
+    """An authenticated WebSocket past its hello exchange."""
+    async with open_websocket_url(f"ws://127.0.0.1:{port}/",
+                                  extra_headers=[("Authorization", f"Bearer {token}")]) as ws:
+        assert json.loads(await ws.get_message())["type"] == "hello"
+        await ws.send_message(json.dumps({"id": 0, "op": "hello", "protocol": wire.PROTOCOL_VERSION}))
+        assert json.loads(await ws.get_message())["type"] == "result"
+        yield ws
+
+
+async def test_a_thousand_unauthenticated_websockets_neither_exhaust_descriptors_nor_lock_the_owner_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = _free_port()
+    d = _start_with_low_nofile(fast_daemon(tmp_path, GATEWAY.format(port=port, timeout=2.0)), soft=256)
+    try:
+        pid = d.proc.pid
+        soft, hard = _nofile_limits(pid)
+        assert soft == hard, f"agentd kept an open-files soft limit of {soft} (hard {hard})"
+        token = (d.runtime_dir / "ws-token").read_text().strip()
+        async with _ws(port, token) as owner_ws:  # the owner's web client, authenticated before
+            base_fds = _open_fds(pid)
+            # 1,200 connections from 24 loopback addresses (another local user can bind any 127.x).
+            t0 = time.monotonic()
+            socks = await trio.to_thread.run_sync(_flood, port, [f"127.0.0.{n}" for n in range(2, 26)], 50)
+            await trio.sleep(0.3)
+            held = _open_fds(pid) - base_fds
+            assert held <= 64 + 8, f"agentd holds {held} descriptors for unauthenticated connections"
+            # The owner is not locked out: the Unix socket, and the authenticated WebSocket.
+            with d.client() as unix:
+                assert unix.request(wire.Status)["pid"] == pid
+            assert (await _status_over_ws(owner_ws, 1))["pid"] == pid
+            # Past the handshake timeout agentd has closed every one of them.
+            with trio.fail_after(10):
+                while not all(_closed_by_peer(s) for s in socks):
+                    await trio.sleep(0.1)
+            dropped_after = time.monotonic() - t0
+            for s in socks:
+                s.close()
+            # And a new web client gets in.
+            async with _ws(port, token) as ws:
+                assert (await _status_over_ws(ws, 1))["pid"] == pid
+        with capsys.disabled():
+            print(f"\nbounded clients: {len(socks)} unauthenticated WebSockets held {held} agentd descriptors "
+                  f"(cap 64); all dropped within {dropped_after:.1f}s (handshake timeout 2 s); "
+                  f"open-files soft limit raised 256 -> {soft}")
+    finally:
+        d.stop()
+
+
+async def test_unauthenticated_websockets_are_capped_per_peer_address(tmp_path: Path) -> None:
+    port = _free_port()
+    d = fast_daemon(tmp_path, GATEWAY.format(port=port, timeout=5.0)).start()
+    try:
+        token = (d.runtime_dir / "ws-token").read_text().strip()
+        socks = await trio.to_thread.run_sync(_flood, port, ["127.0.0.2"], 100)
+        await trio.sleep(1.0)
+        closed = sum(_closed_by_peer(s) for s in socks)
+        # 16 wait for their handshake timeout; the 84 past the per-peer cap were closed at once.
+        assert closed == 100 - 16, f"{closed} of 100 connections from one peer were closed at once"
+        # A client from another address is not held up by that peer's connections.
+        async with _ws(port, token) as ws:
+            assert (await _status_over_ws(ws, 1))["pid"] == d.proc.pid
+        for s in socks:
+            s.close()
+    finally:
+        d.stop()
