@@ -541,13 +541,18 @@ class Workdir:
 
         The lstat here only words the message; nothing is opened on its say-so.
         """
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO, errno.EOPNOTSUPP):
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link
+            return self._symlink(path, shown or name)
+        if exc.errno in (errno.ENOTDIR, errno.ENXIO, errno.EOPNOTSUPP):
             try:
                 st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
             except OSError:
                 st = None
             if st is not None and stat.S_ISLNK(st.st_mode):
                 return self._symlink(path, shown or name)
+            if st is not None and stat.S_ISDIR(st.st_mode) and exc.errno == errno.ENOTDIR:
+                # A directory now, not one when opened with O_NOFOLLOW: a link was swapped in and out.
+                return self._symlink(path, f"{shown or name} (changed while agentd opened it)")
             if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
                 return _not_regular(path, st.st_mode)
         return OSError(exc.errno, exc.strerror, path)

@@ -82,45 +82,60 @@ def tree(tmp_path: Path) -> Path:
 # --------------------------------------------------------------------------- the symlink race
 
 
-#: Runs in its own process: flip ``target`` between a regular file inside and a symlink to the
-#: secret outside (each flip one atomic rename), as fast as it can, until killed.
+#: Runs in its own process: swap ``target`` and ``alt`` (one atomic renameat2 RENAME_EXCHANGE each
+#: time) as fast as it can, until killed: ``target`` is in turn the thing inside and the symlink out.
 _FLIPPER = r"""
-import os, sys
-work, secret = sys.argv[1], sys.argv[2]
-target, master = os.path.join(work, "target"), os.path.join(work, ".master")
-tmp_l, tmp_f = os.path.join(work, ".tmp-l"), os.path.join(work, ".tmp-f")
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+target, alt = os.fsencode(sys.argv[1]), os.fsencode(sys.argv[2])
 print("flipping", flush=True)
 while True:
-    os.symlink(secret, tmp_l)
-    os.rename(tmp_l, target)
-    os.link(master, tmp_f)
-    os.rename(tmp_f, target)
+    if libc.renameat2(-100, target, -100, alt, 2) != 0:  # AT_FDCWD, RENAME_EXCHANGE
+        sys.exit(f"renameat2: {os.strerror(ctypes.get_errno())}")
 """
 
 
-@pytest.mark.parametrize("resolver", ["openat2", "walk"])
-def test_a_symlink_swapped_in_a_loop_during_reads_never_leaks_a_byte_of_the_secret(
-    tmp_path: Path, tree: Path, resolver: str
-) -> None:
-    (tree / ".master").write_text("inside\n")
-    os.link(tree / ".master", tree / "target")
-    env = {"AGENTD_AGENTFS_WALK": "1"} if resolver == "walk" else {}
-    d = start(tmp_path / "d", env=env)
-    flipper = subprocess.Popen([sys.executable, "-c", _FLIPPER, str(tree), str(tmp_path / "outside" / "secret.txt")],
+@pytest.fixture
+def flipping(tmp_path: Path, tree: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """``target`` (a file, or with ``dir`` a directory holding ``secret.txt``, reading "inside")
+    swapped with a symlink to the secret (or to the directory holding it) by another process;
+    yields the path the agent asks for."""
+    outside = tmp_path / "outside"
+    if request.param == "dir":
+        (tree / "target").mkdir()
+        (tree / "target" / "secret.txt").write_text("inside\n")
+        (tree / "alt").symlink_to(outside)
+        asked = str(tree / "target" / "secret.txt")
+    else:
+        (tree / "target").write_text("inside\n")
+        (tree / "alt").symlink_to(outside / "secret.txt")
+        asked = str(tree / "target")
+    flipper = subprocess.Popen([sys.executable, "-c", _FLIPPER, str(tree / "target"), str(tree / "alt")],
                                stdout=subprocess.PIPE, text=True)
-    answers: list[str] = []
     try:
         assert flipper.stdout is not None and flipper.stdout.readline() == "flipping\n"
+        yield asked
+    finally:
+        flipper.kill()
+        flipper.wait()
+
+
+@pytest.mark.parametrize("flipping", ["file", "dir"], indirect=True)
+@pytest.mark.parametrize("resolver", ["openat2", "walk"])
+def test_a_symlink_swapped_in_a_loop_during_reads_never_leaks_a_byte_of_the_secret(
+    tmp_path: Path, tree: Path, flipping: str, resolver: str
+) -> None:
+    d = start(tmp_path / "d", env={"AGENTD_AGENTFS_WALK": "1"} if resolver == "walk" else {})
+    answers: list[str] = []
+    try:
         with d.client() as client:
             cid = open_acp(client, tree)
             # 400 reads at least, and on until 20 of them met the link (the flipper's pace varies with load).
             for turn in range(80):
-                answers += many(reply(client, cid, f"readmany 25 {tree / 'target'}"))
+                answers += many(reply(client, cid, f"readmany 25 {flipping}"))
                 if turn >= 15 and sum(a.startswith("error:") for a in answers) >= 20:
                     break
     finally:
-        flipper.kill()
-        flipper.wait()
         d.stop()
     FAULTS["agent files: symlink swaps raced"] += len(answers)
     leaked = [a for a in answers if SECRET[:6] in a]
@@ -129,6 +144,26 @@ def test_a_symlink_swapped_in_a_loop_during_reads_never_leaks_a_byte_of_the_secr
     assert "ok:inside\n" in answers, answers[:5]
     assert sum(a.startswith("error:") and "symbolic link" in a for a in answers) >= 20, answers[:5]
     assert all(a == "ok:inside\n" or "symbolic link" in a for a in answers), set(answers)
+
+
+@pytest.mark.parametrize("flipping", ["file", "dir"], indirect=True)
+def test_a_symlink_swapped_in_a_loop_during_writes_never_writes_outside(
+    tmp_path: Path, tree: Path, flipping: str
+) -> None:
+    d = start(tmp_path / "d")
+    answers: list[str] = []
+    try:
+        with d.client() as client:
+            cid = open_acp(client, tree)
+            for n in range(150):
+                answers.append(reply(client, cid, f"write {flipping} pwned-{n}"))
+    finally:
+        d.stop()
+    FAULTS["agent files: symlink swaps raced"] += len(answers)
+    outside = tmp_path / "outside"
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"], "a file was made outside"
+    assert (outside / "secret.txt").read_text() == SECRET + "\n", "the secret outside was written through a link"
+    assert "ok" in answers and all(a == "ok" or "symbolic link" in a for a in answers), set(answers)
 
 
 # --------------------------------------------------------------------------- not regular files
