@@ -180,7 +180,8 @@ class ServerConfig(_Section):
     #: concurrent client connections (socket and WebSocket together)
     max_connections: Annotated[int, msgspec.Meta(ge=1)] = 1024
     #: bytes queued per connection (responses wait for room; a subscriber past it gets `lagged`);
-    #: an empty outbox takes one frame of any size
+    #: an empty outbox takes one frame of any size. With a batch being written, a connection
+    #: that never reads holds about twice this
     outbox_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 << 20
     #: requests of one connection running at once; past it agentd stops reading that connection
     max_requests_in_flight: Annotated[int, msgspec.Meta(ge=1)] = 64
