@@ -16,8 +16,8 @@ AGENT = Path(__file__).with_name("acp_models_agent.py")
 
 def _script(path: Path, name: str, *, slow: bool = False) -> Path:
     step = 'kind = "text"\ntext = "from %s"\n' % name
-    if slow:
-        step += "chunk = 1\ndelay_ms = 150\n"
+    if slow:  # runs until steered
+        step += '[[turn.step]]\nkind = "wait"\nuntil = "steer"\n'
     path.write_text(f'model = "{name}"\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\n{step}')
     return path
 
@@ -60,6 +60,7 @@ def test_set_model_switches_the_script_from_the_next_turn_and_survives_a_restart
             assert json.loads(queued.stdout)["next_model"]["model"] == str(c)
             shown = d.agentctl("show", cid)
             assert f"next turn: {c}" in shown.stdout
+            client.request(wire.Steer, conversation=cid, text="done")
             records = client.follow(run)
         assert "from slow" in "".join(msgspec_item_text(r) for r in records if r.type == "item")
         assert "from c" in _turn_text(d, cid, "after the queue")
