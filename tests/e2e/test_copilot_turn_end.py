@@ -62,6 +62,7 @@ def test_a_lost_session_idle_still_ends_the_copilot_turn_once_and_the_next_promp
                 assert end["state"] == "completed", end
                 assert end.get("inferred") is True and end.get("reason") == "end_event_lost", end
                 assert took < 30, took  # from the durable signals, not the 600 s inactivity deadline
+                print(f"copilot, session.idle dropped: turn {n} ended completed (inferred) {took:.2f} s after the prompt")
                 texts = [msgspec.json.decode(r.data).get("text", "") for r in records if r.type == "item"]
                 assert answer in texts, texts
                 runs.append(run)
