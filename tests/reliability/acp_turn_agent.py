@@ -12,6 +12,8 @@ Run as ``python acp_turn_agent.py``; it is ``acp_fault_agent.py`` (which is
   (completed), then ``end_turn``: the same ID in two turns is a reused runtime id
 * ``reannounce ID``   -> the tool call ID announced, announced again while still open (a new
   title), then completed, then ``end_turn``
+* ``twice ID``        -> ``tool ID one`` then ``tool ID two`` in the same turn (an id reused after
+  its call ended), then ``end_turn``
 
 Standard library only.
 """
@@ -81,7 +83,14 @@ def reannounce(session: str, rid: Any, rest: str) -> bool:
     return False
 
 
-COMMANDS = {**fault.COMMANDS, "silent": silent, "late": late, "ask": ask, "tool": tool, "reannounce": reannounce}
+def twice(session: str, rid: Any, rest: str) -> bool:
+    tool(session, rid, f"{rest.strip()} one")
+    tool(session, rid, f"{rest.strip()} two")
+    return False
+
+
+COMMANDS = {**fault.COMMANDS, "silent": silent, "late": late, "ask": ask, "tool": tool, "reannounce": reannounce,
+            "twice": twice}
 
 
 if __name__ == "__main__":

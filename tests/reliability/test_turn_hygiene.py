@@ -164,17 +164,22 @@ def test_a_tool_call_id_reused_in_a_later_turn_is_a_new_item_and_one_announced_t
     with hygiene.client() as client:
         cid = _new(client, tmp_path)
         FAULTS["tool call id reused across turns"] += 1
-        runs = [_turn(client, cid, text)[0] for text in ("tool call_1 first", "tool call_1 second", "reannounce call_1")]
+        texts = ("tool call_1 first", "tool call_1 second", "reannounce call_1", "twice call_1")
+        runs = [_turn(client, cid, text)[0] for text in texts]
     tools: dict[str, list[dict[str, Any]]] = {}
     for rec in hygiene.journal(cid):
         if rec["type"] == "item" and rec["data"]["kind"] == "tool":
             tools.setdefault(rec["data"]["id"], []).append(rec)
+    # the id used again within one turn, after its call ended: two items of that run
+    again = [recs[-1]["data"]["tool"]["output"] for recs in tools.values() if recs[-1]["run"] == runs[3]]
+    assert again == ["out:one", "out:two"], again
+    tools = {k: v for k, v in tools.items() if v[-1]["run"] != runs[3]}
     # one item per turn, each with its own id, its records all in its own run
     assert len(tools) == 3, list(tools)
-    assert sorted({r["run"] for rec in tools.values() for r in rec}) == sorted(runs)
+    assert sorted({r["run"] for rec in tools.values() for r in rec}) == sorted(runs[:3])
     assert all(len({r["run"] for r in recs}) == 1 for recs in tools.values())
     outputs = {recs[-1]["run"]: recs[-1]["data"]["tool"]["output"] for recs in tools.values()}
-    assert [outputs[r] for r in runs] == ["out:first", "out:second", "out:reannounced"]
+    assert [outputs[r] for r in runs[:3]] == ["out:first", "out:second", "out:reannounced"]
     reannounced = next(recs for recs in tools.values() if recs[-1]["run"] == runs[2])
     assert reannounced[-1]["data"]["tool"]["title"] == "announced again"
 
@@ -182,7 +187,8 @@ def test_a_tool_call_id_reused_in_a_later_turn_is_a_new_item_and_one_announced_t
     assert md.returncode == 0, md.stderr
     assert md.stdout.count("out:first") == 1 and md.stdout.count("out:second") == 1, md.stdout
     assert md.stdout.count("out:reannounced") == 1
+    assert md.stdout.count("out:one") == 1 and md.stdout.count("out:two") == 1, md.stdout
     shown = hygiene.agentctl("tail", cid, "--no-follow")
     assert shown.returncode == 0, shown.stderr
-    for out in ("out:first", "out:second", "out:reannounced"):
+    for out in ("out:first", "out:second", "out:reannounced", "out:one", "out:two"):
         assert shown.stdout.count(out) == 1, shown.stdout
