@@ -136,7 +136,8 @@ async def watch(service: "ConversationService", live: "_Live", run: str) -> None
     timeout, reason = deadline(service)
     if timeout <= 0:
         return
-    while live.run == run:
+    done = live.turn_done  # this run's: the watch ends with the turn, not at its next wake-up
+    while live.run == run and not done.is_set():
         now = trio.current_time()
         if live.pending:
             live.last_event = now
@@ -150,7 +151,8 @@ async def watch(service: "ConversationService", live: "_Live", run: str) -> None
                             silent_s=round(idle, 1))
                 await service._fail_turn(live, run)
             return
-        await trio.sleep(timeout - idle)
+        with trio.move_on_after(timeout - idle):
+            await done.wait()
 
 
 def inferred_end(state: c.TurnState, reason: str, error: str, model: str = "") -> c.Turn:
