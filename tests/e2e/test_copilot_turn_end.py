@@ -19,7 +19,7 @@ import msgspec
 import pytest
 
 from agentd import wire
-from daemon_harness import Daemon
+from daemon_harness import Client, Daemon
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +48,7 @@ def test_a_lost_session_idle_still_ends_the_copilot_turn_once_and_the_next_promp
     (tmp_path / "d").mkdir()
     d = Daemon(tmp_path / "d", "[providers.claude]\nenabled = false\n" + toml).start()
     try:
-        with d.client() as client:
+        with Client(d.socket, timeout=60.0) as client:  # the CLI's start is slow on a loaded machine
             cid = client.request(wire.New, provider="copilot", workdir=str(workdir))["id"]
             client.subscribe(cid)
             runs = []
