@@ -19,6 +19,8 @@ NOT_FOUND = 6
 BUSY = 7
 #: the daemon refused a request or an answer as invalid
 INVALID = 8
+#: ``cancel``: the runtime did not confirm the cancel in time; agentd ended the turn itself
+CANCEL_UNCONFIRMED = 9
 #: interrupted by Ctrl-C; a turn that was running goes on in the daemon
 INTERRUPTED = 130
 
@@ -52,6 +54,8 @@ Exit codes:
   6  not found (conversation, interaction)
   7  busy: a turn is running (send --if-busy reject)
   8  refused as invalid (e.g. an answer that does not fit)
+  9  cancel: the runtime did not confirm it in time; agentd ended the turn
+     (cancel_timeout)
 """
 
 

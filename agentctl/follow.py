@@ -55,6 +55,8 @@ class FollowResult(msgspec.Struct, kw_only=True):
     exit_code: int
     error: str = ""
     reason: str = ""
+    #: agentd ended the turn itself (an inactivity deadline, an unconfirmed cancel, a lost end event)
+    inferred: bool = False
     interaction: Interaction | None = None
 
 
@@ -281,6 +283,7 @@ class Follower:
                         exit_code=code,
                         error=turn.error,
                         reason=turn.reason,
+                        inferred=turn.inferred,
                     )
                 ))
             )

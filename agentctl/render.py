@@ -554,7 +554,7 @@ class Renderer:
         if turn.state is TurnState.COMPLETED:
             self.line(self.style.green(f"{self.g['ok']} turn completed"))
         elif turn.state is TurnState.CANCELLED:
-            why = f": {turn.error}" if turn.reason == "budget" and turn.error else ""
+            why = f": {turn.error}" if turn.reason in ("budget", "cancel_timeout") and turn.error else ""
             self.line(self.style.yellow(f"{self.g['cancelled']} turn cancelled{why}"))
         else:
             why = turn.error or turn.reason

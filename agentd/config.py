@@ -242,6 +242,11 @@ class RuntimesConfig(_Section):
     restart_backoff_max_s: NonNegFloat = 60.0
     #: seconds a running turn may go without any event before its runtime counts as hung; 0 = off
     hang_timeout_s: NonNegFloat = 0.0
+    #: seconds a running turn whose runtime reports nothing, and which waits on nobody, lasts before
+    #: it ends failed (reason runtime_silent, inferred); 0 = off
+    silence_timeout_s: NonNegFloat = 600.0
+    #: seconds a cancelled turn may take to end before it ends cancelled (reason cancel_timeout)
+    cancel_timeout_s: PosFloat = 10.0
 
     def __post_init__(self) -> None:
         if self.restart_backoff_max_s < self.restart_backoff_initial_s:

@@ -291,6 +291,9 @@ class Turn(msgspec.Struct, frozen=True, omit_defaults=True):
     error: str = ""
     reason: str = ""
     model: str = ""
+    #: the runtime never reported this end: agentd inferred it (an inactivity deadline, a cancel
+    #: the runtime did not confirm, a completion read from the runtime's own record)
+    inferred: bool = False
 
 
 # --------------------------------------------------------------------------- interactions

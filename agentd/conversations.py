@@ -33,7 +33,9 @@ import trio
 
 from . import attachments as _attachments
 from . import contract as c
+from . import itemids as _itemids
 from . import models as _models
+from . import turnwatch as _turnwatch
 from . import usage as _usage
 from . import wire
 from .hub import Hub
@@ -64,7 +66,7 @@ INTERRUPT_WAIT_S = 10.0
 #: Turn end reason when the journal refused the turn's records (disk full, read-only, fsync error).
 JOURNAL_WRITE_FAILED = "journal_write_failed"
 #: Turn end reason when the provider sent nothing for ``hang_timeout_s`` (and nobody was asked anything).
-RUNTIME_HUNG = "runtime_hung"
+RUNTIME_HUNG = _turnwatch.RUNTIME_HUNG
 
 
 _now_cache: list[Any] = [-1, ""]  # [unix ms, its text]
@@ -104,10 +106,15 @@ class _Sink:
 
     def __init__(self, live: "_Live") -> None:
         self._live = live
+        #: which run the provider works on, as it emits (see agentd.turnwatch)
+        self.tagger = _turnwatch.Tagger()
 
     def emit(self, event: c.Event) -> None:
+        tagged = self.tagger.tag(event)
+        if tagged is None:
+            return
         try:
-            self._live.events_in.send_nowait(event)
+            self._live.events_in.send_nowait(tagged)  # type: ignore[arg-type]
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             log.debug("conversation.event_after_close", conversation=self._live.record.id)
 
@@ -163,6 +170,12 @@ class _Live:
         #: the run whose prompt was last handed to the provider: a runtime exit ends it
         #: (a queued run handed over but not sent yet does not go down with that runtime)
         self.sent_run = ""
+        #: the run that ended last (its stragglers' item ids are scoped by it)
+        self.last_run = ""
+        #: runtime item ids scoped by run (agentd.itemids)
+        self.item_ids = _itemids.ItemIds()
+        #: how the last few runs ended (a cancel reports it)
+        self.ended: dict[str, wire.CancelResult] = {}
 
     @property
     def run(self) -> str:
@@ -211,6 +224,8 @@ class ConversationService:
         fsync: FsyncPolicy = FsyncPolicy.BATCH,
         interaction_timeout_s: float = 0.0,
         hang_timeout_s: float = 0.0,
+        silence_timeout_s: float = 0.0,
+        cancel_timeout_s: float = INTERRUPT_WAIT_S,
         owner: str = "",
         pricing: "Mapping[str, _usage.Price] | None" = None,
         budgets: "Mapping[str, BudgetConfig] | None" = None,
@@ -223,6 +238,8 @@ class ConversationService:
         self.fsync = fsync
         self.interaction_timeout_s = interaction_timeout_s
         self.hang_timeout_s = hang_timeout_s
+        self.silence_timeout_s = silence_timeout_s
+        self.cancel_timeout_s = cancel_timeout_s
         self.owner = owner
         #: [pricing."<model>"], [budgets.<provider>], [attachments] of the config
         self.pricing = dict(pricing or {})
@@ -644,41 +661,25 @@ class ConversationService:
         """
         log.error("turn.failing", conversation=live.record.id, run=run, reason=live.fail_reason, error=live.fail_error)
         if live.conv is not None:
-            with trio.move_on_after(INTERRUPT_WAIT_S):
+            with trio.move_on_after(self.cancel_timeout_s):
                 try:
                     await live.conv.cancel()
                 except Exception as exc:
                     log.warning("turn.cancel_failed", conversation=live.record.id, run=run, error=str(exc))
         if live.run == run:
-            turn = c.Turn(state=c.TurnState.FAILED, error=live.fail_error, reason=live.fail_reason)
+            turn = _turnwatch.inferred_end(c.TurnState.FAILED, live.fail_reason, live.fail_error)
             await self._end_turn(live, turn, run)
 
-    async def _watch_hang(self, live: _Live, run: str) -> None:
-        """Fail ``run`` when its provider sends nothing for ``hang_timeout_s``.
-
-        Waiting for a person (a pending interaction) is not a hang. The turn is
-        cancelled at the provider (which stops a runtime that does not answer
-        the cancel; the next prompt starts a fresh one) and ends failed,
-        reason ``runtime_hung``. Returns when the run ends.
-        """
-        timeout = self.hang_timeout_s
-        while live.run == run:
-            now = trio.current_time()
-            if live.pending:
-                live.last_event = now
-            idle = now - live.last_event
-            if idle >= timeout:
-                if live.failing_run != run:
-                    live.failing_run, live.fail_reason = run, RUNTIME_HUNG
-                    live.fail_error = f"the runtime sent nothing for {timeout:g} s; the turn was stopped"
-                    await self._fail_turn(live, run)
-                return
-            await trio.sleep(timeout - idle)
-
-    async def _handle(self, live: _Live, event: c.Event) -> None:
+    async def _handle(self, live: _Live, event: c.Event | _turnwatch.End) -> None:
         live.last_event = trio.current_time()
-        type_, data = _payload(event)
         run = live.run
+        if type(event) is _turnwatch.End:
+            if _turnwatch.late_end(live, event):
+                return  # its run already ended here: never a second terminal record
+            event = event.event
+        else:
+            event = live.item_ids.scope(event, run or live.last_run)
+        type_, data = _payload(event)
         if isinstance(event, c.DeltaEvent):
             d = event.delta
             entry = live.items.get(d.item_id)
@@ -753,8 +754,7 @@ class ConversationService:
                 await self._append(live, type_, data, run=run)
                 return
             if run and run == live.failing_run:
-                turn = c.Turn(state=c.TurnState.FAILED, error=live.fail_error, reason=live.fail_reason,
-                              model=turn.model)
+                turn = _turnwatch.inferred_end(c.TurnState.FAILED, live.fail_reason, live.fail_error, turn.model)
             await self._end_turn(live, turn, run)
             return
         elif isinstance(event, c.ExitEvent):
@@ -791,6 +791,8 @@ class ConversationService:
             if journal_turn:
                 await self._append_or_publish(live, "turn", _json.encode(turn), run=run)
             live.failing_run = live.fail_error = live.fail_reason = ""
+            _turnwatch.note_end(live, run, turn)
+            live.last_run = run
             live.items.clear()
             live.activity = None
             live.record.active_run = ""
@@ -977,9 +979,7 @@ class ConversationService:
                 # interrupt: this prompt goes next, ahead of any queued ones
                 live.interrupting = True
                 try:
-                    await self._cancel(live)
-                    with trio.move_on_after(INTERRUPT_WAIT_S):
-                        await live.turn_done.wait()
+                    await _turnwatch.cancel(self, live)
                 finally:
                     live.interrupting = False
                 if live.run:
@@ -1062,9 +1062,19 @@ class ConversationService:
                 # opened: its prompt never reaches the provider. What was opened stays for the next one.
                 await self._abandoned_open(live, run)
                 return after
+            conv = await _turnwatch.settle(self, live, conv)
+            if live.run != run:
+                await self._abandoned_open(live, run)
+                return after
             await _models.apply_queued(self, live, conv)  # a set-model --after-turn
             live.sent_run = run
-            await conv.send(c.Prompt(text=text, attachments=list(attachments or [])))
+            live.sink.tagger.begin(run)
+            try:
+                await conv.send(c.Prompt(text=text, attachments=list(attachments or [])))
+            except BaseException as exc:
+                if not isinstance(exc, c.SubmissionUncertain):
+                    live.sink.tagger.open = False  # the provider refused it: no turn of its own runs
+                raise
         except c.SubmissionUncertain as exc:
             # The provider may be running it. Surface it; never resend. The turn stays active
             # until the provider reports its end or the user cancels it.
@@ -1091,9 +1101,9 @@ class ConversationService:
             if isinstance(exc, (c.AgentdError, trio.Cancelled)) or not isinstance(exc, Exception):
                 raise
             raise c.InternalError(message) from exc
-        if self.hang_timeout_s > 0 and live.run == run:
+        if live.run == run and _turnwatch.deadline(self)[0] > 0:
             live.last_event = trio.current_time()
-            self._spawn(self._watch_hang, live, run)
+            self._spawn(_turnwatch.watch, self, live, run)
         return after
 
     async def _abandoned_open(self, live: _Live, run: str) -> None:
@@ -1133,14 +1143,16 @@ class ConversationService:
         await self._append(live, "prompt", _json.encode(prompt), run=live.run)
         await live.conv.steer(c.Prompt(text=text, attachments=list(attachments or [])))
 
-    async def cancel(self, ref: str) -> None:
-        """Cancel the running turn (and drop queued prompts' hold: they still run after it).
+    async def cancel(self, ref: str) -> wire.CancelResult:
+        """Cancel the running turn (queued prompts still run after it).
 
-        Returns once the provider acknowledged the cancel; the turn's end
-        arrives as a ``turn`` record. No turn running: a no-op.
+        Returns once the turn ended, at most ``cancel_timeout_s`` later: a turn
+        the runtime has not ended by then ends ``cancelled``, reason
+        ``cancel_timeout`` (see agentd.turnwatch). Returns how it ended;
+        no turn running: an empty result, nothing changed.
         """
         live = await self.live(ref)
-        await self._cancel(live)
+        return await _turnwatch.cancel(self, live)
 
     async def _cancel(self, live: _Live) -> None:
         if not live.run:

@@ -59,6 +59,8 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
         fsync=fsync,
         interaction_timeout_s=config.interactions.timeout_s if config.interactions.on_timeout == "deny" else 0.0,
         hang_timeout_s=config.runtimes.hang_timeout_s,
+        silence_timeout_s=config.runtimes.silence_timeout_s,
+        cancel_timeout_s=config.runtimes.cancel_timeout_s,
         owner=owner,
         pricing=config.pricing,
         budgets=config.budgets,

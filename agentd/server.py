@@ -525,8 +525,8 @@ class Server:
     async def _steer(self, conn: _Connection, req: wire.Steer) -> wire.SendResult:
         return await self.service.steer(req.conversation, req.text)
 
-    async def _cancel(self, conn: _Connection, req: wire.Cancel) -> None:
-        await self.service.cancel(req.conversation)
+    async def _cancel(self, conn: _Connection, req: wire.Cancel) -> wire.CancelResult:
+        return await self.service.cancel(req.conversation)
 
     async def _answer(self, conn: _Connection, req: wire.AnswerInteraction) -> None:
         await self.service.answer(req.conversation, req.interaction, req.answer, by=conn.peer)

@@ -422,6 +422,21 @@ class SendResult(msgspec.Struct, frozen=True, omit_defaults=True):
     after: int = 0
 
 
+class CancelResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What ``cancel`` did: the run it cancelled ("" when no turn ran) and how that turn ended.
+
+    ``reason`` ``cancel_timeout`` (with ``inferred``) means the runtime did not confirm the
+    cancel within ``[runtimes] cancel_timeout_s``: agentd ended the turn itself. ``state`` is
+    "" when the turn had not ended yet when the answer was sent (it ends on its own later).
+    """
+
+    run: str = ""
+    state: str = ""
+    reason: str = ""
+    error: str = ""
+    inferred: bool = False
+
+
 class SubscribeResult(msgspec.Struct, frozen=True, omit_defaults=True):
     subscription: int
     #: the journal's last seq when the subscription started

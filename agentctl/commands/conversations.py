@@ -437,23 +437,38 @@ def _simple(op: type, conversation: str, done: str, **fields: Any) -> None:
 def cancel(conversation: str) -> None:
     """Cancel the running turn; the conversation stays open.
 
-    With no turn running it says so and changes nothing (still exit 0).
-    --json: {"ok": true, "conversation", "cancelled", "run"}; cancelled is
-    false (run "") when no turn was running.
+    Waits until the turn ended (at most agentd's [runtimes] cancel_timeout_s).
+    With no turn running it says so and changes nothing (still exit 0). A
+    runtime that did not confirm the cancel in time (agentd ended the turn
+    itself, reason cancel_timeout) exits 9.
+    --json: {"ok", "conversation", "cancelled", "run", "state", "reason",
+    "inferred"}; cancelled is false (run "") when no turn was running, ok is
+    false after a cancel_timeout.
     """
     o = _opts()
-    # agentd's cancel answers the same whether a turn ran or not: look first.
+    # Look first: "nothing to cancel" is said without touching the turn state.
     info = o.client().call(wire.Show, wire.ConversationInfo, conversation=conversation)
     r = info.record
     run = r.active_run
+    res = wire.CancelResult()
     if run:
-        o.client().call(wire.Cancel, Any, conversation=r.id)
+        res = o.client().call(wire.Cancel, wire.CancelResult | None, conversation=r.id) or wire.CancelResult(run=run)
+        run = res.run or run
+    timed_out = res.reason == "cancel_timeout"
     if o.json:
-        return _ok_json(conversation=r.id, cancelled=bool(run), run=run)
-    if run:
-        click.echo(f"cancelled run {run} in {r.id}")
-    else:
+        _json({"ok": not timed_out, "conversation": r.id, "cancelled": bool(run), "run": run,
+               "state": res.state, "reason": res.reason, "inferred": res.inferred})
+    elif not run:
         click.echo(f"nothing to cancel: no turn is running in {r.id}")
+    elif timed_out:
+        _err(f"run {run} in {r.id}: the runtime did not confirm the cancel in time (cancel_timeout); "
+             "agentd ended the turn itself (cancelled) and the runtime's own end, if it comes, is ignored")
+    elif res.state and res.state != "cancelled":
+        click.echo(f"run {run} in {r.id} ended {res.state} before the cancel took effect")
+    else:
+        click.echo(f"cancelled run {run} in {r.id}")
+    if timed_out:
+        _exit(exitcodes.CANCEL_UNCONFIRMED)
 
 
 @click.command()

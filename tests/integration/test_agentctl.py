@@ -318,7 +318,8 @@ def test_cancel_says_when_no_turn_is_running(daemon: Daemon, workdir: Path) -> N
     run = one_json(daemon.agentctl("send", conv, "wait", "--json"))["run"]
     cancelled = daemon.agentctl("cancel", conv, "--json")
     assert cancelled.returncode == 0
-    assert one_json(cancelled) == {"ok": True, "conversation": conv, "cancelled": True, "run": run}
+    assert one_json(cancelled) == {"ok": True, "conversation": conv, "cancelled": True, "run": run,
+                                   "state": "cancelled", "reason": "", "inferred": False}
     wait_for_state(daemon, conv, "idle")
 
 

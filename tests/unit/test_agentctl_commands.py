@@ -84,7 +84,8 @@ def test_cancel_with_no_turn_running_says_so_and_sends_nothing(monkeypatch: pyte
     assert client.sent(wire.Cancel) == []
     res = invoke(monkeypatch, client, "cancel", "c0f", "--json")
     assert res.exit_code == 0
-    assert json.loads(res.stdout) == {"ok": True, "conversation": CONV, "cancelled": False, "run": ""}
+    assert json.loads(res.stdout) == {"ok": True, "conversation": CONV, "cancelled": False, "run": "",
+                                      "state": "", "reason": "", "inferred": False}
 
 
 def test_cancel_of_a_running_turn_cancels_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,7 +96,8 @@ def test_cancel_of_a_running_turn_cancels_it(monkeypatch: pytest.MonkeyPatch) ->
     assert res.stdout == f"cancelled run r9 in {CONV}\n"
     assert client.sent(wire.Cancel) == [{"conversation": CONV}]
     res = invoke(monkeypatch, client, "cancel", "c0f", "--json")
-    assert json.loads(res.stdout) == {"ok": True, "conversation": CONV, "cancelled": True, "run": "r9"}
+    assert json.loads(res.stdout) == {"ok": True, "conversation": CONV, "cancelled": True, "run": "r9",
+                                      "state": "", "reason": "", "inferred": False}
 
 
 # ---------------------------------------------------------------------- answer

@@ -1142,7 +1142,8 @@ class AcpConversation:
                     self._put_tool(st, emit=True, note=why)
             self._expire_pending(why)
             self._turn = None
-        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=turn.model)))
+        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=turn.model,
+                                       inferred=reason == "cancel_timeout")))
         turn.done.set()
         if state is TurnState.COMPLETED:
             self._provider._turn_completed(self)
@@ -1275,7 +1276,7 @@ class AcpConversation:
         call = st.to_call()
         if note:
             call = msgspec.structs.replace(call, output=f"{call.output}\n{note}" if call.output else note)
-        item_id = f"tool-{st.id}"
+        item_id = self._tool_item_id(st.id)
         old = self._index.get(item_id)
         started = self._items[old].time if old is not None else utcnow()
         self._put(Item(id=item_id, kind=ItemKind.TOOL, tool=call, time=started,
@@ -1291,6 +1292,10 @@ class AcpConversation:
             self._items[at] = item
         if emit:
             self._emit(ItemEvent(item=item))
+
+    def _tool_item_id(self, tool_call_id: str) -> str:
+        """A tool call's item id: scoped by the turn (or replay), as agents reuse their tool call ids."""
+        return f"tool-{self._prefix}-{tool_call_id}"
 
     def _next_id(self) -> str:
         self._counter += 1
@@ -1311,7 +1316,7 @@ class AcpConversation:
         pending = _Pending(Interaction(
             id=iid, kind=InteractionKind.PERMISSION, title=f"Allow {call.title}?" if call.title else "Allow the tool call?",
             detail=call.input or call.output, options=m.permission_options(req.options), time=utcnow(),
-            tool_call_id=f"tool-{st.id}"))
+            tool_call_id=self._tool_item_id(st.id)))
         self._pending[iid] = pending
         self._emit(InteractionEvent(interaction=pending.interaction))
         try:

@@ -401,12 +401,13 @@ class ClaudeConversation:
                 with trio.move_on_after(CANCEL_GRACE_S):
                     await turn.done.wait()
             if not turn.done.is_set() and session is not None and not session.done.is_set():
-                session.stopping = "cancel"
+                # The CLI did not confirm the interrupt: stopped, the turn ends cancel_timeout.
+                session.stopping = "cancel_timeout"
                 session.kill()
                 with trio.move_on_after(STOP_TIMEOUT_S):
                     await turn.done.wait()
             if not turn.ended:
-                self._end_turn(turn, TurnState.CANCELLED)
+                self._end_turn(turn, TurnState.CANCELLED, reason="cancel_timeout", inferred=True)
 
     async def respond(self, interaction_id: str, answer: Answer) -> None:
         """Answer a pending interaction; the waiting CLI request gets the decision.
@@ -619,9 +620,10 @@ class ClaudeConversation:
         """The process is gone: end the running turn, and report an unexpected exit."""
         turn = self._turn
         why = session.stopping
-        if why in ("closed", "shutdown", "restart", "cancel"):
+        if why in ("closed", "shutdown", "restart", "cancel", "cancel_timeout"):
             if turn is not None:
-                self._end_turn(turn, TurnState.CANCELLED, reason="" if why == "cancel" else why)
+                self._end_turn(turn, TurnState.CANCELLED, reason="" if why == "cancel" else why,
+                               inferred=why == "cancel_timeout")
             return
         reason = reason or "Claude Code exited"
         log.warning("claude.session_exited", conversation=self.id, generation=session.generation, reason=reason)
@@ -900,7 +902,8 @@ class ClaudeConversation:
     def _usage(self) -> Usage:
         return Usage(cost_usd=self._record.cost_usd)
 
-    def _end_turn(self, turn: _Turn, state: TurnState, *, error: str = "", reason: str = "") -> None:
+    def _end_turn(self, turn: _Turn, state: TurnState, *, error: str = "", reason: str = "",
+                  inferred: bool = False) -> None:
         """Finish what the turn left open, then emit its one terminal TurnEvent."""
         if turn.ended:
             return
@@ -926,7 +929,8 @@ class ClaudeConversation:
         self._call = None
         if self._turn is turn:
             self._turn = None
-        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=self._reported_model or self.model)))
+        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, inferred=inferred,
+                                       model=self._reported_model or self.model)))
         turn.done.set()
         if state is TurnState.COMPLETED:
             self._provider._restarts.succeeded(self._restart_key, why="a turn completed")

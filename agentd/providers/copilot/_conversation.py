@@ -12,6 +12,16 @@ the turn: ``failed`` after a ``session.error``, ``cancelled`` after an abort
 (ours, or the CLI's own after a denied permission), else ``completed``. A
 runtime exit ends it ``failed`` with reason ``runtime_exit``. Each turn gets
 exactly one terminal ``TurnEvent``.
+
+``session.idle`` is ephemeral (the CLI keeps it in no record) and can be
+lost, so the end does not hang on it alone: once the main agent's
+``assistant.turn_end`` followed a final message (no tool requests) and no
+idle came within IDLE_GRACE_S, or the turn has been quiet for QUIET_PROBE_S
+with nobody asked anything, the session's own state is read
+(``session.metadata.isProcessing``); a session no longer processing ends the
+turn as its durable events say (``inferred``, reason ``end_event_lost``). A
+cancel the CLI does not confirm within CANCEL_GRACE_S ends it ``cancelled``,
+reason ``cancel_timeout``.
 """
 
 from __future__ import annotations
@@ -70,6 +80,12 @@ SUBMIT_TIMEOUT_S = 30.0
 RPC_TIMEOUT_S = 30.0
 #: After a cancel, the turn is ended by us if the CLI has not ended it within this long.
 CANCEL_GRACE_S = 5.0
+#: After the final assistant.turn_end, how long session.idle may take before the session's state is read.
+IDLE_GRACE_S = 2.0
+#: A turn quiet this long (nobody asked anything) has the session's state read too.
+QUIET_PROBE_S = 60.0
+#: Turn end reason when the CLI's end event never came but the session says the turn is over.
+END_EVENT_LOST = "end_event_lost"
 
 _TITLE_BAD = re.compile(r'["\x00-\x1f\x7f]')
 
@@ -118,6 +134,11 @@ class CopilotConversation:
         self._denied = False
         self._pending: dict[str, _Pending] = {}
         self._flush_scheduled = False
+        #: the main agent's last message had no tool requests and its assistant.turn_end came
+        self._final_end = False
+        self._final_message = False
+        #: trio time of the last event of this session (the end probe's clock)
+        self._last_event_at = 0.0
         # asyncio-thread side: requests announced by events, waiting for their handler
         self._announced: dict[str, collections.deque[tuple[str, str, str]]] = collections.defaultdict(collections.deque)
 
@@ -221,6 +242,7 @@ class CopilotConversation:
     def _on_event(self, event: se.SessionEvent) -> None:
         if self._closed:
             return
+        self._last_event_at = trio.current_time()
         if self._phase is _TurnPhase.SUBMITTING:
             self._held.append(event)
             return
@@ -256,25 +278,71 @@ class CopilotConversation:
             self._aborted = d.reason.value if d.reason is not None else "aborted"
         elif main and t is T.SESSION_IDLE:
             self._idle(bool(d.aborted))
+        elif main and t is T.ASSISTANT_MESSAGE:
+            self._final_end = False
+            self._final_message = not d.tool_requests
+        elif main and t in (T.ASSISTANT_TURN_START, T.TOOL_EXECUTION_START, T.USER_MESSAGE):
+            self._final_end = self._final_message = False
+        elif main and t is T.ASSISTANT_TURN_END:
+            self._final_end = self._final_message
 
     def _begin_turn(self) -> None:
         self._phase = _TurnPhase.RUNNING
         self._turn_no += 1
+        self._last_event_at = trio.current_time()
         self._emit(TurnEvent(turn=Turn(state=TurnState.WORKING, model=self._mapper.model or self.model)))
+        self._provider._spawn(self._probe_end, self._turn_no)
+
+    async def _probe_end(self, turn: int) -> None:
+        """End turn ``turn`` from the session's own state when its end event is lost.
+
+        Runs while the turn does. After the final ``assistant.turn_end`` (IDLE_GRACE_S
+        without idle) or QUIET_PROBE_S of quiet with nothing pending, asks the CLI whether the
+        session still processes; one that does not ends the turn (see the module docstring).
+        """
+        while self._turn_no == turn and self._phase is _TurnPhase.RUNNING and not self._closed:
+            wait = IDLE_GRACE_S if self._final_end else QUIET_PROBE_S
+            quiet = trio.current_time() - self._last_event_at
+            if quiet < wait or self._pending:
+                # woken at least every IDLE_GRACE_S: a final turn_end shortens the wait
+                await trio.sleep(min(IDLE_GRACE_S, wait - quiet if quiet < wait else wait))
+                continue
+            try:
+                with trio.fail_after(RPC_TIMEOUT_S):
+                    state = await self._bridge.run(self.session.rpc.metadata.is_processing)
+            except Exception as exc:  # an older CLI, or one going away: the deadlines still apply
+                log.debug("copilot.processing_unknown", conversation=self._id, error=str(exc))
+                await trio.sleep(QUIET_PROBE_S)
+                continue
+            if self._turn_no != turn or self._phase is not _TurnPhase.RUNNING or self._closed:
+                return
+            if getattr(state, "processing", True) or trio.current_time() - self._last_event_at < wait:
+                self._last_event_at = trio.current_time()  # working (or it just spoke): look again later
+                continue
+            log.warning("copilot.end_event_lost", conversation=self._id, final=self._final_end,
+                        why="no session.idle came, and the session is no longer processing")
+            if self._turn_error or self._aborted or self._final_end:
+                self._idle(False, inferred=True)
+            else:
+                self._end_turn(TurnState.FAILED, reason=END_EVENT_LOST, inferred=True,
+                               error="the Copilot CLI stopped processing without ending the turn")
+            return
 
     def _reset_turn(self) -> None:
         self._phase = _TurnPhase.IDLE
+        self._final_end = self._final_message = False
         self._held = []
         self._turn_error = ""
         self._aborted = ""
         self._cancel_requested = False
         self._denied = False
 
-    def _idle(self, aborted: bool) -> None:
+    def _idle(self, aborted: bool, *, inferred: bool = False) -> None:
+        """End the turn as the session says; ``inferred``: read from its state, no idle came."""
         if self._phase is _TurnPhase.IDLE:
             return  # an idle with no turn of ours (e.g. right after resume)
         if self._turn_error:
-            self._end_turn(TurnState.FAILED, error=self._turn_error, reason="error")
+            self._end_turn(TurnState.FAILED, error=self._turn_error, reason="error", inferred=inferred)
         elif aborted or self._aborted:
             if self._cancel_requested:
                 reason = "cancelled"
@@ -282,13 +350,13 @@ class CopilotConversation:
                 reason = "permission_denied"
             else:
                 reason = self._aborted or "aborted"
-            self._end_turn(TurnState.CANCELLED, reason=reason)
+            self._end_turn(TurnState.CANCELLED, reason=reason, inferred=inferred)
         else:
-            self._end_turn(TurnState.COMPLETED)
+            self._end_turn(TurnState.COMPLETED, reason=END_EVENT_LOST if inferred else "", inferred=inferred)
             if self._runtime.alive:  # the CLI works: its restart backoff starts over
                 self._provider._restarts.succeeded(why="a turn completed")
 
-    def _end_turn(self, state: TurnState, *, error: str = "", reason: str = "") -> None:
+    def _end_turn(self, state: TurnState, *, error: str = "", reason: str = "", inferred: bool = False) -> None:
         """Emit the turn's one terminal event (after closing what it left open)."""
         if self._phase is _TurnPhase.IDLE:
             return
@@ -296,7 +364,8 @@ class CopilotConversation:
             self._emit(out)
         self._expire_all("turn ended")
         self._reset_turn()
-        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=self._mapper.model or self.model)))
+        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, inferred=inferred,
+                                       model=self._mapper.model or self.model)))
 
     def _schedule_tail_flush(self) -> None:
         if self._flush_scheduled:
@@ -494,7 +563,8 @@ class CopilotConversation:
         await trio.sleep(CANCEL_GRACE_S)
         if not self._closed and self._turn_no == turn and self._phase is not _TurnPhase.IDLE and self._cancel_requested:
             log.warning("copilot.cancel_unacknowledged", conversation=self._id)
-            self._end_turn(TurnState.CANCELLED, reason="cancelled")
+            self._end_turn(TurnState.CANCELLED, reason="cancel_timeout", inferred=True,
+                           error=f"the Copilot CLI did not confirm the cancel within {CANCEL_GRACE_S:g} s")
 
     async def respond(self, interaction_id: str, answer: Answer) -> None:
         """Answer a pending interaction.

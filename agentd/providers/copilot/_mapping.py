@@ -420,6 +420,11 @@ class EventMapper:
         call = ToolCall(name=d.tool_name, status=ToolStatus.RUNNING, title=tool_title(d), input=tool_input(d.tool_name, d.arguments))
         if d.shell_tool_info is not None and d.shell_tool_info.display_command and not call.input:
             call.input = truncate_bytes(d.shell_tool_info.display_command, MAX_INPUT_BYTES)
+        open_ = self._tools.get(d.tool_call_id)
+        if open_ is not None:  # announced again while still running: the same call, updated
+            open_.call.name, open_.call.title = call.name or open_.call.name, call.title or open_.call.title
+            open_.call.input = call.input or open_.call.input
+            return [self._tool_event(open_)]
         tool = _Tool(item=Item(id=d.tool_call_id, kind=ItemKind.TOOL, tool=call, time=when, agent_id=agent), call=call)
         self._tools[d.tool_call_id] = tool
         return [self._tool_event(tool)]
@@ -558,7 +563,6 @@ INERT = frozenset(
         T.ASSISTANT_MESSAGE_START,
         T.ASSISTANT_STREAMING_DELTA,
         T.ASSISTANT_TOOL_CALL_DELTA,
-        T.ASSISTANT_TURN_END,
         T.ASSISTANT_IDLE,
         T.AGENT_INTERRUPTED,
         T.SYSTEM_MESSAGE,
@@ -585,6 +589,7 @@ INERT = frozenset(
 #: types that map to no contract event: the inert ones, and those CopilotConversation._handle acts on
 _IGNORED = INERT | {
     T.SESSION_IDLE,
+    T.ASSISTANT_TURN_END,
     T.ABORT,
     T.PERMISSION_REQUESTED,
     T.PERMISSION_COMPLETED,
