@@ -787,6 +787,22 @@ class ModelSelectionEvent(_Event, tag="model_selection"):
     selection: ModelSelection
 
 
+class Unknown(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A runtime event, update or item of a kind agentd does not know, kept verbatim.
+
+    ``type`` is the runtime's own name for the kind; ``data`` its payload as plain
+    JSON (odd bytes replaced, see agentd.runtime_output). Never dropped, never fatal.
+    """
+
+    provider: str
+    type: str
+    data: Any = None
+
+
+class UnknownEvent(_Event, tag="unknown"):
+    unknown: Unknown
+
+
 Event = Union[
     ItemEvent,
     DeltaEvent,
@@ -803,6 +819,7 @@ Event = Union[
     ActivityEvent,
     TodosEvent,
     ModelSelectionEvent,
+    UnknownEvent,
 ]
 """One adapter notification; the ``type`` tag names the kind and the one payload it carries."""
 

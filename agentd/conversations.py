@@ -33,6 +33,7 @@ import trio
 
 from . import attachments as _attachments
 from . import contract as c
+from . import runtime_output
 from . import usage as _usage
 from . import wire
 from .hub import Hub
@@ -51,7 +52,7 @@ log = structlog.get_logger("agentd.conversations")
 
 _S = wire.ConversationState
 _record_decoder = msgspec.json.Decoder(wire.ConversationRecord)
-_json = msgspec.json.Encoder()
+_json = runtime_output.encoder  # never fails on a lone surrogate from a runtime
 
 #: How long after start-up the first sweep of old attachments runs, seconds.
 SWEEP_DELAY_S = 2.0

@@ -132,8 +132,19 @@ NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
-class _Step(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind"):
-    """One ``[[turn.step]]``; ``kind`` picks the subclass."""
+#: ``when`` conditions: "<interaction>:<outcome>" of this turn's latest interaction of that kind
+When = Literal["permission:allowed", "permission:rejected", "plan:approved", "plan:feedback",
+               "question:answered", "form:answered"]
+
+
+class _Step(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind", kw_only=True):
+    """One ``[[turn.step]]``; ``kind`` picks the subclass.
+
+    ``when`` (one condition or a list, all must hold) plays the step only after
+    the answers it names: a script can branch on what the user answered.
+    """
+
+    when: When | list[When] = []
 
 
 class TextStep(_Step, tag="text"):
@@ -671,6 +682,8 @@ class _Turn:
         self.steers_consumed = 0
         self.steered = trio.Event()
         self.answer = ""
+        #: interaction kind (permission, plan, question, form) -> outcome of its latest answer, for ``when``
+        self.outcomes: dict[str, str] = {}
         self.pending: dict[str, _Pending] = {}
         #: items streamed or running, by (agent_id, id): finished on cancel
         self.live: dict[tuple[str, str], Item] = {}
@@ -972,6 +985,9 @@ class ScriptConversation:
 
     async def _step(self, turn: _Turn, step: Any, item_id: str, agent_id: str) -> None:
         script = turn.script.script
+        when = [step.when] if isinstance(step.when, str) else step.when
+        if any(turn.outcomes.get(cond.split(":")[0]) != cond.split(":")[1] for cond in when):
+            return  # an answer this step is not for
         if isinstance(step, (TextStep, ReasoningStep)):
             kind = ItemKind.ASSISTANT if isinstance(step, TextStep) else ItemKind.REASONING
             chunk = step.chunk or script.chunk
@@ -1064,12 +1080,15 @@ class ScriptConversation:
                 detail=shown, options=_permission_options(step.name), time=utcnow(), agent_id=agent_id,
                 tool_call_id=item_id))
             decision = pending.answer.decision if pending.answer else "reject"
+            turn.outcomes["permission"] = "rejected" if decision == "reject" else "allowed"
             if decision == "reject":
                 denied = msgspec.structs.replace(call, status=ToolStatus.FAILED, output="denied")
                 self._put(turn, msgspec.structs.replace(item, tool=denied, ended_at=utcnow()))
                 return
             if decision == "allow_always":
                 self._record.allowed_tools.append(step.name)
+        elif step.permission:
+            turn.outcomes["permission"] = "allowed"  # allowed for the conversation earlier
         item = msgspec.structs.replace(item, tool=call)
         self._put(turn, item, live=True)
         if step.command is not None:
@@ -1152,6 +1171,7 @@ class ScriptConversation:
         await self._ask(turn, Interaction(
             id=f"{item_id}-question", kind=InteractionKind.QUESTION, title=step.title or step.header or "Question",
             questions=[question], time=utcnow(), agent_id=agent_id))
+        turn.outcomes["question"] = "answered"
         await self._echo(turn, step.echo, "You answered: {answer}", item_id, agent_id)
 
     async def _form(self, turn: _Turn, step: FormStep, item_id: str, agent_id: str) -> None:
@@ -1160,15 +1180,18 @@ class ScriptConversation:
             id=f"{item_id}-form", kind=InteractionKind.QUESTION, title=turn.render(step.title),
             detail=turn.render(step.detail), questions=questions, elicitation=Elicitation(mode="form", source="script"),
             time=utcnow(), agent_id=agent_id))
+        turn.outcomes["form"] = "answered"
         await self._echo(turn, step.echo, "Thanks, I got: {answer}", item_id, agent_id)
 
     async def _plan(self, turn: _Turn, step: PlanStep, item_id: str, agent_id: str) -> None:
         iid = f"{item_id}-plan"
-        await self._ask(turn, Interaction(
+        pending = await self._ask(turn, Interaction(
             id=iid, kind=InteractionKind.PLAN_REVIEW, title=turn.render(step.title),
             plan=PlanReview(request_id=iid, summary=turn.render(step.summary), content=turn.render(step.content),
                             actions=list(step.actions), recommended=step.recommended),
             time=utcnow(), agent_id=agent_id))
+        plan = pending.answer.plan if pending.answer else None
+        turn.outcomes["plan"] = "approved" if plan is not None and plan.action else "feedback"
         await self._echo(turn, step.echo, "Plan decision: {answer}", item_id, agent_id)
 
     async def _subagent(self, turn: _Turn, step: SubagentStep, item_id: str) -> None:

@@ -41,6 +41,7 @@ import msgspec
 import structlog
 import trio
 
+from ... import runtime_output
 from ..._fsutil import atomic_write, is_safe_name, make_dirs
 from ...config import AcpAgentConfig
 from ...contract import (
@@ -206,7 +207,13 @@ class _Agent:
 
     def _on_notification(self, method: str, params: Any) -> None:
         if method != "session/update":
-            log.debug("acp.notification_ignored", agent=self.provider.name, method=method)
+            # A notification agentd does not know: kept by the session it names, if any.
+            sid = params.get("sessionId") if isinstance(params, dict) else None
+            conv = self.sessions.get(sid) if isinstance(sid, str) else None
+            if conv is not None:
+                conv._emit(runtime_output.unknown(self.provider.name, method, params))
+            else:
+                log.debug("acp.notification_ignored", agent=self.provider.name, method=method)
             return
         try:
             note = msgspec.convert(params, s.SessionNotification)
@@ -1166,12 +1173,14 @@ class AcpConversation:
         self._last_update = trio.current_time()
         kind = raw.get("sessionUpdate")
         if kind not in s.KNOWN_UPDATES:
-            log.debug("acp.update_unknown", agent=self._provider.name, kind=kind)
+            self._emit(runtime_output.unknown(self._provider.name, str(kind), raw))
             return
         try:
             u = msgspec.convert(raw, s.SessionUpdate)
         except msgspec.ValidationError as exc:
+            # A known kind in a shape agentd cannot read: kept as unknown, not lost.
             log.warning("acp.update_invalid", agent=self._provider.name, kind=kind, error=str(exc))
+            self._emit(runtime_output.unknown(self._provider.name, str(kind), raw))
             return
         live = self._turn is not None
         if isinstance(u, (s.AgentMessageChunk, s.AgentThoughtChunk, s.UserMessageChunk)):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ import msgspec
 import structlog
 import trio
 
+from ... import runtime_output
 from ...contract import (
     Activity,
     ActivityEvent,
@@ -90,6 +92,11 @@ if TYPE_CHECKING:
     from ._provider import ClaudeProvider, _Record
 
 log = structlog.get_logger(__name__)
+
+#: system message subtypes agentd reads or leaves alone on purpose; any other is an ``unknown`` record
+_SYSTEM_KNOWN = frozenset({"init", "api_retry", "status", "compact_boundary", "mirror_error",
+                           "task_started", "task_progress", "task_notification", "task_updated",
+                           "hook_started", "hook_progress", "hook_response"})
 
 #: How long starting the CLI and its initialize handshake may take.
 CONNECT_TIMEOUT_S = 90.0
@@ -595,9 +602,13 @@ class ClaudeConversation:
                     try:
                         message = parse_message(data)
                     except lib.ClaudeSDKError as exc:
+                        # A known type in a shape this SDK cannot read: kept as unknown, not lost.
                         log.warning("claude.unparsed_message", conversation=self.id, error=str(exc))
-                        continue
-                    if message is not None:
+                        message = None
+                    if message is None:  # a message type this SDK does not know (it skips those)
+                        kind = data.get("type") if isinstance(data, dict) else None
+                        self._emit(runtime_output.unknown("claude", str(kind), data))
+                    else:
                         self._dispatch(session, message)
             else:  # pragma: no cover - an SDK without the private query object
                 async for message in client.receive_messages():
@@ -605,6 +616,10 @@ class ClaudeConversation:
         except lib.ProcessError as exc:
             return self._exit_text(session, exc.exit_code)
         except Exception as exc:  # a broken pipe, undecodable output: the session is unusable either way
+            cause = getattr(exc, "original_error", None)
+            size = re.search(r"Buffer size (\d+) exceeds limit", str(cause)) if cause is not None else None
+            if size:  # the SDK's reader ceiling (max_buffer_size, set to agentd's)
+                return runtime_output.too_big(int(size.group(1)), complete=False)
             return f"the connection to Claude Code failed: {exc}"
         proc = session.process
         return self._exit_text(session, proc.returncode if proc is not None else None)
@@ -752,6 +767,8 @@ class ClaudeConversation:
             retry = Retry(count=int(attempt) if isinstance(attempt, int) else 1,
                           reason=str(data.get("error") or ""), status=status if isinstance(status, int) else 0)
             self._emit(ActivityEvent(activity=Activity(phase="retrying", retry=retry)))
+        elif subtype not in _SYSTEM_KNOWN:
+            self._emit(runtime_output.unknown("claude", f"system/{subtype}", data))
 
     def _on_stream(self, event: dict[str, Any]) -> None:
         kind = event.get("type")

@@ -11,8 +11,9 @@ interactions are the conversation's business; the helpers for the latter
 (:func:`permission_interaction`, :func:`permission_decision`,
 :func:`elicitation_questions`, ...) live here too.
 
-An event type the mapper does not know is logged at debug level once and
-dropped: a newer CLI never breaks the adapter.
+An event type the mapper does not act on (and is not listed as ignored) becomes an
+``unknown`` record with its type name and data (agentd.runtime_output): a newer
+CLI never breaks the adapter, and nothing it sends is lost.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import structlog
 from copilot.generated import rpc as _rpc
 from copilot.generated import session_events as se
 
+from ... import runtime_output
 from ...contract import (
     MAX_PROGRESS_BYTES,
     MAX_TAIL_LINE_BYTES,
@@ -230,7 +232,6 @@ class EventMapper:
         self.usage: Usage | None = None
         self.model = ""
         self.effort: str | None = None
-        self._unknown: set[str] = set()
 
     # ------------------------------------------------------------------ entry points
 
@@ -366,11 +367,10 @@ class EventMapper:
             return [ItemEvent(item=Item(id=str(ev.id), kind=ItemKind.NOTICE, text=f"warning: {d.message}", time=when, agent_id=agent))]
         if t in _IGNORED:
             return []
-        name = event_type(ev)
-        if name not in self._unknown:
-            self._unknown.add(name)
-            log.debug("copilot.event_dropped", type=name)
-        return []
+        if not self.live:
+            return []  # a transcript rebuilt from stored events keeps items only
+        # A kind agentd does not act on (or this SDK does not know): journaled verbatim.
+        return [runtime_output.unknown("copilot", event_type(ev), _to_dict(d))]
 
     # ------------------------------------------------------------------ messages
 
