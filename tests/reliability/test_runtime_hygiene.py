@@ -1,0 +1,124 @@
+"""Runtime hygiene: odd bytes, big messages and kinds agentd does not know, through the real daemon.
+
+A real daemon runs ``acp_fault_agent.py`` as ``acp:fault`` (a real process on
+stdio); each prompt's first word makes it misbehave (see that file). What a
+user would observe is asserted: the journal on disk, ``agentctl tail``, the
+daemon's log, and whether the next prompt still works on the same process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from agentd import wire
+from daemon_harness import Daemon
+
+from .conftest import fast_daemon
+from .figures import FAULTS
+
+AGENT = Path(__file__).parent / "acp_fault_agent.py"
+
+
+@pytest.fixture(scope="module")
+def agentd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    root = tmp_path_factory.mktemp("hygiene")
+    starts = root / "agent-starts.log"
+    config = f"""
+[runtimes]
+hang_timeout_s = 6.0
+[providers.acp.fault]
+command = [{json.dumps(sys.executable)}, {json.dumps(str(AGENT))}]
+env = {{ FAULT_AGENT_LOG = {json.dumps(str(starts))} }}
+"""
+    d = fast_daemon(root, config).start()
+    d.starts = starts  # type: ignore[attr-defined]
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def _conversation(d: Daemon, tmp_path: Path) -> str:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    with d.client() as client:
+        return client.request(wire.New, provider="acp:fault", workdir=str(work))["id"]
+
+
+def _turn(d: Daemon, cid: str, text: str, timeout: float = 60) -> dict:
+    with d.client() as client:
+        client.subscribe(cid)
+        run = client.request(wire.Send, conversation=cid, text=text)["run"]
+        records = client.follow(run, timeout=timeout)
+    return msgspec.json.decode(records[-1].data)
+
+
+def _starts(d: Daemon) -> int:
+    path = d.starts  # type: ignore[attr-defined]
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _assistant_texts(d: Daemon, cid: str) -> list[str]:
+    return [r["data"].get("text", "") for r in d.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "assistant"]
+
+
+def test_invalid_utf8_and_a_lone_surrogate_become_u_fffd_and_the_turn_completes_on_the_same_agent(
+    agentd: Daemon, tmp_path: Path
+) -> None:
+    cid = _conversation(agentd, tmp_path)
+    assert _turn(agentd, cid, "hello")["state"] == "completed"
+    starts = _starts(agentd)
+    FAULTS["runtime odd bytes"] += 1
+    end = _turn(agentd, cid, "oddbytes")
+    assert end["state"] == "completed", end
+    # One rule: each invalid UTF-8 sequence and each lone surrogate is one U+FFFD; NUL is kept.
+    assert "odd \ufffd|\ufffd|\ufffd|\x00 bytes" in _assistant_texts(agentd, cid)
+    raw = (agentd.root / "state").rglob("events.jsonl")
+    line = next(ln for p in raw for ln in p.read_text(encoding="utf-8").splitlines() if "odd " in ln)
+    assert "\\u0000" in line, line  # NUL written as JSON's escape
+    # The same process took the next prompt: odd bytes never ended the agent.
+    assert _turn(agentd, cid, "after")["state"] == "completed"
+    assert "echo:after" in _assistant_texts(agentd, cid)
+    assert _starts(agentd) == starts
+
+
+def test_an_unknown_update_kind_is_journaled_verbatim_shown_by_tail_and_warned_once(
+    agentd: Daemon, tmp_path: Path
+) -> None:
+    cid = _conversation(agentd, tmp_path)
+    FAULTS["runtime unknown kind"] += 1
+    for _ in range(2):
+        assert _turn(agentd, cid, "unknown")["state"] == "completed"
+    unknown = [r for r in agentd.journal(cid) if r["type"] == "unknown"]
+    assert len(unknown) == 2, unknown
+    data = unknown[0]["data"]
+    assert data["provider"] == "acp:fault" and data["type"] == "future_thing"
+    assert data["data"]["detail"] == {"level": 7, "note": "from the future"}  # verbatim
+    assert unknown[0]["run"]
+    # A known kind with a field agentd does not know is read as usual.
+    assert "known kind, new field" in _assistant_texts(agentd, cid)
+    tail = agentd.agentctl("tail", cid, "--no-follow")
+    assert tail.returncode == 0, tail.stderr
+    assert "'future_thing'" in tail.stdout and "does not know" in tail.stdout, tail.stdout
+    warnings = [ln for ln in agentd.log.read_text().splitlines()
+                if "runtime.unknown_kind" in ln and "future_thing" in ln]
+    assert len(warnings) == 1, warnings
+    assert "warn" in warnings[0].lower()
+
+
+def test_a_message_over_the_ceiling_fails_the_turn_naming_its_size_and_the_ceiling_then_the_next_prompt_works(
+    agentd: Daemon, tmp_path: Path
+) -> None:
+    cid = _conversation(agentd, tmp_path)
+    FAULTS["runtime message over 64 MiB"] += 1
+    end = _turn(agentd, cid, "bigline", timeout=90)
+    assert end["state"] == "failed", end
+    assert "67,108,864 bytes (64 MiB)" in end["error"], end  # the ceiling
+    assert "bytes (read so far" in end["error"], end  # and the size read
+    assert _turn(agentd, cid, "after")["state"] == "completed"
