@@ -213,6 +213,9 @@ class ToolCall(msgspec.Struct, omit_defaults=True):
     exit_code: int | None = None
     #: newest output lines of a running shell call, oldest first; empty once it ended
     tail: list[OutputLine] = []
+    #: UTF-8 bytes of the whole output left out of ``output`` (a display cut); 0 = nothing cut.
+    #: The daemon keeps the whole output when the provider gave it (ToolOutputEvent).
+    cut: int = 0
 
 
 class Attachment(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -803,6 +806,19 @@ class UnknownEvent(_Event, tag="unknown"):
     unknown: Unknown
 
 
+class ToolOutputEvent(_Event, tag="tool_output"):
+    """The whole output of a tool item whose ``output`` is a display cut (``ToolCall.cut``).
+
+    Emitted right before that item. The daemon keeps it beside the journal
+    (agentd.tool_outputs), never in it; nobody is sent it live.
+    """
+
+    durable: ClassVar[bool] = False
+    item_id: str
+    output: str
+    agent_id: str = ""
+
+
 Event = Union[
     ItemEvent,
     DeltaEvent,
@@ -820,6 +836,7 @@ Event = Union[
     TodosEvent,
     ModelSelectionEvent,
     UnknownEvent,
+    ToolOutputEvent,
 ]
 """One adapter notification; the ``type`` tag names the kind and the one payload it carries."""
 

@@ -20,6 +20,7 @@ Rules kept here (from the provider contract):
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 import time
@@ -34,6 +35,7 @@ import trio
 from . import attachments as _attachments
 from . import contract as c
 from . import runtime_output
+from . import tool_outputs as _tool_outputs
 from . import usage as _usage
 from . import wire
 from .hub import Hub
@@ -215,6 +217,7 @@ class ConversationService:
         pricing: "Mapping[str, _usage.Price] | None" = None,
         budgets: "Mapping[str, BudgetConfig] | None" = None,
         attachments: "AttachmentsConfig | None" = None,
+        tool_output_quota_bytes: int = _tool_outputs.DEFAULT_QUOTA_BYTES,
     ) -> None:
         self.store = store
         self.leases = leases
@@ -228,6 +231,8 @@ class ConversationService:
         self.pricing = dict(pricing or {})
         self.budgets = dict(budgets or {})
         self.attachments = attachments or AttachmentsConfig()
+        #: whole tool outputs whose records carry a display cut (agentd.tool_outputs)
+        self.tool_outputs = _tool_outputs.ToolOutputs(store.root, tool_output_quota_bytes)
         self._records: dict[str, wire.ConversationRecord] = {}
         self._live: dict[str, _Live] = {}
         self._nursery: trio.Nursery | None = None
@@ -667,6 +672,9 @@ class ConversationService:
         live.last_event = trio.current_time()
         type_, data = _payload(event)
         run = live.run
+        if isinstance(event, c.ToolOutputEvent):
+            await self._keep_output(live, event)  # before its item is journaled
+            return
         if isinstance(event, c.DeltaEvent):
             d = event.delta
             entry = live.items.get(d.item_id)
@@ -755,6 +763,32 @@ class ConversationService:
             # as the crashed turn ended): it is sent to a new one.
             return
         await self._append(live, type_, data, run=run)
+
+    async def _keep_output(self, live: _Live, event: c.ToolOutputEvent) -> None:
+        try:
+            await trio.to_thread.run_sync(self.tool_outputs.keep, live.record.id, event.agent_id, event.item_id,
+                                          event.output)
+        except (OSError, ValueError) as exc:  # the record's cut still says what is missing
+            log.error("tool_output.write_failed", conversation=live.record.id, item=event.item_id, error=str(exc))
+
+    async def item(self, ref: str, item_id: str, *, agent_id: str = "", offset: int = 0) -> wire.ItemInfo:
+        """One item as last journaled, with a page of its whole kept output (agentd.tool_outputs).
+
+        Raises NotFound when the conversation has no such item.
+        """
+        live = await self.live(ref)
+        lines = await self._published_lines(live)
+        found = await trio.to_thread.run_sync(_tool_outputs.find_item, lines, agent_id, item_id)
+        if found is None:
+            raise c.NotFound(f"conversation {live.record.id} has no item {item_id!r}"
+                             + (f" of agent {agent_id!r}" if agent_id else ""))
+        page = await trio.to_thread.run_sync(self.tool_outputs.read, live.record.id, agent_id, item_id, offset)
+        if page is None:
+            return wire.ItemInfo(conversation=live.record.id, item=found)
+        text, next_offset = page
+        size = await trio.to_thread.run_sync(self.tool_outputs.size, live.record.id, agent_id, item_id)
+        return wire.ItemInfo(conversation=live.record.id, item=found, kept=True, full_output=text,
+                             full_bytes=size or 0, next_offset=next_offset)
 
     async def _end_turn(self, live: _Live, turn: c.Turn, run: str, *, journal_turn: bool = True) -> None:
         if not run:
@@ -1479,6 +1513,15 @@ class ConversationService:
             raise c.Invalid(f"unknown export format {fmt!r}; use one of: {', '.join(_export.FORMATS)}")
         live = await self.live(ref)
         record = msgspec.structs.replace(live.record)
+        lines = await self._published_lines(live)
+        whole = functools.partial(self.tool_outputs.read_all, record.id) if include_tools else None
+        text = await trio.to_thread.run_sync(
+            lambda: _export.render(_export.transcript(record, lines, include_tools=include_tools,
+                                                      whole_output=whole), fmt))
+        return wire.ExportResult(conversation=record.id, format=fmt, text=text, title=record.title)
+
+    async def _published_lines(self, live: _Live) -> list[bytes]:
+        """The journal's lines as published so far, read in chunks."""
         target = live.published_seq
         lines: list[bytes] = []
         while len(lines) < target:
@@ -1487,9 +1530,7 @@ class ConversationService:
                 break
             lines += chunk
             await trio.lowlevel.checkpoint()
-        text = await trio.to_thread.run_sync(
-            lambda: _export.render(_export.transcript(record, lines, include_tools=include_tools), fmt))
-        return wire.ExportResult(conversation=record.id, format=fmt, text=text, title=record.title)
+        return lines
 
 
 #: Longest title ``agentctl title`` may set.

@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from .contract import Unknown, UnknownEvent
+from .contract import ToolCall, ToolOutputEvent, Unknown, UnknownEvent
 
 log = structlog.get_logger(__name__)
 
@@ -125,3 +125,19 @@ def unknown(provider: str, type_name: str, data: Any) -> UnknownEvent:
     except (TypeError, ValueError):
         raw = clean(repr(data))
     return UnknownEvent(unknown=Unknown(provider=provider, type=type_name, data=raw))
+
+
+def whole_output(call: ToolCall, full: str, item_id: str, agent_id: str = "") -> list[ToolOutputEvent]:
+    """Mark ``call`` cut when its ``output`` is a display cut of ``full``; the event keeping ``full``.
+
+    Sets ``call.cut`` to the UTF-8 bytes left out and returns the ToolOutputEvent
+    to emit before the item (none when nothing was cut). ``full`` is bounded to
+    :data:`MAX_MESSAGE_BYTES` (a runtime reader takes no more anyway).
+    """
+    if full == call.output or not full:
+        return []
+    size = len(full.encode("utf-8", "replace"))
+    call.cut = max(1, size - len(call.output.encode("utf-8", "replace")))
+    if size > MAX_MESSAGE_BYTES:
+        full = full.encode("utf-8", "replace")[-MAX_MESSAGE_BYTES:].decode("utf-8", "ignore")
+    return [ToolOutputEvent(item_id=item_id, output=clean(full), agent_id=agent_id)]

@@ -254,6 +254,7 @@ class Server:
             wire.SetBudget: self._budget,
             wire.Continue: self._continue,
             wire.Export: self._export,
+            wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
             wire.TaskList: self._task_ls,
             wire.TaskShow: self._task_show,
@@ -451,6 +452,9 @@ class Server:
 
     async def _show(self, conn: _Connection, req: wire.Show) -> wire.ConversationInfo:
         return await self.service.info(req.conversation)
+
+    async def _show_item(self, conn: _Connection, req: wire.ShowItem) -> wire.ItemInfo:
+        return await self.service.item(req.conversation, req.item, agent_id=req.agent_id, offset=req.offset)
 
     async def _send(self, conn: _Connection, req: wire.Send) -> wire.SendResult:
         return await self.service.send(req.conversation, req.text, if_busy=req.if_busy,

@@ -259,6 +259,18 @@ class Export(_Request, tag="export"):
     include_tools: bool = False
 
 
+class ShowItem(_Request, tag="show_item"):
+    """One item of a conversation as last journaled, with a page of its whole tool output when kept.
+
+    ``offset`` is a byte offset into the kept output (``ItemInfo.next_offset`` of the page before).
+    """
+
+    conversation: str
+    item: str
+    agent_id: str = ""
+    offset: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
 class Shutdown(_Request, tag="shutdown"):
     """Stop the daemon gracefully, exactly as SIGTERM does, after answering ``ShutdownResult``.
 
@@ -293,6 +305,7 @@ Request = Union[
     SetBudget,
     Continue,
     Export,
+    ShowItem,
     Shutdown,
     TaskCreate,
     TaskList,
@@ -374,6 +387,19 @@ class ConversationInfo(msgspec.Struct, omit_defaults=True):
     pending: list[Interaction] = []
     queued: int = 0
     usage: Usage | None = None
+
+
+class ItemInfo(msgspec.Struct, omit_defaults=True):
+    """``show_item``: the item; when its tool output was cut (``tool.cut``) and the whole is kept,
+    ``kept`` with a page of it from the request's offset (``next_offset`` 0: the last page)."""
+
+    conversation: str
+    item: Item
+    kept: bool = False
+    full_output: str = ""
+    #: size of the whole kept output in UTF-8 bytes
+    full_bytes: int = 0
+    next_offset: int = 0
 
 
 class SendResult(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -40,6 +40,7 @@ import trio
 
 from .._fsutil import make_dirs
 from ..config import ScriptConfig
+from .. import runtime_output
 from ..contract import (
     MAX_TAIL_LINE_BYTES,
     MAX_TAIL_LINES,
@@ -294,6 +295,13 @@ class FailStep(_Step, tag="fail"):
     error: str = "the script failed this turn"
 
 
+class UnknownEventStep(_Step, tag="unknown_event"):
+    """What a newer runtime does: an event of a kind agentd does not know (an ``unknown`` record)."""
+
+    type: str
+    data: dict[str, Any] = {}
+
+
 class WaitStep(_Step, tag="wait"):
     """Waits until the turn is cancelled, or (``until = "steer"``) until a steer arrives."""
 
@@ -315,6 +323,7 @@ Step = Union[
     FailStep,
     SleepStep,
     WaitStep,
+    UnknownEventStep,
 ]
 
 
@@ -1023,6 +1032,9 @@ class ScriptConversation:
             raise _TurnFailed(turn.render(step.error))
         elif isinstance(step, SleepStep):
             await trio.sleep(step.ms / 1000)
+        elif isinstance(step, UnknownEventStep):
+            self._emit(runtime_output.unknown(self._provider.name, step.type, step.data))
+            await trio.lowlevel.checkpoint()
         elif isinstance(step, WaitStep):
             if step.until == "cancel":
                 await trio.sleep_forever()
@@ -1091,20 +1103,24 @@ class ScriptConversation:
             turn.outcomes["permission"] = "allowed"  # allowed for the conversation earlier
         item = msgspec.structs.replace(item, tool=call)
         self._put(turn, item, live=True)
+        whole = ""
         if step.command is not None:
-            code, output = await self._run_command(turn, item, step.command)
+            code, output, whole = await self._run_command(turn, item, step.command)
         else:
             await trio.sleep(step.duration_ms / 1000)
             code, output = step.exit_code, turn.render(step.output)
         done = msgspec.structs.replace(call, status=ToolStatus.COMPLETED if code == 0 else ToolStatus.FAILED,
                                        output=output, exit_code=code)
+        for event in runtime_output.whole_output(done, whole, item_id, agent_id):
+            self._emit(event)
         self._put(turn, msgspec.structs.replace(item, tool=done, ended_at=utcnow()))
 
-    async def _run_command(self, turn: _Turn, item: Item, command: str) -> tuple[int | None, str]:
+    async def _run_command(self, turn: _Turn, item: Item, command: str) -> tuple[int | None, str, str]:
         """Run ``bash -c command`` in the workdir in its own process group.
 
         Emits the running item with its output tail at most every 0.2 s.
-        Returns (exit code, output bounded to its last MAX_OUTPUT_BYTES). On
+        Returns (exit code, output bounded to its last MAX_OUTPUT_BYTES, the whole
+        output when that bound cut it, else ""). On
         cancel the group gets SIGTERM, then SIGKILL after KILL_GRACE.
         """
         out = _Output()
@@ -1144,7 +1160,7 @@ class ScriptConversation:
                 ["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, cwd=self.workdir, start_new_session=True)
         except OSError as exc:
-            return None, f"could not start bash: {exc}"
+            return None, f"could not start bash: {exc}", ""
         try:
             async with trio.open_nursery() as nursery:
                 assert proc.stdout is not None and proc.stderr is not None
@@ -1163,7 +1179,7 @@ class ScriptConversation:
                 assert item.tool is not None
                 turn.live[(item.agent_id, item.id)] = msgspec.structs.replace(
                     item, tool=msgspec.structs.replace(item.tool, output=out.text()))
-        return proc.returncode, out.text()
+        return proc.returncode, out.text(), out.whole_text()
 
     async def _question(self, turn: _Turn, step: QuestionStep, item_id: str, agent_id: str) -> None:
         question = Question(text=turn.render(step.text), header=step.header, choices=list(step.choices),
@@ -1291,28 +1307,35 @@ def _resolve(interaction: Interaction, answer: Answer) -> tuple[InteractionState
 
 
 class _Output:
-    """A command's output: the last MAX_OUTPUT_BYTES, and a tail of bounded lines."""
+    """A command's output: the last MAX_OUTPUT_BYTES (display), the whole up to the
+    64 MiB message ceiling (kept beside the journal), and a tail of bounded lines."""
 
     def __init__(self) -> None:
         self.buf = bytearray()
+        self.whole = bytearray()
         self.cut = 0
         self.tail: collections.deque[OutputLine] = collections.deque(maxlen=MAX_TAIL_LINES)
 
     def add(self, chunk: bytes) -> None:
         self.buf += chunk
+        if len(self.whole) < runtime_output.MAX_MESSAGE_BYTES:
+            self.whole += chunk[: runtime_output.MAX_MESSAGE_BYTES - len(self.whole)]
         extra = len(self.buf) - MAX_OUTPUT_BYTES
         if extra > 0:
             del self.buf[:extra]
             self.cut += extra
 
     def line(self, raw: bytes, err: bool) -> None:
-        text = raw.rstrip(b"\r").decode("utf-8", "replace")
+        text = runtime_output.decode(raw.rstrip(b"\r"))
         text = text.encode()[:MAX_TAIL_LINE_BYTES].decode("utf-8", "ignore")
         self.tail.append(OutputLine(text=text, err=err))
 
     def text(self) -> str:
-        body = bytes(self.buf).decode("utf-8", "replace").rstrip("\n")
+        body = runtime_output.decode(bytes(self.buf)).rstrip("\n")
         return f"[{self.cut} earlier bytes cut]\n{body}" if self.cut else body
+
+    def whole_text(self) -> str:
+        return runtime_output.decode(bytes(self.whole)).rstrip("\n") if self.cut else ""
 
 
 def _signal_group(pid: int, sig: int) -> None:

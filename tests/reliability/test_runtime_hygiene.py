@@ -122,3 +122,39 @@ def test_a_message_over_the_ceiling_fails_the_turn_naming_its_size_and_the_ceili
     assert "67,108,864 bytes (64 MiB)" in end["error"], end  # the ceiling
     assert "bytes (read so far" in end["error"], end  # and the size read
     assert _turn(agentd, cid, "after")["state"] == "completed"
+
+
+def test_a_tool_output_of_8_mib_is_journaled_as_a_cut_and_kept_whole_for_show_full_and_export(
+    agentd: Daemon, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "big.toml"
+    # 8 MiB of numbered lines, so a lost or reordered piece shows.
+    script.write_text(
+        'model = "big"\n[[turn]]\n[[turn.step]]\nkind = "tool"\nname = "bash"\n'
+        'command = "seq 1 1000000 | sed s/$/.................../ | head -c 8388608"\n'
+        '[[turn.step]]\nkind = "text"\ntext = "done"\n'
+    )
+    cid = agentd.agentctl("new", "-p", "script", "-m", str(script), "--cwd", str(work), "--json")
+    assert cid.returncode == 0, cid.stderr
+    cid = json.loads(cid.stdout)["id"]
+    expected = b"".join(f"{n}...................\n".encode() for n in range(1, 1000001))[: 8 << 20]
+    FAULTS["tool output of 8 MiB"] += 1
+    assert _turn(agentd, cid, "go")["state"] == "completed"
+    tools = [r["data"] for r in agentd.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "tool"]
+    done = tools[-1]["tool"]
+    assert done["status"] == "completed"
+    assert len(done["output"].encode()) < 128 * 1024  # the journal keeps a display cut ...
+    assert done["cut"] > (8 << 20) - 128 * 1024  # ... and says by how much
+    full = agentd.agentctl("show", cid, "--item", tools[-1]["id"], "--full")
+    assert full.returncode == 0, full.stderr
+    assert full.stdout.encode() == expected.rstrip(b"\n") + b"\n"
+    shown = agentd.agentctl("show", cid, "--item", tools[-1]["id"])
+    assert "bytes of the output left out" in shown.stdout and "--full" in shown.stdout, shown.stdout
+    exported = agentd.agentctl("export", cid, "--include-tools")
+    assert exported.returncode == 0, exported.stderr
+    assert expected.decode().splitlines()[-2] in exported.stdout  # the end of the whole output
+    assert expected.decode().splitlines()[1000] in exported.stdout  # and a line the cut left out
+    # The conversation takes the next prompt.
+    assert _turn(agentd, cid, "again")["state"] == "completed"
