@@ -97,10 +97,11 @@ def summarize_diff(path: str, old: str | None, new: str) -> str:
     return f"edit {path}: +{added} -{removed} lines"
 
 
-def render_content(content: list[s.ToolCallContent] | None, raw_output: Any = msgspec.UNSET) -> str:
+def render_content(content: list[s.ToolCallContent] | None, raw_output: Any = msgspec.UNSET,
+                   limit: int | None = MAX_TOOL_TEXT) -> str:
     """A tool's output for display: its text content, diffs summarized, terminals named.
 
-    Falls back to ``rawOutput`` when there is no content.
+    Falls back to ``rawOutput`` when there is no content. ``limit`` None: the whole text.
     """
     parts: list[str] = []
     for c in content or []:
@@ -119,7 +120,8 @@ def render_content(content: list[s.ToolCallContent] | None, raw_output: Any = ms
             parts.append(raw_output["content"])
         else:
             parts.append(render_input(raw_output))
-    return bound("\n".join(parts).strip("\n"))
+    text = "\n".join(parts).strip("\n")
+    return text if limit is None else bound(text, limit)
 
 
 class ToolState:
@@ -157,6 +159,10 @@ class ToolState:
     @property
     def terminal(self) -> bool:
         return self.status in ("completed", "failed")
+
+    def whole_output(self) -> str:
+        """The output :meth:`to_call` shows, uncut."""
+        return render_content(self.content, self.raw_output, limit=None)
 
     def to_call(self) -> ToolCall:
         shown = render_input(self.raw_input)

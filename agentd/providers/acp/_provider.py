@@ -1252,6 +1252,9 @@ class AcpConversation:
         item_id = f"tool-{st.id}"
         old = self._index.get(item_id)
         started = self._items[old].time if old is not None else utcnow()
+        if st.terminal and emit and len(call.output) >= m.MAX_TOOL_TEXT - 40:  # maybe a display cut
+            for event in runtime_output.whole_output(call, st.whole_output(), item_id):
+                self._emit(event)
         self._put(Item(id=item_id, kind=ItemKind.TOOL, tool=call, time=started,
                        ended_at=utcnow() if st.terminal else None), emit=emit)
 

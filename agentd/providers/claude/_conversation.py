@@ -853,8 +853,11 @@ class ClaudeConversation:
         if item is None or item.tool is None:
             item = Item(id=tool_use_id, kind=ItemKind.TOOL, tool=m.tool_call("tool", None), time=now, agent_id=agent_id)
         assert item.tool is not None
+        whole = m.content_text(content)
         tool = msgspec.structs.replace(item.tool, status=ToolStatus.FAILED if is_error else ToolStatus.COMPLETED,
-                                       output=m.bounded(m.content_text(content)), tail=[])
+                                       output=m.bounded(whole), tail=[])
+        for event in runtime_output.whole_output(tool, whole, item.id, item.agent_id):
+            self._emit(event)
         self._emit(ItemEvent(item=msgspec.structs.replace(item, tool=tool, ended_at=now)))
 
     def _on_result(self, session: _Session, msg: Any) -> None:

@@ -412,6 +412,7 @@ class EventMapper:
             progress=tool.call.progress,
             exit_code=tool.call.exit_code,
             tail=list(tool.tail) if tool.call.status is ToolStatus.RUNNING else [],
+            cut=tool.call.cut,
         )
         it = tool.item
         return ItemEvent(item=Item(id=it.id, kind=ItemKind.TOOL, tool=call, time=it.time, ended_at=it.ended_at, agent_id=it.agent_id))
@@ -464,13 +465,20 @@ class EventMapper:
         else:
             tool.call.status = ToolStatus.FAILED
             text = d.error.message if d.error is not None else (d.result.content if d.result is not None else "failed")
-        tool.call.output = bound_output(_SHELL_TRAILER.sub("", text or ""))
+        whole = _SHELL_TRAILER.sub("", text or "")
+        tool.call.output = bound_output(whole)
+        if d.success and d.result is not None and d.result.detailed_content \
+                and len(d.result.detailed_content) > len(text or ""):
+            whole = _SHELL_TRAILER.sub("", d.result.detailed_content)  # what the CLI shows, beyond the model's cut
         tool.call.exit_code = _exit_code(d)
         if tool.call.exit_code not in (None, 0):
             tool.call.status = ToolStatus.FAILED  # the command ran and failed
         tool.tail = []
         tool.item.ended_at = when
-        return [self._tool_event(tool)]
+        out: list[Event] = []
+        if self.live:
+            out += runtime_output.whole_output(tool.call, whole, tool.item.id, tool.item.agent_id)
+        return [*out, self._tool_event(tool)]
 
     # ------------------------------------------------------------------ subagents
 
