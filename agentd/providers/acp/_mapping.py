@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from ... import runtime_output
 from ...contract import Option, Prompt, Todo, TodoList, ToolCall, ToolStatus, TurnState
 from . import _schema as s
 
@@ -35,6 +36,14 @@ _STOP = {
     "max_turn_requests": (TurnState.FAILED, "the agent reached its limit of model requests for one turn (stopReason max_turn_requests)"),
     "refusal": (TurnState.FAILED, "the agent refused to continue (stopReason refusal)"),
 }
+
+
+def unknown_update(provider: str, raw: dict[str, Any]) -> Any:
+    """The ``unknown`` event for a session/update of a kind agentd does not know, else None."""
+    kind = raw.get("sessionUpdate")
+    if kind in s.KNOWN_UPDATES:
+        return None
+    return runtime_output.unknown(provider, str(kind), raw)
 
 
 def stop_reason(reason: str) -> tuple[TurnState, str]:

@@ -1172,8 +1172,9 @@ class AcpConversation:
     def _on_update(self, raw: dict[str, Any]) -> None:
         self._last_update = trio.current_time()
         kind = raw.get("sessionUpdate")
-        if kind not in s.KNOWN_UPDATES:
-            self._emit(runtime_output.unknown(self._provider.name, str(kind), raw))
+        unknown = m.unknown_update(self._provider.name, raw)
+        if unknown is not None:
+            self._emit(unknown)
             return
         try:
             u = msgspec.convert(raw, s.SessionUpdate)

@@ -93,11 +93,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-#: system message subtypes agentd reads or leaves alone on purpose; any other is an ``unknown`` record
-_SYSTEM_KNOWN = frozenset({"init", "api_retry", "status", "compact_boundary", "mirror_error",
-                           "task_started", "task_progress", "task_notification", "task_updated",
-                           "hook_started", "hook_progress", "hook_response"})
-
 #: How long starting the CLI and its initialize handshake may take.
 CONNECT_TIMEOUT_S = 90.0
 #: How long writing a prompt to the CLI may take before the submission counts as uncertain.
@@ -605,10 +600,10 @@ class ClaudeConversation:
                         # A known type in a shape this SDK cannot read: kept as unknown, not lost.
                         log.warning("claude.unparsed_message", conversation=self.id, error=str(exc))
                         message = None
-                    if message is None:  # a message type this SDK does not know (it skips those)
-                        kind = data.get("type") if isinstance(data, dict) else None
-                        self._emit(runtime_output.unknown("claude", str(kind), data))
-                    else:
+                    unknown = m.unknown_message(data, message)  # a type this SDK skips, a new subtype
+                    if unknown is not None:
+                        self._emit(unknown)
+                    if message is not None:
                         self._dispatch(session, message)
             else:  # pragma: no cover - an SDK without the private query object
                 async for message in client.receive_messages():
@@ -767,8 +762,6 @@ class ClaudeConversation:
             retry = Retry(count=int(attempt) if isinstance(attempt, int) else 1,
                           reason=str(data.get("error") or ""), status=status if isinstance(status, int) else 0)
             self._emit(ActivityEvent(activity=Activity(phase="retrying", retry=retry)))
-        elif subtype not in _SYSTEM_KNOWN:
-            self._emit(runtime_output.unknown("claude", f"system/{subtype}", data))
 
     def _on_stream(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
