@@ -365,7 +365,7 @@ class EventMapper:
             return [ItemEvent(item=Item(id=str(ev.id), kind=ItemKind.NOTICE, text=f"error: {d.message}", time=when, agent_id=agent))]
         if t is T.SESSION_WARNING:
             return [ItemEvent(item=Item(id=str(ev.id), kind=ItemKind.NOTICE, text=f"warning: {d.message}", time=when, agent_id=agent))]
-        if t in _IGNORED:
+        if t in _IGNORED or inert(ev):
             return []
         if not self.live:
             return []  # a transcript rebuilt from stored events keeps items only
@@ -590,6 +590,19 @@ INERT = frozenset(
         T.HOOK_PROGRESS,
     }
 )
+#: Raw type names the SDK does not know but agentd does: the CLI's model-call telemetry
+#: (model.log, model.messages_snapshot with the whole context, model.response, ...), sent on
+#: every model call and of no use to a transcript. Dropped with the inert ones.
+INERT_RAW_PREFIXES = ("model.",)
+
+
+def inert(event: se.SessionEvent) -> bool:
+    """Whether agentd drops ``event`` unseen: an inert type, or known telemetry the SDK does not type."""
+    if event.type is T.UNKNOWN:
+        return (event.raw_type or "").startswith(INERT_RAW_PREFIXES)
+    return event.type in INERT
+
+
 #: types that map to no contract event: the inert ones, and those CopilotConversation._handle acts on
 _IGNORED = INERT | {
     T.SESSION_IDLE,
