@@ -106,10 +106,11 @@ class _SafeEncoder:
 encoder = _SafeEncoder()
 
 
-def too_big(size: int, *, what: str = "message", complete: bool = True) -> str:
-    """The turn's error for a message over :data:`MAX_MESSAGE_BYTES`: its size and the ceiling."""
+def too_big(size: int, *, what: str = "message", complete: bool = True, ceiling: int = MAX_MESSAGE_BYTES) -> str:
+    """The turn's error for a message over the ceiling (:data:`MAX_MESSAGE_BYTES`): its size and the ceiling."""
     size_text = f"{size:,} bytes" if complete else f"over {size:,} bytes (read so far, not yet ended)"
-    return f"the runtime sent a {what} of {size_text}, over agentd's ceiling of {MAX_MESSAGE_BYTES:,} bytes (64 MiB)"
+    mib = f" ({ceiling >> 20} MiB)" if ceiling % (1 << 20) == 0 else ""
+    return f"the runtime sent a {what} of {size_text}, over the reader's ceiling of {ceiling:,} bytes{mib}"
 
 
 def unknown(provider: str, type_name: str, data: Any) -> UnknownEvent:

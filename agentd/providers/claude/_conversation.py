@@ -612,9 +612,9 @@ class ClaudeConversation:
             return self._exit_text(session, exc.exit_code)
         except Exception as exc:  # a broken pipe, undecodable output: the session is unusable either way
             cause = getattr(exc, "original_error", None)
-            size = re.search(r"Buffer size (\d+) exceeds limit", str(cause)) if cause is not None else None
+            size = re.search(r"Buffer size (\d+) exceeds limit (\d+)", str(cause)) if cause is not None else None
             if size:  # the SDK's reader ceiling (max_buffer_size, set to agentd's)
-                return runtime_output.too_big(int(size.group(1)), complete=False)
+                return runtime_output.too_big(int(size.group(1)), complete=False, ceiling=int(size.group(2)))
             return f"the connection to Claude Code failed: {exc}"
         proc = session.process
         return self._exit_text(session, proc.returncode if proc is not None else None)
