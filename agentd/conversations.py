@@ -670,11 +670,11 @@ class ConversationService:
 
     async def _handle(self, live: _Live, event: c.Event) -> None:
         live.last_event = trio.current_time()
+        if isinstance(event, c.ToolOutputEvent):
+            await self._keep_output(live, event)  # before its item is journaled; never journaled itself
+            return
         type_, data = _payload(event)
         run = live.run
-        if isinstance(event, c.ToolOutputEvent):
-            await self._keep_output(live, event)  # before its item is journaled
-            return
         if isinstance(event, c.DeltaEvent):
             d = event.delta
             entry = live.items.get(d.item_id)
@@ -770,25 +770,6 @@ class ConversationService:
                                           event.output)
         except (OSError, ValueError) as exc:  # the record's cut still says what is missing
             log.error("tool_output.write_failed", conversation=live.record.id, item=event.item_id, error=str(exc))
-
-    async def item(self, ref: str, item_id: str, *, agent_id: str = "", offset: int = 0) -> wire.ItemInfo:
-        """One item as last journaled, with a page of its whole kept output (agentd.tool_outputs).
-
-        Raises NotFound when the conversation has no such item.
-        """
-        live = await self.live(ref)
-        lines = await self._published_lines(live)
-        found = await trio.to_thread.run_sync(_tool_outputs.find_item, lines, agent_id, item_id)
-        if found is None:
-            raise c.NotFound(f"conversation {live.record.id} has no item {item_id!r}"
-                             + (f" of agent {agent_id!r}" if agent_id else ""))
-        page = await trio.to_thread.run_sync(self.tool_outputs.read, live.record.id, agent_id, item_id, offset)
-        if page is None:
-            return wire.ItemInfo(conversation=live.record.id, item=found)
-        text, next_offset = page
-        size = await trio.to_thread.run_sync(self.tool_outputs.size, live.record.id, agent_id, item_id)
-        return wire.ItemInfo(conversation=live.record.id, item=found, kept=True, full_output=text,
-                             full_bytes=size or 0, next_offset=next_offset)
 
     async def _end_turn(self, live: _Live, turn: c.Turn, run: str, *, journal_turn: bool = True) -> None:
         if not run:
@@ -1513,14 +1494,14 @@ class ConversationService:
             raise c.Invalid(f"unknown export format {fmt!r}; use one of: {', '.join(_export.FORMATS)}")
         live = await self.live(ref)
         record = msgspec.structs.replace(live.record)
-        lines = await self._published_lines(live)
+        lines = await self.published_lines(live)
         whole = functools.partial(self.tool_outputs.read_all, record.id) if include_tools else None
         text = await trio.to_thread.run_sync(
             lambda: _export.render(_export.transcript(record, lines, include_tools=include_tools,
                                                       whole_output=whole), fmt))
         return wire.ExportResult(conversation=record.id, format=fmt, text=text, title=record.title)
 
-    async def _published_lines(self, live: _Live) -> list[bytes]:
+    async def published_lines(self, live: _Live) -> list[bytes]:
         """The journal's lines as published so far, read in chunks."""
         target = live.published_seq
         lines: list[bytes] = []

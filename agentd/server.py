@@ -23,6 +23,7 @@ import trio
 
 from . import __version__
 from . import contract as c
+from . import tool_outputs as _tool_outputs
 from . import wire
 from .conversations import ConversationService
 from .hub import Hub, Subscription
@@ -454,7 +455,8 @@ class Server:
         return await self.service.info(req.conversation)
 
     async def _show_item(self, conn: _Connection, req: wire.ShowItem) -> wire.ItemInfo:
-        return await self.service.item(req.conversation, req.item, agent_id=req.agent_id, offset=req.offset)
+        return await _tool_outputs.show_item(self.service, req.conversation, req.item, agent_id=req.agent_id,
+                                             offset=req.offset)
 
     async def _send(self, conn: _Connection, req: wire.Send) -> wire.SendResult:
         return await self.service.send(req.conversation, req.text, if_busy=req.if_busy,

@@ -16,8 +16,9 @@ the journal:
 * read back by ``agentctl show CONV --item ID --full`` (wire op ``show_item``)
   and by ``agentctl export --include-tools``, in pages of :data:`PAGE_BYTES`.
 
-Blocking file I/O: call it from a worker thread. Raises OSError only from
-:meth:`keep` (the caller logs it; the turn goes on).
+:class:`ToolOutputs` does blocking file I/O: call it from a worker thread
+(:func:`show_item` does). Raises OSError only from :meth:`ToolOutputs.keep`
+(the caller logs it; the turn goes on).
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ import os
 import stat
 from pathlib import Path
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
+import trio
 
 from . import _fsutil
 
 if TYPE_CHECKING:
     from .contract import Item
+    from .wire import ItemInfo
 
 log = structlog.get_logger(__name__)
 
@@ -147,3 +150,28 @@ def find_item(lines: list[bytes], agent_id: str, item_id: str) -> "Item | None":
         if item.id == item_id and item.agent_id == agent_id:
             return item
     return None
+
+
+async def show_item(service: Any, ref: str, item_id: str, *, agent_id: str = "", offset: int = 0) -> "ItemInfo":
+    """``show_item``: one item of conversation ``ref`` as last journaled, with a page of its kept output.
+
+    ``service`` is the ConversationService (its journal and its ToolOutputs).
+    Raises NotFound when the conversation has no such item.
+    """
+    from . import contract as c
+    from . import wire
+
+    live = await service.live(ref)
+    cid = live.record.id
+    lines = await service.published_lines(live)
+    found = await trio.to_thread.run_sync(find_item, lines, agent_id, item_id)
+    if found is None:
+        raise c.NotFound(f"conversation {cid} has no item {item_id!r}" + (f" of agent {agent_id!r}" if agent_id else ""))
+    outputs: ToolOutputs = service.tool_outputs
+    page = await trio.to_thread.run_sync(outputs.read, cid, agent_id, item_id, offset)
+    if page is None:
+        return wire.ItemInfo(conversation=cid, item=found)
+    text, next_offset = page
+    size = await trio.to_thread.run_sync(outputs.size, cid, agent_id, item_id)
+    return wire.ItemInfo(conversation=cid, item=found, kept=True, full_output=text, full_bytes=size or 0,
+                         next_offset=next_offset)

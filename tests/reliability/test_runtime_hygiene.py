@@ -158,3 +158,36 @@ def test_a_tool_output_of_8_mib_is_journaled_as_a_cut_and_kept_whole_for_show_fu
     assert expected.decode().splitlines()[1000] in exported.stdout  # and a line the cut left out
     # The conversation takes the next prompt.
     assert _turn(agentd, cid, "again")["state"] == "completed"
+
+
+def test_whole_outputs_stay_within_the_quota_oldest_first_and_one_over_it_is_not_kept(tmp_path: Path) -> None:
+    d = fast_daemon(tmp_path / "quota", "[journal]\ntool_output_quota_bytes = 1048576\n").start()
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        script = tmp_path / "outputs.toml"
+        steps = "".join(f'[[turn.step]]\nkind = "tool"\nname = "bash"\ncommand = "head -c {n} /dev/zero | tr \\\\\\\\0 {ch}"\n'
+                        for n, ch in ((600_000, "a"), (600_000, "b"), (2_000_000, "c")))
+        script.write_text(f'model = "quota"\n[[turn]]\n{steps}')
+        cid = json.loads(d.agentctl("new", "-p", "script", "-m", str(script), "--cwd", str(work), "--json").stdout)["id"]
+        assert _turn(d, cid, "go")["state"] == "completed"
+        tools = {}
+        for r in d.journal(cid):
+            if r["type"] == "item" and r["data"]["kind"] == "tool":
+                tools[r["data"]["id"]] = r["data"]
+        a, b, c = list(tools)
+        assert all(t["tool"]["cut"] > 0 for t in tools.values())
+        # 600 KB + 600 KB is over 1 MiB: the older one made room for the newer.
+        assert d.agentctl("show", cid, "--item", b, "--full").stdout.strip() == "b" * 600_000
+        gone = d.agentctl("show", cid, "--item", a, "--full")
+        assert gone.returncode == 0 and "was not kept" in gone.stderr and "tool_output_quota_bytes" in gone.stderr
+        assert len(gone.stdout) < 100_000  # the display cut only
+        # 2 MB is over the whole quota: not kept, and the 600 KB one stays.
+        big = d.agentctl("show", cid, "--item", c, "--full")
+        assert "was not kept" in big.stderr
+        assert d.agentctl("show", cid, "--item", b, "--full").stdout.strip() == "b" * 600_000
+        assert "tool_output.over_quota" in d.log.read_text()
+        missing = d.agentctl("show", cid, "--item", "no-such-item")
+        assert missing.returncode == 6, (missing.returncode, missing.stderr)
+    finally:
+        d.stop()
