@@ -114,7 +114,8 @@ def user_attachments(attachments: Any) -> list[Attachment]:
 
 
 def truncate_bytes(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes (an ellipsis marks a cut)."""
+    """``text`` cut to at most ``limit`` UTF-8 bytes (an ellipsis marks a cut); lone surrogates become U+FFFD."""
+    text = runtime_output.clean(text)
     data = text.encode("utf-8")
     if len(data) <= limit:
         return text
@@ -122,7 +123,8 @@ def truncate_bytes(text: str, limit: int) -> str:
 
 
 def bound_output(text: str, limit: int = MAX_OUTPUT_BYTES) -> str:
-    """``text`` bounded to about ``limit`` bytes, keeping its head and its tail."""
+    """``text`` bounded to about ``limit`` bytes, keeping its head and its tail; lone surrogates become U+FFFD."""
+    text = runtime_output.clean(text)
     data = text.encode("utf-8")
     if len(data) <= limit:
         return text
