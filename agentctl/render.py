@@ -740,6 +740,11 @@ class Renderer:
         if isinstance(c, dict) and c.get("compacting"):
             self.line(self.style.dim(f"{self.g['info']} compacting context{self.g['ellipsis']}"))
 
+    def _on_unknown(self, rec: wire.Record, u: Any) -> None:
+        # A runtime kind this agentd does not know: shown, never hidden (the record keeps its data).
+        self.line(self.style.dim(f"{self.g['info']} {u.provider} sent {u.type!r}, a kind agentd does not know"
+                                 " (kept in the journal)"))
+
     def _on_model_selection(self, rec: wire.Record, m: Any) -> None:
         effort = f" ({m.effort})" if getattr(m, "effort", None) else ""
         self.line(self.style.dim(f"{self.g['info']} model: {m.model}{effort}"))

@@ -159,6 +159,9 @@ class JournalConfig(_Section):
     fsync: Literal["always", "batch", "never"] = "batch"
     #: group-commit window in milliseconds (fsync = "batch" only)
     batch_ms: NonNegFloat = 5.0
+    #: bytes of whole tool outputs kept per conversation beside the journal, whose records carry
+    #: only a display cut (agentd.tool_outputs); the oldest go first. 0 = keep none
+    tool_output_quota_bytes: Annotated[int, msgspec.Meta(ge=0)] = 256 << 20
 
 
 class LeasesConfig(_Section):

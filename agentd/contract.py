@@ -216,6 +216,9 @@ class ToolCall(msgspec.Struct, omit_defaults=True):
     exit_code: int | None = None
     #: newest output lines of a running shell call, oldest first; empty once it ended
     tail: list[OutputLine] = []
+    #: UTF-8 bytes of the whole output left out of ``output`` (a display cut); 0 = nothing cut.
+    #: The daemon keeps the whole output when the provider gave it (ToolOutputEvent).
+    cut: int = 0
 
 
 class Attachment(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -800,6 +803,35 @@ class ModelSelectionEvent(_Event, tag="model_selection"):
     selection: ModelSelection
 
 
+class Unknown(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A runtime event, update or item of a kind agentd does not know, kept verbatim.
+
+    ``type`` is the runtime's own name for the kind; ``data`` its payload as plain
+    JSON (odd bytes replaced, see agentd.runtime_output). Never dropped, never fatal.
+    """
+
+    provider: str
+    type: str
+    data: Any = None
+
+
+class UnknownEvent(_Event, tag="unknown"):
+    unknown: Unknown
+
+
+class ToolOutputEvent(_Event, tag="tool_output"):
+    """The whole output of a tool item whose ``output`` is a display cut (``ToolCall.cut``).
+
+    Emitted right before that item. The daemon keeps it beside the journal
+    (agentd.tool_outputs), never in it; nobody is sent it live.
+    """
+
+    durable: ClassVar[bool] = False
+    item_id: str
+    output: str
+    agent_id: str = ""
+
+
 Event = Union[
     ItemEvent,
     DeltaEvent,
@@ -816,6 +848,8 @@ Event = Union[
     ActivityEvent,
     TodosEvent,
     ModelSelectionEvent,
+    UnknownEvent,
+    ToolOutputEvent,
 ]
 """One adapter notification; the ``type`` tag names the kind and the one payload it carries."""
 

@@ -20,6 +20,7 @@ Rules kept here (from the provider contract):
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 import time
@@ -35,6 +36,8 @@ from . import attachments as _attachments
 from . import contract as c
 from . import itemids as _itemids
 from . import models as _models
+from . import runtime_output
+from . import tool_outputs as _tool_outputs
 from . import turnwatch as _turnwatch
 from . import usage as _usage
 from . import wire
@@ -54,7 +57,7 @@ log = structlog.get_logger("agentd.conversations")
 
 _S = wire.ConversationState
 _record_decoder = msgspec.json.Decoder(wire.ConversationRecord)
-_json = msgspec.json.Encoder()
+_json = runtime_output.encoder  # never fails on a lone surrogate from a runtime
 
 #: How long after start-up the first sweep of old attachments runs, seconds.
 SWEEP_DELAY_S = 2.0
@@ -230,6 +233,7 @@ class ConversationService:
         pricing: "Mapping[str, _usage.Price] | None" = None,
         budgets: "Mapping[str, BudgetConfig] | None" = None,
         attachments: "AttachmentsConfig | None" = None,
+        tool_output_quota_bytes: int = _tool_outputs.DEFAULT_QUOTA_BYTES,
     ) -> None:
         self.store = store
         self.leases = leases
@@ -245,6 +249,8 @@ class ConversationService:
         self.pricing = dict(pricing or {})
         self.budgets = dict(budgets or {})
         self.attachments = attachments or AttachmentsConfig()
+        #: whole tool outputs whose records carry a display cut (agentd.tool_outputs)
+        self.tool_outputs = _tool_outputs.ToolOutputs(store.root, tool_output_quota_bytes)
         self._records: dict[str, wire.ConversationRecord] = {}
         self._live: dict[str, _Live] = {}
         self._nursery: trio.Nursery | None = None
@@ -679,6 +685,9 @@ class ConversationService:
             event = event.event
         else:
             event = live.item_ids.scope(event, run or live.last_run)
+        if isinstance(event, c.ToolOutputEvent):
+            await self._keep_output(live, event)  # before its item is journaled; never journaled itself
+            return
         type_, data = _payload(event)
         if isinstance(event, c.DeltaEvent):
             d = event.delta
@@ -767,6 +776,13 @@ class ConversationService:
             # as the crashed turn ended): it is sent to a new one.
             return
         await self._append(live, type_, data, run=run)
+
+    async def _keep_output(self, live: _Live, event: c.ToolOutputEvent) -> None:
+        try:
+            await trio.to_thread.run_sync(self.tool_outputs.keep, live.record.id, event.agent_id, event.item_id,
+                                          event.output)
+        except (OSError, ValueError) as exc:  # the record's cut still says what is missing
+            log.error("tool_output.write_failed", conversation=live.record.id, item=event.item_id, error=str(exc))
 
     async def _end_turn(self, live: _Live, turn: c.Turn, run: str, *, journal_turn: bool = True) -> None:
         if not run:
@@ -1504,6 +1520,15 @@ class ConversationService:
             raise c.Invalid(f"unknown export format {fmt!r}; use one of: {', '.join(_export.FORMATS)}")
         live = await self.live(ref)
         record = msgspec.structs.replace(live.record)
+        lines = await self.published_lines(live)
+        whole = functools.partial(self.tool_outputs.read_all, record.id) if include_tools else None
+        text = await trio.to_thread.run_sync(
+            lambda: _export.render(_export.transcript(record, lines, include_tools=include_tools,
+                                                      whole_output=whole), fmt))
+        return wire.ExportResult(conversation=record.id, format=fmt, text=text, title=record.title)
+
+    async def published_lines(self, live: _Live) -> list[bytes]:
+        """The journal's lines as published so far, read in chunks."""
         target = live.published_seq
         lines: list[bytes] = []
         while len(lines) < target:
@@ -1512,9 +1537,7 @@ class ConversationService:
                 break
             lines += chunk
             await trio.lowlevel.checkpoint()
-        text = await trio.to_thread.run_sync(
-            lambda: _export.render(_export.transcript(record, lines, include_tools=include_tools), fmt))
-        return wire.ExportResult(conversation=record.id, format=fmt, text=text, title=record.title)
+        return lines
 
 
 #: Longest title ``agentctl title`` may set.

@@ -65,6 +65,7 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
         pricing=config.pricing,
         budgets=config.budgets,
         attachments=config.attachments,
+        tool_output_quota_bytes=config.journal.tool_output_quota_bytes,
     )
     server = Server(
         service,

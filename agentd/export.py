@@ -22,7 +22,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import msgspec
@@ -140,8 +140,12 @@ def _fields(inter: c.Interaction, rec: c.AnswerRecord | None = None) -> list[Fie
     return out
 
 
-def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, include_tools: bool = False) -> Transcript:
+def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, include_tools: bool = False,
+               whole_output: "Callable[[str, str], str | None] | None" = None) -> Transcript:
     """Fold journal ``lines`` (oldest first) into a :class:`Transcript`.
+
+    ``whole_output(agent_id, item_id)`` gives the kept whole output of a tool item
+    whose record holds a display cut (agentd.tool_outputs); the export shows that.
 
     Raises msgspec errors only for lines that are not records; a record
     whose payload does not decode is skipped.
@@ -177,8 +181,13 @@ def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, inclu
                 role = "user"
             else:
                 role = item.kind.value
+            tool = item.tool
+            if tool is not None and tool.cut and whole_output is not None:
+                whole = whole_output(item.agent_id, item.id)
+                if whole is not None:
+                    tool = msgspec.structs.replace(tool, output=whole, cut=0)
             entry = Entry(role=role, text=item.text, time=_time(item.time, rec.ts), run=rec.run,
-                          agent_id=item.agent_id, tool=item.tool, attachments=list(item.attachments))
+                          agent_id=item.agent_id, tool=tool, attachments=list(item.attachments))
             key = (item.agent_id, item.id)
             if key in items:
                 old = entries[items[key]]

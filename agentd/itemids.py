@@ -10,8 +10,8 @@ so the conversation service journals each item under an id scoped by the run it 
 * ``<run>.<runtime id>#2``, ``#3`` ...: the runtime reused the id of a tool call that already
   ended within the same run (it announces it again as pending or running): a new call, a new item.
 
-References to an item are scoped the same way: a delta's ``item_id``, an interaction's
-``tool_call_id``, a subagent's ``parent_tool_call_id``. Events outside any run keep the
+References to an item are scoped the same way: a delta's ``item_id``, a kept tool output's
+``item_id``, an interaction's ``tool_call_id``, a subagent's ``parent_tool_call_id``. Events outside any run keep the
 runtime's ids. Pure and synchronous: no I/O, never raises; memory is one turn's item keys.
 """
 
@@ -75,6 +75,8 @@ class ItemIds:
             item = event.item
             scoped = self._tool(item) if item.kind is c.ItemKind.TOOL else self._id(item.agent_id, item.id)
             return c.ItemEvent(item=msgspec.structs.replace(item, id=scoped))
+        if type(event) is c.ToolOutputEvent:  # the whole output of the tool item that follows it
+            return msgspec.structs.replace(event, item_id=self._id(event.agent_id, event.item_id))
         if type(event) is c.InteractionEvent and event.interaction.tool_call_id:
             inter = event.interaction
             tool = self._id(inter.agent_id, inter.tool_call_id)

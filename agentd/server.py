@@ -35,6 +35,7 @@ import trio
 
 from . import __version__, _trust
 from . import contract as c
+from . import tool_outputs as _tool_outputs
 from . import wire
 from .conversations import ConversationService
 from .hub import Hub, Subscription
@@ -291,6 +292,8 @@ class Server:
             wire.Export: self._export,
             wire.History: self._history,
             wire.SetModel: self._set_model,
+
+            wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
             wire.TaskList: self._task_ls,
             wire.TaskShow: self._task_show,
@@ -517,6 +520,10 @@ class Server:
 
     async def _show(self, conn: _Connection, req: wire.Show) -> wire.ConversationInfo:
         return await self.service.info(req.conversation)
+
+    async def _show_item(self, conn: _Connection, req: wire.ShowItem) -> wire.ItemInfo:
+        return await _tool_outputs.show_item(self.service, req.conversation, req.item, agent_id=req.agent_id,
+                                             offset=req.offset)
 
     async def _send(self, conn: _Connection, req: wire.Send) -> wire.SendResult:
         return await self.service.send(req.conversation, req.text, if_busy=req.if_busy,

@@ -36,6 +36,7 @@ from .contract import (
     TodoList,
     TokenUsage,
     Turn,
+    Unknown,
     Usage,
     ModelSelection,
     Delta,
@@ -282,6 +283,17 @@ class History(_Request, tag="history"):
     #: the oldest ``limit`` items with seq > after (0: from the first)
     after: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
+class ShowItem(_Request, tag="show_item"):
+    """One item of a conversation as last journaled, with a page of its whole tool output when kept.
+
+    ``offset`` is a byte offset into the kept output (``ItemInfo.next_offset`` of the page before).
+    """
+
+    conversation: str
+    item: str
+    agent_id: str = ""
+    offset: Annotated[int, msgspec.Meta(ge=0)] = 0
+
 
 class Shutdown(_Request, tag="shutdown"):
     """Stop the daemon gracefully, exactly as SIGTERM does, after answering ``ShutdownResult``.
@@ -319,6 +331,8 @@ Request = Union[
     Export,
     History,
     SetModel,
+
+    ShowItem,
     Shutdown,
     TaskCreate,
     TaskList,
@@ -411,6 +425,19 @@ class ConversationInfo(msgspec.Struct, omit_defaults=True):
     pending: list[Interaction] = []
     queued: int = 0
     usage: Usage | None = None
+
+
+class ItemInfo(msgspec.Struct, omit_defaults=True):
+    """``show_item``: the item; when its tool output was cut (``tool.cut``) and the whole is kept,
+    ``kept`` with a page of it from the request's offset (``next_offset`` 0: the last page)."""
+
+    conversation: str
+    item: Item
+    kept: bool = False
+    full_output: str = ""
+    #: size of the whole kept output in UTF-8 bytes
+    full_bytes: int = 0
+    next_offset: int = 0
 
 
 class SendResult(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -674,6 +701,7 @@ PAYLOADS: dict[str, Any] = {
     "activity": Activity,
     "todos": TodoList,
     "model_selection": ModelSelection,
+    "unknown": Unknown,
     "conversation": ConversationCreated,
     "prompt": PromptRecord,
     "lease": LeaseRecord,

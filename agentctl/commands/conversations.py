@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 import click
+import msgspec
 
 from agentd import wire
 
@@ -160,12 +161,60 @@ def ls(all_: bool) -> None:
     click.echo(table(rows, ["ID", "STATE", "PROVIDER", "UPDATED", "TITLE"], _style()))
 
 
+def _show_item(o: Any, conversation: str, item_id: str, agent_id: str, full: bool) -> None:
+    client = o.client()
+    info = client.call(wire.ShowItem, wire.ItemInfo, conversation=conversation, item=item_id, agent_id=agent_id)
+    pages = [info.full_output]
+    while full and info.kept and info.next_offset:
+        info = client.call(wire.ShowItem, wire.ItemInfo, conversation=conversation, item=item_id,
+                           agent_id=agent_id, offset=info.next_offset)
+        pages.append(info.full_output)
+    whole = "".join(pages) if info.kept else ""
+    if o.json:
+        return _json(msgspec.structs.replace(info, full_output=whole if full else "", next_offset=0))
+    item, tool = info.item, info.item.tool
+    if full:
+        if tool is None:
+            raise click.UsageError(f"item {item_id} is not a tool call")
+        if tool.cut and not info.kept:
+            _err(f"the whole output of {item_id} was not kept ({tool.cut:,} bytes were cut; "
+                 "see [journal] tool_output_quota_bytes); showing the cut")
+        sys.stdout.write(whole if info.kept else tool.output)
+        if not (whole if info.kept else tool.output).endswith("\n"):
+            sys.stdout.write("\n")
+        return
+    lines = [("id", item.id), ("kind", item.kind.value)]
+    if item.agent_id:
+        lines.append(("agent", item.agent_id))
+    if tool is not None:
+        lines += [("tool", tool.name), ("title", tool.title), ("status", tool.status.value)]
+        if tool.exit_code is not None:
+            lines.append(("exit", str(tool.exit_code)))
+        if tool.input:
+            lines.append(("input", tool.input))
+        if tool.cut:
+            kept = f"kept: agentctl show {conversation} --item {item_id} --full" if info.kept else "not kept"
+            lines.append(("cut", f"{tool.cut:,} bytes of the output left out ({kept})"))
+    for k, v in lines:
+        click.echo(f"{k + ':':<10} {v}")
+    body = tool.output if tool is not None else item.text
+    if body:
+        click.echo(body)
+
+
 @click.command()
 @click.argument("conversation")
+@click.option("--item", "item_id", metavar="ID", help="Show this item instead (a tool call with its output).")
+@click.option("--agent", "agent_id", default="", metavar="AGENT_ID", help="With --item: the subagent the item belongs to.")
+@click.option("--full", is_flag=True, help="With --item: the tool's whole output, where the journal keeps a cut of it.")
 @common
-def show(conversation: str) -> None:
-    """Show a conversation: its record, pending interactions, usage."""
+def show(conversation: str, item_id: str | None, agent_id: str, full: bool) -> None:
+    """Show a conversation: its record, pending interactions, usage (or one item, --item)."""
     o = _opts()
+    if item_id is not None:
+        return _show_item(o, conversation, item_id, agent_id, full)
+    if full or agent_id:
+        raise click.UsageError("--full and --agent go with --item ID")
     info = o.client().call(wire.Show, wire.ConversationInfo, conversation=conversation)
     if o.json:
         return _json(info)

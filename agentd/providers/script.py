@@ -40,6 +40,7 @@ import trio
 
 from .._fsutil import make_dirs, read_file
 from ..config import ScriptConfig
+from .. import runtime_output
 from ..contract import (
     MAX_TAIL_LINE_BYTES,
     MAX_TAIL_LINES,
@@ -132,8 +133,19 @@ NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
-class _Step(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind"):
-    """One ``[[turn.step]]``; ``kind`` picks the subclass."""
+#: ``when`` conditions: "<interaction>:<outcome>" of this turn's latest interaction of that kind
+When = Literal["permission:allowed", "permission:rejected", "plan:approved", "plan:feedback",
+               "question:answered", "form:answered"]
+
+
+class _Step(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind", kw_only=True):
+    """One ``[[turn.step]]``; ``kind`` picks the subclass.
+
+    ``when`` (one condition or a list, all must hold) plays the step only after
+    the answers it names: a script can branch on what the user answered.
+    """
+
+    when: When | list[When] = []
 
 
 class TextStep(_Step, tag="text"):
@@ -283,6 +295,13 @@ class FailStep(_Step, tag="fail"):
     error: str = "the script failed this turn"
 
 
+class UnknownEventStep(_Step, tag="unknown_event"):
+    """What a newer runtime does: an event of a kind agentd does not know (an ``unknown`` record)."""
+
+    type: str
+    data: dict[str, Any] = {}
+
+
 class WaitStep(_Step, tag="wait"):
     """Waits until the turn is cancelled, or (``until = "steer"``) until a steer arrives."""
 
@@ -304,6 +323,7 @@ Step = Union[
     FailStep,
     SleepStep,
     WaitStep,
+    UnknownEventStep,
 ]
 
 
@@ -672,6 +692,8 @@ class _Turn:
         self.steers_consumed = 0
         self.steered = trio.Event()
         self.answer = ""
+        #: interaction kind (permission, plan, question, form) -> outcome of its latest answer, for ``when``
+        self.outcomes: dict[str, str] = {}
         self.pending: dict[str, _Pending] = {}
         #: items streamed or running, by (agent_id, id): finished on cancel
         self.live: dict[tuple[str, str], Item] = {}
@@ -973,6 +995,9 @@ class ScriptConversation:
 
     async def _step(self, turn: _Turn, step: Any, item_id: str, agent_id: str) -> None:
         script = turn.script.script
+        when = [step.when] if isinstance(step.when, str) else step.when
+        if any(turn.outcomes.get(cond.split(":")[0]) != cond.split(":")[1] for cond in when):
+            return  # an answer this step is not for
         if isinstance(step, (TextStep, ReasoningStep)):
             kind = ItemKind.ASSISTANT if isinstance(step, TextStep) else ItemKind.REASONING
             chunk = step.chunk or script.chunk
@@ -1008,6 +1033,9 @@ class ScriptConversation:
             raise _TurnFailed(turn.render(step.error))
         elif isinstance(step, SleepStep):
             await trio.sleep(step.ms / 1000)
+        elif isinstance(step, UnknownEventStep):
+            self._emit(runtime_output.unknown(self._provider.name, step.type, step.data))
+            await trio.lowlevel.checkpoint()
         elif isinstance(step, WaitStep):
             if step.until == "cancel":
                 await trio.sleep_forever()
@@ -1065,28 +1093,35 @@ class ScriptConversation:
                 detail=shown, options=_permission_options(step.name), time=utcnow(), agent_id=agent_id,
                 tool_call_id=item_id))
             decision = pending.answer.decision if pending.answer else "reject"
+            turn.outcomes["permission"] = "rejected" if decision == "reject" else "allowed"
             if decision == "reject":
                 denied = msgspec.structs.replace(call, status=ToolStatus.FAILED, output="denied")
                 self._put(turn, msgspec.structs.replace(item, tool=denied, ended_at=utcnow()))
                 return
             if decision == "allow_always":
                 self._record.allowed_tools.append(step.name)
+        elif step.permission:
+            turn.outcomes["permission"] = "allowed"  # allowed for the conversation earlier
         item = msgspec.structs.replace(item, tool=call)
         self._put(turn, item, live=True)
+        whole = ""
         if step.command is not None:
-            code, output = await self._run_command(turn, item, step.command)
+            code, output, whole = await self._run_command(turn, item, step.command)
         else:
             await trio.sleep(step.duration_ms / 1000)
             code, output = step.exit_code, turn.render(step.output)
         done = msgspec.structs.replace(call, status=ToolStatus.COMPLETED if code == 0 else ToolStatus.FAILED,
                                        output=output, exit_code=code)
+        for event in runtime_output.whole_output(done, whole, item_id, agent_id):
+            self._emit(event)
         self._put(turn, msgspec.structs.replace(item, tool=done, ended_at=utcnow()))
 
-    async def _run_command(self, turn: _Turn, item: Item, command: str) -> tuple[int | None, str]:
+    async def _run_command(self, turn: _Turn, item: Item, command: str) -> tuple[int | None, str, str]:
         """Run ``bash -c command`` in the workdir in its own process group.
 
         Emits the running item with its output tail at most every 0.2 s.
-        Returns (exit code, output bounded to its last MAX_OUTPUT_BYTES). On
+        Returns (exit code, output bounded to its last MAX_OUTPUT_BYTES, the whole
+        output when that bound cut it, else ""). On
         cancel the group gets SIGTERM, then SIGKILL after KILL_GRACE.
         """
         out = _Output()
@@ -1126,7 +1161,7 @@ class ScriptConversation:
                 ["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, cwd=self.workdir, start_new_session=True)
         except OSError as exc:
-            return None, f"could not start bash: {exc}"
+            return None, f"could not start bash: {exc}", ""
         try:
             async with trio.open_nursery() as nursery:
                 assert proc.stdout is not None and proc.stderr is not None
@@ -1145,7 +1180,7 @@ class ScriptConversation:
                 assert item.tool is not None
                 turn.live[(item.agent_id, item.id)] = msgspec.structs.replace(
                     item, tool=msgspec.structs.replace(item.tool, output=out.text()))
-        return proc.returncode, out.text()
+        return proc.returncode, out.text(), out.whole_text()
 
     async def _question(self, turn: _Turn, step: QuestionStep, item_id: str, agent_id: str) -> None:
         question = Question(text=turn.render(step.text), header=step.header, choices=list(step.choices),
@@ -1153,6 +1188,7 @@ class ScriptConversation:
         await self._ask(turn, Interaction(
             id=f"{item_id}-question", kind=InteractionKind.QUESTION, title=step.title or step.header or "Question",
             questions=[question], time=utcnow(), agent_id=agent_id))
+        turn.outcomes["question"] = "answered"
         await self._echo(turn, step.echo, "You answered: {answer}", item_id, agent_id)
 
     async def _form(self, turn: _Turn, step: FormStep, item_id: str, agent_id: str) -> None:
@@ -1161,15 +1197,18 @@ class ScriptConversation:
             id=f"{item_id}-form", kind=InteractionKind.QUESTION, title=turn.render(step.title),
             detail=turn.render(step.detail), questions=questions, elicitation=Elicitation(mode="form", source="script"),
             time=utcnow(), agent_id=agent_id))
+        turn.outcomes["form"] = "answered"
         await self._echo(turn, step.echo, "Thanks, I got: {answer}", item_id, agent_id)
 
     async def _plan(self, turn: _Turn, step: PlanStep, item_id: str, agent_id: str) -> None:
         iid = f"{item_id}-plan"
-        await self._ask(turn, Interaction(
+        pending = await self._ask(turn, Interaction(
             id=iid, kind=InteractionKind.PLAN_REVIEW, title=turn.render(step.title),
             plan=PlanReview(request_id=iid, summary=turn.render(step.summary), content=turn.render(step.content),
                             actions=list(step.actions), recommended=step.recommended),
             time=utcnow(), agent_id=agent_id))
+        plan = pending.answer.plan if pending.answer else None
+        turn.outcomes["plan"] = "approved" if plan is not None and plan.action else "feedback"
         await self._echo(turn, step.echo, "Plan decision: {answer}", item_id, agent_id)
 
     async def _subagent(self, turn: _Turn, step: SubagentStep, item_id: str) -> None:
@@ -1269,28 +1308,35 @@ def _resolve(interaction: Interaction, answer: Answer) -> tuple[InteractionState
 
 
 class _Output:
-    """A command's output: the last MAX_OUTPUT_BYTES, and a tail of bounded lines."""
+    """A command's output: the last MAX_OUTPUT_BYTES (display), the whole up to the
+    64 MiB message ceiling (kept beside the journal), and a tail of bounded lines."""
 
     def __init__(self) -> None:
         self.buf = bytearray()
+        self.whole = bytearray()
         self.cut = 0
         self.tail: collections.deque[OutputLine] = collections.deque(maxlen=MAX_TAIL_LINES)
 
     def add(self, chunk: bytes) -> None:
         self.buf += chunk
+        if len(self.whole) < runtime_output.MAX_MESSAGE_BYTES:
+            self.whole += chunk[: runtime_output.MAX_MESSAGE_BYTES - len(self.whole)]
         extra = len(self.buf) - MAX_OUTPUT_BYTES
         if extra > 0:
             del self.buf[:extra]
             self.cut += extra
 
     def line(self, raw: bytes, err: bool) -> None:
-        text = raw.rstrip(b"\r").decode("utf-8", "replace")
+        text = runtime_output.decode(raw.rstrip(b"\r"))
         text = text.encode()[:MAX_TAIL_LINE_BYTES].decode("utf-8", "ignore")
         self.tail.append(OutputLine(text=text, err=err))
 
     def text(self) -> str:
-        body = bytes(self.buf).decode("utf-8", "replace").rstrip("\n")
+        body = runtime_output.decode(bytes(self.buf)).rstrip("\n")
         return f"[{self.cut} earlier bytes cut]\n{body}" if self.cut else body
+
+    def whole_text(self) -> str:
+        return runtime_output.decode(bytes(self.whole)).rstrip("\n") if self.cut else ""
 
 
 def _signal_group(pid: int, sig: int) -> None:

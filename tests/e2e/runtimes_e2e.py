@@ -66,6 +66,13 @@ class Runtime:
     def before_create(self) -> None:
         """Called right before a scenario creates its conversation."""
 
+    def emit_unknown(self, type_name: str) -> None:
+        """Make the next turn emit an event of a kind agentd does not know, where that can be made."""
+
+    def check_unknown_mapping(self) -> None:
+        """The provider's mapping turns an event of a new type, in this runtime's real shape, into ``unknown``."""
+        raise AssertionError(f"{self.name}: no unknown kind was sent, and there is no mapping check for it")
+
     def check_reload(self, daemon: Any, reloaded_at: float) -> None:
         """Called after a prompt sent at ``reloaded_at`` (wall clock) made the runtime load the conversation anew."""
 
@@ -119,6 +126,10 @@ class ScriptRuntime(Runtime):
         items = [r["data"] for r in daemon.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "assistant"]
         return earlier in items[-1]["text"]
 
+    def emit_unknown(self, type_name: str) -> None:
+        with self.script.open("a") as f:
+            f.write(f'[[turn.step]]\nkind = "unknown_event"\ntype = {q(type_name)}\n[turn.step.data]\nlevel = 7\n')
+
 
 class CopilotRuntime(Runtime):
     """GitHub Copilot CLI (npm @github/copilot, pinned in tests/e2e), bring-your-own-key to the model server."""
@@ -145,6 +156,19 @@ class CopilotRuntime(Runtime):
             "[providers.copilot.byok]\n"
             f'type = "openai"\nbase_url = {q(self.server.url)}\napi_key_env = {q(KEY_ENV)}\nmodel = {q(MODEL)}\n'
         )
+
+    def check_unknown_mapping(self) -> None:
+        # A session.event as the CLI sends it (the SDK's own from_dict), of a type no SDK knows.
+        from copilot.generated.session_events import SessionEvent
+
+        from agentd.contract import UnknownEvent
+        from agentd.providers.copilot._mapping import EventMapper
+
+        event = SessionEvent.from_dict({"id": "0b9e2f4e-5c1a-4d7e-9a43-1f6f5b2c9d10", "timestamp": "2026-12-01T10:00:00.000Z",
+                                        "parentId": None, "type": "session.future_kind", "data": {"level": 7}})
+        out = EventMapper().map(event)
+        assert len(out) == 1 and isinstance(out[0], UnknownEvent), out
+        assert out[0].unknown.type == "session.future_kind" and out[0].unknown.data == {"level": 7}
 
 
 class ClaudeRuntime(Runtime):
@@ -175,6 +199,19 @@ class ClaudeRuntime(Runtime):
             "[providers.claude.env]\n"
             f"HOME = {q(str(home))}\nCLAUDE_CODE_MAX_RETRIES = \"0\"\nCLAUDE_CODE_DISABLE_NONSTREAMING_FALLBACK = \"1\"\n"
         )
+
+    def check_unknown_mapping(self) -> None:
+        # A stream-json line as Claude Code writes it, of a type the SDK skips, through the SDK's parser.
+        from claude_agent_sdk._internal.message_parser import parse_message
+
+        from agentd.contract import UnknownEvent
+        from agentd.providers.claude._mapping import unknown_message
+
+        for data, name in (({"type": "future_kind", "uuid": "u1", "session_id": "s1", "level": 7}, "future_kind"),
+                           ({"type": "system", "subtype": "future_subtype", "uuid": "u2", "session_id": "s1"},
+                            "system/future_subtype")):
+            event = unknown_message(data, parse_message(data))
+            assert isinstance(event, UnknownEvent) and event.unknown.type == name, event
 
 
 def _toml_value(value: Any) -> str:
@@ -233,6 +270,16 @@ class AcpRuntime(Runtime):
         assert self.server is not None
         self.server.reset()
         acp_agents.call_shell(self.server, self.agent, command)
+
+    def check_unknown_mapping(self) -> None:
+        # A session/update notification's update as ACP defines it, of a kind no agent sends yet.
+        from agentd.contract import UnknownEvent
+        from agentd.providers.acp._mapping import unknown_update
+
+        event = unknown_update(self.provider, {"sessionUpdate": "future_kind", "detail": {"level": 7}})
+        assert isinstance(event, UnknownEvent) and event.unknown.type == "future_kind", event
+        assert unknown_update(self.provider, {"sessionUpdate": "agent_message_chunk",
+                                              "content": {"type": "text", "text": "x"}}) is None
 
     def before_create(self) -> None:
         import acp_agents

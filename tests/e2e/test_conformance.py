@@ -39,7 +39,13 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
     "restart": ("reopen",),
     "runtime_killed": ("runtime_process",),
     "model_fails": ("model_endpoint",),
+    "large_output": ("permissions",),
+    "unknown_event": (),
 }
+
+#: large_output: 8 MiB of numbered lines from the runtime's own shell tool
+BIG_BYTES = 8 << 20
+BIG_COMMAND = f"seq 1 2000000 | head -c {BIG_BYTES}"
 
 FILE = "conformance.txt"
 COMMAND = f"echo conformance > {FILE}"
@@ -339,3 +345,86 @@ def test_model_endpoint_failure_ends_the_turn_with_the_runtime_report(
     else:
         assert end["state"] == "completed" and code == 0, (code, end)
         request.node.user_properties.append(("note", "the runtime reports it as an answer"))
+
+
+def _big_expected() -> str:
+    return "".join(f"{n}\n" for n in range(1, 2000001)).encode()[:BIG_BYTES].decode()
+
+
+@pytest.mark.parametrize("scenario", ["large_output"])
+def test_a_tool_result_of_8_mib_passes_through_and_the_whole_output_is_readable(
+    runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str, request: pytest.FixtureRequest
+) -> None:
+    """The turn completes, the next prompt works, and ``show --item --full`` gives what the runtime passed on.
+
+    agentd keeps whatever the runtime hands it whole. A runtime that cuts its
+    own tool's output before agentd sees it is noted in the matrix with how
+    much it passed on.
+    """
+    if not _supported(daemon, runtime, scenario, request):
+        return
+    runtime.call_tool(BIG_COMMAND)
+    cid = _new(daemon, runtime, workdir, scenario, "--yolo")
+    follower = Follower(daemon, cid, "Run the command")
+    assert follower.finish(timeout=240) == 0, follower.stderr()
+    tools = [r["data"] for r in daemon.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "tool"]
+    ran = [t for t in tools if "seq 1 2000000" in json.dumps(t)]
+    assert ran, f"the command was not run: {tools}"
+    done = ran[-1]
+    full = daemon.agentctl("show", cid, "--item", done["id"], *(["--agent", done["agent_id"]] if done.get("agent_id") else []),
+                           "--full", timeout=120)
+    assert full.returncode == 0, full.stderr
+    whole = full.stdout.rstrip("\n")
+    expected = _big_expected().rstrip("\n")
+    if done["tool"].get("cut"):
+        assert len(whole.encode()) >= done["tool"]["cut"], "less kept than the record says was cut"
+    if whole == expected:
+        pass  # the whole 8 MiB, as the runtime passed it on
+    else:
+        # The runtime cut it before agentd saw it: agentd has what it was given.
+        print(f"\n{runtime.name}: tool item {json.dumps(done)[:2000]}")
+        passed = len(whole.encode())
+        request.node.user_properties.append(("note", (
+            f"the runtime passes on {passed:,} bytes of the 8 MiB (it cuts its tool's output itself)" if passed else
+            "the runtime passes on none of its shell tool's output")))
+    runtime.text_only("Still here.")
+    again = Follower(daemon, cid, "Are you still there?")
+    assert again.finish() == 0, again.stderr()
+    assert _turn_ends(daemon, cid)[-1]["data"]["state"] == "completed"
+
+
+@pytest.mark.parametrize("scenario", ["unknown_event"])
+def test_a_kind_agentd_does_not_know_becomes_an_unknown_record_with_its_type_name(
+    runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str, request: pytest.FixtureRequest
+) -> None:
+    """A tool turn on the real runtime; every kind agentd does not act on is an ``unknown`` record.
+
+    The script provider emits one on purpose (its ``unknown_event`` step). A
+    real runtime that sends no kind agentd does not know in such a turn cannot
+    be made to by the model alone: its provider's mapping is then checked with
+    an event of a new type in that runtime's real shape (:meth:`Runtime.unknown_shape`),
+    and the cell notes it.
+    """
+    if not _supported(daemon, runtime, scenario, request):
+        return
+    runtime.call_tool(COMMAND)
+    runtime.emit_unknown("future.kind")
+    cid = _new(daemon, runtime, workdir, scenario, "--yolo")
+    follower = Follower(daemon, cid, "Run the command")
+    assert follower.finish(timeout=120) == 0, follower.stderr()
+    unknown = [r for r in daemon.journal(cid) if r["type"] == "unknown"]
+    for rec in unknown:
+        assert rec["data"]["provider"] == runtime.provider and rec["data"]["type"], rec
+    tail = daemon.agentctl("tail", cid, "--no-follow")
+    assert tail.returncode == 0, tail.stderr
+    if unknown:
+        names = sorted({r["data"]["type"] for r in unknown})
+        assert all(repr(n) in tail.stdout for n in names), tail.stdout
+        assert "runtime.unknown_kind" in daemon.log.read_text()
+        if runtime.name != "script":
+            request.node.user_properties.append(("note", "the runtime sent: " + ", ".join(names)))
+    else:
+        assert runtime.name != "script", "the script's unknown_event step left no record"
+        runtime.check_unknown_mapping()
+        request.node.user_properties.append(
+            ("note", "the runtime sent no unknown kind; its provider's mapping was checked with one in its real shape"))

@@ -118,3 +118,41 @@ def test_demo_turn_answered_from_a_second_agentctl_then_a_kill_mid_turn(tmp_path
         assert third["run"] != sent["run"]
     finally:
         d.stop()
+
+
+def test_demo_does_what_you_answered_a_rejected_write_is_not_claimed_and_plan_feedback_is_acknowledged(tmp_path: Path) -> None:
+    d = Daemon(tmp_path).start()
+    try:
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        cid = _json(d.agentctl("new", "-p", "script", "-m", str(DEMO), "--cwd", str(workdir), "--json"))["id"]
+        sent = _json(d.agentctl("send", cid, "show me around", "--json"))
+        answers = {
+            "permission": ["--deny"],
+            "question": ["--choice", "blue"],
+            "form": ["--field", "name=Ada", "--field", "lines=3"],
+            "plan_review": ["--feedback", "verify with a checksum instead"],
+        }
+        for _ in range(4):
+            inter = _pending(d, cid)
+            kind = "form" if inter.get("elicitation") else inter["kind"]
+            result = d.agentctl("answer", cid, inter["id"], *answers[kind], "--json")
+            assert result.returncode == 0, result.stderr
+            answers.pop(kind)
+        assert not answers
+        deadline = time.monotonic() + 60
+        while not [r for r in d.journal(cid) if r["type"] == "turn" and r.get("run") == sent["run"]
+                   and r["data"]["state"] != "working"]:
+            assert time.monotonic() < deadline, "the demo turn did not end"
+            time.sleep(0.1)
+        journal = d.journal(cid)
+        said = "\n".join(r["data"].get("text", "") for r in journal
+                         if r["type"] == "item" and r["data"]["kind"] == "assistant")
+        assert not (workdir / "agentd-demo.txt").exists()
+        assert "wrote agentd-demo.txt" not in said and "says hello" not in said, said
+        assert "did not write agentd-demo.txt" in said, said
+        assert "verify with a checksum instead" in said, said  # the feedback, acknowledged
+        assert not [r for r in journal if r["type"] == "subagent"], "the verifier ran after the plan was refused"
+        assert journal[-1]["type"] == "turn" and journal[-1]["data"]["state"] == "completed"
+    finally:
+        d.stop()

@@ -14,6 +14,10 @@ what to do:
 * ``garbage``      -> a line that is not JSON, then silence
 * ``notrpc``       -> a JSON line that is not a JSON-RPC message, then silence
 * ``badresult``    -> answers the prompt with a result of the wrong shape
+* ``oddbytes``     -> a message chunk holding invalid UTF-8, a lone surrogate escape and a NUL,
+  a stderr line of invalid UTF-8, then ``end_turn``
+* ``unknown``      -> a session/update of a kind no agentd knows (``future_thing``), a known
+  chunk with an extra unknown field, then ``end_turn``
 * ``read PATH`` / ``write PATH CONTENT`` -> fs/read_text_file / fs/write_text_file,
   answering ``ok:<content>`` or ``error:<message>``
 * ``readlines PATH LINE LIMIT`` -> fs/read_text_file of that line range, answered like ``read``
@@ -108,7 +112,31 @@ def readmany(session: str, rid: Any, rest: str) -> bool:
     return False
 
 
-COMMANDS = {**fake.COMMANDS, "readlines": readlines, "readmany": readmany, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline,
+def oddbytes(session: str, rid: Any, rest: str) -> bool:
+    head = json.dumps({"jsonrpc": "2.0", "method": "session/update", "params": {
+        "sessionId": session, "update": {"sessionUpdate": "agent_message_chunk",
+                                         "content": {"type": "text", "text": "@@"}}}})
+    before, after = head.split("@@")
+    # Raw bytes: "odd " + invalid UTF-8 (a stray continuation byte, a cut 3-byte sequence)
+    # + a lone high surrogate as a JSON escape + NUL + " bytes".
+    line = before.encode() + b"odd \x80|\xe2\x82|\\ud800|\\u0000 bytes" + after.encode() + b"\n"
+    sys.stdout.buffer.write(line)
+    sys.stdout.buffer.flush()
+    sys.stderr.buffer.write(b"stderr \xff\xfe line\n")
+    sys.stderr.buffer.flush()
+    return False
+
+
+def unknown(session: str, rid: Any, rest: str) -> bool:
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {
+        "sessionId": session, "update": {"sessionUpdate": "future_thing", "detail": {"level": 7, "note": "from the future"}}}})
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {
+        "sessionId": session, "update": {"sessionUpdate": "agent_message_chunk", "futureField": [1, 2],
+                                         "content": {"type": "text", "text": "known kind, new field"}}}})
+    return False
+
+
+COMMANDS = {**fake.COMMANDS, "readlines": readlines, "readmany": readmany, "oddbytes": oddbytes, "unknown": unknown, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline,
             "notrpc": notrpc, "badresult": badresult}
 
 

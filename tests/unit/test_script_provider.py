@@ -572,4 +572,4 @@ async def test_demo_completes_with_every_interaction_answered(provider, workdir,
     assert items[("", subs[0].parent_tool_call_id)].tool.output.startswith("agentd-demo.txt contains")
     kinds = {i.kind for i in items.values()}
     assert kinds == {c.ItemKind.USER, c.ItemKind.REASONING, c.ItemKind.ASSISTANT, c.ItemKind.TOOL}
-    assert items[("", "1-9")].text.startswith("Thanks, I got: name=Ada; email=ada@example.org; lines=3; verbose=no")
+    assert items[("", "1-10")].text.startswith("Thanks, I got: name=Ada; email=ada@example.org; lines=3; verbose=no")

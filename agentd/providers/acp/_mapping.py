@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from ... import runtime_output
 from ..._fsutil import read_file
 from ...contract import Option, Prompt, Todo, TodoList, ToolCall, ToolStatus, TurnState
 from . import _schema as s
@@ -36,6 +37,14 @@ _STOP = {
     "max_turn_requests": (TurnState.FAILED, "the agent reached its limit of model requests for one turn (stopReason max_turn_requests)"),
     "refusal": (TurnState.FAILED, "the agent refused to continue (stopReason refusal)"),
 }
+
+
+def unknown_update(provider: str, raw: dict[str, Any]) -> Any:
+    """The ``unknown`` event for a session/update of a kind agentd does not know, else None."""
+    kind = raw.get("sessionUpdate")
+    if kind in s.KNOWN_UPDATES:
+        return None
+    return runtime_output.unknown(provider, str(kind), raw)
 
 
 def stop_reason(reason: str) -> tuple[TurnState, str]:
@@ -98,10 +107,11 @@ def summarize_diff(path: str, old: str | None, new: str) -> str:
     return f"edit {path}: +{added} -{removed} lines"
 
 
-def render_content(content: list[s.ToolCallContent] | None, raw_output: Any = msgspec.UNSET) -> str:
+def render_content(content: list[s.ToolCallContent] | None, raw_output: Any = msgspec.UNSET,
+                   limit: int | None = MAX_TOOL_TEXT) -> str:
     """A tool's output for display: its text content, diffs summarized, terminals named.
 
-    Falls back to ``rawOutput`` when there is no content.
+    Falls back to ``rawOutput`` when there is no content. ``limit`` None: the whole text.
     """
     parts: list[str] = []
     for c in content or []:
@@ -120,7 +130,8 @@ def render_content(content: list[s.ToolCallContent] | None, raw_output: Any = ms
             parts.append(raw_output["content"])
         else:
             parts.append(render_input(raw_output))
-    return bound("\n".join(parts).strip("\n"))
+    text = "\n".join(parts).strip("\n")
+    return text if limit is None else bound(text, limit)
 
 
 class ToolState:
@@ -158,6 +169,10 @@ class ToolState:
     @property
     def terminal(self) -> bool:
         return self.status in ("completed", "failed")
+
+    def whole_output(self) -> str:
+        """The output :meth:`to_call` shows, uncut."""
+        return render_content(self.content, self.raw_output, limit=None)
 
     def to_call(self) -> ToolCall:
         shown = render_input(self.raw_input)

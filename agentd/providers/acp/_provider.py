@@ -42,6 +42,7 @@ import structlog
 import trio
 
 from ... import agentfs
+from ... import runtime_output
 from ..._fsutil import atomic_write, is_safe_name, make_dirs, read_file
 from ...config import AcpAgentConfig
 from ...contract import (
@@ -207,7 +208,13 @@ class _Agent:
 
     def _on_notification(self, method: str, params: Any) -> None:
         if method != "session/update":
-            log.debug("acp.notification_ignored", agent=self.provider.name, method=method)
+            # A notification agentd does not know: kept by the session it names, if any.
+            sid = params.get("sessionId") if isinstance(params, dict) else None
+            conv = self.sessions.get(sid) if isinstance(sid, str) else None
+            if conv is not None:
+                conv._emit(runtime_output.unknown(self.provider.name, method, params))
+            else:
+                log.debug("acp.notification_ignored", agent=self.provider.name, method=method)
             return
         try:
             note = msgspec.convert(params, s.SessionNotification)
@@ -1201,13 +1208,16 @@ class AcpConversation:
     def _on_update(self, raw: dict[str, Any]) -> None:
         self._last_update = trio.current_time()
         kind = raw.get("sessionUpdate")
-        if kind not in s.KNOWN_UPDATES:
-            log.debug("acp.update_unknown", agent=self._provider.name, kind=kind)
+        unknown = m.unknown_update(self._provider.name, raw)
+        if unknown is not None:
+            self._emit(unknown)
             return
         try:
             u = msgspec.convert(raw, s.SessionUpdate)
         except msgspec.ValidationError as exc:
+            # A known kind in a shape agentd cannot read: kept as unknown, not lost.
             log.warning("acp.update_invalid", agent=self._provider.name, kind=kind, error=str(exc))
+            self._emit(runtime_output.unknown(self._provider.name, str(kind), raw))
             return
         live = self._turn is not None
         if isinstance(u, (s.AgentMessageChunk, s.AgentThoughtChunk, s.UserMessageChunk)):
@@ -1279,6 +1289,9 @@ class AcpConversation:
         item_id = self._tool_item_id(st.id)
         old = self._index.get(item_id)
         started = self._items[old].time if old is not None else utcnow()
+        if st.terminal and emit and len(call.output) >= m.MAX_TOOL_TEXT - 40:  # maybe a display cut
+            for event in runtime_output.whole_output(call, st.whole_output(), item_id):
+                self._emit(event)
         self._put(Item(id=item_id, kind=ItemKind.TOOL, tool=call, time=started,
                        ended_at=utcnow() if st.terminal else None), emit=emit)
 

@@ -23,12 +23,13 @@ import msgspec
 import structlog
 import trio
 
+from ... import runtime_output
 from . import _schema as s
 
 log = structlog.get_logger("agentd.providers.acp")
 
-#: A line longer than this (no newline yet) is a protocol violation.
-MAX_LINE_BYTES = 64 * 1024 * 1024
+#: A line longer than this (no newline yet) ends the turn and the process (agentd.runtime_output).
+MAX_LINE_BYTES = runtime_output.MAX_MESSAGE_BYTES
 #: After stdin is closed, a well-behaved agent exits within this; then SIGTERM.
 EOF_GRACE_S = 0.3
 #: SIGTERM to SIGKILL.
@@ -37,7 +38,6 @@ TERM_GRACE_S = 2.0
 STDERR_TAIL = 40
 
 _encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder()
 
 
 class RpcError(Exception):
@@ -232,13 +232,15 @@ class Connection:
                 if line.strip():
                     self._dispatch(line, nursery)
             if len(buf) > MAX_LINE_BYTES:
-                raise ConnectionLost(f"the {self._label} wrote a line over {MAX_LINE_BYTES} bytes")
+                # No end in sight: the size so far is all that can be named (the line is over the ceiling).
+                raise ConnectionLost(f"the {self._label} wrote a line over the ceiling: "
+                                     + runtime_output.too_big(len(buf), complete=False))
             # let handlers and waiters run between chunks
             await trio.lowlevel.checkpoint()
 
     def _dispatch(self, line: bytes, nursery: trio.Nursery) -> None:
         try:
-            msg = _decoder.decode(line)
+            msg = runtime_output.decode_json(line)  # odd bytes become U+FFFD, never a lost agent
         except msgspec.DecodeError:
             raise ConnectionLost(f"the {self._label} wrote invalid JSON-RPC: {_preview(line)}") from None
         if not isinstance(msg, dict) or (msg.get("jsonrpc", "2.0") != "2.0"):
@@ -448,16 +450,16 @@ class AgentProcess:
                 partial += chunk
                 *lines, partial = partial.split(b"\n")
                 for raw in lines:
-                    text = raw.decode("utf-8", "replace").rstrip()[:2000]
+                    text = runtime_output.decode(raw).rstrip()[:2000]
                     self.stderr.append(text)
                     log.debug("acp.agent_stderr", agent=self.label, line=text)
                 if len(partial) > 8192:
-                    self.stderr.append(partial.decode("utf-8", "replace")[:2000])
+                    self.stderr.append(runtime_output.decode(partial)[:2000])
                     partial = b""
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         if partial.strip():
-            self.stderr.append(partial.decode("utf-8", "replace")[:2000])
+            self.stderr.append(runtime_output.decode(partial)[:2000])
 
     async def _terminate(self) -> None:
         """Close stdin, then SIGTERM, then SIGKILL the group, each after a grace period."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import re
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,7 @@ import msgspec
 import structlog
 import trio
 
+from ... import runtime_output
 from ..._fsutil import read_file
 from ...contract import (
     Activity,
@@ -597,8 +599,12 @@ class ClaudeConversation:
                     try:
                         message = parse_message(data)
                     except lib.ClaudeSDKError as exc:
+                        # A known type in a shape this SDK cannot read: kept as unknown, not lost.
                         log.warning("claude.unparsed_message", conversation=self.id, error=str(exc))
-                        continue
+                        message = None
+                    unknown = m.unknown_message(data, message)  # a type this SDK skips, a new subtype
+                    if unknown is not None:
+                        self._emit(unknown)
                     if message is not None:
                         self._dispatch(session, message)
             else:  # pragma: no cover - an SDK without the private query object
@@ -607,6 +613,10 @@ class ClaudeConversation:
         except lib.ProcessError as exc:
             return self._exit_text(session, exc.exit_code)
         except Exception as exc:  # a broken pipe, undecodable output: the session is unusable either way
+            cause = getattr(exc, "original_error", None)
+            size = re.search(r"Buffer size (\d+) exceeds limit (\d+)", str(cause)) if cause is not None else None
+            if size:  # the SDK's reader ceiling (max_buffer_size, set to agentd's)
+                return runtime_output.too_big(int(size.group(1)), complete=False, ceiling=int(size.group(2)))
             return f"the connection to Claude Code failed: {exc}"
         proc = session.process
         return self._exit_text(session, proc.returncode if proc is not None else None)
@@ -839,8 +849,11 @@ class ClaudeConversation:
         if item is None or item.tool is None:
             item = Item(id=tool_use_id, kind=ItemKind.TOOL, tool=m.tool_call("tool", None), time=now, agent_id=agent_id)
         assert item.tool is not None
+        whole = m.content_text(content)
         tool = msgspec.structs.replace(item.tool, status=ToolStatus.FAILED if is_error else ToolStatus.COMPLETED,
-                                       output=m.bounded(m.content_text(content)), tail=[])
+                                       output=m.bounded(whole), tail=[])
+        for event in runtime_output.whole_output(tool, whole, item.id, item.agent_id):
+            self._emit(event)
         self._emit(ItemEvent(item=msgspec.structs.replace(item, tool=tool, ended_at=now)))
 
     def _on_result(self, session: _Session, msg: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from ... import runtime_output
 from ...contract import (
     Answer,
     Interaction,
@@ -38,6 +39,29 @@ ASK_TOOL = "AskUserQuestion"
 
 #: Tool input keys that name what a call acts on, in order of preference.
 _SUBJECT_KEYS = ("command", "file_path", "notebook_path", "path", "url", "pattern", "query", "prompt", "skill")
+
+
+#: system message subtypes agentd reads or leaves alone on purpose; any other is an ``unknown`` record
+SYSTEM_KNOWN = frozenset({"init", "api_retry", "status", "compact_boundary", "mirror_error",
+                          "task_started", "task_progress", "task_notification", "task_updated",
+                          "hook_started", "hook_progress", "hook_response"})
+
+
+def unknown_message(data: Any, parsed: Any) -> Any:
+    """The ``unknown`` event for one CLI stdout message, else None.
+
+    ``parsed`` is the SDK's message for ``data``: None when the SDK skipped a
+    type it does not know (or could not read it). A system message of a subtype
+    agentd does not know is unknown too (``system/<subtype>``).
+    """
+    if not isinstance(data, dict):
+        return runtime_output.unknown("claude", "?", data)
+    kind = data.get("type")
+    if parsed is None:
+        return runtime_output.unknown("claude", str(kind), data)
+    if kind == "system" and data.get("subtype") not in SYSTEM_KNOWN:
+        return runtime_output.unknown("claude", f"system/{data.get('subtype')}", data)
+    return None
 
 
 def bounded(text: str, limit: int = MAX_TOOL_TEXT) -> str:

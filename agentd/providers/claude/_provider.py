@@ -45,6 +45,7 @@ import msgspec
 import structlog
 import trio
 
+from ... import runtime_output
 from ..._fsutil import atomic_write, make_dirs, read_file
 from ...contract import (
     Account,
@@ -370,6 +371,8 @@ class ClaudeProvider:
             resume=conv.id if resume else None,
             session_id=None if resume else conv.id,
             stderr=session.on_stderr,
+            # The SDK's reader stops at 1 MiB by default: one large tool result would end the session.
+            max_buffer_size=runtime_output.MAX_MESSAGE_BYTES,
         )
 
     def start_error(self, session: _Session, exc: BaseException | str) -> Exception:

@@ -174,7 +174,7 @@ class CopilotConversation:
     def _sdk_event(self, event: se.SessionEvent) -> None:
         """SDK callback (asyncio thread): note request ids, then hand the event to trio (unless inert)."""
         t = event.type
-        if t in m.INERT:
+        if m.inert(event):
             return
         d: Any = event.data
         if t is T.USER_INPUT_REQUESTED:

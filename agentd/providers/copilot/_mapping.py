@@ -11,8 +11,9 @@ interactions are the conversation's business; the helpers for the latter
 (:func:`permission_interaction`, :func:`permission_decision`,
 :func:`elicitation_questions`, ...) live here too.
 
-An event type the mapper does not know is logged at debug level once and
-dropped: a newer CLI never breaks the adapter.
+An event type the mapper does not act on (and is not listed as ignored) becomes an
+``unknown`` record with its type name and data (agentd.runtime_output): a newer
+CLI never breaks the adapter, and nothing it sends is lost.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import structlog
 from copilot.generated import rpc as _rpc
 from copilot.generated import session_events as se
 
+from ... import runtime_output
 from ...contract import (
     MAX_PROGRESS_BYTES,
     MAX_TAIL_LINE_BYTES,
@@ -112,7 +114,8 @@ def user_attachments(attachments: Any) -> list[Attachment]:
 
 
 def truncate_bytes(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes (an ellipsis marks a cut)."""
+    """``text`` cut to at most ``limit`` UTF-8 bytes (an ellipsis marks a cut); lone surrogates become U+FFFD."""
+    text = runtime_output.clean(text)
     data = text.encode("utf-8")
     if len(data) <= limit:
         return text
@@ -120,7 +123,8 @@ def truncate_bytes(text: str, limit: int) -> str:
 
 
 def bound_output(text: str, limit: int = MAX_OUTPUT_BYTES) -> str:
-    """``text`` bounded to about ``limit`` bytes, keeping its head and its tail."""
+    """``text`` bounded to about ``limit`` bytes, keeping its head and its tail; lone surrogates become U+FFFD."""
+    text = runtime_output.clean(text)
     data = text.encode("utf-8")
     if len(data) <= limit:
         return text
@@ -230,7 +234,6 @@ class EventMapper:
         self.usage: Usage | None = None
         self.model = ""
         self.effort: str | None = None
-        self._unknown: set[str] = set()
 
     # ------------------------------------------------------------------ entry points
 
@@ -364,13 +367,12 @@ class EventMapper:
             return [ItemEvent(item=Item(id=str(ev.id), kind=ItemKind.NOTICE, text=f"error: {d.message}", time=when, agent_id=agent))]
         if t is T.SESSION_WARNING:
             return [ItemEvent(item=Item(id=str(ev.id), kind=ItemKind.NOTICE, text=f"warning: {d.message}", time=when, agent_id=agent))]
-        if t in _IGNORED:
+        if t in _IGNORED or inert(ev):
             return []
-        name = event_type(ev)
-        if name not in self._unknown:
-            self._unknown.add(name)
-            log.debug("copilot.event_dropped", type=name)
-        return []
+        if not self.live:
+            return []  # a transcript rebuilt from stored events keeps items only
+        # A kind agentd does not act on (or this SDK does not know): journaled verbatim.
+        return [runtime_output.unknown("copilot", event_type(ev), _to_dict(d))]
 
     # ------------------------------------------------------------------ messages
 
@@ -412,6 +414,7 @@ class EventMapper:
             progress=tool.call.progress,
             exit_code=tool.call.exit_code,
             tail=list(tool.tail) if tool.call.status is ToolStatus.RUNNING else [],
+            cut=tool.call.cut,
         )
         it = tool.item
         return ItemEvent(item=Item(id=it.id, kind=ItemKind.TOOL, tool=call, time=it.time, ended_at=it.ended_at, agent_id=it.agent_id))
@@ -469,13 +472,20 @@ class EventMapper:
         else:
             tool.call.status = ToolStatus.FAILED
             text = d.error.message if d.error is not None else (d.result.content if d.result is not None else "failed")
-        tool.call.output = bound_output(_SHELL_TRAILER.sub("", text or ""))
+        whole = _SHELL_TRAILER.sub("", text or "")
+        tool.call.output = bound_output(whole)
+        if d.success and d.result is not None and d.result.detailed_content \
+                and len(d.result.detailed_content) > len(text or ""):
+            whole = _SHELL_TRAILER.sub("", d.result.detailed_content)  # what the CLI shows, beyond the model's cut
         tool.call.exit_code = _exit_code(d)
         if tool.call.exit_code not in (None, 0):
             tool.call.status = ToolStatus.FAILED  # the command ran and failed
         tool.tail = []
         tool.item.ended_at = when
-        return [self._tool_event(tool)]
+        out: list[Event] = []
+        if self.live:
+            out += runtime_output.whole_output(tool.call, whole, tool.item.id, tool.item.agent_id)
+        return [*out, self._tool_event(tool)]
 
     # ------------------------------------------------------------------ subagents
 
@@ -586,6 +596,19 @@ INERT = frozenset(
         T.HOOK_PROGRESS,
     }
 )
+#: Raw type names the SDK does not know but agentd does: the CLI's model-call telemetry
+#: (model.log, model.messages_snapshot with the whole context, model.response, ...), sent on
+#: every model call and of no use to a transcript. Dropped with the inert ones.
+INERT_RAW_PREFIXES = ("model.",)
+
+
+def inert(event: se.SessionEvent) -> bool:
+    """Whether agentd drops ``event`` unseen: an inert type, or known telemetry the SDK does not type."""
+    if event.type is T.UNKNOWN:
+        return (event.raw_type or "").startswith(INERT_RAW_PREFIXES)
+    return event.type in INERT
+
+
 #: types that map to no contract event: the inert ones, and those CopilotConversation._handle acts on
 _IGNORED = INERT | {
     T.SESSION_IDLE,

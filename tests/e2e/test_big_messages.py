@@ -1,0 +1,82 @@
+"""Big messages and odd text from real runtimes through the real daemon.
+
+A lone surrogate: the scripted model answers text holding ``\\ud800``; Node
+runtimes keep it and write it back as that JSON escape, and the Python SDKs
+(``json.loads``) hand agentd a str with a lone surrogate, which msgspec cannot
+encode. The journal encoder applies agentd's rule (agentd.runtime_output): the
+turn completes, with U+FFFD in its place.
+
+Past the Claude SDK's 1 MiB default reader:
+
+Claude Code writes each message as one stdout line; the SDK's reader stopped at
+1 MiB unless told otherwise, so one answer (or tool result) over that ended
+the connection and failed the turn. agentd sets the reader's ceiling to its
+own 64 MiB (agentd.runtime_output.MAX_MESSAGE_BYTES). Here the scripted model
+answers 3 MiB of text: the turn completes with the whole answer journaled and
+the next prompt works.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtimes_e2e import RUNTIMES
+
+from daemon_harness import Daemon
+from runtimes_e2e import runtime_profile
+
+pytestmark = pytest.mark.e2e
+
+#: 3 MiB of words, each numbered so a lost piece shows
+BIG_TEXT = " ".join(f"w{n:07d}" + "x" * 100 for n in range(29000))
+
+
+def test_a_3_mib_answer_from_claude_code_completes_the_turn_and_the_next_prompt_works(tmp_path: Path) -> None:
+    with runtime_profile("claude", tmp_path) as rt:
+        d = Daemon(tmp_path, rt.config_toml, env=rt.env).start()
+        try:
+            work = tmp_path / "work"
+            work.mkdir()
+            rt.text_only(BIG_TEXT)
+            cid = json.loads(d.agentctl("new", "-p", "claude", "--cwd", str(work), "--json").stdout)["id"]
+            sent = subprocess.run([sys.executable, "-m", "agentctl", "--socket", str(d.socket), "send", cid, "Say a lot",
+                                   "--follow", "--json"], env=d.env, capture_output=True, text=True, timeout=300)
+            ends = [r["data"] for r in d.journal(cid) if r["type"] == "turn" and r["data"]["state"] != "working"]
+            assert ends[-1]["state"] == "completed", ends[-1]
+            assert sent.returncode == 0, sent.stderr[-2000:]
+            texts = [r["data"].get("text", "") for r in d.journal(cid)
+                     if r["type"] == "item" and r["data"]["kind"] == "assistant"]
+            assert any(BIG_TEXT.strip() in t for t in texts), [len(t) for t in texts]
+            rt.text_only("Short again.")
+            again = d.agentctl("send", cid, "And now?", "--follow", "--json", timeout=120)
+            assert again.returncode == 0, again.stderr
+        finally:
+            d.stop()
+
+
+@pytest.mark.parametrize("name", ["claude", "acp:claude"])  # the Copilot CLI refuses the model stream itself
+def test_a_lone_surrogate_in_a_real_runtimes_answer_is_journaled_as_u_fffd_and_the_turn_completes(
+    name: str, tmp_path: Path
+) -> None:
+    assert name in RUNTIMES
+    with runtime_profile(name, tmp_path) as rt:
+        d = Daemon(tmp_path, rt.config_toml, env=rt.env).start()
+        try:
+            work = tmp_path / "work"
+            work.mkdir()
+            rt.text_only("odd \ud800 text")
+            cid = json.loads(d.agentctl("new", "-p", rt.provider, "--cwd", str(work), "--json").stdout)["id"]
+            sent = d.agentctl("send", cid, "Say it", "--follow", "--json", timeout=180)
+            ends = [r["data"] for r in d.journal(cid) if r["type"] == "turn" and r["data"]["state"] != "working"]
+            assert ends and ends[-1]["state"] == "completed", (ends, d.log.read_text()[-3000:])
+            assert sent.returncode == 0, sent.stderr[-2000:]
+            texts = [r["data"].get("text", "") for r in d.journal(cid)
+                     if r["type"] == "item" and r["data"]["kind"] == "assistant"]
+            assert any("odd \ufffd text" in t for t in texts), texts
+        finally:
+            d.stop()
