@@ -192,7 +192,7 @@ class CodexRuntime(Runtime):
 
     name = provider = "codex"
 
-    def __init__(self, root: pathlib.Path) -> None:
+    def __init__(self, root: pathlib.Path, overrides: tuple[str, ...] = ()) -> None:
         super().__init__(root)
         from installs import install_codex_cli
 
@@ -209,7 +209,7 @@ class CodexRuntime(Runtime):
             "[providers.copilot]\nenabled = false\n[providers.claude]\nenabled = false\n"
             "[providers.codex]\n"
             f"cli_path = {q(str(cli))}\ncodex_home = {q(str(home))}\nmodel = {q(MODEL)}\n"
-            f"overrides = {q(CODEX_OFFLINE)}\n"
+            f"overrides = {q(CODEX_OFFLINE + list(overrides))}\n"
             "[providers.codex.model_provider]\n"
             f"base_url = {q(self.server.url)}\napi_key_env = {q(KEY_ENV)}\n"
             "request_max_retries = 0\nstream_max_retries = 0\n"

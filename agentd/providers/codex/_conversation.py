@@ -350,7 +350,7 @@ class CodexConversation:
         self._emit(ModelSelectionEvent(selection=ModelSelection(model=model or self._model, effort=effort or None)))
 
     async def set_title(self, title: str) -> None:
-        """Name the thread in Codex (thread/name/set)."""
+        """Name the thread in Codex's store (thread/name/set); the daemon journals the title itself."""
         self._check_open()
         server = await self._attached()
         try:
@@ -359,7 +359,6 @@ class CodexConversation:
             raise Invalid(f"Codex refused the title: {exc.describe()}") from None
         except BaseException as exc:
             raise server.error("thread/name/set", exc) from None
-        self._emit(TitleEvent(title=title))
 
     async def close(self) -> None:
         """Interrupt a running turn (reason ``closed``) and stop routing the thread; the app-server,
