@@ -177,16 +177,6 @@ class ClaudeRuntime(Runtime):
         )
 
 
-#: Codex settings the tests add: no plugin sync from GitHub, no analytics, no update check (all network)
-CODEX_OFFLINE = ["features.plugins=false", "analytics.enabled=false", "check_for_update_on_startup=false"]
-
-
-def codex_shell_arguments(command: str) -> dict[str, Any]:
-    """Arguments of Codex's ``exec_command`` tool that run ``command`` outside the sandbox, which
-    Codex (approval_policy on-request) asks the user about first."""
-    return {"cmd": command, "sandbox_permissions": "require_escalated", "justification": "Run the scripted command"}
-
-
 class CodexRuntime(Runtime):
     """OpenAI Codex CLI (npm @openai/codex, pinned in tests/e2e) as `codex app-server`, on the Responses API."""
 
@@ -194,6 +184,7 @@ class CodexRuntime(Runtime):
 
     def __init__(self, root: pathlib.Path, overrides: tuple[str, ...] = ()) -> None:
         super().__init__(root)
+        from acp_agents import CODEX_OFFLINE
         from installs import install_codex_cli
 
         try:
@@ -218,7 +209,9 @@ class CodexRuntime(Runtime):
     def call_tool(self, command: str) -> None:
         assert self.server is not None
         self.server.reset()
-        self.server.call_tool("exec_command", arguments=codex_shell_arguments(command))
+        import acp_agents
+
+        self.server.call_tool("exec_command", arguments=acp_agents.codex_shell_arguments(command))
 
 
 def _toml_value(value: Any) -> str:
@@ -267,6 +260,8 @@ class AcpRuntime(Runtime):
             config = acp_agents.copilot_config(cli, root, self.server.url, MODEL)
         elif agent == "claude":
             config = acp_agents.claude_config(bins, root, base)
+        elif agent == "codex":
+            config = acp_agents.codex_config(bins, root, self.server.url, MODEL, KEY_ENV)
         else:
             config = acp_agents.gemini_config(bins, root, base)
         self.config_toml = "[providers.copilot]\nenabled = false\n[providers.claude]\nenabled = false\n[providers.codex]\nenabled = false\n" + acp_toml(agent, config)

@@ -22,7 +22,8 @@ import trio
 
 from daemon_harness import Daemon
 from modelserver import DEFAULT_FINAL_TEXT
-from runtimes_e2e import CodexRuntime, codex_shell_arguments
+from acp_agents import codex_shell_arguments
+from runtimes_e2e import CodexRuntime
 from test_conformance import Follower, _descendants, _json, _pending
 
 pytestmark = pytest.mark.e2e
