@@ -40,7 +40,6 @@ from ...contract import (
     Capabilities,
     Closed,
     EventSink,
-    Invalid,
     Model,
     OpenRequest,
     PreviousConversation,
@@ -48,6 +47,7 @@ from ...contract import (
     Unsupported,
 )
 from .._restart import RestartBackoff, RestartPolicy
+from ..acp._provider import _check_workdir, _version
 from ..acp._rpc import AgentProcess, ConnectionLost, RpcError
 from ._conversation import CodexConversation, parse_time
 
@@ -144,15 +144,6 @@ class AppServer:
             conv._runtime_exited(self, reason)
         self.threads.clear()
         self.provider._server_gone(self)
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("agentd")
-    except Exception:
-        return "0"
 
 
 def _toml(value: Any) -> str:
@@ -392,15 +383,6 @@ class CodexProvider:
     def _forget(self, conv: CodexConversation) -> None:
         if self._open.get(conv.id) is conv:
             del self._open[conv.id]
-
-
-async def _check_workdir(workdir: str) -> str:
-    if not workdir:
-        raise Invalid("a workdir is required")
-    path = os.path.abspath(os.path.expanduser(workdir))
-    if not await trio.to_thread.run_sync(os.path.isdir, path):
-        raise Invalid(f"workdir {workdir!r} is not a directory")
-    return path
 
 
 __all__ = ["AppServer", "CodexProvider"]
