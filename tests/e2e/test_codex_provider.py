@@ -94,6 +94,30 @@ def test_a_command_turn_shows_codex_approval_options_the_command_item_and_token_
     assert usage.get("input_tokens") == 200 and usage.get("output_tokens") == 20, usage
 
 
+def test_agentctl_run_with_the_codex_provider_prints_the_answer(codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
+    codex.text_only("Codex answers through agentd.")
+    ran = daemon.agentctl("run", "-p", "codex", "--cwd", str(workdir), "Say something")
+    assert ran.returncode == 0, ran.stderr
+    assert "Codex answers through agentd." in ran.stdout
+
+
+def test_cancel_with_an_approval_pending_refuses_it_and_runs_nothing(codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
+    codex.call_tool(COMMAND)
+    cid = _new(daemon, workdir)
+    follower = Follower(daemon, cid, "Write the file")
+    inter = _pending(daemon, cid)
+    cancelled = daemon.agentctl("cancel", cid)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert follower.finish(timeout=30) == 3, follower.stderr()
+    states = [r["data"].get("state", "pending") for r in daemon.journal(cid) if r["type"] == "interaction" and r["data"]["id"] == inter["id"]]
+    assert states[-1] == "expired", states
+    assert not any(r["type"] == "answer" for r in daemon.journal(cid)), "agentd answered for the user"
+    time.sleep(0.5)
+    assert not (workdir / FILE).exists(), "the command ran although nobody allowed it"
+    codex.text_only("Still here.")
+    assert Follower(daemon, cid, "Hello again").finish() == 0
+
+
 def test_accept_for_the_session_is_sent_back_as_codex_defines_it(codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
     """The amendment decision is an object; agentd returns it as the app-server offered it, and the
     command runs (the app-server would refuse a decision it did not offer)."""
