@@ -101,7 +101,7 @@ def test_agentctl_run_with_the_codex_provider_prints_the_answer(codex: CodexRunt
     assert "Codex answers through agentd." in ran.stdout
 
 
-def test_cancel_with_an_approval_pending_refuses_it_and_runs_nothing(codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
+def test_cancel_with_an_approval_pending_expires_it_unanswered_and_runs_nothing(codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
     codex.call_tool(COMMAND)
     cid = _new(daemon, workdir)
     follower = Follower(daemon, cid, "Write the file")

@@ -61,7 +61,7 @@ from ...contract import (
     utcnow,
     validate_answer,
 )
-from ..acp._rpc import Call, ConnectionLost, RpcError
+from .._jsonrpc import Call, ConnectionLost, RpcError
 from . import _mapping as m
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ from ...contract import (
     ToolCall,
     ToolStatus,
 )
-from ..acp._mapping import MAX_TOOL_TEXT, bound, render_input
+from .._common import MAX_TOOL_TEXT, bound, render_input
 
 #: item types that become tool items, and the tool name shown for each (MCP and dynamic tools name themselves)
 TOOL_TYPES = {"commandExecution": "shell", "fileChange": "apply_patch", "mcpToolCall": "mcp",

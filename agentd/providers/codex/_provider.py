@@ -8,7 +8,7 @@ shares threads or settings with an interactive Codex by accident. The model
 endpoint (``[providers.codex.model_provider]``) and any other setting reach
 Codex as ``-c key=value`` overrides: agentd never writes Codex's config.toml.
 
-Client: our own, on the JSON-RPC layer of the ACP provider (:mod:`..acp._rpc`:
+Client: our own, on the JSON-RPC layer shared with the ACP provider (:mod:`.._jsonrpc`:
 one JSON object per line; Codex leaves out the ``jsonrpc`` field and accepts
 it). The official ``openai-codex`` SDK (OpenAI, on PyPI) drives the same
 protocol from threads with an asyncio wrapper, pins its own Codex binary and
@@ -47,16 +47,15 @@ from ...contract import (
     Unsupported,
 )
 from .._restart import RestartBackoff, RestartPolicy
-from ..acp._provider import _check_workdir, _version
-from ..acp._rpc import AgentProcess, ConnectionLost, RpcError
+from .._common import agentd_version as _version
+from .._common import check_workdir as _check_workdir
+from .._jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, AgentProcess, ConnectionLost, RpcError
 from ._conversation import CodexConversation, parse_time
 
 log = structlog.get_logger("agentd.providers.codex")
 
 #: Timeout of a request other than a turn (model/list, thread/list, thread/read, name/set).
 REQUEST_TIMEOUT_S = 30.0
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
 
 
 class AppServer:
