@@ -224,7 +224,8 @@ def test_a_dead_app_server_is_restarted_after_the_backoff_and_the_thread_goes_on
     assert bodies and "Grace Hopper" in bodies[-1], "the resumed thread lost its earlier turn"
 
 
-def test_history_and_the_thread_list_read_codex_own_records(codex: CodexRuntime, tmp_path: pathlib.Path, workdir: pathlib.Path) -> None:
+def test_history_the_thread_list_and_an_unknown_thread_on_the_provider(
+        codex: CodexRuntime, tmp_path: pathlib.Path, workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """history() and previous() on the provider itself (no agentctl command reads them yet)."""
     import msgspec
 
@@ -233,7 +234,8 @@ def test_history_and_the_thread_list_read_codex_own_records(codex: CodexRuntime,
     from agentd.providers.codex import CodexProvider
 
     config = msgspec.convert(__import__("tomllib").loads(codex.config_toml), Config).providers.codex
-    os.environ.update(codex.env)
+    for name, value in codex.env.items():
+        monkeypatch.setenv(name, value)
     codex.text_only("Remembered answer.")
 
     class Sink:
@@ -259,6 +261,9 @@ def test_history_and_the_thread_list_read_codex_own_records(codex: CodexRuntime,
             assert (c.ItemKind.ASSISTANT, "Remembered answer.") in kinds, kinds
             previous = await provider.previous(str(workdir))
             assert [p.id for p in previous] == [conv.id], previous
+            for unknown in ("01a23338-ac07-7e62-8691-f68ed4248d94", "not-a-thread"):
+                with pytest.raises(c.ConversationNotFound):
+                    await provider.open(c.OpenRequest(workdir=str(workdir), conversation_id=unknown), Sink())
             nursery.cancel_scope.cancel()
 
     trio.run(main)

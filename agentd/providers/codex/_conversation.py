@@ -173,7 +173,8 @@ class CodexConversation:
         except RpcError as exc:
             server.threads.pop(self._id, None)
             text = exc.describe()
-            if "not found" in text.lower() or "no rollout" in text.lower() or "invalid thread id" in text.lower():
+            # 0.171.0: "no rollout found for thread id ..." (unknown), "invalid session id: ..." (not a UUID)
+            if any(m in text.lower() for m in ("not found", "no rollout", "invalid session id", "invalid thread id")):
                 raise ConversationNotFound(f"{self._provider.name} has no thread {self._id!r}: {text}") from None
             raise server.error("thread/resume", exc, timeout) from None
         except BaseException as exc:
