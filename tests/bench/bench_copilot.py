@@ -122,18 +122,21 @@ class _Direct:
 
 
 class _ThroughAgentd:
-    def __init__(self, ctx: Ctx, cli: str, url: str, home: Path, work: Path) -> None:
+    """agentd with ``provider`` configured (by default the Copilot CLI with ``cli`` and ``home``), one conversation open."""
+
+    def __init__(self, ctx: Ctx, cli: str, url: str, home: Path, work: Path, *, provider: str = "copilot",
+                 config: str = "") -> None:
         q = json.dumps
-        config = (
+        config = config or (
             "[providers.copilot]\n"
             f"cli_path = {q(cli)}\ncopilot_home = {q(str(home))}\n"
             "\n[providers.copilot.byok]\n"
             f'type = "openai"\nbase_url = {q(url)}\napi_key_env = {q(KEY_ENV)}\nmodel = {q(MODEL)}\n'
         )
-        self.daemon = BenchDaemon(ctx.scratch("agentd-copilot"), config).start()
+        self.daemon = BenchDaemon(ctx.scratch(f"agentd-{provider}"), config).start()
         self.client = self.daemon.client()
         self.client.sock.settimeout(120)
-        self.cid = self.client.request(wire.New, provider="copilot", workdir=str(work), title="bench")["id"]
+        self.cid = self.client.request(wire.New, provider=provider, workdir=str(work), title="bench")["id"]
         self.client.subscribe(self.cid, after=1 << 60, snapshot=False)
 
     def turn(self) -> float:
