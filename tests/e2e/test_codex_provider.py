@@ -224,49 +224,95 @@ def test_a_dead_app_server_is_restarted_after_the_backoff_and_the_thread_goes_on
     assert bodies and "Grace Hopper" in bodies[-1], "the resumed thread lost its earlier turn"
 
 
-def test_history_the_thread_list_and_an_unknown_thread_on_the_provider(
-        codex: CodexRuntime, tmp_path: pathlib.Path, workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """history() and previous() on the provider itself (no agentctl command reads them yet)."""
+class _Sink:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def emit(self, event: Any) -> None:
+        self.events.append(event)
+
+    async def turn_end(self, timeout: float = 30.0) -> Any:
+        from agentd import contract as c
+
+        with trio.fail_after(timeout):
+            while True:
+                ends = [e.turn for e in self.events if isinstance(e, c.TurnEvent) and e.turn.state.terminal]
+                if ends:
+                    return ends[-1]
+                await trio.sleep(0.02)
+
+
+def _on_the_provider(codex: CodexRuntime, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, body: Any) -> None:
+    """Run ``body(provider)`` under trio on a CodexProvider configured as the daemon would be."""
+    import tomllib
+
     import msgspec
 
-    from agentd import contract as c
     from agentd.config import Config
     from agentd.providers.codex import CodexProvider
 
-    config = msgspec.convert(__import__("tomllib").loads(codex.config_toml), Config).providers.codex
+    config = msgspec.convert(tomllib.loads(codex.config_toml), Config).providers.codex
     for name, value in codex.env.items():
         monkeypatch.setenv(name, value)
-    codex.text_only("Remembered answer.")
-
-    class Sink:
-        def __init__(self) -> None:
-            self.events: list[c.Event] = []
-
-        def emit(self, event: c.Event) -> None:
-            self.events.append(event)
 
     async def main() -> None:
         provider = CodexProvider(config, state_dir=tmp_path / "state")
         async with trio.open_nursery() as nursery:
             await nursery.start(provider.run)
-            sink = Sink()
-            conv = await provider.open(c.OpenRequest(workdir=str(workdir)), sink)
-            await conv.send(c.Prompt(text="Remember the number 42"))
-            with trio.fail_after(30):
-                while not any(isinstance(e, c.TurnEvent) and e.turn.state.terminal for e in sink.events):
-                    await trio.sleep(0.02)
-            history = await conv.history()
-            kinds = [(i.kind, i.text) for i in history.items]
-            assert (c.ItemKind.USER, "Remember the number 42") in kinds, kinds
-            assert (c.ItemKind.ASSISTANT, "Remembered answer.") in kinds, kinds
-            previous = await provider.previous(str(workdir))
-            assert [p.id for p in previous] == [conv.id], previous
-            for unknown in ("01a23338-ac07-7e62-8691-f68ed4248d94", "not-a-thread"):
-                with pytest.raises(c.ConversationNotFound):
-                    await provider.open(c.OpenRequest(workdir=str(workdir), conversation_id=unknown), Sink())
+            await body(provider)
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_history_the_thread_list_and_an_unknown_thread_on_the_provider(
+        codex: CodexRuntime, tmp_path: pathlib.Path, workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """history() and previous() on the provider itself (no agentctl command reads them yet)."""
+    from agentd import contract as c
+
+    codex.text_only("Remembered answer.")
+
+    async def body(provider: Any) -> None:
+        sink = _Sink()
+        conv = await provider.open(c.OpenRequest(workdir=str(workdir)), sink)
+        await conv.send(c.Prompt(text="Remember the number 42"))
+        assert (await sink.turn_end()).state is c.TurnState.COMPLETED
+        history = await conv.history()
+        kinds = [(i.kind, i.text) for i in history.items]
+        assert (c.ItemKind.USER, "Remember the number 42") in kinds, kinds
+        assert (c.ItemKind.ASSISTANT, "Remembered answer.") in kinds, kinds
+        previous = await provider.previous(str(workdir))
+        assert [p.id for p in previous] == [conv.id], previous
+        for unknown in ("01a23338-ac07-7e62-8691-f68ed4248d94", "not-a-thread"):
+            with pytest.raises(c.ConversationNotFound):
+                await provider.open(c.OpenRequest(workdir=str(workdir), conversation_id=unknown), _Sink())
+
+    _on_the_provider(codex, tmp_path, monkeypatch, body)
+
+
+def test_attachments_reach_the_model_an_image_inline_and_a_file_by_its_path(
+        codex: CodexRuntime, tmp_path: pathlib.Path, workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentd import contract as c
+    from test_attachments_e2e import stored, tiny_png
+
+    codex.text_only("I looked.")
+    image = stored(tmp_path, "dot.png", tiny_png(), "image/png")
+    notes = stored(tmp_path, "notes.txt", b"remember the milk\n", "text/plain")
+
+    async def body(provider: Any) -> None:
+        assert provider.capabilities().attachments
+        sink = _Sink()
+        conv = await provider.open(c.OpenRequest(workdir=str(workdir)), sink)
+        await conv.send(c.Prompt(text="Look at these.", attachments=[image, notes]))
+        assert (await sink.turn_end()).state is c.TurnState.COMPLETED
+
+    _on_the_provider(codex, tmp_path, monkeypatch, body)
+    assert codex.server is not None
+    sent = codex.server.model_requests[-1]["input"]
+    parts = [p for i in sent if isinstance(i, dict) and i.get("role") == "user" for p in i.get("content") or []]
+    images = [p for p in parts if p.get("type") == "input_image"]
+    assert images and str(images[0].get("image_url", "")).startswith("data:image/png;base64,"), parts
+    assert notes.path in json.dumps(sent) and "Look at these." in json.dumps(sent)
 
 
 def _cmdline(pid: int) -> str:
