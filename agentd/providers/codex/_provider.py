@@ -37,6 +37,7 @@ import trio
 from ..._fsutil import make_dirs
 from ...config import CodexConfig
 from ...contract import (
+    Busy,
     Capabilities,
     Closed,
     EventSink,
@@ -250,8 +251,8 @@ class CodexProvider:
     async def open(self, request: OpenRequest, sink: EventSink) -> CodexConversation:
         """thread/start (empty ``conversation_id``) or thread/resume of exactly that thread.
 
-        Raises ConversationNotFound when Codex has no such thread, Invalid for a
-        missing workdir, RuntimeUnavailable when the app-server cannot start,
+        Raises ConversationNotFound when Codex has no such thread, Busy when that
+        thread runs a turn here, Invalid for a missing workdir, RuntimeUnavailable when the app-server cannot start,
         Closed when the provider is not running.
         """
         if self._nursery is None:
@@ -259,8 +260,10 @@ class CodexProvider:
         workdir = await _check_workdir(request.workdir) if request.workdir or not request.conversation_id else ""
         model = request.model or self.config.model
         if request.conversation_id:
-            old = self._open.pop(request.conversation_id, None)
+            old = self._open.get(request.conversation_id)
             if old is not None:
+                if old._turn is not None:
+                    raise Busy(f"conversation {request.conversation_id} is running a turn here")
                 await old.close()
             conv = CodexConversation(self, request.conversation_id, workdir, sink, model=request.model, effort=request.effort)
             await conv._resume(await self.server())
