@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ._common import REPO, Ctx, Result
-from .bench_copilot import ANSWER, PROMPT, _children, _Cpu, _ModelServerProcess, _ThroughAgentd
+from .bench_copilot import ANSWER, PROMPT, _Cpu, _ModelServerProcess, _ThroughAgentd, alternate
 
 E2E = REPO / "tests" / "e2e"
 MODEL = "scripted-model"
@@ -130,29 +130,13 @@ def bench_codex(ctx: Ctx) -> Result:
     root = ctx.scratch("codex")
     server = _ModelServerProcess(root / "model-requests.jsonl")
     os.environ[KEY_ENV] = "sk-agentd-bench-dummy-key"
-    direct = agentd = None
-    ours, base = [], []
     cpu = _Cpu()
-    try:
-        for side in ("agentd", "direct"):
-            (root / side / "home").mkdir(parents=True)
-            (root / side / "work").mkdir()
-        agentd = _ThroughAgentd(ctx, cli, server.url, root / "agentd" / "home", root / "agentd" / "work",
-                                provider="codex", config=_agentd_config(cli, server.url, root / "agentd" / "home"))
-        direct = _Direct(cli, server.url, root / "direct" / "home", root / "direct" / "work")
-        agentd.turn()  # warm-up: the first turn pays for lazy work on both sides
-        direct.turn()
-        daemon = agentd.daemon.proc.pid
-        through = {"agentd": daemon, "cli": next(iter(_children(daemon)), 0)}
-        alone = {"cli": direct.proc.pid}
-        for _ in range(turns):
-            ours.append(cpu.turn("agentd", through, agentd.turn))
-            base.append(cpu.turn("direct", alone, direct.turn))
-    finally:
-        for side in (agentd, direct):
-            if side is not None:
-                side.close()
-        server.stop()
+    ours, base = alternate(
+        root, server, cpu, turns,
+        lambda home, work: _ThroughAgentd(ctx, cli, server.url, home, work, provider="codex",
+                                          config=_agentd_config(cli, server.url, home)),
+        lambda home, work: _Direct(cli, server.url, home, work),
+        lambda direct, daemon: {"cli": direct.proc.pid})
     r = Result(name, "s", ours, base, baseline_name="the same turn on codex app-server directly", higher=False,
                target="<= 1.05x baseline (median of 10)")
     r.met = (r.ratio or 99) <= 1.05 if not ctx.quick else None
