@@ -46,6 +46,8 @@ __all__ = [
     "PricingConfig",
     "ByokConfig",
     "ClaudeConfig",
+    "CodexConfig",
+    "CodexModelProviderConfig",
     "Config",
     "ConfigError",
     "CopilotConfig",
@@ -398,6 +400,57 @@ class ClaudeConfig(_Section):
         _check_path(self.config_dir, "config_dir")
 
 
+class CodexModelProviderConfig(_Section, kw_only=True):
+    """[providers.codex.model_provider]: the model endpoint Codex calls (a ``[model_providers.<id>]`` of Codex).
+
+    agentd passes it to ``codex app-server`` as ``-c`` overrides, so Codex's
+    own config.toml is never written. ``api_key_env`` is the NAME of the
+    environment variable holding the key (Codex's ``env_key``); the key is
+    read by Codex from its environment and never stored or logged by agentd.
+    """
+
+    #: the provider id in Codex's config ("model_provider = <id>")
+    id: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")] = "agentd"
+    #: e.g. "https://api.openai.com/v1" or a local server's "http://127.0.0.1:8000/v1"
+    base_url: Annotated[str, msgspec.Meta(min_length=1)]
+    #: "" = the endpoint needs no key
+    api_key_env: Annotated[str, msgspec.Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")] = ""
+    #: Codex speaks only the Responses API to a custom endpoint
+    wire_api: Literal["responses"] = "responses"
+    #: retries of a failed request / a dropped stream; None = Codex's defaults
+    request_max_retries: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    stream_max_retries: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class CodexConfig(_Section):
+    """[providers.codex]: OpenAI Codex CLI, spoken to as ``codex app-server`` over its stdio."""
+
+    enabled: bool = True
+    #: path of the `codex` executable; "" = `codex` on PATH
+    cli_path: str = ""
+    #: CODEX_HOME for the app-server (its settings, threads and logs); "" = <state_dir>/providers/codex/home,
+    #: so the daemon never shares state with an interactive Codex by accident
+    codex_home: str = ""
+    #: default model for new conversations; "" = Codex's default (or the endpoint's, with model_provider)
+    model: str = ""
+    #: when Codex asks before running a command or changing files: on-request (Codex's default) or never
+    approval_policy: Literal["on-request", "never"] = "on-request"
+    #: Codex's sandbox for commands: read-only, workspace-write, danger-full-access
+    sandbox: Literal["read-only", "workspace-write", "danger-full-access"] = "workspace-write"
+    #: extra environment for the app-server process
+    env: Environment = {}
+    #: more Codex settings as `-c` overrides, each "dotted.key=<TOML value>", e.g. "features.plugins=false"
+    overrides: list[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]+=")]] = []
+    #: seconds the app-server gets to start: initialize plus thread/start or thread/resume
+    startup_timeout_s: PosFloat = 60.0
+    #: seconds cancel waits for Codex to end the turn after turn/interrupt before ending it itself
+    cancel_timeout_s: PosFloat = 5.0
+    model_provider: CodexModelProviderConfig | None = None
+
+    def __post_init__(self) -> None:
+        _check_path(self.codex_home, "codex_home")
+
+
 class AcpAgentConfig(_Section):
     """[providers.acp.<name>]: one Agent Client Protocol agent, spoken to over its stdio."""
 
@@ -432,6 +485,7 @@ class ProvidersConfig(_Section):
     script: ScriptConfig = msgspec.field(default_factory=ScriptConfig)
     copilot: CopilotConfig = msgspec.field(default_factory=CopilotConfig)
     claude: ClaudeConfig = msgspec.field(default_factory=ClaudeConfig)
+    codex: CodexConfig = msgspec.field(default_factory=CodexConfig)
     acp: dict[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")], AcpAgentConfig] = {}
 
 

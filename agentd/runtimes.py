@@ -98,6 +98,15 @@ class Runtimes:
 
             self._slots["claude"] = _Slot("claude", claude)
 
+        if providers.codex.enabled:
+
+            def codex() -> c.Provider:
+                from .providers.codex import CodexProvider
+
+                return CodexProvider(providers.codex, state_dir=state_dir, name="codex", restart_policy=restart_policy())
+
+            self._slots["codex"] = _Slot("codex", codex)
+
         for agent_name, agent in providers.acp.items():
             if not agent.enabled:
                 continue

@@ -122,18 +122,21 @@ class _Direct:
 
 
 class _ThroughAgentd:
-    def __init__(self, ctx: Ctx, cli: str, url: str, home: Path, work: Path) -> None:
+    """agentd with ``provider`` configured (by default the Copilot CLI with ``cli`` and ``home``), one conversation open."""
+
+    def __init__(self, ctx: Ctx, cli: str, url: str, home: Path, work: Path, *, provider: str = "copilot",
+                 config: str = "") -> None:
         q = json.dumps
-        config = (
+        config = config or (
             "[providers.copilot]\n"
             f"cli_path = {q(cli)}\ncopilot_home = {q(str(home))}\n"
             "\n[providers.copilot.byok]\n"
             f'type = "openai"\nbase_url = {q(url)}\napi_key_env = {q(KEY_ENV)}\nmodel = {q(MODEL)}\n'
         )
-        self.daemon = BenchDaemon(ctx.scratch("agentd-copilot"), config).start()
+        self.daemon = BenchDaemon(ctx.scratch(f"agentd-{provider}"), config).start()
         self.client = self.daemon.client()
         self.client.sock.settimeout(120)
-        self.cid = self.client.request(wire.New, provider="copilot", workdir=str(work), title="bench")["id"]
+        self.cid = self.client.request(wire.New, provider=provider, workdir=str(work), title="bench")["id"]
         self.client.subscribe(self.cid, after=1 << 60, snapshot=False)
 
     def turn(self) -> float:
@@ -224,6 +227,36 @@ class _Cpu:
         return wall
 
 
+def alternate(root: Path, server: _ModelServerProcess, cpu: _Cpu, turns: int,
+              through_agentd: Callable[[Path, Path], Any], direct: Callable[[Path, Path], Any],
+              direct_pids: Callable[[Any, int], dict[str, int]]) -> tuple[list[float], list[float]]:
+    """Both sides' turn times: each started (home and work under ``root/<side>``), one warm-up turn each,
+    then ``turns`` turns alternating, CPU counted into ``cpu``. Stops both sides and ``server``."""
+    ours: list[float] = []
+    base: list[float] = []
+    sides: list[Any] = []
+    try:
+        for side in ("agentd", "direct"):
+            (root / side / "home").mkdir(parents=True)
+            (root / side / "work").mkdir()
+        sides.append(through_agentd(root / "agentd" / "home", root / "agentd" / "work"))
+        sides.append(direct(root / "direct" / "home", root / "direct" / "work"))
+        ag, di = sides
+        ag.turn()  # warm-up: the first turn pays for lazy work on both sides
+        di.turn()
+        daemon = ag.daemon.proc.pid
+        through = {"agentd": daemon, "cli": next(iter(_children(daemon)), 0)}
+        alone = direct_pids(di, daemon)
+        for _ in range(turns):
+            ours.append(cpu.turn("agentd", through, ag.turn))
+            base.append(cpu.turn("direct", alone, di.turn))
+    finally:
+        for side in sides:
+            side.close()
+        server.stop()
+    return ours, base
+
+
 def _record_write_ms(root: Path, n: int = 20) -> float:
     from agentd import _fsutil
 
@@ -247,29 +280,15 @@ def bench_copilot(ctx: Ctx) -> Result:
     root = ctx.scratch("copilot")
     server = _ModelServerProcess(root / "model-requests.jsonl")
     os.environ[KEY_ENV] = "sk-agentd-bench-dummy-key"
-    direct = agentd = None
-    ours, base = [], []
     cpu = _Cpu()
-    try:
-        for side in ("agentd", "direct"):
-            (root / side / "home").mkdir(parents=True)
-            (root / side / "work").mkdir()
-        agentd = _ThroughAgentd(ctx, cli, server.url, root / "agentd" / "home", root / "agentd" / "work")
-        direct = _Direct(cli, server.url, root / "direct" / "home", root / "direct" / "work")
-        agentd.turn()  # warm-up: first turn pays for lazy work on both sides
-        direct.turn()
-        daemon = agentd.daemon.proc.pid
-        through = {"agentd": daemon, "cli": next(iter(_children(daemon)), 0)}
-        direct_cli = [p for p in _children(os.getpid()) if p not in (daemon, server.proc.pid)]
-        alone = {"cli": direct_cli[0] if len(direct_cli) == 1 else 0}
-        for _ in range(turns):
-            ours.append(cpu.turn("agentd", through, agentd.turn))
-            base.append(cpu.turn("direct", alone, direct.turn))
-    finally:
-        for side in (agentd, direct):
-            if side is not None:
-                side.close()
-        server.stop()
+
+    def direct_pids(direct: _Direct, daemon: int) -> dict[str, int]:
+        cli = [p for p in _children(os.getpid()) if p not in (daemon, server.proc.pid)]
+        return {"cli": cli[0] if len(cli) == 1 else 0}
+
+    ours, base = alternate(root, server, cpu, turns,
+                           lambda home, work: _ThroughAgentd(ctx, cli, server.url, home, work),
+                           lambda home, work: _Direct(cli, server.url, home, work), direct_pids)
     r = Result(name, "s", ours, base, baseline_name="the same turn with github-copilot-sdk directly", higher=False,
                target="<= 1.02x baseline (median of 10)")
     r.met = (r.ratio or 99) <= 1.02 if not ctx.quick else None

@@ -44,6 +44,7 @@ BENCHMARKS: dict[str, str] = {
     "rss": "bench_state:bench_rss",
     "history": "bench_history:bench_history",
     "copilot": "bench_copilot:bench_copilot",
+    "codex": "bench_codex:bench_codex",
 }
 
 

@@ -2,7 +2,7 @@
 
 No figure is judged here (timings belong to ``python -m tests.bench``, not to
 a test): the test only proves each benchmark still runs to a median and a
-baseline, or, for the Copilot turn, says why it was skipped.
+baseline, or, for the Copilot and Codex turns, says why it was skipped.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ def test_quick_mode_runs_every_benchmark_to_a_number(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads(out.read_text())["results"]
     keys = {r["key"] for r in results}
-    assert {"journal-batch", "journal-always", "fanout", "latency", "status", "tail", "startup", "rss", "history", "copilot"} <= keys
+    assert {"journal-batch", "journal-always", "fanout", "latency", "status", "tail", "startup", "rss", "history", "copilot", "codex"} <= keys
     for r in results:
-        if r["key"] == "copilot" and r["skipped"] and not r["failed"]:
-            continue  # no Copilot CLI here: skipped with its reason, printed by the runner
+        if r["key"] in ("copilot", "codex") and r["skipped"] and not r["failed"]:
+            continue  # no Copilot or Codex CLI here: skipped with its reason, printed by the runner
         assert not r["skipped"], (r["name"], r["skipped"])
         for value in (r["median"], r["baseline_median"]):
             assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, r

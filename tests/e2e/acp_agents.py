@@ -2,7 +2,8 @@
 
 Shared by tests/e2e/test_acp_provider.py (provider level) and the conformance
 suite (through the daemon). Claude via @zed-industries/claude-agent-acp and
-Gemini CLI are installed from tests/e2e/acp-agents/package-lock.json; Copilot's
+Gemini CLI and Codex via @zed-industries/codex-acp are installed from
+tests/e2e/acp-agents/package-lock.json; Copilot's
 CLI from tests/e2e/package-lock.json. Each runs with HOME and its config dirs
 in the test's tmp dir and talks only to the scripted model server.
 """
@@ -21,7 +22,7 @@ ACP_DIR = HERE / "acp-agents"
 
 
 def install_acp_agents(root: pathlib.Path = ACP_DIR) -> pathlib.Path:
-    """``node_modules/.bin`` of ``root`` with claude-agent-acp and gemini, after ``npm ci`` when needed.
+    """``node_modules/.bin`` of ``root`` with claude-agent-acp, gemini and codex-acp, after ``npm ci`` when needed.
 
     One process at a time (installs.py's file lock). Raises RuntimeError (with
     npm's output) when npm is missing or fails.
@@ -29,9 +30,9 @@ def install_acp_agents(root: pathlib.Path = ACP_DIR) -> pathlib.Path:
     from installs import npm_installed
 
     bins = root / "node_modules" / ".bin"
-    wanted = [bins / "claude-agent-acp", bins / "gemini"]
+    wanted = [bins / "claude-agent-acp", bins / "gemini", bins / "codex-acp"]
     return npm_installed(root, lambda: bins if all(p.exists() for p in wanted) else None,
-                         "ACP agents (claude-agent-acp, gemini)", timeout=900)
+                         "ACP agents (claude-agent-acp, gemini, codex-acp)", timeout=900)
 
 
 def _isolated_env(tmp: pathlib.Path) -> dict[str, str]:
@@ -89,6 +90,37 @@ def copilot_config(cli: str, tmp: pathlib.Path, openai_url: str, model: str) -> 
     return AcpAgentConfig(command=[cli, "--acp", "--no-auto-update"], env=env)
 
 
+#: Codex settings the tests add: no plugin sync from GitHub, no analytics, no update check (all network)
+CODEX_OFFLINE = ["features.plugins=false", "analytics.enabled=false", "check_for_update_on_startup=false"]
+
+
+def codex_shell_arguments(command: str) -> dict[str, Any]:
+    """Arguments of Codex's ``exec_command`` tool that run ``command`` outside the sandbox, which
+    Codex (approval_policy on-request) asks the user about first."""
+    return {"cmd": command, "sandbox_permissions": "require_escalated", "justification": "Run the scripted command"}
+
+
+def codex_config(bins: pathlib.Path, tmp: pathlib.Path, openai_url: str, model: str, key_env: str) -> AcpAgentConfig:
+    """codex-acp on the Responses API of the model server, its CODEX_HOME in ``tmp``.
+
+    approval_policy and sandbox_mode are set outright: with codex-acp 0.16.0's default preset
+    ("read-only") a command that asked to leave the sandbox ran without a permission request.
+    """
+    env = _isolated_env(tmp)
+    home = tmp / "codex-acp-home"
+    home.mkdir(exist_ok=True)
+    env.update(CODEX_HOME=str(home), **{key_env: "sk-agentd-e2e-dummy"})
+    base = "model_providers.agentd"
+    settings = [f"model={json.dumps(model)}", 'model_provider="agentd"', f'{base}.name="agentd"',
+                f"{base}.base_url={json.dumps(openai_url)}", f"{base}.env_key={json.dumps(key_env)}",
+                f'{base}.wire_api="responses"', f"{base}.request_max_retries=0", f"{base}.stream_max_retries=0",
+                'approval_policy="on-request"', 'sandbox_mode="workspace-write"', *CODEX_OFFLINE]
+    command = [str(bins / "codex-acp")]
+    for setting in settings:
+        command += ["-c", setting]
+    return AcpAgentConfig(command=command, env=env)
+
+
 #: Gemini CLI 0.61.0 begins every session/load by starting a chat file named after the current UTC
 #: minute and the session id. In the minute the session was created that is the session's own file:
 #: the load resets it and then finds nothing ("No previous sessions found"), and the transcript is
@@ -99,12 +131,13 @@ LOAD_NEEDS_A_NEW_MINUTE = {"gemini"}
 
 
 #: the shell tool each agent offers the model, and how its arguments look
-SHELL_TOOL = {"claude": "Bash", "gemini": "run_shell_command", "copilot": "bash"}
+SHELL_TOOL = {"claude": "Bash", "gemini": "run_shell_command", "copilot": "bash", "codex": "exec_command"}
 
 
 def call_shell(server: Any, agent: str, command: str) -> None:
     """Make the scripted model call ``agent``'s shell tool with ``command``."""
-    server.call_tool(SHELL_TOOL[agent], command=command,
-                     arguments={"command": command, "description": "Run the scripted command"})
+    arguments = codex_shell_arguments(command) if agent == "codex" else {
+        "command": command, "description": "Run the scripted command"}
+    server.call_tool(SHELL_TOOL[agent], command=command, arguments=arguments)
 
 

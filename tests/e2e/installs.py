@@ -88,3 +88,25 @@ def install_copilot_cli(root: pathlib.Path = HERE) -> pathlib.Path:
     """
     what = f"Copilot CLI (npm @github/copilot) binary for {sys.platform}/{platform.machine()}"
     return npm_installed(root, lambda: native_cli(root), what, timeout=600)
+
+
+def codex_native_cli(root: pathlib.Path) -> pathlib.Path | None:
+    """The platform binary of @openai/codex under ``root/node_modules``, or None.
+
+    The npm bin (``codex.js``) only spawns it under node; the binary runs on its own.
+    """
+    arch = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(platform.machine().lower())
+    if arch is None or not sys.platform.startswith("linux"):
+        return None
+    exe = (root / "node_modules" / "@openai" / f"codex-linux-{'x64' if arch == 'x86_64' else 'arm64'}" / "vendor"
+           / f"{arch}-unknown-linux-musl" / "bin" / "codex")
+    return exe if exe.is_file() and os.access(exe, os.X_OK) else None
+
+
+def install_codex_cli(root: pathlib.Path = HERE) -> pathlib.Path:
+    """The installed Codex CLI binary (npm @openai/codex, pinned in ``root``'s lock file), after ``npm ci``.
+
+    Raises RuntimeError (with npm's output) when npm is missing or fails.
+    """
+    what = f"Codex CLI (npm @openai/codex) binary for {sys.platform}/{platform.machine()}"
+    return npm_installed(root, lambda: codex_native_cli(root), what, timeout=600)

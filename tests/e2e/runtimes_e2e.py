@@ -23,7 +23,7 @@ MODEL = "scripted-model"
 KEY_ENV = "AGENTD_E2E_MODEL_KEY"
 DUMMY_KEY = "sk-agentd-e2e-dummy-key"
 
-RUNTIMES = ["script", "copilot", "claude", "acp:claude", "acp:gemini", "acp:copilot"]
+RUNTIMES = ["script", "copilot", "claude", "codex", "acp:claude", "acp:gemini", "acp:copilot", "acp:codex"]
 
 LONG_TEXT = " ".join(f"word{i}" for i in range(400))
 q = json.dumps  # a JSON string is a valid TOML basic string
@@ -94,7 +94,7 @@ class ScriptRuntime(Runtime):
 
     def __init__(self, root: pathlib.Path) -> None:
         super().__init__(root)
-        self.config_toml = "[providers.copilot]\nenabled = false\n[providers.claude]\nenabled = false\n"
+        self.config_toml = "[providers.copilot]\nenabled = false\n[providers.claude]\nenabled = false\n[providers.codex]\nenabled = false\n"
         self.script = root / "conformance-script.toml"
 
     def model_for(self, scenario: str) -> str:
@@ -150,7 +150,7 @@ class CopilotRuntime(Runtime):
         home.mkdir()
         self.env = {KEY_ENV: DUMMY_KEY}
         self.config_toml = (
-            "[providers.claude]\nenabled = false\n"
+            "[providers.claude]\nenabled = false\n[providers.codex]\nenabled = false\n"
             "[providers.copilot]\n"
             f"cli_path = {q(str(cli))}\ncopilot_home = {q(str(home))}\n"
             "[providers.copilot.byok]\n"
@@ -192,7 +192,7 @@ class ClaudeRuntime(Runtime):
         home.mkdir()
         self.env = {KEY_ENV: DUMMY_KEY}
         self.config_toml = (
-            "[providers.copilot]\nenabled = false\n"
+            "[providers.copilot]\nenabled = false\n[providers.codex]\nenabled = false\n"
             "[providers.claude]\n"
             f"cli_path = {q(str(cli))}\nmodel = {q(MODEL)}\napi_key_env = {q(KEY_ENV)}\n"
             f"base_url = {q(self.server.url.removesuffix('/v1'))}\nconfig_dir = {q(str(config_dir))}\n"
@@ -212,6 +212,43 @@ class ClaudeRuntime(Runtime):
                             "system/future_subtype")):
             event = unknown_message(data, parse_message(data))
             assert isinstance(event, UnknownEvent) and event.unknown.type == name, event
+
+
+class CodexRuntime(Runtime):
+    """OpenAI Codex CLI (npm @openai/codex, pinned in tests/e2e) as `codex app-server`, on the Responses API."""
+
+    name = provider = "codex"
+
+    def __init__(self, root: pathlib.Path, overrides: tuple[str, ...] = ()) -> None:
+        super().__init__(root)
+        from acp_agents import CODEX_OFFLINE
+        from installs import install_codex_cli
+
+        try:
+            cli = install_codex_cli()
+        except (RuntimeError, OSError) as exc:
+            unavailable(f"the Codex CLI could not be installed: {exc}")
+        self.server = ModelServer(root / "model-requests.jsonl", model=MODEL)
+        self.server.start()
+        home = root / "codex-home"
+        home.mkdir()
+        self.env = {KEY_ENV: DUMMY_KEY}
+        self.config_toml = (
+            "[providers.copilot]\nenabled = false\n[providers.claude]\nenabled = false\n"
+            "[providers.codex]\n"
+            f"cli_path = {q(str(cli))}\ncodex_home = {q(str(home))}\nmodel = {q(MODEL)}\n"
+            f"overrides = {q(CODEX_OFFLINE + list(overrides))}\n"
+            "[providers.codex.model_provider]\n"
+            f"base_url = {q(self.server.url)}\napi_key_env = {q(KEY_ENV)}\n"
+            "request_max_retries = 0\nstream_max_retries = 0\n"
+        )
+
+    def call_tool(self, command: str) -> None:
+        assert self.server is not None
+        self.server.reset()
+        import acp_agents
+
+        self.server.call_tool("exec_command", arguments=acp_agents.codex_shell_arguments(command))
 
 
 def _toml_value(value: Any) -> str:
@@ -260,9 +297,11 @@ class AcpRuntime(Runtime):
             config = acp_agents.copilot_config(cli, root, self.server.url, MODEL)
         elif agent == "claude":
             config = acp_agents.claude_config(bins, root, base)
+        elif agent == "codex":
+            config = acp_agents.codex_config(bins, root, self.server.url, MODEL, KEY_ENV)
         else:
             config = acp_agents.gemini_config(bins, root, base)
-        self.config_toml = "[providers.copilot]\nenabled = false\n[providers.claude]\nenabled = false\n" + acp_toml(agent, config)
+        self.config_toml = "[providers.copilot]\nenabled = false\n[providers.claude]\nenabled = false\n[providers.codex]\nenabled = false\n" + acp_toml(agent, config)
 
     def call_tool(self, command: str) -> None:
         import acp_agents
@@ -306,9 +345,11 @@ _PROFILES: dict[str, Any] = {
     "script": ScriptRuntime,
     "copilot": CopilotRuntime,
     "claude": ClaudeRuntime,
+    "codex": CodexRuntime,
     "acp:claude": lambda root: AcpRuntime(root, "claude"),
     "acp:gemini": lambda root: AcpRuntime(root, "gemini"),
     "acp:copilot": lambda root: AcpRuntime(root, "copilot"),
+    "acp:codex": lambda root: AcpRuntime(root, "codex"),
 }
 
 

@@ -1,8 +1,8 @@
 """One conformance suite over every runtime, through the real daemon and agentctl.
 
 Each scenario is written once and runs unchanged against every runtime:
-``script``, ``copilot``, ``claude``, ``acp:claude``, ``acp:gemini``,
-``acp:copilot``. The runtimes are the real programs installed from the package
+``script``, ``copilot``, ``claude``, ``codex``, ``acp:claude``, ``acp:gemini``,
+``acp:copilot``, ``acp:codex``. The runtimes are the real programs installed from the package
 registries; only the model is scripted (tests/e2e/modelserver.py on 127.0.0.1).
 A scenario a runtime cannot do is reported ``unsupported`` from the
 capabilities the provider reports (``agentctl providers --json``), never from a

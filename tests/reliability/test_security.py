@@ -218,6 +218,16 @@ def _copilot_cli() -> str:
         unavailable(f"the Copilot CLI could not be installed: {exc}")
 
 
+def _codex_cli() -> str:
+    """The Codex CLI of the e2e tests (tests/e2e/package-lock.json), installed if need be."""
+    from installs import install_codex_cli  # tests/e2e/installs.py, on sys.path after _copilot_cli()
+
+    try:
+        return str(install_codex_cli())
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        unavailable(f"the Codex CLI could not be installed: {exc}")
+
+
 def test_secrets_canary_appears_in_no_journal_log_json_output_or_error(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -232,7 +242,12 @@ def test_secrets_canary_appears_in_no_journal_log_json_output_or_error(tmp_path:
     copilot = (f'[providers.copilot]\nenabled = true\ncli_path = {json.dumps(cli)}\ncopilot_home = {json.dumps(str(home))}\n'
                f'[providers.copilot.byok]\ntype = "openai"\nbase_url = {json.dumps(model_server.url)}\n'
                f'api_key_env = "AGENTD_CANARY_KEY"\nmodel = "canary-model"\n')
-    config = f"""
+    # Codex keeps its CODEX_HOME under the state dir by default: what it writes there is scanned too.
+    codex = (f'[providers.codex]\ncli_path = {json.dumps(_codex_cli())}\nmodel = "canary-model"\n'
+             'overrides = ["features.plugins=false", "analytics.enabled=false"]\n'
+             f'[providers.codex.model_provider]\nbase_url = {json.dumps(model_server.url)}\n'
+             'api_key_env = "AGENTD_CANARY_KEY"\nrequest_max_retries = 0\nstream_max_retries = 0\n')
+    config = codex + f"""
 [providers.acp.fault]
 command = [{json.dumps(sys.executable)}, {json.dumps(str(AGENT))}]
 env = {{ FAULT_TOKEN = {json.dumps(CANARY_ENV)}, OPENAI_API_KEY = {json.dumps(CANARY_KEY)} }}
@@ -272,6 +287,14 @@ env = {{ FAULT_TOKEN = {json.dumps(CANARY_ENV)}, OPENAI_API_KEY = {json.dumps(CA
         out = ctl("run", "--provider", "copilot", "--cwd", str(work), "--json", "say hi")
         assert json.loads(out.strip().splitlines()[-1])["state"] == "completed"
         assert model_server.model_requests, "the Copilot CLI never called the model: the canary proves nothing"
+        # A real Codex turn that runs a shell command (yolo), on the same endpoint with the same key.
+        model_server.reset()
+        model_server.call_tool("exec_command", arguments={"cmd": "echo codex-ran > codex.txt",
+                                                          "sandbox_permissions": "require_escalated"})
+        before = len(model_server.requests)
+        out = ctl("run", "--provider", "codex", "--cwd", str(work), "--yolo", "--json", "run it")
+        assert json.loads(out.strip().splitlines()[-1])["state"] == "completed"
+        assert len(model_server.requests) >= before + 2 and (work / "codex.txt").exists()
         with d.client() as client:
             for conv in (cid, acp):
                 client.subscribe(conv, after=0)

@@ -252,6 +252,11 @@ ENUM_KEYS = {
     ),
     "providers.acp.<name>.cwd_policy": '[providers.acp.claude]\ncommand = ["a"]\ncwd_policy = BOGUS\n',
     "providers.acp.<name>.missing_file": '[providers.acp.claude]\ncommand = ["a"]\nmissing_file = BOGUS\n',
+    "providers.codex.approval_policy": "[providers.codex]\napproval_policy = BOGUS\n",
+    "providers.codex.sandbox": "[providers.codex]\nsandbox = BOGUS\n",
+    "providers.codex.model_provider.wire_api": (
+        '[providers.codex.model_provider]\nbase_url = "https://x"\nwire_api = BOGUS\n'
+    ),
 }
 
 

@@ -18,7 +18,7 @@ import msgspec
 
 from ... import agentfs
 from . import _schema as s
-from ._rpc import RpcError
+from .._jsonrpc import RpcError
 
 
 async def read_text_file(files: agentfs.Workdir, params: Any, *, missing_file: Literal["error", "empty"]) -> dict:

@@ -6,7 +6,6 @@ No I/O and no trio here; the conversation keeps the state and emits.
 from __future__ import annotations
 
 import base64
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +14,10 @@ import msgspec
 from ... import runtime_output
 from ..._fsutil import read_file
 from ...contract import Option, Prompt, Todo, TodoList, ToolCall, ToolStatus, TurnState
+from .._common import MAX_TOOL_TEXT, bound, render_input
 from . import _schema as s
 
 #: Tool input and output are display text, bounded to this many characters.
-MAX_TOOL_TEXT = 16 * 1024
 
 _STATUS = {
     "pending": ToolStatus.PENDING,
@@ -52,12 +51,6 @@ def stop_reason(reason: str) -> tuple[TurnState, str]:
     return _STOP.get(reason, (TurnState.FAILED, f"the agent stopped the turn: {reason}"))
 
 
-def bound(text: str, limit: int = MAX_TOOL_TEXT) -> str:
-    if len(text) <= limit:
-        return text
-    return text[: limit - 40] + f"\n[{len(text) - limit + 40} more characters cut]"
-
-
 def block_text(block: s.ContentBlock) -> str:
     """Display text of one content block; non-text blocks become a short placeholder."""
     if block.type == "text":
@@ -70,24 +63,6 @@ def block_text(block: s.ContentBlock) -> str:
             return res["text"]
         return f"[resource {res.get('uri', '')}]"
     return f"[{block.type}{': ' + block.mime_type if block.mime_type else ''}]"
-
-
-def render_input(raw: Any) -> str:
-    """A tool's input for display: a shell command as is, anything else as compact JSON."""
-    if raw is msgspec.UNSET or raw is None:
-        return ""
-    if isinstance(raw, str):
-        return bound(raw)
-    if isinstance(raw, dict):
-        for key in ("command", "cmd"):
-            if isinstance(raw.get(key), str) and raw[key]:
-                return bound(raw[key])
-        if not raw:
-            return ""
-    try:
-        return bound(json.dumps(raw, ensure_ascii=False, separators=(", ", ": ")))
-    except (TypeError, ValueError):
-        return bound(str(raw))
 
 
 def summarize_diff(path: str, old: str | None, new: str) -> str:

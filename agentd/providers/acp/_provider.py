@@ -88,11 +88,13 @@ from ...contract import (
     utcnow,
     validate_answer,
 )
+from .._common import agentd_version as _version
+from .._common import check_workdir as _check_workdir
+from .._jsonrpc import AgentProcess, Call, ConnectionLost, RpcError
 from .._restart import RestartBackoff, RestartPolicy
 from . import _fs
 from . import _mapping as m
 from . import _schema as s
-from ._rpc import AgentProcess, Call, ConnectionLost, RpcError
 
 log = structlog.get_logger("agentd.providers.acp")
 
@@ -246,15 +248,6 @@ class _Agent:
         for conv in list(self.sessions.values()):
             conv._agent_exited(self, reason)
         self.provider._agent_gone(self)
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("agentd")
-    except Exception:
-        return "0"
 
 
 # --------------------------------------------------------------------------- provider
@@ -653,15 +646,6 @@ class AcpProvider:
                 await trio.to_thread.run_sync(write)
             except OSError as exc:
                 log.warning("acp.record_not_saved", agent=self.name, conversation=record.id, error=str(exc))
-
-
-async def _check_workdir(workdir: str) -> str:
-    if not workdir:
-        raise Invalid("a workdir is required")
-    path = os.path.abspath(os.path.expanduser(workdir))
-    if not await trio.to_thread.run_sync(os.path.isdir, path):
-        raise Invalid(f"workdir {workdir!r} is not a directory")
-    return path
 
 
 def _parse_time(text: str | None) -> _dt.datetime | None:

@@ -1,5 +1,10 @@
 """JSON-RPC 2.0 over an agent's stdio, one JSON object per line, and the agent process itself.
 
+Shared by the ``acp`` provider and the ``codex`` provider (``codex app-server``
+speaks the same framing; it leaves out the ``jsonrpc`` field, which this reader
+does not require, and accepts it). It imports no provider, so providers built
+at once in worker threads never import each other half-initialized.
+
 Transport below, protocol above: :class:`Connection` knows requests,
 responses and notifications, never what a session is; :class:`AgentProcess`
 owns one agent process, its connection and its stderr, and reports its end
@@ -23,10 +28,14 @@ import msgspec
 import structlog
 import trio
 
-from ... import runtime_output
-from . import _schema as s
+from .. import runtime_output
 
-log = structlog.get_logger("agentd.providers.acp")
+log = structlog.get_logger("agentd.providers.jsonrpc")
+
+#: JSON-RPC 2.0 error codes
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
 
 #: A line longer than this (no newline yet) ends the turn and the process (agentd.runtime_output).
 MAX_LINE_BYTES = runtime_output.MAX_MESSAGE_BYTES
@@ -254,19 +263,19 @@ class Connection:
                 try:
                     self._on_notification(method, params)
                 except Exception:  # a mapping bug must not take the connection down
-                    log.exception("acp.notification_failed", method=method)
+                    log.exception("jsonrpc.notification_failed", method=method)
             return
         if "id" in msg and ("result" in msg or "error" in msg):
             call = self._calls.pop(msg["id"], None) if isinstance(msg["id"], int) else None
             if call is None:
-                log.debug("acp.unexpected_response", id=msg.get("id"))
+                log.debug("jsonrpc.unexpected_response", id=msg.get("id"))
                 return
             err = msg.get("error")
             if err is not None:
                 if not isinstance(err, dict):
                     err = {"message": str(err)}
                 code = err.get("code")
-                call._set(error=RpcError(code if isinstance(code, int) else s.INTERNAL_ERROR,
+                call._set(error=RpcError(code if isinstance(code, int) else INTERNAL_ERROR,
                                          str(err.get("message") or "error"), err.get("data")))
             else:
                 call._set(result=msg.get("result"))
@@ -280,12 +289,12 @@ class Connection:
         except RpcError as exc:
             await self._answer(id, error=exc)
         except msgspec.ValidationError as exc:
-            await self._answer(id, error=RpcError(s.INVALID_PARAMS, f"invalid params for {method}: {exc}"))
+            await self._answer(id, error=RpcError(INVALID_PARAMS, f"invalid params for {method}: {exc}"))
         except trio.Cancelled:
             raise
         except Exception as exc:
-            log.exception("acp.request_handler_failed", method=method)
-            await self._answer(id, error=RpcError(s.INTERNAL_ERROR, f"agentd failed to handle {method}: {exc}"))
+            log.exception("jsonrpc.request_handler_failed", method=method)
+            await self._answer(id, error=RpcError(INTERNAL_ERROR, f"agentd failed to handle {method}: {exc}"))
         else:
             await self._answer(id, result)
 
@@ -319,7 +328,6 @@ class AgentProcess:
         self.proc: trio.Process | None = None
         self.conn: Connection | None = None
         self.stderr: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
-        self.init: s.InitializeResponse | None = None
         self.exit_reason = ""
         self._eof_reason = ""
         self._stopping = False
@@ -436,11 +444,11 @@ class AgentProcess:
             conn.close(self.exit_reason)
             self._ended.set()
             if not self._stopping:
-                log.warning("acp.agent_exited", agent=self.label, reason=self.exit_reason)
+                log.warning("jsonrpc.agent_exited", agent=self.label, reason=self.exit_reason)
                 try:
                     self._on_exit(self.exit_reason)
                 except Exception:
-                    log.exception("acp.on_exit_failed", agent=self.label)
+                    log.exception("jsonrpc.on_exit_failed", agent=self.label)
 
     async def _pump_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
@@ -452,7 +460,7 @@ class AgentProcess:
                 for raw in lines:
                     text = runtime_output.decode(raw).rstrip()[:2000]
                     self.stderr.append(text)
-                    log.debug("acp.agent_stderr", agent=self.label, line=text)
+                    log.debug("jsonrpc.agent_stderr", agent=self.label, line=text)
                 if len(partial) > 8192:
                     self.stderr.append(runtime_output.decode(partial)[:2000])
                     partial = b""

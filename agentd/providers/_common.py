@@ -1,0 +1,64 @@
+"""Small helpers shared by the providers that speak JSON over a runtime's stdio (acp, codex).
+
+Import-light and importing no provider: providers are built at once in worker
+threads, and one provider package importing another could see it half-initialized.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import msgspec
+import trio
+
+#: Tool input and output are display text, cut to this many characters.
+MAX_TOOL_TEXT = 16 * 1024
+
+
+def bound(text: str, limit: int = MAX_TOOL_TEXT) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - 40] + f"\n[{len(text) - limit + 40} more characters cut]"
+
+
+def render_input(raw: Any) -> str:
+    """A tool's input for display: a shell command as is, anything else as compact JSON."""
+    if raw is msgspec.UNSET or raw is None:
+        return ""
+    if isinstance(raw, str):
+        return bound(raw)
+    if isinstance(raw, dict):
+        for key in ("command", "cmd"):
+            if isinstance(raw.get(key), str) and raw[key]:
+                return bound(raw[key])
+        if not raw:
+            return ""
+    try:
+        return bound(json.dumps(raw, ensure_ascii=False, separators=(", ", ": ")))
+    except (TypeError, ValueError):
+        return bound(str(raw))
+
+
+async def check_workdir(workdir: str) -> str:
+    """The absolute path of ``workdir``; raises Invalid when it is empty or not a directory."""
+    from ..contract import Invalid
+
+    if not workdir:
+        raise Invalid("a workdir is required")
+    path = os.path.abspath(os.path.expanduser(workdir))
+    if not await trio.to_thread.run_sync(os.path.isdir, path):
+        raise Invalid(f"workdir {workdir!r} is not a directory")
+    return path
+
+
+def agentd_version() -> str:
+    """agentd's installed version, for a runtime's clientInfo ("0" when not installed)."""
+    try:
+        from importlib.metadata import version
+
+        return version("agentd")
+    except Exception:
+        return "0"

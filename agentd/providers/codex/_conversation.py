@@ -1,0 +1,627 @@
+"""One Codex thread as a contract.Conversation: turns, items and deltas, approvals, questions.
+
+Notifications arrive routed by threadId (:class:`._provider.AppServer`), in
+order, on the trio thread; they never block. While a turn runs they become
+events: ``item/started`` and ``item/completed`` upsert items (a tool item
+running, then ended), ``item/agentMessage/delta`` and the reasoning deltas
+stream text, ``item/commandExecution/outputDelta`` updates a running
+command's output tail (at most every ``TAIL_EMIT_S``), ``thread/tokenUsage/updated``
+reports the last model call's tokens and the context, and ``turn/completed``
+ends the turn: completed, interrupted -> cancelled, failed -> failed with
+Codex's error text.
+
+Server requests (approvals, user input) become pending interactions and wait
+for an answer in their own task of the connection. One not answered when its
+turn ends (or the conversation closes) is answered for Codex with its
+refusal (``cancel``/``decline``, no permissions granted, no answers), and
+expires: no answer is ever made up on the user's behalf.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import structlog
+import trio
+
+from ...contract import (
+    Answer,
+    Busy,
+    Closed,
+    Context,
+    ContextEvent,
+    ConversationNotFound,
+    Delta,
+    DeltaEvent,
+    Event,
+    EventSink,
+    ExitEvent,
+    HistoryRecord,
+    Interaction,
+    InteractionEvent,
+    InteractionGone,
+    InteractionKind,
+    InteractionState,
+    Invalid,
+    Item,
+    ItemEvent,
+    ItemKind,
+    ModelSelection,
+    ModelSelectionEvent,
+    Prompt,
+    SubmissionUncertain,
+    TitleEvent,
+    TokensEvent,
+    Turn,
+    TurnEvent,
+    TurnState,
+    utcnow,
+    validate_answer,
+)
+from .._jsonrpc import Call, ConnectionLost, RpcError
+from . import _mapping as m
+
+if TYPE_CHECKING:
+    from ._provider import AppServer, CodexProvider
+
+log = structlog.get_logger("agentd.providers.codex")
+
+#: a running command's item is re-emitted with its new output lines at most this often, s
+TAIL_EMIT_S = 0.25
+#: how long cancel and steer wait for Codex to name the running turn (turn/start's answer), s
+TURN_ID_WAIT_S = 5.0
+
+
+def parse_time(value: Any) -> _dt.datetime | None:
+    """Codex's unix seconds as an aware UTC datetime."""
+    if isinstance(value, (int, float)) and value > 0:
+        return _dt.datetime.fromtimestamp(value, _dt.timezone.utc)
+    return None
+
+
+class _Turn:
+    __slots__ = ("key", "codex_id", "named", "model", "done", "cancel_requested", "finished", "error")
+
+    def __init__(self, model: str) -> None:
+        self.key = uuid.uuid4().hex[:8]
+        #: Codex's turn id, once turn/start answered or turn/started came
+        self.codex_id = ""
+        self.named = trio.Event()
+        self.model = model
+        self.done = trio.Event()
+        self.cancel_requested = False
+        self.finished = False
+        #: the latest error notification Codex will not retry
+        self.error = ""
+
+
+class _Pending:
+    __slots__ = ("interaction", "done", "answer")
+
+    def __init__(self, interaction: Interaction) -> None:
+        self.interaction = interaction
+        self.done = trio.Event()
+        self.answer: Answer | None = None
+
+
+class _Tool:
+    __slots__ = ("raw", "tail", "partial", "emitted_at")
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+        self.tail = m.new_tail()
+        self.partial: list[str] = []
+        self.emitted_at = 0.0
+
+
+class CodexConversation:
+    """One Codex thread; implements contract.Conversation. Methods raise Closed after close."""
+
+    SERVER_REQUESTS = frozenset({"item/commandExecution/requestApproval", "item/fileChange/requestApproval",
+                                 "item/permissions/requestApproval", "item/tool/requestUserInput"})
+
+    def __init__(self, provider: CodexProvider, thread_id: str, workdir: str, sink: EventSink, *,
+                 model: str = "", effort: str = "") -> None:
+        self._provider = provider
+        self._id = thread_id
+        self.workdir = workdir
+        self._sink = sink
+        self._server: AppServer | None = None
+        self._attach_lock = trio.Lock()
+        self._turn: _Turn | None = None
+        self._starting = False
+        self._pending: dict[str, _Pending] = {}
+        self._tools: dict[str, _Tool] = {}
+        self._model = model
+        #: model and effort asked for the next turn (set_model), "" = unchanged
+        self._next_model = ""
+        self._effort = effort
+        self._closed = False
+        self._closed_reason = ""
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def pid(self) -> int | None:
+        server = self._server
+        return server.proc.pid if server is not None and server.alive else None
+
+    # ------------------------------------------------------------------ attaching to an app-server
+
+    def _attach(self, server: AppServer, setup: Any) -> None:
+        """Route the thread's messages from ``server``; ``setup`` is thread/start's or thread/resume's answer."""
+        self._server = server
+        server.threads[self._id] = self
+        if isinstance(setup, dict):
+            self._model = str(setup.get("model") or self._model)
+            thread = setup.get("thread") if isinstance(setup.get("thread"), dict) else {}
+            self.workdir = self.workdir or str(thread.get("cwd") or setup.get("cwd") or "")
+
+    async def _resume(self, server: AppServer) -> None:
+        """thread/resume this thread into ``server``. Raises ConversationNotFound, RuntimeUnavailable."""
+        params = {"threadId": self._id, "excludeTurns": True,
+                  **self._provider.thread_params(self.workdir, self._next_model or self._model)}
+        server.threads[self._id] = self  # notifications may come before the answer
+        timeout = self._provider.config.startup_timeout_s
+        try:
+            raw = await server.request("thread/resume", params, timeout=timeout)
+        except RpcError as exc:
+            server.threads.pop(self._id, None)
+            text = exc.describe()
+            # 0.171.0: "no rollout found for thread id ..." (unknown), "invalid session id: ..." (not a UUID)
+            if any(m in text.lower() for m in ("not found", "no rollout", "invalid session id", "invalid thread id")):
+                raise ConversationNotFound(f"{self._provider.name} has no thread {self._id!r}: {text}") from None
+            raise server.error("thread/resume", exc, timeout) from None
+        except BaseException as exc:
+            server.threads.pop(self._id, None)
+            raise server.error("thread/resume", exc, timeout) from None
+        self._attach(server, raw)
+
+    async def _attached(self) -> AppServer:
+        """The app-server this thread is live in: after the old one died, a new one with the thread resumed."""
+        async with self._attach_lock:
+            server = self._server
+            if server is not None and server.alive:
+                return server
+            server = await self._provider.server()
+            await self._resume(server)
+            return server
+
+    # ------------------------------------------------------------------ contract.Conversation
+
+    async def send(self, prompt: Prompt) -> None:
+        """Start a turn (turn/start) and return once it was written to the app-server.
+
+        Emits the user item and TurnEvent(working) first; the turn ends with
+        exactly one terminal TurnEvent. Raises Busy while a turn runs, Closed,
+        RuntimeUnavailable when the app-server cannot start (or the thread not
+        resume). A prompt that cannot be written fails its turn; never resent.
+        """
+        self._check_open()
+        if self._turn is not None or self._starting:
+            raise Busy(f"a turn is running in conversation {self.id}")
+        self._starting = True
+        try:
+            server = await self._attached()
+            with trio.CancelScope(shield=True):
+                self._check_open()
+                turn = _Turn(self._next_model or self._model)
+                self._turn = turn
+                self._tools = {}
+                self._emit(ItemEvent(item=Item(id=f"{turn.key}-user", kind=ItemKind.USER, text=prompt.text, time=utcnow(),
+                                               attachments=list(prompt.attachments))))
+                self._emit(TurnEvent(turn=Turn(state=TurnState.WORKING, model=turn.model)))
+                params: dict[str, Any] = {"threadId": self.id, "input": _input(prompt)}
+                if self._next_model:
+                    params["model"] = self._next_model
+                if self._effort:
+                    params["effort"] = self._effort
+                assert server.proc.conn is not None
+                try:
+                    call = await server.proc.conn.start("turn/start", params)
+                except ConnectionLost as exc:
+                    self._finish(turn, TurnState.FAILED, f"the prompt could not be delivered: {exc.reason}", "runtime_exit")
+                    return
+                if self._next_model:
+                    self._model, self._next_model = self._next_model, ""
+                self._provider._spawn(self._await_start, turn, call)
+        finally:
+            self._starting = False
+
+    async def _await_start(self, turn: _Turn, call: Call) -> None:
+        try:
+            raw = await call.wait()
+        except RpcError as exc:
+            self._finish(turn, TurnState.FAILED, f"Codex refused the prompt: {exc.describe()}")
+            return
+        except ConnectionLost:
+            return  # the app-server's exit fails the turn (_runtime_exited)
+        tid = (raw or {}).get("turn", {}).get("id") if isinstance(raw, dict) else None
+        if isinstance(tid, str) and not turn.codex_id:
+            turn.codex_id = tid
+            turn.named.set()
+
+    async def steer(self, prompt: Prompt) -> None:
+        """Add ``prompt`` to the running turn (turn/steer with the expected turn id).
+
+        Raises Invalid when no turn runs (or Codex refuses: the turn just
+        ended), SubmissionUncertain when the app-server went away meanwhile.
+        """
+        self._check_open()
+        turn, server = self._turn, self._server
+        if turn is None or server is None or not server.alive:
+            raise Invalid("no turn is running; send the prompt instead")
+        with trio.move_on_after(TURN_ID_WAIT_S):
+            await turn.named.wait()
+        if not turn.codex_id:
+            raise Invalid("the running turn has not started in Codex yet; try again")
+        try:
+            await server.request("turn/steer", {"threadId": self.id, "expectedTurnId": turn.codex_id,
+                                                "input": _input(prompt)})
+        except RpcError as exc:
+            raise Invalid(f"Codex refused the steering prompt: {exc.describe()}") from None
+        except (ConnectionLost, trio.TooSlowError) as exc:
+            raise SubmissionUncertain(f"Codex may or may not have received the steering prompt ({exc}); "
+                                      "it is not resent") from None
+        self._emit(ItemEvent(item=Item(id=f"{turn.key}-steer-{uuid.uuid4().hex[:6]}", kind=ItemKind.USER,
+                                       text=prompt.text, time=utcnow(), delivery="steer",
+                                       attachments=list(prompt.attachments))))
+
+    async def cancel(self) -> None:
+        """Interrupt the running turn (turn/interrupt) and return once it ended; no turn: a no-op.
+
+        Pending interactions expire (Codex gets their refusal). A turn Codex
+        has not ended within ``cancel_timeout_s`` ends cancelled with reason
+        ``cancel_timeout``.
+        """
+        self._check_open()
+        turn = self._turn
+        if turn is None:
+            await trio.lowlevel.checkpoint()
+            return
+        turn.cancel_requested = True
+        self._expire_pending("cancelled")
+        timeout = self._provider.config.cancel_timeout_s
+        with trio.move_on_after(timeout):
+            await turn.named.wait()
+            server = self._server
+            if server is not None and server.alive and server.proc.conn is not None:
+                try:
+                    await server.proc.conn.start("turn/interrupt", {"threadId": self.id, "turnId": turn.codex_id})
+                except ConnectionLost:
+                    pass
+            await turn.done.wait()
+        if not turn.done.is_set():
+            log.warning("codex.cancel_timeout", provider=self._provider.name, conversation=self.id)
+            self._finish(turn, TurnState.CANCELLED, "", "cancel_timeout")
+
+    async def respond(self, interaction_id: str, answer: Answer) -> None:
+        """Answer a pending approval (one of Codex's decisions) or user-input request.
+
+        Raises InteractionGone when not pending, Invalid when the answer does not fit.
+        """
+        self._check_open()
+        pending = self._pending.get(interaction_id)
+        if pending is None:
+            raise InteractionGone(f"interaction {interaction_id!r} is not pending")
+        validate_answer(pending.interaction, answer)
+        del self._pending[interaction_id]
+        pending.answer = answer
+        inter = pending.interaction
+        if inter.kind is InteractionKind.PERMISSION:
+            option = next(o for o in inter.options if o.id == answer.decision)
+            state, resolution = (InteractionState.REJECTED if option.reject else InteractionState.ANSWERED), option.id
+        else:
+            state = InteractionState.REJECTED if answer.reject else InteractionState.ANSWERED
+            resolution = "rejected" if answer.reject else "answered"
+        self._emit(InteractionEvent(interaction=msgspec.structs.replace(inter, state=state, resolution=resolution)))
+        pending.done.set()
+        await trio.lowlevel.checkpoint()
+
+    async def history(self) -> HistoryRecord:
+        """The thread's items as Codex recorded them (thread/read with its turns)."""
+        self._check_open()
+        server = await self._attached()
+        try:
+            raw = await server.request("thread/read", {"threadId": self.id, "includeTurns": True})
+        except BaseException as exc:
+            raise server.error("thread/read", exc) from None
+        items: list[Item] = []
+        thread = (raw or {}).get("thread") or {}
+        for t in thread.get("turns") or []:
+            for it in (t.get("items") or []) if isinstance(t, dict) else []:
+                item = m.item(it) if isinstance(it, dict) else None
+                if item is not None:
+                    items.append(item)
+        return HistoryRecord(items=items, model=str(thread.get("model") or self._model))
+
+    async def set_model(self, model: str, effort: str = "") -> None:
+        """Use ``model`` (and reasoning ``effort``) from the next turn on (turn/start's overrides)."""
+        self._check_open()
+        await trio.lowlevel.checkpoint()
+        if model and model != self._model:
+            self._next_model = model
+        if effort:
+            self._effort = effort
+        self._emit(ModelSelectionEvent(selection=ModelSelection(model=model or self._model, effort=effort or None)))
+
+    async def set_title(self, title: str) -> None:
+        """Name the thread in Codex's store (thread/name/set); the daemon journals the title itself."""
+        self._check_open()
+        server = await self._attached()
+        try:
+            await server.request("thread/name/set", {"threadId": self.id, "name": title})
+        except RpcError as exc:
+            raise Invalid(f"Codex refused the title: {exc.describe()}") from None
+        except BaseException as exc:
+            raise server.error("thread/name/set", exc) from None
+
+    async def close(self) -> None:
+        """Interrupt a running turn (reason ``closed``) and stop routing the thread; the app-server,
+        shared with other conversations, keeps running. Idempotent; not cancellable."""
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        self._closed_reason = f"conversation {self.id} is closed"
+        with trio.CancelScope(shield=True):
+            server, self._server = self._server, None
+            turn = self._turn
+            if turn is not None:
+                turn.cancel_requested = True
+                self._expire_pending("closed")
+                if server is not None and server.alive and server.proc.conn is not None and turn.codex_id:
+                    try:
+                        await server.proc.conn.start("turn/interrupt", {"threadId": self.id, "turnId": turn.codex_id})
+                    except ConnectionLost:
+                        pass
+                self._finish(turn, TurnState.CANCELLED, "", "closed")
+            if server is not None:
+                if server.threads.get(self.id) is self:
+                    del server.threads[self.id]
+                if server.alive and server.proc.conn is not None:
+                    try:
+                        await server.proc.conn.start("thread/unsubscribe", {"threadId": self.id})
+                    except ConnectionLost:
+                        pass
+        self._provider._forget(self)
+
+    # ------------------------------------------------------------------ notifications
+
+    def _on_notification(self, server: AppServer, method: str, p: dict[str, Any]) -> None:
+        if server is not self._server:
+            return
+        turn = self._turn
+        if method == "thread/name/updated":
+            name = p.get("threadName") or p.get("name")
+            if isinstance(name, str) and name:
+                self._emit(TitleEvent(title=name))
+            return
+        if turn is None:
+            return
+        codex_turn = p.get("turnId") or (p.get("turn") or {}).get("id")
+        if method == "turn/started":
+            if isinstance(codex_turn, str) and not turn.codex_id:
+                turn.codex_id = codex_turn
+                turn.named.set()
+            return
+        if turn.codex_id and isinstance(codex_turn, str) and codex_turn != turn.codex_id:
+            return  # a straggler of an earlier turn
+        if method == "item/agentMessage/delta":
+            self._delta(p, ItemKind.ASSISTANT)
+        elif method in ("item/reasoning/summaryTextDelta", "item/reasoning/textDelta"):
+            self._delta(p, ItemKind.REASONING)
+        elif method == "item/started":
+            self._item(p.get("item"), started=True)
+        elif method == "item/completed":
+            self._item(p.get("item"), started=False)
+        elif method == "item/commandExecution/outputDelta":
+            self._output(p)
+        elif method == "thread/tokenUsage/updated":
+            tokens, context = m.token_usage(p, turn.model or self._model)
+            if tokens is not None:
+                self._emit(TokensEvent(tokens=tokens))
+            if context is not None:
+                self._emit(ContextEvent(context=Context(used=context[0], limit=context[1])))
+        elif method == "error":
+            err = p.get("error") if isinstance(p.get("error"), dict) else {}
+            if not p.get("willRetry") and err.get("message"):
+                turn.error = str(err["message"])
+        elif method == "turn/completed":
+            t = p.get("turn") if isinstance(p.get("turn"), dict) else {}
+            status = t.get("status")
+            if status == "completed":
+                self._finish(turn, TurnState.COMPLETED)
+            elif status == "interrupted":
+                self._finish(turn, TurnState.CANCELLED)
+            else:
+                err = t.get("error") if isinstance(t.get("error"), dict) else {}
+                text = str(err.get("message") or turn.error or f"the turn ended {status or 'without a status'}")
+                detail = err.get("additionalDetails")
+                if isinstance(detail, str) and detail and detail not in text:
+                    text = f"{text}: {detail}"
+                self._finish(turn, TurnState.FAILED, text)
+
+    def _delta(self, p: dict[str, Any], kind: ItemKind) -> None:
+        text, iid = p.get("delta"), p.get("itemId")
+        if isinstance(text, str) and text and isinstance(iid, str):
+            self._emit(DeltaEvent(delta=Delta(item_id=iid, kind=kind, text=text)))
+
+    def _item(self, raw: Any, *, started: bool) -> None:
+        if not isinstance(raw, dict) or raw.get("type") == "userMessage":
+            return  # the prompt: its user item is agentd's own
+        kind = raw.get("type")
+        if kind in m.TOOL_TYPES:
+            iid = str(raw.get("id") or "")
+            tool = self._tools.get(iid)
+            if tool is None:
+                tool = self._tools[iid] = _Tool(raw)
+            else:
+                tool.raw = raw
+            if not started:
+                del self._tools[iid]
+                if kind == "webSearch" and not raw.get("status"):
+                    raw = {**raw, "status": "completed"}
+            item = m.item(raw)
+            if item is not None and item.tool is not None and started:
+                item.tool = m.tool_call(raw, tool.tail)
+            if item is not None:
+                self._emit(ItemEvent(item=item))
+            return
+        if started:
+            return  # a message or reasoning item: its deltas stream, item/completed brings it whole
+        item = m.item(raw)
+        if item is None:
+            log.debug("codex.item_ignored", provider=self._provider.name, type=kind)
+        elif item.text:
+            self._emit(ItemEvent(item=item))
+
+    def _output(self, p: dict[str, Any]) -> None:
+        tool = self._tools.get(str(p.get("itemId")))
+        delta = p.get("delta")
+        if tool is None or not isinstance(delta, str):
+            return
+        m.push_output(tool.tail, tool.partial, delta)
+        now = trio.current_time()
+        if now - tool.emitted_at >= TAIL_EMIT_S:
+            tool.emitted_at = now
+            item = m.item(tool.raw)
+            if item is not None:
+                item.tool = m.tool_call(tool.raw, tool.tail)
+                self._emit(ItemEvent(item=item))
+
+    # ------------------------------------------------------------------ server requests
+
+    async def _on_server_request(self, server: AppServer, method: str, params: dict[str, Any]) -> Any:
+        turn = self._turn
+        refused = _refusal(method, params)
+        if server is not self._server or turn is None or turn.cancel_requested or self._closed:
+            return refused
+        iid = f"{'ask' if method == 'item/tool/requestUserInput' else 'perm'}-{uuid.uuid4().hex[:12]}"
+        values: dict[str, Any] = {}
+        qids: list[str] = []
+        tool_item = str(params.get("itemId") or "")
+        if method == "item/tool/requestUserInput":
+            questions, qids = m.questions(params)
+            if not questions:
+                return refused
+            inter = Interaction(id=iid, kind=InteractionKind.QUESTION, title=questions[0].header or "Codex asks",
+                                questions=questions, time=utcnow(), tool_call_id=tool_item)
+        else:
+            title, detail = m.approval_detail(method, params)
+            if method == "item/permissions/requestApproval":
+                options = list(m.PERMISSION_GRANT_OPTIONS)
+            else:
+                options, values = m.permission_options(params.get("availableDecisions"))
+            inter = Interaction(id=iid, kind=InteractionKind.PERMISSION, title=title, detail=detail, options=options,
+                                time=utcnow(), tool_call_id=tool_item)
+        pending = _Pending(inter)
+        self._pending[iid] = pending
+        self._emit(InteractionEvent(interaction=inter))
+        try:
+            await pending.done.wait()
+        finally:
+            if self._pending.pop(iid, None) is not None:  # the app-server went away while waiting
+                self._emit(InteractionEvent(interaction=msgspec.structs.replace(
+                    inter, state=InteractionState.EXPIRED, resolution="the app-server exited")))
+        answer = pending.answer
+        if answer is None:
+            return refused
+        if method == "item/tool/requestUserInput":
+            return {"answers": {}} if answer.reject else m.user_input_answer(qids, list(answer.answers))
+        if method == "item/permissions/requestApproval":
+            return m.permission_grant(params, answer.decision)
+        return {"decision": values.get(answer.decision, answer.decision)}
+
+    # ------------------------------------------------------------------ ends
+
+    def _finish(self, turn: _Turn, state: TurnState, error: str = "", reason: str = "") -> None:
+        """End ``turn`` once: fail its running tools, expire its interactions, emit its terminal TurnEvent."""
+        if turn.finished:
+            return
+        turn.finished = True
+        if self._turn is turn:
+            why = reason or ("cancelled" if state is TurnState.CANCELLED else error or "the turn ended")
+            for tool in self._tools.values():
+                item = m.item({**tool.raw, "status": "failed"})
+                if item is not None and item.tool is not None:
+                    item.tool.output = f"{item.tool.output}\n{why}" if item.tool.output else why
+                    item.ended_at = utcnow()
+                    self._emit(ItemEvent(item=item))
+            self._tools = {}
+            self._expire_pending(why)
+            self._turn = None
+        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=turn.model)))
+        turn.named.set()
+        turn.done.set()
+        if state is TurnState.COMPLETED:
+            self._provider._turn_completed()
+
+    def _expire_pending(self, why: str) -> None:
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            self._emit(InteractionEvent(interaction=msgspec.structs.replace(
+                p.interaction, state=InteractionState.EXPIRED, resolution=why)))
+            p.done.set()  # its handler answers Codex with the refusal
+
+    def _runtime_exited(self, server: AppServer, reason: str) -> None:
+        """The app-server ended on its own: fail the turn (``runtime_exit``), then ExitEvent.
+
+        The conversation stays usable: the next send starts an app-server and resumes the thread.
+        """
+        if server is not self._server:
+            return
+        self._server = None
+        if self._closed:
+            return
+        turn = self._turn
+        if turn is not None:
+            self._finish(turn, TurnState.FAILED, reason, "runtime_exit")
+        self._emit(ExitEvent(error=reason))
+
+    def _shutdown(self) -> None:
+        """The provider stops: end a running turn (reason ``shutdown``) and close."""
+        if self._turn is not None:
+            self._finish(self._turn, TurnState.CANCELLED, "", "shutdown")
+        self._closed = True
+        self._closed_reason = f"provider {self._provider.name} stopped"
+        self._server = None
+
+    def _check_open(self) -> None:
+        if self._closed or self._provider._nursery is None:
+            raise Closed(self._closed_reason or f"conversation {self.id} is closed")
+
+    def _emit(self, event: Event) -> None:
+        self._sink.emit(event)
+
+
+def _refusal(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """What Codex gets for a request nobody answered: the strongest refusal it offers."""
+    if method == "item/tool/requestUserInput":
+        return {"answers": {}}
+    if method == "item/permissions/requestApproval":
+        return {"permissions": {}, "scope": "turn"}
+    _, values = m.permission_options(params.get("availableDecisions"))
+    return {"decision": "cancel" if "cancel" in values else "decline"}
+
+
+def _input(prompt: Prompt) -> list[dict[str, Any]]:
+    """turn/start's input: the text, images as local images, other files named by their path."""
+    items: list[dict[str, Any]] = [{"type": "text", "text": prompt.text, "text_elements": []}]
+    for a in prompt.attachments:
+        if not a.path:
+            continue
+        if a.mime.startswith("image/"):
+            items.append({"type": "localImage", "path": a.path})
+        else:
+            items.append({"type": "text", "text": f"Attached file {a.name} ({a.mime}, {a.size} bytes): {a.path}",
+                          "text_elements": []})
+    return items
+
+
+__all__ = ["CodexConversation", "parse_time"]

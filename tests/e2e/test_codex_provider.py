@@ -1,0 +1,330 @@
+"""The codex provider on the real Codex CLI (`codex app-server`), offline against the scripted model server.
+
+Codex is installed from tests/e2e/package-lock.json (npm @openai/codex, its
+Linux binary); it calls the Responses API of tests/e2e/modelserver.py on
+127.0.0.1 with retries off. Most tests go through the real daemon and
+agentctl; history and the thread list, which no agentctl command reads yet,
+are checked on the provider itself under trio. Only the model is scripted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trio
+
+from daemon_harness import Daemon
+from modelserver import DEFAULT_FINAL_TEXT
+from acp_agents import codex_shell_arguments
+from runtimes_e2e import CodexRuntime
+from test_conformance import Follower, _descendants, _json, _pending
+
+pytestmark = pytest.mark.e2e
+
+FILE = "codex.txt"
+COMMAND = f"echo codex-was-here > {FILE}"
+
+
+@pytest.fixture
+def codex(tmp_path: pathlib.Path) -> Iterator[CodexRuntime]:
+    rt = CodexRuntime(tmp_path)
+    try:
+        yield rt
+    finally:
+        rt.close()
+
+
+def _daemon(rt: CodexRuntime, root: pathlib.Path) -> Daemon:
+    return Daemon(root, rt.config_toml, env=rt.env).start()
+
+
+@pytest.fixture
+def daemon(codex: CodexRuntime, tmp_path: pathlib.Path) -> Iterator[Daemon]:
+    d = _daemon(codex, tmp_path)
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def _new(d: Daemon, workdir: pathlib.Path, *extra: str) -> str:
+    return _json(d.agentctl("new", "-p", "codex", "--cwd", str(workdir), "--json", *extra))["id"]
+
+
+def _items(d: Daemon, cid: str, kind: str) -> list[dict[str, Any]]:
+    latest: dict[str, dict[str, Any]] = {}
+    for r in d.journal(cid):
+        if r["type"] == "item" and r["data"]["kind"] == kind:
+            latest[r["data"]["id"]] = r["data"]
+    return list(latest.values())
+
+
+def test_a_command_turn_shows_codex_approval_options_the_command_item_and_token_usage(
+        codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
+    codex.call_tool(COMMAND)
+    cid = _new(daemon, workdir)
+    follower = Follower(daemon, cid, "Write the file")
+    inter = _pending(daemon, cid)
+    # Codex's own decisions for this command, as the app-server offered them
+    options = {o["id"]: o for o in inter["options"]}
+    assert set(options) == {"accept", "acceptWithExecpolicyAmendment", "cancel"}, options
+    assert options["accept"].get("allow_once") and options["cancel"].get("reject")
+    assert "echo codex-was-here" in inter["title"]
+    answered = daemon.agentctl("answer", cid, inter["id"], "--allow")
+    assert answered.returncode == 0, answered.stderr
+    assert follower.finish() == 0, follower.stderr()
+    assert (workdir / FILE).read_text().strip() == "codex-was-here"
+    tools = _items(daemon, cid, "tool")
+    assert len(tools) == 1, tools
+    tool = tools[0]["tool"]
+    assert tool["name"] == "shell" and "echo codex-was-here" in tool["input"]
+    assert tool["status"] == "completed" and tool.get("exit_code", 0) == 0, tool
+    assistant = _items(daemon, cid, "assistant")
+    assert assistant and assistant[-1]["text"] == DEFAULT_FINAL_TEXT
+    tokens = [r["data"] for r in daemon.journal(cid) if r["type"] == "tokens"]
+    assert len(tokens) == 2 and all(t["input"] == 100 and t["output"] == 10 for t in tokens), tokens
+    usage = _json(daemon.agentctl("show", cid, "--json")).get("usage", {})
+    assert usage.get("input_tokens") == 200 and usage.get("output_tokens") == 20, usage
+
+
+def test_agentctl_run_with_the_codex_provider_prints_the_answer(codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
+    codex.text_only("Codex answers through agentd.")
+    ran = daemon.agentctl("run", "-p", "codex", "--cwd", str(workdir), "Say something")
+    assert ran.returncode == 0, ran.stderr
+    assert "Codex answers through agentd." in ran.stdout
+
+
+def test_cancel_with_an_approval_pending_expires_it_unanswered_and_runs_nothing(codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
+    codex.call_tool(COMMAND)
+    cid = _new(daemon, workdir)
+    follower = Follower(daemon, cid, "Write the file")
+    inter = _pending(daemon, cid)
+    cancelled = daemon.agentctl("cancel", cid)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert follower.finish(timeout=30) == 3, follower.stderr()
+    states = [r["data"].get("state", "pending") for r in daemon.journal(cid) if r["type"] == "interaction" and r["data"]["id"] == inter["id"]]
+    assert states[-1] == "expired", states
+    assert not any(r["type"] == "answer" for r in daemon.journal(cid)), "agentd answered for the user"
+    time.sleep(0.5)
+    assert not (workdir / FILE).exists(), "the command ran although nobody allowed it"
+    codex.text_only("Still here.")
+    assert Follower(daemon, cid, "Hello again").finish() == 0
+
+
+def test_accept_for_the_session_is_sent_back_as_codex_defines_it(codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
+    """The amendment decision is an object; agentd returns it as the app-server offered it, and the
+    command runs (the app-server would refuse a decision it did not offer)."""
+    codex.call_tool(COMMAND)
+    cid = _new(daemon, workdir)
+    follower = Follower(daemon, cid, "Write the file")
+    inter = _pending(daemon, cid)
+    answered = daemon.agentctl("answer", cid, inter["id"], "--option", "acceptWithExecpolicyAmendment")
+    assert answered.returncode == 0, answered.stderr
+    assert follower.finish() == 0, follower.stderr()
+    assert (workdir / FILE).exists()
+    # Codex now allows the command: the next turn runs it with no question asked
+    (workdir / FILE).unlink()
+    again = Follower(daemon, cid, "Write it again")
+    assert again.finish() == 0, again.stderr()
+    assert (workdir / FILE).exists()
+    asked = {r["data"]["id"] for r in daemon.journal(cid) if r["type"] == "interaction"}
+    assert len(asked) == 1
+
+
+def test_a_question_from_codex_is_answered_with_a_choice(tmp_path: pathlib.Path, workdir: pathlib.Path) -> None:
+    """request_user_input (offered outside Plan mode with the feature on) becomes a question."""
+    codex = CodexRuntime(tmp_path, overrides=("features.default_mode_request_user_input=true",))
+    assert codex.server is not None
+    codex.server.call_tool("request_user_input", arguments={"questions": [{
+        "id": "colour", "header": "Colour", "question": "Which colour?",
+        "options": [{"label": "Red", "description": "warm"}, {"label": "Blue", "description": "cool"}]}]})
+    d = _daemon(codex, tmp_path)
+    try:
+        cid = _new(d, workdir)
+        follower = Follower(d, cid, "Ask me")
+        inter = _pending(d, cid)
+        assert inter["kind"] == "question"
+        q = inter["questions"][0]
+        assert q["text"] == "Which colour?" and q["choices"] == ["Red", "Blue"] and q.get("custom")
+        answered = d.agentctl("answer", cid, inter["id"], "--choice", "Blue")
+        assert answered.returncode == 0, answered.stderr
+        assert follower.finish() == 0, follower.stderr()
+        outputs = [i for r in codex.server.requests for i in r.get("input") or []
+                   if isinstance(i, dict) and i.get("type") == "function_call_output"]
+        assert outputs and json.loads(outputs[-1]["output"]) == {"answers": {"colour": {"answers": ["Blue"]}}}
+    finally:
+        d.stop()
+        codex.close()
+
+
+def test_steer_joins_the_running_turn_and_reaches_the_model(codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
+    assert codex.server is not None
+    codex.server.reset()
+    codex.server.call_tool("exec_command", arguments=codex_shell_arguments("sleep 2; echo slept"))
+    cid = _new(daemon, workdir, "--yolo")
+    follower = Follower(daemon, cid, "Take your time")
+    follower.wait_for(lambda line: line.get("type") == "item" and (line.get("item") or line.get("data") or {}).get("kind") == "tool"
+                      or "tool" in json.dumps(line), timeout=30)
+    steered = daemon.agentctl("steer", cid, "Also mention the weather")
+    assert steered.returncode == 0, steered.stderr
+    assert follower.finish() == 0, follower.stderr()
+    users = _items(daemon, cid, "user")
+    assert any(u.get("delivery") == "steer" and u["text"] == "Also mention the weather" for u in users), users
+    later = [r for r in codex.server.requests if "Also mention the weather" in json.dumps(r.get("input"))]
+    assert later, "the steering prompt never reached the model"
+
+
+def test_title_models_and_the_app_server_process_group(codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
+    codex.text_only("Hi.")
+    cid = _new(daemon, workdir)
+    titled = daemon.agentctl("title", cid, "Codex thread")
+    assert titled.returncode == 0, titled.stderr
+    assert "provider_title_failed" not in daemon.log.read_text()
+    named = [p for p in (codex.root / "codex-home").rglob("*") if p.is_file() and b"Codex thread" in p.read_bytes()]
+    assert named, "Codex did not record the thread's name"
+    models = _json(daemon.agentctl("models", "codex", "--json"))
+    listed = models.get("models", models)
+    assert listed and all(m.get("id") for m in listed), models
+    assert daemon.proc is not None
+    servers = [pid for pid in _descendants(daemon.proc.pid) if "app-server" in _cmdline(pid)]
+    assert len(servers) == 1, servers
+    # its own process group and session: a signal to agentd's group does not reach it, agentd stops it
+    assert os.getpgid(servers[0]) == servers[0] != os.getpgid(daemon.proc.pid)
+    daemon.stop()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(servers[0]):
+        time.sleep(0.05)
+    assert not _alive(servers[0]), "the app-server outlived agentd"
+
+
+def test_a_dead_app_server_is_restarted_after_the_backoff_and_the_thread_goes_on(
+        codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
+    codex.text_only("First answer.")
+    cid = _new(daemon, workdir)
+    assert Follower(daemon, cid, "My name is Grace Hopper").finish() == 0
+    assert daemon.proc is not None
+    [server] = [pid for pid in _descendants(daemon.proc.pid) if "app-server" in _cmdline(pid)]
+    os.kill(server, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(r["type"] == "exit" for r in daemon.journal(cid)):
+        time.sleep(0.05)
+    assert any(r["type"] == "exit" for r in daemon.journal(cid)), "the app-server's death was not reported"
+    codex.text_only("Second answer.")
+    assert Follower(daemon, cid, "What is my name?").finish() == 0
+    [again] = [pid for pid in _descendants(daemon.proc.pid) if "app-server" in _cmdline(pid)]
+    assert again != server
+    bodies = [json.dumps(r) for r in codex.server.requests if "What is my name?" in json.dumps(r)]
+    assert bodies and "Grace Hopper" in bodies[-1], "the resumed thread lost its earlier turn"
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def emit(self, event: Any) -> None:
+        self.events.append(event)
+
+    async def turn_end(self, timeout: float = 30.0) -> Any:
+        from agentd import contract as c
+
+        with trio.fail_after(timeout):
+            while True:
+                ends = [e.turn for e in self.events if isinstance(e, c.TurnEvent) and e.turn.state.terminal]
+                if ends:
+                    return ends[-1]
+                await trio.sleep(0.02)
+
+
+def _on_the_provider(codex: CodexRuntime, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, body: Any) -> None:
+    """Run ``body(provider)`` under trio on a CodexProvider configured as the daemon would be."""
+    import tomllib
+
+    import msgspec
+
+    from agentd.config import Config
+    from agentd.providers.codex import CodexProvider
+
+    config = msgspec.convert(tomllib.loads(codex.config_toml), Config).providers.codex
+    for name, value in codex.env.items():
+        monkeypatch.setenv(name, value)
+
+    async def main() -> None:
+        provider = CodexProvider(config, state_dir=tmp_path / "state")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(provider.run)
+            await body(provider)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_history_the_thread_list_and_an_unknown_thread_on_the_provider(
+        codex: CodexRuntime, tmp_path: pathlib.Path, workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """history() and previous() on the provider itself (no agentctl command reads them yet)."""
+    from agentd import contract as c
+
+    codex.text_only("Remembered answer.")
+
+    async def body(provider: Any) -> None:
+        sink = _Sink()
+        conv = await provider.open(c.OpenRequest(workdir=str(workdir)), sink)
+        await conv.send(c.Prompt(text="Remember the number 42"))
+        assert (await sink.turn_end()).state is c.TurnState.COMPLETED
+        history = await conv.history()
+        kinds = [(i.kind, i.text) for i in history.items]
+        assert (c.ItemKind.USER, "Remember the number 42") in kinds, kinds
+        assert (c.ItemKind.ASSISTANT, "Remembered answer.") in kinds, kinds
+        previous = await provider.previous(str(workdir))
+        assert [p.id for p in previous] == [conv.id], previous
+        for unknown in ("01a23338-ac07-7e62-8691-f68ed4248d94", "not-a-thread"):
+            with pytest.raises(c.ConversationNotFound):
+                await provider.open(c.OpenRequest(workdir=str(workdir), conversation_id=unknown), _Sink())
+
+    _on_the_provider(codex, tmp_path, monkeypatch, body)
+
+
+def test_attachments_reach_the_model_an_image_inline_and_a_file_by_its_path(
+        codex: CodexRuntime, tmp_path: pathlib.Path, workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentd import contract as c
+    from test_attachments_e2e import stored, tiny_png
+
+    codex.text_only("I looked.")
+    image = stored(tmp_path, "dot.png", tiny_png(), "image/png")
+    notes = stored(tmp_path, "notes.txt", b"remember the milk\n", "text/plain")
+
+    async def body(provider: Any) -> None:
+        assert provider.capabilities().attachments
+        sink = _Sink()
+        conv = await provider.open(c.OpenRequest(workdir=str(workdir)), sink)
+        await conv.send(c.Prompt(text="Look at these.", attachments=[image, notes]))
+        assert (await sink.turn_end()).state is c.TurnState.COMPLETED
+
+    _on_the_provider(codex, tmp_path, monkeypatch, body)
+    assert codex.server is not None
+    sent = codex.server.model_requests[-1]["input"]
+    parts = [p for i in sent if isinstance(i, dict) and i.get("role") == "user" for p in i.get("content") or []]
+    images = [p for p in parts if p.get("type") == "input_image"]
+    assert images and str(images[0].get("image_url", "")).startswith("data:image/png;base64,"), parts
+    assert notes.path in json.dumps(sent) and "Look at these." in json.dumps(sent)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
