@@ -250,6 +250,20 @@ class CodexRuntime(Runtime):
 
         self.server.call_tool("exec_command", arguments=acp_agents.codex_shell_arguments(command))
 
+    def check_unknown_mapping(self) -> None:
+        # A server notification and a thread item as the app-server sends them, of kinds 0.171.0 does not have.
+        from agentd.contract import UnknownEvent
+        from agentd.providers.codex._mapping import unknown_item, unknown_notification
+
+        event = unknown_notification(self.provider, "thread/futureThing/updated", {"threadId": "t1", "level": 7})
+        assert isinstance(event, UnknownEvent) and event.unknown.type == "thread/futureThing/updated", event
+        assert event.unknown.data == {"threadId": "t1", "level": 7}
+        item = unknown_item(self.provider, {"type": "futureItem", "id": "i1", "detail": "x"})
+        assert isinstance(item, UnknownEvent) and item.unknown.type == "item/futureItem", item
+        for known in ("turn/completed", "account/rateLimits/updated", "turn/diff/updated"):
+            assert unknown_notification(self.provider, known, {}) is None, known
+        assert unknown_item(self.provider, {"type": "contextCompaction", "id": "i2"}) is None
+
 
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):

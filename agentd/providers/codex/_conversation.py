@@ -396,6 +396,10 @@ class CodexConversation:
     def _on_notification(self, server: AppServer, method: str, p: dict[str, Any]) -> None:
         if server is not self._server:
             return
+        unknown = m.unknown_notification(self._provider.name, method, p)
+        if unknown is not None:
+            self._emit(unknown)  # a newer runtime's kind: journaled verbatim, never dropped
+            return
         turn = self._turn
         if method == "thread/name/updated":
             name = p.get("threadName") or p.get("name")
@@ -456,6 +460,9 @@ class CodexConversation:
         if not isinstance(raw, dict) or raw.get("type") == "userMessage":
             return  # the prompt: its user item is agentd's own
         kind = raw.get("type")
+        if not started and (unknown := m.unknown_item(self._provider.name, raw)) is not None:
+            self._emit(unknown)  # an item type of a newer runtime, once, as it completed
+            return
         if kind in m.TOOL_TYPES:
             iid = str(raw.get("id") or "")
             tool = self._tools.get(iid)

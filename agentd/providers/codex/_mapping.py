@@ -33,12 +33,71 @@ from ...contract import (
     TokenUsage,
     ToolCall,
     ToolStatus,
+    UnknownEvent,
 )
+from ... import runtime_output
 from .._common import MAX_TOOL_TEXT, bound, render_input
 
 #: item types that become tool items, and the tool name shown for each (MCP and dynamic tools name themselves)
 TOOL_TYPES = {"commandExecution": "shell", "fileChange": "apply_patch", "mcpToolCall": "mcp",
               "dynamicToolCall": "tool", "webSearch": "web_search"}
+
+#: Thread item types of the pinned app-server (0.171.0's schema) that agentd does not show; any
+#: other type it does not map is journaled as an ``unknown`` record (a newer runtime).
+INERT_ITEM_TYPES = frozenset({
+    "collabAgentToolCall", "contextCompaction", "enteredReviewMode", "exitedReviewMode", "functionCallOutput",
+    "hookPrompt", "imageGeneration", "imageView", "plan", "sleep", "subAgentActivity",
+})
+
+#: Server notifications the conversation acts on.
+HANDLED_NOTIFICATIONS = frozenset({
+    "thread/name/updated", "turn/started", "item/agentMessage/delta", "item/reasoning/summaryTextDelta",
+    "item/reasoning/textDelta", "item/started", "item/completed", "item/commandExecution/outputDelta",
+    "thread/tokenUsage/updated", "error", "turn/completed",
+})
+
+#: The rest of 0.171.0's server notifications: known, and deliberately not journaled (thread
+#: bookkeeping, account and UI state, realtime audio, review plumbing). A method in neither set
+#: comes from a newer runtime and is journaled verbatim as ``unknown``.
+INERT_NOTIFICATIONS = frozenset({
+    "thread/started", "thread/status/changed", "thread/readState/changed", "thread/archived", "thread/deleted",
+    "thread/unarchived", "thread/closed", "thread/reverted", "skills/changed", "thread/section/changed",
+    "thread/attachment/updated", "thread/goal/updated", "thread/prediction/updated", "thread/goal/cleared",
+    "thread/queue/changed", "project/changed", "thread/project/updated", "thread/environment/connected",
+    "thread/environment/disconnected", "thread/settings/updated", "hook/started", "hook/completed",
+    "turn/diff/updated", "turn/plan/updated", "item/autoApprovalReview/started",
+    "item/autoApprovalReview/completed", "autoApprovalReview/strictReviewRequired", "item/plan/delta",
+    "command/exec/outputDelta", "process/outputDelta", "thread/search/partial", "process/exited",
+    "item/commandExecution/terminalInteraction", "item/fileChange/outputDelta", "item/fileChange/patchUpdated",
+    "serverRequest/resolved", "item/mcpToolCall/progress", "mcpServer/oauthLogin/completed",
+    "mcpServer/startupStatus/updated", "mcpServer/event/stream/notification", "account/updated",
+    "account/gatewayOAuth/changed", "account/rateLimits/updated", "app/list/updated", "remoteControl/status/changed",
+    "externalAgentConfig/import/progress", "externalAgentConfig/import/completed", "fs/changed",
+    "item/reasoning/summaryPartAdded", "thread/compacted", "model/rerouted", "model/verification",
+    "modelProvider/authRecoveryStarted", "modelProvider/authRecoveryCompleted", "turn/moderationMetadata",
+    "model/safetyBuffering/updated", "warning", "guardianWarning", "deprecationNotice", "configWarning",
+    "fuzzyFileSearch/sessionUpdated", "fuzzyFileSearch/sessionCompleted", "thread/realtime/started",
+    "thread/realtime/itemAdded", "thread/realtime/item/started", "thread/realtime/item/transcript/delta",
+    "thread/realtime/item/completed", "thread/realtime/transcript/delta", "thread/realtime/transcript/done",
+    "thread/realtime/outputAudio/delta", "thread/realtime/sdp", "thread/realtime/error", "thread/realtime/closed",
+    "windows/worldWritableWarning", "windowsSandbox/setupCompleted", "account/login/completed",
+})
+
+
+def unknown_notification(provider: str, method: str, params: Any) -> UnknownEvent | None:
+    """The ``unknown`` record of a server notification no Codex agentd knows, else None."""
+    if method in HANDLED_NOTIFICATIONS or method in INERT_NOTIFICATIONS:
+        return None
+    return runtime_output.unknown(provider, method, params)
+
+
+def unknown_item(provider: str, raw: dict[str, Any]) -> UnknownEvent | None:
+    """The ``unknown`` record of a thread item of a type no Codex agentd knows, else None."""
+    kind = raw.get("type")
+    if kind in TOOL_TYPES or kind in INERT_ITEM_TYPES or kind in ("agentMessage", "userMessage", "reasoning"):
+        return None
+    return runtime_output.unknown(provider, f"item/{kind}", raw)
+
 
 _STATUS = {"inProgress": ToolStatus.RUNNING, "completed": ToolStatus.COMPLETED, "failed": ToolStatus.FAILED,
            "declined": ToolStatus.FAILED}
