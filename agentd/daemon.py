@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 import trio
 
-from . import systemd
+from . import masking, runtime_env, systemd
 from .config import Config, Paths
 from .conversations import ConversationService, new_id
 from .hub import Hub
@@ -36,6 +36,9 @@ log = structlog.get_logger("agentd")
 async def serve(config: Config, paths: Paths) -> None:
     """Run the daemon until SIGTERM, SIGINT or a ``shutdown`` request. The caller holds the state-dir lock."""
     owner = f"{new_id('d')}.{os.getpid()}"
+    # Before any runtime starts or any record is written: the secrets of the environment and config.
+    masking.load(os.environ, config.providers)
+    runtime_env.configure(config.providers)
     conversations_dir = paths.state_dir / "conversations"
     fsync = FsyncPolicy(config.journal.fsync)
     store = JournalStore(conversations_dir, fsync=fsync, batch_ms=config.journal.batch_ms)

@@ -28,7 +28,7 @@ from typing import Literal
 import msgspec
 
 from . import contract as c
-from . import wire
+from . import masking, wire
 
 __all__ = ["Entry", "FieldAnswer", "Transcript", "FORMATS", "render", "transcript"]
 
@@ -144,8 +144,10 @@ def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, inclu
     """Fold journal ``lines`` (oldest first) into a :class:`Transcript`.
 
     Raises msgspec errors only for lines that are not records; a record
-    whose payload does not decode is skipped.
+    whose payload does not decode is skipped. Secrets (agentd.masking) are
+    masked in every line and in the record, whatever the journal holds.
     """
+    record = masking.mask_struct(record)
     meta = Meta(id=record.id, title=record.title, provider=record.provider, workdir=record.workdir,
                 model=record.model, created_at=record.created_at, updated_at=record.updated_at,
                 state=record.state.value)
@@ -154,7 +156,7 @@ def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, inclu
     interactions: dict[str, tuple[int, c.Interaction]] = {}
     usage: c.Usage | None = record.usage
     for line in lines:
-        rec = wire.decode_record(line)
+        rec = wire.decode_record(masking.mask_json(line))
         try:
             payload = wire.decode_payload(rec)
         except (msgspec.DecodeError, msgspec.ValidationError):
