@@ -231,7 +231,8 @@ def mask_json(data: bytes) -> bytes:
 
     The search runs on the bytes; only data that matches is decoded, masked
     string by string (keys too) and encoded again, so the result is always
-    valid JSON. Data that is not JSON is masked as UTF-8 text.
+    valid JSON; a trailing newline (a wire frame's) is kept. Data that is not
+    JSON is masked as UTF-8 text.
     """
     if not _registry.rule.bytes_candidates.find_matches_as_indexes(data.lower()):
         return data
@@ -240,7 +241,9 @@ def mask_json(data: bytes) -> bytes:
     except msgspec.DecodeError:
         return mask_text(data.decode("utf-8", "replace")).encode()
     masked = _json.encode(_mask_value(value))
-    return data if masked == _json.encode(value) else masked
+    if masked == _json.encode(value):
+        return data
+    return masked + b"\n" if data.endswith(b"\n") else masked
 
 
 def mask_struct(obj: T) -> T:
