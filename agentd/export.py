@@ -12,6 +12,8 @@ ended. A question asking several things at once (a form) keeps each field
 with its answer (:class:`FieldAnswer`), rendered one list item per field. ``include_tools`` adds tool calls with their input and output,
 permission requests, reasoning, and subagents' items.
 
+Markdown and HTML show control characters in conversation text visibly
+(``\x1b``; agentd.termsafe), so printing an export to a terminal is safe.
 The HTML is one file with inline CSS and no script, image, font or link to
 anything outside it (a Content-Security-Policy says so too); every piece of
 conversation text is escaped.
@@ -29,6 +31,7 @@ import msgspec
 
 from . import contract as c
 from . import masking, wire
+from .termsafe import visible
 
 __all__ = ["Entry", "FieldAnswer", "Transcript", "FORMATS", "render", "transcript"]
 
@@ -242,9 +245,9 @@ def render(t: Transcript, fmt: str) -> str:
     if fmt == "json":
         return msgspec.json.format(msgspec.json.encode(t), indent=2).decode() + "\n"
     if fmt == "md":
-        return _markdown(t)
+        return visible(_markdown(t))
     if fmt == "html":
-        return _html(t)
+        return visible(_html(t))
     raise c.Invalid(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
 
 

@@ -126,7 +126,7 @@ def show(conversation: str) -> None:
     info = o.client().call(wire.Show, wire.ConversationInfo, conversation=conversation)
     if o.json:
         return _json(info)
-    from ..render import Renderer
+    from ..render import Renderer, visible
 
     r = info.record
     state = r.state.value + (f" (run {r.active_run})" if r.active_run else "")
@@ -152,7 +152,7 @@ def show(conversation: str) -> None:
     if r.error:
         lines.append(("error", r.error))
     for k, v in lines:
-        click.echo(f"{k + ':':<10} {v}")
+        click.echo(visible(f"{k + ':':<10} {v}"))
     if info.pending:
         click.echo("pending:")
         ren = Renderer(sys.stdout, socket=o.socket)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import pwd
 import shutil
 import socket
@@ -21,7 +22,7 @@ import trio
 from trio_websocket import HandshakeError, open_websocket_url
 
 from agentd import wire
-from daemon_harness import REPO, Daemon
+from daemon_harness import REPO, Daemon, drive_pty
 from environment import unavailable
 
 from .conftest import ECHO, fast_daemon, log_events, new, run_turn, wait_for
@@ -400,3 +401,109 @@ def test_acp_file_requests_outside_the_workdir_are_refused_symlinks_and_dotdot_i
     assert (work / "sub" / "new.txt").read_text() == "fine"
     assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
     assert (outside / "secret.txt").read_text() == "top secret\n"
+
+
+# --------------------------------------------------------------------------- terminal safety
+
+
+#: Cursor up + erase line + a fake permission line, OSC 52 (clipboard), OSC 0 (window title),
+#: a C1 CSI (U+009B), DEL, BEL, backspace and a bare carriage return.
+NASTY = "A\x1b[1A\r\x1b[2Kallowed: ls\x1b]52;c;ZXZpbA==\x07\x1b]0;pwned\x07\x9b31mred\x7f\x08B"
+_RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _nasty_script(path: Path) -> Path:
+    n = json.dumps(NASTY)  # JSON's \u escapes are TOML basic-string escapes too
+    said, output = json.dumps("say " + NASTY + " end"), json.dumps(NASTY + "\n" + NASTY)
+    path.write_text(f"""
+model = "nasty"
+delay_ms = 0
+chunk = 3
+
+[[turn]]
+match = "show"
+[[turn.step]]
+kind = "reasoning"
+text = {n}
+[[turn.step]]
+kind = "text"
+text = {said}
+[[turn.step]]
+kind = "tool"
+name = "bash"
+title = {n}
+input = {n}
+output = {output}
+[[turn.step]]
+kind = "todos"
+todo = [{{ title = {n} }}]
+[[turn.step]]
+kind = "title"
+title = {n}
+[[turn.step]]
+kind = "question"
+title = {n}
+header = {n}
+text = {n}
+choices = [{n}, "plain"]
+[[turn.step]]
+kind = "tool"
+name = "deploy"
+title = {n}
+input = {n}
+output = "deployed"
+permission = true
+[[turn.step]]
+kind = "text"
+text = "done"
+
+[[turn]]
+match = "fail"
+[[turn.step]]
+kind = "fail"
+error = {n}
+""")
+    return path
+
+
+def test_agent_text_reaches_no_terminal_with_live_control_characters(daemon: Daemon, workdir: Path,
+                                                                     tmp_path: Path) -> None:
+    """Control sequences an agent puts in every field (text split across deltas, reasoning, tool
+    title, input and output, todos, title, question, permission, a failure) are shown visibly by
+    `agentctl` run, tail, show, ls, answer, attach at a terminal, and the Markdown and HTML exports."""
+    script = _nasty_script(tmp_path / "nasty.toml")
+    outputs: dict[str, str] = {}
+
+    def ctl(name: str, *args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), *args],
+                              env=daemon.env, capture_output=True, timeout=60, cwd=workdir)
+        outputs[name] = (proc.stdout + proc.stderr).decode("utf-8", "replace")
+        return outputs[name]
+
+    cid = json.loads(ctl("new", "new", "-p", "script", "-m", str(script), "--cwd", str(workdir), "--json"))["id"]
+    ctl("run", "send", cid, "show", "--follow", "--exit-on-action")  # stops at the question (exit 4)
+    wait_for(lambda: daemon.record(cid)["state"] == "requires_action")
+    ctl("show", "show", cid)
+    ctl("ls", "ls")
+    ctl("tail", "tail", cid, "--after", "0", "--no-follow", "--seq")
+    ctl("answer", "answer", cid, "--choice", "1")
+    wait_for(lambda: daemon.record(cid)["state"] == "requires_action")  # the permission
+    code, outputs["attach (terminal)"] = drive_pty(
+        [sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), "attach", cid, "--until-idle"],
+        daemon.env, workdir, [("choose 1-", "1")], timeout=30)
+    assert code == 0, outputs["attach (terminal)"]
+    ctl("fail", "send", cid, "fail", "--follow")
+    ctl("tail after", "tail", cid, "--after", "0", "--no-follow")
+    ctl("export md", "export", cid, "--format", "md", "--include-tools")
+    ctl("export html", "export", cid, "--format", "html", "--include-tools")
+    raw = []
+    for name, text in outputs.items():
+        if name == "attach (terminal)":
+            text = text.replace("\r\n", "\n")  # the terminal's own line ends (onlcr)
+        found = sorted({f"{ord(ch):#04x}" for ch in _RAW_CONTROL.findall(text)})
+        if found:
+            raw.append(f"{name}: raw {', '.join(found)} in {text[:300]!r}")
+    assert not raw, "\n".join(raw)
+    shown = [name for name, text in outputs.items() if "\\x1b[1A" in text and "\\x9b31m" in text]
+    assert set(shown) >= {"run", "show", "tail", "answer", "attach (terminal)", "fail", "tail after",
+                          "export md", "export html"}, shown
