@@ -103,21 +103,6 @@ def secret_names(environ: Mapping[str, str]) -> list[str]:
     return [k for k, v in environ.items() if is_secret_name(k) and len(v.strip()) >= MIN_LENGTH]
 
 
-def _trie_regex(words: Iterable[str]) -> str:
-    """A regex matching any non-empty prefix of any of ``words`` (a trie of nested optionals)."""
-    trie: dict[str, Any] = {}
-    for word in words:
-        node = trie
-        for ch in word:
-            node = node.setdefault(ch, {})
-
-    def emit(node: dict[str, Any]) -> str:
-        alts = [re.escape(ch) + (f"(?:{emit(child)})?" if child else "") for ch, child in sorted(node.items())]
-        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
-
-    return emit(trie) if trie else ""
-
-
 class _Rule:
     """The compiled patterns of one set of literal secrets (immutable; replaced whole on change).
 
@@ -141,10 +126,20 @@ class _Rule:
         # Encoded JSON holds a secret in its escaped form (msgspec escapes per character).
         forms = {_json.encode(v)[1:-1].lower() for v in values}
         self.bytes_candidates = BytesAhoCorasick(sorted(forms | {k.encode() for k in keywords}))
-        self.longest = max((len(v) for v in values), default=0)
-        # The end of a chunk that may be the start of a secret, or of a header name (at a word start).
-        keywords = _trie_regex(w for k in _KEYWORDS for w in (k, k.title(), k.upper()))
-        self.hold = re.compile("(?:" + (_trie_regex(ordered) + "|" if ordered else "") + rf"\b{keywords})\Z")
+        # Every prefix of a secret (as UTF-8), and of a header keyword: an overlapping search of a
+        # chunk's end finds the longest end that may be the start of one (see DeltaMasker).
+        starts: dict[bytes, bool] = {}  # prefix -> it is only a keyword's (held at a word start only)
+        for word in values:
+            data = word.encode("utf-8", "surrogatepass")
+            for i in range(1, len(data) + 1):
+                starts[data[:i]] = False
+        for word in (w for k in _KEYWORDS for w in (k, k.title(), k.upper())):
+            for i in range(1, len(word) + 1):
+                starts.setdefault(word[:i].encode(), True)
+        self.starts = list(starts)
+        self.keyword_only = [starts[p] for p in self.starts]
+        self.starts_ac = BytesAhoCorasick(self.starts)
+        self.window = max((len(p) for p in self.starts), default=0)
         self.open_header = re.compile(_HEADER_OPEN)
 
 
@@ -255,6 +250,15 @@ def mask_struct(obj: T) -> T:
     return msgspec.json.decode(masked, type=type(obj))
 
 
+def _word_before(buf: str, tail: bytes, start: int) -> bool:
+    """Whether a word character precedes byte ``start`` of ``tail`` (the UTF-8 end of ``buf``)."""
+    if start > 0:
+        prev = tail[start - 1:start]
+        return prev.isalnum() or prev == b"_" or prev[0] >= 0x80
+    lead = len(buf) - len(tail.decode("utf-8", "surrogatepass"))
+    return lead > 0 and (buf[lead - 1].isalnum() or buf[lead - 1] == "_")
+
+
 class DeltaMasker:
     """Masks streamed text per item, never letting a secret split across chunks out in clear.
 
@@ -281,9 +285,13 @@ class DeltaMasker:
         rule = _registry.rule
         size = len(buf)
         cut = size
-        m = rule.hold.search(buf, max(0, size - max(rule.longest, 32)))
-        if m is not None:
-            cut = m.start()
+        tail = buf[-rule.window:].encode("utf-8", "surrogatepass")
+        held = len(tail)
+        for index, start, end in rule.starts_ac.find_matches_as_indexes(tail, overlapping=True):
+            if end == len(tail) and start < held and not (rule.keyword_only[index] and _word_before(buf, tail, start)):
+                held = start
+        if held < len(tail):
+            cut = size - len(tail[held:].decode("utf-8", "surrogatepass"))
         if not _candidate(rule, buf):
             out, end = buf[:cut], cut
         else:

@@ -43,6 +43,7 @@ BENCHMARKS: dict[str, str] = {
     "startup": "bench_state:bench_startup",
     "rss": "bench_state:bench_rss",
     "copilot": "bench_copilot:bench_copilot",
+    "masking": "bench_masking:bench_masking",
 }
 
 
