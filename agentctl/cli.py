@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from agentd.termsafe import visible
+from agentd.termsafe import visible  # re only: no msgspec, no wire types
 
 from . import __version__, exitcodes
 

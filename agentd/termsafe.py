@@ -16,7 +16,8 @@ line (``\\r\\n``) is a plain newline; any other carriage return is shown.
 value is returned unchanged (the same object) when it holds no control
 character, which is the common case and costs one encode and one search.
 
-Pure and imported by both agentd (exports) and agentctl (human output);
+Pure (``re`` only; msgspec on first use of :func:`visible_all`), imported by
+both agentd (exports) and agentctl (human output);
 JSON output does not use it (JSON escapes control characters itself).
 """
 
@@ -24,8 +25,6 @@ from __future__ import annotations
 
 import re
 from typing import Any, TypeVar
-
-import msgspec
 
 __all__ = ["visible", "visible_all"]
 
@@ -37,7 +36,6 @@ _TABLE = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), *ra
 # \n \t \b \f \r, written short), DEL raw, C1 as two UTF-8 bytes. A superset is fine (a false hit
 # only costs the slow path).
 _ENCODED = re.compile(rb"\\u00[01][0-9a-fA-F]|\\[bfr]|\x7f|\xc2[\x80-\x9f]")
-_encode = msgspec.json.Encoder().encode
 
 
 def visible(text: str) -> str:
@@ -59,10 +57,12 @@ def _walk(value: Any) -> Any:
 
 def visible_all(obj: T) -> T:
     """``obj`` (a Struct, or builtins) with :func:`visible` applied to every string it holds."""
+    import msgspec  # here: agentctl's error path imports this module and must stay light
+
     if isinstance(obj, str):
         return visible(obj)  # type: ignore[return-value]
     try:
-        if _ENCODED.search(_encode(obj)) is None:
+        if _ENCODED.search(msgspec.json.encode(obj)) is None:
             return obj
     except (TypeError, ValueError):
         return obj
