@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
-from ahocorasick_rs import AhoCorasick, BytesAhoCorasick
+from ahocorasick_rs import BytesAhoCorasick
 
 __all__ = [
     "MIN_LENGTH",
@@ -106,9 +106,9 @@ def secret_names(environ: Mapping[str, str]) -> list[str]:
 class _Rule:
     """The compiled patterns of one set of literal secrets (immutable; replaced whole on change).
 
-    Aho-Corasick automata over the case-folded secrets and header keywords
-    say in one pass whether anything may need masking (a superset: folding
-    case only adds candidates); the regexes then do the exact work on the
+    Aho-Corasick automata over the secrets and header keywords (ASCII
+    lowered) say in one pass whether anything may need masking (a superset:
+    lowering only adds candidates); the regexes then do the exact work on the
     rare text that has a candidate.
     """
 
@@ -121,16 +121,17 @@ class _Rule:
         escaped = {v for s in ordered for v in (s, _json.encode(s).decode()[1:-1])}
         rendered = "|".join(re.escape(v) for v in sorted(escaped, key=len, reverse=True))
         self.rendered = re.compile(_HEADER + (f"|{rendered}" if rendered else ""))
-        keywords = [k.casefold() for k in _KEYWORDS]
-        self.candidates = AhoCorasick(sorted({v.casefold() for v in escaped} | set(keywords)))
+        keywords = {k.encode() for k in _KEYWORDS}
+        # Text is searched as UTF-8 with ASCII letters lowered (bytes.lower): a superset, cheap.
+        self.candidates = BytesAhoCorasick(sorted({_utf8(v).lower() for v in escaped} | keywords))
         # Encoded JSON holds a secret in its escaped form (msgspec escapes per character).
         forms = {_json.encode(v)[1:-1].lower() for v in values}
-        self.bytes_candidates = BytesAhoCorasick(sorted(forms | {k.encode() for k in keywords}))
+        self.bytes_candidates = BytesAhoCorasick(sorted(forms | keywords))
         # Every prefix of a secret (as UTF-8), and of a header keyword: an overlapping search of a
         # chunk's end finds the longest end that may be the start of one (see DeltaMasker).
         starts: dict[bytes, bool] = {}  # prefix -> it is only a keyword's (held at a word start only)
         for word in values:
-            data = word.encode("utf-8", "surrogatepass")
+            data = _utf8(word)
             for i in range(1, len(data) + 1):
                 starts[data[:i]] = False
         for word in (w for k in _KEYWORDS for w in (k, k.title(), k.upper())):
@@ -191,8 +192,12 @@ def _sub(match: re.Match[str]) -> str:
     return REDACTED if lead is None else lead + REDACTED
 
 
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
 def _candidate(rule: _Rule, text: str) -> bool:
-    return bool(rule.candidates.find_matches_as_indexes(text.casefold()))
+    return bool(rule.candidates.find_matches_as_indexes(_utf8(text).lower()))
 
 
 def mask_text(text: str) -> str:
@@ -250,13 +255,9 @@ def mask_struct(obj: T) -> T:
     return msgspec.json.decode(masked, type=type(obj))
 
 
-def _word_before(buf: str, tail: bytes, start: int) -> bool:
-    """Whether a word character precedes byte ``start`` of ``tail`` (the UTF-8 end of ``buf``)."""
-    if start > 0:
-        prev = tail[start - 1:start]
-        return prev.isalnum() or prev == b"_" or prev[0] >= 0x80
-    lead = len(buf) - len(tail.decode("utf-8", "surrogatepass"))
-    return lead > 0 and (buf[lead - 1].isalnum() or buf[lead - 1] == "_")
+def _word_before(data: bytes, i: int) -> bool:
+    """Whether a word character (ASCII letter, digit, underscore, or any non-ASCII) precedes byte ``i``."""
+    return i > 0 and (data[i - 1:i].isalnum() or data[i - 1] == 0x5F or data[i - 1] >= 0x80)
 
 
 class DeltaMasker:
@@ -278,21 +279,21 @@ class DeltaMasker:
 
     def feed(self, key: str, text: str, meta: Any = None) -> str:
         """The part of ``text`` (after what is held for ``key``) that may be sent now, masked."""
-        held = self._held.pop(key, None)
-        buf = held[1] + text if held else text
+        kept = self._held.pop(key, None)
+        buf = kept[1] + text if kept else text
         if not buf:
             return buf
         rule = _registry.rule
         size = len(buf)
-        cut = size
-        tail = buf[-rule.window:].encode("utf-8", "surrogatepass")
-        held = len(tail)
+        data = _utf8(buf)
+        lo = max(0, len(data) - rule.window)
+        tail = data[lo:]  # may start inside a character: no prefix starts with a continuation byte
+        held = len(data)
         for index, start, end in rule.starts_ac.find_matches_as_indexes(tail, overlapping=True):
-            if end == len(tail) and start < held and not (rule.keyword_only[index] and _word_before(buf, tail, start)):
-                held = start
-        if held < len(tail):
-            cut = size - len(tail[held:].decode("utf-8", "surrogatepass"))
-        if not _candidate(rule, buf):
+            if end == len(tail) and lo + start < held and not (rule.keyword_only[index] and _word_before(data, lo + start)):
+                held = lo + start
+        cut = size if held == len(data) else size - len(data[held:].decode("utf-8", "surrogatepass"))
+        if not rule.candidates.find_matches_as_indexes(data.lower()):
             out, end = buf[:cut], cut
         else:
             m = rule.open_header.search(buf, max(0, size - 4200))

@@ -472,6 +472,7 @@ def test_agent_text_reaches_no_terminal_with_live_control_characters(daemon: Dae
     title, input and output, todos, title, question, permission, a failure) are shown visibly by
     `agentctl` run, tail, show, ls, answer, attach at a terminal, and the Markdown and HTML exports."""
     script = _nasty_script(tmp_path / "nasty.toml")
+    FAULTS["terminal control sequences"] += 1
     outputs: dict[str, str] = {}
 
     def ctl(name: str, *args: str) -> str:
