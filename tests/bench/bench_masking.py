@@ -52,5 +52,6 @@ def bench_masking(ctx: Ctx) -> list[Result]:
     text.samples = _per_call_us(lambda: deltas.feed(delta.item_id, delta.text, delta), n, repeats)
     text.baseline = _per_call_us(lambda: encode(delta), n, repeats)
     for r in (record, text):
-        r.notes.append(f"{len(SECRETS)} literal secrets and the header rule")
+        r.notes.append(f"{len(SECRETS)} literal secrets and the header rule; fastest repeat "
+                       f"{min(r.samples):.2f} µs (baseline {min(r.baseline):.2f} µs), {n} calls a repeat")
     return [record, text]
