@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from agentd.termsafe import visible  # re only: no msgspec, no wire types
+
 from . import __version__, exitcodes
 
 if TYPE_CHECKING:  # not at run time: these import msgspec and the wire types
@@ -94,7 +96,7 @@ def common(f: Any) -> Any:
 
 def _err(text: str) -> None:
     sys.stdout.flush()
-    click.echo(f"agentctl: {text}", err=True)
+    click.echo(visible(f"agentctl: {text}"), err=True)  # messages may quote agent text
 
 
 def _json(obj: Any) -> None:

@@ -35,7 +35,7 @@ from agentd.contract import (
 
 from . import exitcodes
 from .client import Client, Subscription
-from .render import Renderer, full, json_record, json_snapshot
+from .render import Renderer, full, json_record, json_snapshot, visible
 
 #: How long the stream must be quiet before a pending interaction is acted on, seconds.
 QUIET_S = 0.2
@@ -387,7 +387,7 @@ class Follower:
     @staticmethod
     def _say_err(text: str) -> None:
         sys.stdout.flush()
-        sys.stderr.write(f"agentctl: {text}\n")
+        sys.stderr.write(visible(f"agentctl: {text}\n"))
         sys.stderr.flush()
 
 

@@ -25,7 +25,7 @@ from agentd.contract import (
     Question,
 )
 
-from .render import Style, field_hint, shorten
+from .render import Style, field_hint, shorten, visible
 
 
 class Resolved(Exception):
@@ -115,7 +115,7 @@ class Prompter:
         return Answer(answers=answers)
 
     def _one_question(self, q: Question, several: bool, elicitation: bool) -> list[str] | None:
-        label = shorten(q.header or q.text, 40) if several else ""
+        label = visible(shorten(q.header or q.text, 40)) if several else ""
         while True:
             if q.field is not None:
                 hint = field_hint(q)
@@ -124,7 +124,7 @@ class Prompter:
                     hint += ", " + ("numbers or names, comma-separated" if many else "a number or a name")
                 elif many:
                     hint += ", comma-separated"
-                prompt = f"  {q.field.name} ({hint}): "
+                prompt = visible(f"  {q.field.name} ({hint}): ")
             elif q.choices:
                 rng = f"1-{len(q.choices)}"
                 how = f"{rng}, comma-separated" if q.multiple else rng
@@ -142,7 +142,7 @@ class Prompter:
             try:
                 return self._parse(q, raw)
             except Invalid as exc:
-                self.say(self.style.yellow(f"  {exc.message}"))
+                self.say(self.style.yellow(visible(f"  {exc.message}")))
 
     def _parse(self, q: Question, raw: str) -> list[str]:
         text = raw.strip()

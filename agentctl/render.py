@@ -9,6 +9,11 @@ and compared.
 
 Rendering never raises on a record it cannot read: agentctl must keep
 following a turn even when the daemon is newer than the client.
+
+Agent-supplied text never reaches the output with its control characters
+live: every record, snapshot and interaction passes
+:func:`agentd.termsafe.visible_all` as it enters (``\x1b`` is printed as
+those four characters), and so do table cells (:func:`table`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any, TextIO
 import msgspec
 
 from agentd import wire
+from agentd.termsafe import visible, visible_all
 from agentd.contract import (
     Answer,
     AnswerRecord,
@@ -408,7 +414,7 @@ class Renderer:
         """Render one journal (or live) record of ``conversation``."""
         self.conversation = conversation or self.conversation
         try:
-            payload = wire.decode_payload(rec)
+            payload = visible_all(wire.decode_payload(rec))
         except (msgspec.DecodeError, msgspec.ValidationError):
             return
         handler = getattr(self, f"_on_{rec.type}", None)
@@ -568,6 +574,7 @@ class Renderer:
 
     def interaction(self, inter: Interaction, *, hints: bool | None = None) -> None:
         """Show a pending interaction once (numbered options, how to answer), or its resolution."""
+        inter = visible_all(inter)
         if inter.auto:
             self._auto.add(inter.id)
         self._asked[inter.id] = inter
@@ -597,7 +604,7 @@ class Renderer:
         self.line(self.style.dim(f"  {self.g['resolved']} {how}"))
 
     def hints(self, inter: Interaction) -> None:
-        cmds = answer_commands(self.conversation, inter, self.socket)
+        cmds = answer_commands(self.conversation, visible_all(inter), self.socket)
         lines = [f"  answer with: {cmds[0]}"] + [f"          or: {c}" for c in cmds[1:]]
         self.line(self.style.dim("\n".join(lines)))
 
@@ -779,6 +786,7 @@ class Renderer:
         get their answer hints now (the others were answered meanwhile).
         """
         self.conversation = conversation or self.conversation
+        snap = visible_all(snap)
         if self.stream_deltas:
             for it in self.unshown_items(snap):
                 self.item(Item(id=it.id, kind=ItemKind(it.kind), text=it.text))
@@ -825,7 +833,7 @@ def json_snapshot(conversation: str, snap: wire.Snapshot) -> bytes:
 
 def table(rows: list[list[str]], headers: list[str], style: Style | None = None) -> str:
     """Left-aligned columns; the last column is not padded."""
-    all_rows = [headers, *rows]
+    all_rows = [headers, *([visible(c) for c in r] for r in rows)]
     widths = [max(len(r[i]) for r in all_rows) for i in range(len(headers))]
     lines = []
     for n, r in enumerate(all_rows):

@@ -458,6 +458,9 @@ class AcpAgentConfig(_Section):
     command: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(min_length=1)]
     #: extra environment for the agent process
     env: Environment = {}
+    #: variables of agentd's environment the agent gets although another provider claims them as its key
+    #: (providers.claude.api_key_env, providers.copilot.byok.api_key_env); by default they are withheld
+    pass_env: list[EnvName] = []
     #: workdir = start the agent process in the conversation's working directory;
     #: shared = one process for all conversations, cwd passed per session only
     cwd_policy: Literal["workdir", "shared"] = "workdir"

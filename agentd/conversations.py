@@ -35,6 +35,7 @@ import trio
 from . import attachments as _attachments
 from . import contract as c
 from . import itemids as _itemids
+from . import masking
 from . import models as _models
 from . import runtime_output
 from . import tool_outputs as _tool_outputs
@@ -142,6 +143,8 @@ class _Live:
         self.responding: dict[str, tuple[str, bytes, str] | None] = {}
         #: text so far of the turn's streamed items: id -> (kind, agent_id, chunks)
         self.items: dict[str, tuple[str, str, list[str]]] = {}
+        #: streamed text held back while it could be the start of a secret (agentd.masking)
+        self.deltas = masking.DeltaMasker()
         self.todos: c.TodoList | None = None
         self.activity: c.Activity | None = None
         self.context: c.Context | None = None
@@ -373,7 +376,7 @@ class ConversationService:
         if live is not None:
             self._flush(live)  # records held back go out first: the write below blocks on fsyncs
         record.updated_at = _now()
-        self.store.write_record(record.id, _json.encode(record))
+        self.store.write_record(record.id, masking.mask_json(_json.encode(record)))
 
     def _save_quietly(self, record: wire.ConversationRecord, *, flush: bool = True) -> bool:
         """``_save`` for bookkeeping that must go on when the disk refuses (full, read-only):
@@ -566,6 +569,7 @@ class ConversationService:
         bookkeeping loudly and propagates as InternalError; the journal stays
         valid (the journal truncates a partial line).
         """
+        data = masking.mask_json(data)  # what a runtime echoed of a secret is never written
         try:
             seq, line = live.journal.append(type_, data, run=run)
             if self.fsync is FsyncPolicy.ALWAYS:
@@ -593,7 +597,9 @@ class ConversationService:
         except c.InternalError:
             self._publish_live(live, type_, data, run=run)
 
-    def _publish_live(self, live: _Live, type_: str, data: bytes, *, run: str | None = None) -> None:
+    def _publish_live(self, live: _Live, type_: str, data: bytes, *, run: str | None = None, masked: bool = False) -> None:
+        if not masked:
+            data = masking.mask_json(data)
         line = _json.encode(
             wire.Record(type=type_, ts=_now(), data=msgspec.Raw(data), run=live.run if run is None else run)
         )
@@ -676,6 +682,21 @@ class ConversationService:
             turn = _turnwatch.inferred_end(c.TurnState.FAILED, live.fail_reason, live.fail_error)
             await self._end_turn(live, turn, run)
 
+    def _delta(self, live: _Live, d: c.Delta, data: bytes) -> None:
+        entry = live.items.get(d.item_id)
+        if entry is None:
+            entry = live.items[d.item_id] = (d.kind.value, d.agent_id, [])
+        entry[2].append(d.text)  # joined only for a snapshot: appends stay O(1)
+        self._publish_live(live, "delta", data, masked=True)
+
+    def _release_deltas(self, live: _Live, item_id: str | None) -> None:
+        """Send the text agentd.masking held back: the item is complete, or the turn ends."""
+        held = live.deltas.flush_all() if item_id is None else [live.deltas.flush(item_id)]
+        for d, text in filter(None, held):
+            if text:
+                d = msgspec.structs.replace(d, text=text)
+                self._delta(live, d, _json.encode(d))
+
     async def _handle(self, live: _Live, event: c.Event | _turnwatch.End) -> None:
         live.last_event = trio.current_time()
         run = live.run
@@ -691,11 +712,13 @@ class ConversationService:
         type_, data = _payload(event)
         if isinstance(event, c.DeltaEvent):
             d = event.delta
-            entry = live.items.get(d.item_id)
-            if entry is None:
-                entry = live.items[d.item_id] = (d.kind.value, d.agent_id, [])
-            entry[2].append(d.text)  # joined only for a snapshot: appends stay O(1)
-            self._publish_live(live, type_, data)
+            text = live.deltas.feed(d.item_id, d.text, d)  # a secret split across deltas never goes out
+            if text is not d.text:
+                if not text:
+                    return
+                d = msgspec.structs.replace(d, text=text)
+                data = _json.encode(d)
+            self._delta(live, d, data)
             return
         if isinstance(event, c.ActivityEvent):
             live.activity = event.activity
@@ -710,6 +733,8 @@ class ConversationService:
             self._publish_live(live, type_, data)
             return
 
+        if isinstance(event, (c.ItemEvent, c.TurnEvent, c.ExitEvent)):
+            self._release_deltas(live, event.item.id if isinstance(event, c.ItemEvent) else None)
         if isinstance(event, c.ItemEvent):
             item = event.item
             if item.id in live.items:

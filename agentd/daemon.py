@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 import trio
 
-from . import agentfs, systemd
+from . import agentfs, masking, runtime_env, systemd
 from .config import Config, Paths, default_config_path
 from .conversations import ConversationService, new_id
 from .hub import Hub
@@ -45,6 +45,9 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
     """
     _raise_open_files_limit()
     owner = f"{new_id('d')}.{os.getpid()}"
+    # Before any runtime starts or any record is written: the secrets of the environment and config.
+    masking.load(os.environ, config.providers)
+    runtime_env.configure(config.providers)
     conversations_dir = paths.state_dir / "conversations"
     fsync = FsyncPolicy(config.journal.fsync)
     store = JournalStore(conversations_dir, fsync=fsync, batch_ms=config.journal.batch_ms)

@@ -12,6 +12,8 @@ ended. A question asking several things at once (a form) keeps each field
 with its answer (:class:`FieldAnswer`), rendered one list item per field. ``include_tools`` adds tool calls with their input and output,
 permission requests, reasoning, and subagents' items.
 
+Markdown and HTML show control characters in conversation text visibly
+(``\x1b``; agentd.termsafe), so printing an export to a terminal is safe.
 The HTML is one file with inline CSS and no script, image, font or link to
 anything outside it (a Content-Security-Policy says so too); every piece of
 conversation text is escaped.
@@ -28,7 +30,8 @@ from typing import Literal
 import msgspec
 
 from . import contract as c
-from . import wire
+from . import masking, wire
+from .termsafe import visible
 
 __all__ = ["Entry", "FieldAnswer", "Transcript", "FORMATS", "render", "transcript"]
 
@@ -148,8 +151,10 @@ def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, inclu
     whose record holds a display cut (agentd.tool_outputs); the export shows that.
 
     Raises msgspec errors only for lines that are not records; a record
-    whose payload does not decode is skipped.
+    whose payload does not decode is skipped. Secrets (agentd.masking) are
+    masked in every line and in the record, whatever the journal holds.
     """
+    record = masking.mask_struct(record)
     meta = Meta(id=record.id, title=record.title, provider=record.provider, workdir=record.workdir,
                 model=record.model, created_at=record.created_at, updated_at=record.updated_at,
                 state=record.state.value)
@@ -158,7 +163,7 @@ def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, inclu
     interactions: dict[str, tuple[int, c.Interaction]] = {}
     usage: c.Usage | None = record.usage
     for line in lines:
-        rec = wire.decode_record(line)
+        rec = wire.decode_record(masking.mask_json(line))
         try:
             payload = wire.decode_payload(rec)
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -249,9 +254,9 @@ def render(t: Transcript, fmt: str) -> str:
     if fmt == "json":
         return msgspec.json.format(msgspec.json.encode(t), indent=2).decode() + "\n"
     if fmt == "md":
-        return _markdown(t)
+        return visible(_markdown(t))
     if fmt == "html":
-        return _html(t)
+        return visible(_html(t))
     raise c.Invalid(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
 
 

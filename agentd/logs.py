@@ -7,9 +7,11 @@ every line has the same shape and passes the same redaction:
 * a value under a key whose name contains ``key``, ``token``, ``secret``,
   ``password``/``passwd``, ``credential``, ``cookie`` or ``authorization``
   (any case, nested dicts included) becomes ``"[redacted]"``;
-* every occurrence of a string registered with :func:`register_secret` (API
-  keys read from the environment, the WebSocket token) becomes
-  ``"[redacted]"``, inside larger strings, exception text and reprs too.
+* every secret of :mod:`agentd.masking`'s rule (secret-named environment
+  variables, values registered with :func:`register_secret` such as the
+  WebSocket token, ``Authorization``/bearer header values) becomes
+  ``"[redacted]"``, inside larger strings, exception text and reprs too,
+  relayed runtime stderr included.
 
 JSON lines carry ``timestamp`` (UTC, ISO 8601 with ``Z``), ``level``,
 ``event``, ``logger`` (stdlib loggers) and the event's keys. When stderr is
@@ -24,13 +26,14 @@ import logging
 import os
 import re
 import sys
-import threading
 from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any, TextIO
 
 import msgspec
 import structlog
+
+from . import masking
 
 __all__ = [
     "REDACTED",
@@ -40,10 +43,10 @@ __all__ = [
     "register_secret",
 ]
 
-REDACTED = "[redacted]"
+REDACTED = masking.REDACTED
 
 #: Registered secrets shorter than this are ignored (they would redact common words).
-MIN_SECRET_LENGTH = 4
+MIN_SECRET_LENGTH = masking.MIN_LENGTH
 
 _SENSITIVE_KEY = re.compile(r"key|token|secret|passw|credential|cookie|authorization", re.I)
 
@@ -62,44 +65,19 @@ _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "warn": 4, "error": 3, "critic
 # --------------------------------------------------------------------------- secrets
 
 
-class _Secrets:
-    """The registered secret strings and one regex matching any of them (longest first)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.values: frozenset[str] = frozenset()
-        self.pattern: re.Pattern[str] | None = None
-
-    def add(self, value: str) -> None:
-        with self._lock:
-            values = self.values | {value}
-            ordered = sorted(values, key=len, reverse=True)
-            # JSON-escaped forms too, for secrets that only show up after rendering.
-            forms = {v for s in ordered for v in (s, msgspec.json.encode(s).decode()[1:-1])}
-            pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)))
-            self.values, self.pattern = values, pattern
-
-
-_secrets = _Secrets()
-
-
 def register_secret(value: str | None) -> None:
-    """Redact every later occurrence of ``value`` in log output.
+    """Redact every later occurrence of ``value`` in log output (and everything else agentd writes).
 
     Call it as soon as a secret is read (an API key from the environment, a
     bearer token). Empty, whitespace-only and very short values (under
     :data:`MIN_SECRET_LENGTH` characters) are ignored. Thread-safe; there is no
-    unregistering.
+    unregistering. The rule itself lives in :mod:`agentd.masking`.
     """
-    if not value or not isinstance(value, str) or len(value.strip()) < MIN_SECRET_LENGTH:
-        return
-    if value not in _secrets.values:
-        _secrets.add(value)
+    if isinstance(value, str):
+        masking.register(value)
 
 
-def _redact_text(text: str) -> str:
-    pattern = _secrets.pattern
-    return pattern.sub(REDACTED, text) if pattern is not None else text
+_redact_text = masking.mask_rendered
 
 
 def redact(value: Any, key: str | None = None) -> Any:

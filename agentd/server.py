@@ -35,8 +35,8 @@ import trio
 
 from . import __version__, _trust
 from . import contract as c
+from . import masking, wire
 from . import tool_outputs as _tool_outputs
-from . import wire
 from .conversations import ConversationService
 from .hub import Hub, Subscription
 
@@ -470,14 +470,15 @@ class Server:
         try:
             result = await handler(conn, request)
         except c.AgentdError as exc:
-            await conn.send(wire.encode_error(request.id, exc))
+            await conn.send(masking.mask_json(wire.encode_error(request.id, exc)))
             return
         except Exception as exc:
             log.exception("server.request_failed", op=type(request).__struct_config__.tag)
-            await conn.send(wire.encode_error(request.id, c.InternalError(f"{type(exc).__name__}: {exc}")))
+            await conn.send(masking.mask_json(wire.encode_error(request.id, c.InternalError(f"{type(exc).__name__}: {exc}"))))
             return
         if result is not _NO_REPLY:
-            await conn.send(wire.encode_result(request.id, result))
+            # Answers carry state kept from agent text (titles, errors, interactions): secrets out.
+            await conn.send(masking.mask_json(wire.encode_result(request.id, result)))
 
     # ------------------------------------------------------------------ handlers
 
@@ -645,7 +646,9 @@ class Server:
             if not lines:
                 break
             prefix = sub.prefix(cid)
-            await conn.send_many(b"".join([b"%s%s}\n" % (prefix, line) for line in lines]), len(lines))
+            # Masked again: a journal written before a secret was known (or by an older agentd).
+            mask = masking.mask_json
+            await conn.send_many(b"".join([b"%s%s}\n" % (prefix, mask(line)) for line in lines]), len(lines))
             sub.cursor += len(lines)
             await trio.lowlevel.checkpoint()
         if sub.closed:
@@ -654,7 +657,7 @@ class Server:
         sub.live = True
         if req.snapshot:
             snap = wire.SnapshotFrame(sub=req.id, conversation=cid, snapshot=self.service.snapshot(live))
-            if not conn.offer(wire.encode(snap)):
+            if not conn.offer(masking.mask_json(wire.encode(snap))):
                 self.hub.remove(sub)
                 conn.lagged(sub)
         return _NO_REPLY

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import signal
 import socket
 import subprocess
@@ -195,3 +197,34 @@ class Client:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"turn {until_run} did not end; got {[r.type for r in records]}")
         return records
+
+
+def drive_pty(argv: list[str], env: dict[str, str], cwd: Path, replies: list[tuple[str, str]],
+              timeout: float = 30.0) -> tuple[int, str]:
+    """Run ``argv`` on a pseudo-terminal, typing each reply when its prompt shows."""
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.chdir(cwd)
+        os.execve(argv[0], argv, env)
+    out = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if not ready:
+                continue
+            try:
+                data = os.read(fd, 4096)
+            except OSError:
+                break
+            if not data:
+                break
+            out += data
+            if replies and replies[0][0].encode() in out.rsplit(b"\n", 1)[-1]:
+                os.write(fd, replies.pop(0)[1].encode() + b"\n")
+        else:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")

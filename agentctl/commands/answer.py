@@ -63,9 +63,9 @@ def answer(
     o.client().call(wire.AnswerInteraction, Any, conversation=conv, interaction=inter.id, answer=ans)
     if o.json:
         return _ok_json(conversation=conv, interaction=inter.id, answer=ans)
-    from ..render import answer_summary
+    from ..render import answer_summary, visible
 
-    click.echo(f"answered {inter.id}: {answer_summary(ans, inter)}")
+    click.echo(visible(f"answered {inter.id}: {answer_summary(ans, inter)}"))
 
 
 def _pick_interaction(conv: str, pending: list[Interaction], wanted: str | None) -> Interaction:

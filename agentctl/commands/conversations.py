@@ -218,7 +218,7 @@ def show(conversation: str, item_id: str | None, agent_id: str, full: bool) -> N
     info = o.client().call(wire.Show, wire.ConversationInfo, conversation=conversation)
     if o.json:
         return _json(info)
-    from ..render import Renderer
+    from ..render import Renderer, visible
 
     r = info.record
     state = r.state.value + (f" (run {r.active_run})" if r.active_run else "")
@@ -247,7 +247,7 @@ def show(conversation: str, item_id: str | None, agent_id: str, full: bool) -> N
     if r.error:
         lines.append(("error", r.error))
     for k, v in lines:
-        click.echo(f"{k + ':':<10} {v}")
+        click.echo(visible(f"{k + ':':<10} {v}"))
     if info.pending:
         click.echo("pending:")
         ren = Renderer(sys.stdout, socket=o.socket)

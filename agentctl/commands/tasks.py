@@ -85,7 +85,9 @@ def task_show(task_id: str) -> None:
     info = o.client().call(wire.TaskShow, wire.TaskInfo, task=task_id)
     if o.json:
         return _json(info)
-    t = info.task
+    from ..render import visible_all
+
+    t = visible_all(info.task)  # its result and error are agent text
     status = t.status.value + (f" ({t.reason})" if t.reason and t.reason != t.status.value else "")
     lines = [
         ("id", t.id),

@@ -45,6 +45,7 @@ BENCHMARKS: dict[str, str] = {
     "history": "bench_history:bench_history",
     "copilot": "bench_copilot:bench_copilot",
     "codex": "bench_codex:bench_codex",
+    "masking": "bench_masking:bench_masking",
 }
 
 

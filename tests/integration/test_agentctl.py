@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -22,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from daemon_harness import REPO, Daemon
+from daemon_harness import REPO, Daemon, drive_pty
 
 SCRIPTS = REPO / "conf" / "scripts"
 
@@ -427,39 +425,8 @@ def test_yolo_runs_to_the_end_without_asking(daemon: Daemon, workdir: Path) -> N
     assert "answer with" not in cp.stdout
 
 
-def _drive_pty(argv: list[str], env: dict[str, str], cwd: Path, replies: list[tuple[str, str]],
-               timeout: float = 30.0) -> tuple[int, str]:
-    """Run ``argv`` on a pseudo-terminal, typing each reply when its prompt shows."""
-    pid, fd = pty.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os.chdir(cwd)
-        os.execve(argv[0], argv, env)
-    out = b""
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.1)
-            if not ready:
-                continue
-            try:
-                data = os.read(fd, 4096)
-            except OSError:
-                break
-            if not data:
-                break
-            out += data
-            if replies and replies[0][0].encode() in out.rsplit(b"\n", 1)[-1]:
-                os.write(fd, replies.pop(0)[1].encode() + b"\n")
-        else:
-            os.kill(pid, signal.SIGKILL)
-    finally:
-        _, status = os.waitpid(pid, 0)
-        os.close(fd)
-    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
-
-
 def test_run_at_a_terminal_asks_for_the_permission_and_goes_on(daemon: Daemon, workdir: Path) -> None:
-    code, out = _drive_pty(
+    code, out = drive_pty(
         [sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), "run", "-p", "script",
          "-m", str(SCRIPTS / "tool.toml"), "--cwd", str(workdir), "go"],
         daemon.env, daemon.root, [("choose 1-3:", "7"), ("choose 1-3:", "1")],
@@ -477,7 +444,7 @@ def test_attach_at_a_terminal_fills_a_form_and_reviews_a_plan(daemon: Daemon, wo
         assert run.stdout is not None
         run_conv = json.loads(run.stdout.readline())["conversation"]  # every JSON line names it
         wait_for_state(daemon, run_conv, "requires_action")
-        code, out = _drive_pty(
+        code, out = drive_pty(
             [sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), "attach", run_conv, "--until-idle"],
             daemon.env, daemon.root,
             [("choose 1-3:", "1"), ("[1-3, or type an answer]:", "2"),

@@ -23,9 +23,14 @@ what to do:
 * ``readlines PATH LINE LIMIT`` -> fs/read_text_file of that line range, answered like ``read``
 * ``readmany N PATH`` -> N fs/read_text_file requests at once, then ``many:<JSON list>`` of their
   answers (``ok:<content>`` or ``error:<message>`` each, in the order sent)
+* ``leak``         -> each string of the JSON list in ``$FAULT_LEAK_FILE`` echoed every way an
+  agent can: in message text split across two chunks (and one character a chunk), in a
+  thought, in a tool call's title, input and output, in a plan entry, in the session title
+  and on stderr (the secrets tests)
 * anything else    -> ``echo:<prompt>``, then ``end_turn``
 
-Every start appends a line to ``$FAULT_AGENT_LOG`` (when set), so a test can
+Every start writes the agent's environment, as a JSON object, to ``$FAULT_ENV_DUMP`` (when
+set). Every start appends a line to ``$FAULT_AGENT_LOG`` (when set), so a test can
 count restarts and see when they happened; every prompt received appends its
 text, JSON-encoded, as a line to ``$FAULT_AGENT_PROMPTS`` (when set), so a test
 can tell which prompts reached the agent. Standard library only.
@@ -136,8 +141,36 @@ def unknown(session: str, rid: Any, rest: str) -> bool:
     return False
 
 
-COMMANDS = {**fake.COMMANDS, "readlines": readlines, "readmany": readmany, "oddbytes": oddbytes, "unknown": unknown, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline,
-            "notrpc": notrpc, "badresult": badresult}
+
+def update(session: str, update: dict) -> None:
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session, "update": update}})
+
+
+def leak(session: str, rid: Any, rest: str) -> bool:
+    values = json.loads(Path(os.environ["FAULT_LEAK_FILE"]).read_text())
+    for n, value in enumerate(values):
+        half = len(value) // 2
+        say(session, f"value {n} is {value[:half]}")
+        say(session, f"{value[half:]} and again ")
+        for ch in value:
+            say(session, ch)
+        say(session, ".\n")
+        update(session, {"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": f"I saw {value}"}})
+        call_id = f"leak-{n}"
+        update(session, {"sessionUpdate": "tool_call", "toolCallId": call_id, "title": f"print {value}", "kind": "execute",
+                         "status": "in_progress", "rawInput": {"command": f"echo {value}"}})
+        update(session, {"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": "completed",
+                         "content": [{"type": "content", "content": {"type": "text", "text": f"out: {value}"}}],
+                         "rawOutput": {"stdout": value}})
+        update(session, {"sessionUpdate": "plan", "entries": [{"content": f"rotate {value}", "status": "pending"}]})
+        update(session, {"sessionUpdate": "session_info_update", "title": f"about {value}"})
+        print(f"debug: using {value}", file=sys.stderr, flush=True)
+    return False
+
+
+COMMANDS = {**fake.COMMANDS, "readlines": readlines, "readmany": readmany, "oddbytes": oddbytes, "unknown": unknown,
+            "crash": crash, "hang": hang, "flood": flood, "bigline": bigline, "notrpc": notrpc, "badresult": badresult,
+            "leak": leak}
 
 
 def log_prompts(path: str) -> None:
@@ -157,6 +190,9 @@ def log_prompts(path: str) -> None:
 
 
 def main() -> None:
+    dump = os.environ.get("FAULT_ENV_DUMP")
+    if dump:
+        Path(dump).write_text(json.dumps(dict(os.environ)))
     log = os.environ.get("FAULT_AGENT_LOG")
     if log:
         with open(log, "a") as f:

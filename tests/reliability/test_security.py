@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import pwd
 import shutil
 import socket
@@ -21,7 +22,7 @@ import trio
 from trio_websocket import HandshakeError, open_websocket_url
 
 from agentd import wire
-from daemon_harness import REPO, Daemon
+from daemon_harness import REPO, Daemon, drive_pty
 from environment import unavailable
 
 from .conftest import ECHO, fast_daemon, log_events, new, run_turn, wait_for
@@ -201,9 +202,14 @@ async def test_the_gateway_refuses_without_the_token_or_from_a_foreign_origin_an
 # --------------------------------------------------------------------------- secrets canary
 
 
-CANARY_KEY = "sk-canary-3f9a1c7e5b2d4f608e1a9c3b7d5f2e4a"  # a provider's API key (byok api_key_env)
+CANARY_KEY = "sk-canary-3f9a1c7e5b2d4f608e1a9c3b7d5f2e4a"  # an API key in agentd's and an ACP agent's env
+CANARY_BYOK = "byok-canary-5e8d2a7c1f4b9e3d6a0c"  # the Copilot bring-your-own-key (byok.api_key_env)
 CANARY_ENV = "canary-agent-env-7c1e9b3a5d2f4e6a8b0c"  # a value in an ACP agent's configured env
 CANARY_CLI = "canary-agentctl-env-1a2b3c4d5e6f7a8b9c0d"  # in the environment agentctl sends prompts from
+CANARY_GH = "ghp_canary0GitHubToken9b8c7d6e5f4a3b2c1d"  # GH_TOKEN in agentd's environment (well-known name)
+CANARY_PW = "canary-password-4d3c2b1a0f9e8d7c"  # MY_SERVICE_PASSWORD in agentd's environment (suffix rule)
+CANARY_BEARER = "eyJcanary.bearer-token_6f5e4d3c2b1a"  # only ever seen after "Authorization: Bearer"
+CANARY_HEADER = "xkey-canary-0a9b8c7d6e5f4a3b"  # only ever seen as an X-Api-Key header value
 
 
 def _copilot_cli() -> str:
@@ -228,7 +234,11 @@ def _codex_cli() -> str:
         unavailable(f"the Codex CLI could not be installed: {exc}")
 
 
-def test_secrets_canary_appears_in_no_journal_log_json_output_or_error(tmp_path: Path) -> None:
+def test_secrets_canary_appears_in_no_journal_log_frame_export_or_runtime_env(tmp_path: Path) -> None:
+    """Secrets agentd knows of, and header values, echoed by an agent every way it can (text
+    split across deltas, a thought, a tool's title, input and output, a plan, a title, stderr),
+    reach no journal, state file, log line, subscriber frame, export or `--json` output; an ACP
+    agent's environment holds no Copilot bring-your-own-key."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "notes.txt").write_text("nothing secret here\n")
@@ -239,24 +249,39 @@ def test_secrets_canary_appears_in_no_journal_log_json_output_or_error(tmp_path:
     model_server.start()
     home = tmp_path / "copilot-home"
     home.mkdir()
+    leak_file, env_dump = tmp_path / "leak.json", tmp_path / "agent-env.json"
     copilot = (f'[providers.copilot]\nenabled = true\ncli_path = {json.dumps(cli)}\ncopilot_home = {json.dumps(str(home))}\n'
                f'[providers.copilot.byok]\ntype = "openai"\nbase_url = {json.dumps(model_server.url)}\n'
-               f'api_key_env = "AGENTD_CANARY_KEY"\nmodel = "canary-model"\n')
+               f'api_key_env = "AGENTD_CANARY_BYOK"\nmodel = "canary-model"\n')
     # Codex keeps its CODEX_HOME under the state dir by default: what it writes there is scanned too.
     codex = (f'[providers.codex]\ncli_path = {json.dumps(_codex_cli())}\nmodel = "canary-model"\n'
              'overrides = ["features.plugins=false", "analytics.enabled=false"]\n'
              f'[providers.codex.model_provider]\nbase_url = {json.dumps(model_server.url)}\n'
-             'api_key_env = "AGENTD_CANARY_KEY"\nrequest_max_retries = 0\nstream_max_retries = 0\n')
+             'api_key_env = "AGENTD_CANARY_BYOK"\nrequest_max_retries = 0\nstream_max_retries = 0\n')
+    port = _free_port()
     config = codex + f"""
+[log]
+level = "debug"
+[websocket]
+enabled = true
+port = {port}
 [providers.acp.fault]
 command = [{json.dumps(sys.executable)}, {json.dumps(str(AGENT))}]
-env = {{ FAULT_TOKEN = {json.dumps(CANARY_ENV)}, OPENAI_API_KEY = {json.dumps(CANARY_KEY)} }}
+env = {{ FAULT_TOKEN = {json.dumps(CANARY_ENV)}, OPENAI_API_KEY = {json.dumps(CANARY_KEY)}, FAULT_LEAK_FILE = {json.dumps(str(leak_file))}, FAULT_ENV_DUMP = {json.dumps(str(env_dump))} }}
 """
     root = tmp_path / "d"
     root.mkdir()
     d = Daemon(root, copilot + "[providers.claude]\nenabled = false\n" + config,
-               env={"AGENTD_CANARY_KEY": CANARY_KEY, "OPENAI_API_KEY": CANARY_KEY, "ANTHROPIC_API_KEY": CANARY_KEY})
+               env={"AGENTD_CANARY_BYOK": CANARY_BYOK, "OPENAI_API_KEY": CANARY_KEY, "ANTHROPIC_API_KEY": CANARY_KEY,
+                    "GH_TOKEN": CANARY_GH, "MY_SERVICE_PASSWORD": CANARY_PW})
     d.start(timeout=60)
+    gateway_token = wait_for(lambda: (d.runtime_dir / "ws-token").is_file() and (d.runtime_dir / "ws-token").read_text().strip())
+    leak_file.write_text(json.dumps([
+        CANARY_BYOK, CANARY_KEY, CANARY_ENV, CANARY_GH, CANARY_PW, gateway_token,
+        f"Authorization: Bearer {CANARY_BEARER}", f"curl -H 'X-Api-Key: {CANARY_HEADER}' https://example.test",
+    ]))
+    canaries = (CANARY_KEY, CANARY_BYOK, CANARY_ENV, CANARY_CLI, CANARY_GH, CANARY_PW, CANARY_BEARER, CANARY_HEADER,
+                gateway_token)
     outputs: list[str] = []
 
     def ctl(*args: str, ok: bool = True) -> str:
@@ -279,6 +304,18 @@ env = {{ FAULT_TOKEN = {json.dumps(CANARY_ENV)}, OPENAI_API_KEY = {json.dumps(CA
         ctl("export", cid, "--format", "json", ok=False)
         out = ctl("run", "--provider", "acp:fault", "--cwd", str(work), "--json", "read notes.txt")
         acp = json.loads(out.strip().splitlines()[-1])["conversation"]
+        # The agent echoes every secret while a subscriber watches live (deltas included).
+        with d.client() as client:
+            client.subscribe(acp, after=0)
+            run = client.request(wire.Send, conversation=acp, text="leak")["run"]
+            live = client.follow(run, timeout=60)
+        outputs.extend(bytes(r.data).decode() for r in live)
+        deltas = "".join(msgspec.json.decode(r.data)["text"] for r in live if r.type == "delta")
+        assert deltas.count("[redacted]") >= 3 * 8, deltas  # each value twice in text, once a character a chunk
+        for fmt in ("md", "json", "html"):
+            ctl("export", acp, "--format", fmt, "--include-tools")
+        ctl("show", acp, "--json")
+        ctl("tail", acp, "--after", "0", "--no-follow")
         ctl("run", "--provider", "acp:fault", "--cwd", str(work), "--json", "crash", ok=False)  # a failed turn
         ctl("send", "no-such-conversation", "hi", "--json", ok=False)  # an error
         ctl("models", "--provider", "copilot", "--json", ok=False)
@@ -305,8 +342,15 @@ env = {{ FAULT_TOKEN = {json.dumps(CANARY_ENV)}, OPENAI_API_KEY = {json.dumps(CA
     finally:
         d.stop()
         model_server.stop()
+    agent_env = json.loads(env_dump.read_text())
+    assert "AGENTD_CANARY_BYOK" not in agent_env and CANARY_BYOK not in env_dump.read_text(), \
+        "the Copilot bring-your-own-key reached an ACP agent's environment"
+    assert agent_env.get("FAULT_TOKEN") == CANARY_ENV, "the agent's own configured env must reach it"
+    journal = (d.state_dir / "conversations" / acp / "events.jsonl").read_text()
+    assert journal.count("[redacted]") >= 8 * 6, "the agent's echoes were masked, not dropped"
+    assert "debug: using [redacted]" in d.log.read_text(), "the agent's stderr is relayed to the log, masked"
     leaks = []
-    for canary in (CANARY_KEY, CANARY_ENV, CANARY_CLI):
+    for canary in canaries:
         for path in [d.log, d.config.parent / "agentd.log", *d.state_dir.rglob("*")]:
             if path.is_file() and canary.encode() in path.read_bytes():
                 leaks.append(f"{canary[:12]}... in {path}")
@@ -380,3 +424,110 @@ def test_acp_file_requests_outside_the_workdir_are_refused_symlinks_and_dotdot_i
     assert (work / "sub" / "new.txt").read_text() == "fine"
     assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
     assert (outside / "secret.txt").read_text() == "top secret\n"
+
+
+# --------------------------------------------------------------------------- terminal safety
+
+
+#: Cursor up + erase line + a fake permission line, OSC 52 (clipboard), OSC 0 (window title),
+#: a C1 CSI (U+009B), DEL, BEL, backspace and a bare carriage return.
+NASTY = "A\x1b[1A\r\x1b[2Kallowed: ls\x1b]52;c;ZXZpbA==\x07\x1b]0;pwned\x07\x9b31mred\x7f\x08B"
+_RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _nasty_script(path: Path) -> Path:
+    n = json.dumps(NASTY)  # JSON's \u escapes are TOML basic-string escapes too
+    said, output = json.dumps("say " + NASTY + " end"), json.dumps(NASTY + "\n" + NASTY)
+    path.write_text(f"""
+model = "nasty"
+delay_ms = 0
+chunk = 3
+
+[[turn]]
+match = "show"
+[[turn.step]]
+kind = "reasoning"
+text = {n}
+[[turn.step]]
+kind = "text"
+text = {said}
+[[turn.step]]
+kind = "tool"
+name = "bash"
+title = {n}
+input = {n}
+output = {output}
+[[turn.step]]
+kind = "todos"
+todo = [{{ title = {n} }}]
+[[turn.step]]
+kind = "title"
+title = {n}
+[[turn.step]]
+kind = "question"
+title = {n}
+header = {n}
+text = {n}
+choices = [{n}, "plain"]
+[[turn.step]]
+kind = "tool"
+name = "deploy"
+title = {n}
+input = {n}
+output = "deployed"
+permission = true
+[[turn.step]]
+kind = "text"
+text = "done"
+
+[[turn]]
+match = "fail"
+[[turn.step]]
+kind = "fail"
+error = {n}
+""")
+    return path
+
+
+def test_agent_text_reaches_no_terminal_with_live_control_characters(daemon: Daemon, workdir: Path,
+                                                                     tmp_path: Path) -> None:
+    """Control sequences an agent puts in every field (text split across deltas, reasoning, tool
+    title, input and output, todos, title, question, permission, a failure) are shown visibly by
+    `agentctl` run, tail, show, ls, answer, attach at a terminal, and the Markdown and HTML exports."""
+    script = _nasty_script(tmp_path / "nasty.toml")
+    FAULTS["terminal control sequences"] += 1
+    outputs: dict[str, str] = {}
+
+    def ctl(name: str, *args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), *args],
+                              env=daemon.env, capture_output=True, timeout=60, cwd=workdir)
+        outputs[name] = (proc.stdout + proc.stderr).decode("utf-8", "replace")
+        return outputs[name]
+
+    cid = json.loads(ctl("new", "new", "-p", "script", "-m", str(script), "--cwd", str(workdir), "--json"))["id"]
+    ctl("run", "send", cid, "show", "--follow", "--exit-on-action")  # stops at the question (exit 4)
+    wait_for(lambda: daemon.record(cid)["state"] == "requires_action")
+    ctl("show", "show", cid)
+    ctl("ls", "ls")
+    ctl("tail", "tail", cid, "--after", "0", "--no-follow", "--seq")
+    ctl("answer", "answer", cid, "--choice", "1")
+    wait_for(lambda: daemon.record(cid)["state"] == "requires_action")  # the permission
+    code, outputs["attach (terminal)"] = drive_pty(
+        [sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), "attach", cid, "--until-idle"],
+        daemon.env, workdir, [("choose 1-", "1")], timeout=30)
+    assert code == 0, outputs["attach (terminal)"]
+    ctl("fail", "send", cid, "fail", "--follow")
+    ctl("tail after", "tail", cid, "--after", "0", "--no-follow")
+    ctl("export md", "export", cid, "--format", "md", "--include-tools")
+    ctl("export html", "export", cid, "--format", "html", "--include-tools")
+    raw = []
+    for name, text in outputs.items():
+        if name == "attach (terminal)":
+            text = text.replace("\r\n", "\n")  # the terminal's own line ends (onlcr)
+        found = sorted({f"{ord(ch):#04x}" for ch in _RAW_CONTROL.findall(text)})
+        if found:
+            raw.append(f"{name}: raw {', '.join(found)} in {text[:300]!r}")
+    assert not raw, "\n".join(raw)
+    shown = [name for name, text in outputs.items() if "\\x1b[1A" in text and "\\x9b31m" in text]
+    assert set(shown) >= {"run", "show", "tail", "answer", "attach (terminal)", "fail", "tail after",
+                          "export md", "export html"}, shown

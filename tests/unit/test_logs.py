@@ -13,7 +13,7 @@ import re
 import pytest
 import structlog
 
-from agentd import logs
+from agentd import logs, masking
 from agentd.logs import configure_logging, get_logger, register_secret
 
 SYSTEMD_VARS = ("JOURNAL_STREAM", "INVOCATION_ID", "NO_COLOR")
@@ -28,7 +28,7 @@ class TTY(io.StringIO):
 def _clean(monkeypatch: pytest.MonkeyPatch):
     for var in SYSTEMD_VARS:
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(logs, "_secrets", logs._Secrets())
+    monkeypatch.setattr(masking, "_registry", masking._Registry())
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     yield

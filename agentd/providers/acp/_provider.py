@@ -480,7 +480,10 @@ class AcpProvider:
     # ------------------------------------------------------------------ plumbing
 
     def agent_env(self) -> dict[str, str]:
-        return {**os.environ, **self.config.env}
+        """agentd's environment without other providers' secrets (see agentd.runtime_env), then ``env``."""
+        from ...runtime_env import environ
+
+        return {**environ(self.name, self.config.pass_env), **self.config.env}
 
     async def _reopen(self, request: OpenRequest, sink: EventSink) -> AcpConversation:
         cid = request.conversation_id

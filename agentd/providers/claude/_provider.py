@@ -209,7 +209,11 @@ class ClaudeProvider:
 
     def cli_env(self) -> dict[str, str]:
         """The environment the CLI gets on top of the daemon's (holds the API key: never log it)."""
-        env = dict(DEFAULT_ENV)
+        from ...runtime_env import withheld
+
+        # The SDK adds this to agentd's own environment: other providers' secrets are blanked.
+        env = dict.fromkeys(sorted(withheld(self.name)), "")
+        env.update(DEFAULT_ENV)
         env.update(self.config.env or {})
         key = self._api_key()
         if key:

@@ -314,7 +314,9 @@ class CodexProvider:
         return self.config.cli_path or "codex"
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, **self.config.env, "CODEX_HOME": str(self.home)}
+        from ...runtime_env import environ  # without other providers' secrets
+
+        return {**environ(self.name), **self.config.env, "CODEX_HOME": str(self.home)}
 
     def argv(self) -> list[str]:
         """``codex app-server`` with the model endpoint and the configured overrides as ``-c`` options."""

@@ -269,12 +269,14 @@ class CopilotProvider:
     # ------------------------------------------------------------------ the runtime
 
     def _cli_env(self) -> dict[str, str]:
-        """The CLI's environment: ours plus ``config.env``, without the BYOK key variable.
+        """The CLI's environment: ours less other providers' secrets, plus ``config.env``, without the BYOK key variable.
 
         The key reaches the CLI over its JSON-RPC pipe; leaving it out of the
         environment keeps it from every shell command the agent runs.
         """
-        env = dict(os.environ)
+        from ...runtime_env import environ
+
+        env = environ(self.name)  # without other providers' secrets
         env.update(self.config.env or {})
         byok = self.byok
         if byok is not None and byok.api_key_env:

@@ -1,0 +1,67 @@
+"""agentd.masking's rule on its own: which values, header values, JSON, and secrets split across deltas."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentd import masking
+
+KEY = "sk-canary-3f9a1c7e5b2d4f608e1a9c3b7d5f2e4a"
+TOKEN = "ghp_abcdefghijkl1234567890"
+
+
+@pytest.fixture(autouse=True)
+def _registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(masking, "_registry", masking._Registry())
+    masking.register(KEY, TOKEN, "short")
+
+
+def test_the_environment_rule_takes_well_known_and_suffixed_names_of_eight_chars_or_more() -> None:
+    env = {"GH_TOKEN": "t" * 8, "MY_DB_PASSWORD": "p" * 9, "SERVICE_KEY": "k" * 7, "HOME": "/home/someone",
+           "OPENAI_API_KEY": "o" * 20, "GITHUB_TOKEN": "", "EDITOR": "vim-with-a-long-name"}
+    assert sorted(masking.secret_names(env)) == ["GH_TOKEN", "MY_DB_PASSWORD", "OPENAI_API_KEY"]
+
+
+def test_literals_headers_and_bearer_tokens_are_masked_and_short_values_are_not() -> None:
+    text = (f"key={KEY}; Authorization: Bearer abc.DEF-123_456; x-api-key: 0123456789abcdef; "
+            "Bearer tok987654321; short stays; the bearer of news")
+    assert masking.mask_text(text) == (
+        "key=[redacted]; Authorization: Bearer [redacted]; x-api-key: [redacted]; "
+        "Bearer [redacted]; short stays; the bearer of news")
+
+
+def test_json_is_masked_string_by_string_and_stays_valid() -> None:
+    data = msgspec.json.encode({"text": f"a\n{KEY}", KEY: ["\"Authorization\": \"token s3cr3t-v4lue\""]})
+    out = masking.mask_json(data + b"\n")
+    assert out.endswith(b"\n")
+    assert msgspec.json.decode(out) == {"text": "a\n[redacted]", "[redacted]": ['"Authorization": "token [redacted]"']}
+    clean = b'{"text":"nothing to see"}'
+    assert masking.mask_json(clean) is clean
+
+
+def _stream(text: str, size: int) -> list[str]:
+    deltas = masking.DeltaMasker()
+    out = [deltas.feed("i", text[i:i + size]) for i in range(0, len(text), size)]
+    rest = deltas.flush("i")
+    return out + ([rest[1]] if rest else [])
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8, 13, 40])
+def test_a_secret_split_across_deltas_never_goes_out_and_the_stream_is_the_masked_text(size: int) -> None:
+    text = f"see {KEY} and Authorization: token zz9988776655 then X-Api-Key: q1w2e3r4t5y6 and {TOKEN}."
+    out = _stream(text, size)
+    assert "".join(out) == masking.mask_text(text)
+    sent = "".join(out)
+    for secret in (KEY, TOKEN, "zz9988776655", "q1w2e3r4t5y6"):
+        assert secret[:6] not in sent
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="sk-canry3f9aAuthorizBe: xé", max_size=60), st.integers(1, 9), st.integers(0, 60))
+def test_any_split_of_any_text_streams_exactly_the_masked_text(noise: str, size: int, at: int) -> None:
+    text = noise[:at] + KEY + noise[at:]
+    assert "".join(_stream(text, size)) == masking.mask_text(text)
+    assert KEY[:8] not in "".join(_stream(text, size))
