@@ -38,6 +38,7 @@ import msgspec
 import structlog
 import trio
 
+from .. import procs
 from .._fsutil import make_dirs
 from ..config import ScriptConfig
 from ..contract import (
@@ -504,6 +505,7 @@ class ScriptProvider:
         self.name = name
         self.config = config
         self.dir = Path(state_dir) / "providers" / name
+        self.state_dir = Path(state_dir)
         self.scripts_dir = Path(config.scripts_dir).expanduser() if config.scripts_dir else Path(state_dir) / "scripts"
         self._nursery: trio.Nursery | None = None
         self._open: dict[str, ScriptConversation] = {}
@@ -1121,8 +1123,9 @@ class ScriptConversation:
                 out.line(partial_line, err)
 
         try:
+            argv = procs.launch_argv(["bash", "-c", command], state_dir=self._provider.state_dir, what="script tool")
             proc = await trio.lowlevel.open_process(
-                ["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, cwd=self.workdir, start_new_session=True)
         except OSError as exc:
             return None, f"could not start bash: {exc}"
@@ -1139,6 +1142,7 @@ class ScriptConversation:
         finally:
             with trio.CancelScope(shield=True):
                 await _stop_group(proc)
+                procs.ended(proc.pid, self._provider.state_dir)
             if (item.agent_id, item.id) in turn.live:
                 # A cancel finishes the live item: let it keep the output so far.
                 assert item.tool is not None

@@ -17,12 +17,14 @@ import os
 import signal
 import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import structlog
 import trio
 
+from ... import procs
 from . import _schema as s
 
 log = structlog.get_logger("agentd.providers.acp")
@@ -304,13 +306,14 @@ class AgentProcess:
     flight failed with :class:`ConnectionLost` carrying the same reason.
     """
 
-    def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str, label: str,
+    def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str, label: str, state_dir: Path,
                  on_request: RequestHandler, on_notification: NotificationHandler,
                  on_exit: Callable[[str], None]) -> None:
         self.argv = argv
         self.env = env
         self.cwd = cwd
         self.label = label
+        self.state_dir = state_dir
         self._on_request = on_request
         self._on_notification = on_notification
         self._on_exit = on_exit
@@ -334,10 +337,12 @@ class AgentProcess:
     async def start(self, nursery: trio.Nursery) -> None:
         """Spawn the process and start serving it in ``nursery``.
 
-        Raises OSError when it cannot be started. Does not initialize.
+        Raises OSError when it cannot be started. Does not initialize. It runs
+        under the keeper of :mod:`agentd.procs` (its own group, ended with agentd).
         """
+        argv = procs.launch_argv(self.argv, state_dir=self.state_dir, what=self.label, path=self.env.get("PATH"))
         self.proc = await trio.lowlevel.open_process(
-            self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             cwd=self.cwd, env=self.env, start_new_session=True)
         assert self.proc.stdin is not None
         self.conn = Connection(self.proc.stdin, on_request=self._on_request,
@@ -429,7 +434,7 @@ class AgentProcess:
                             await stream.aclose()
                         except Exception:
                             pass
-                _killpg(proc.pid, signal.SIGKILL)  # leftovers of the group (tools, subprocesses)
+                procs.ended(proc.pid, self.state_dir)  # leftovers of the group (tools, subprocesses)
             self.exit_reason = conn.violation or self._eof_reason or self.describe_exit()
             conn.close(self.exit_reason)
             self._ended.set()

@@ -1,0 +1,219 @@
+"""The keeper between agentd and one runtime process: ``python -I -S _launcher.py ARGS -- CMD...``.
+
+Run as a script (stdlib only, no agentd import: it starts in ~20 ms). It
+puts itself at the head of a process group of its own, forks CMD, records
+both in ``RECORDS/<its pid>.json`` and waits. Why a process of its own
+rather than a ``preexec_fn``: Linux sends the parent-death signal when the
+parent *thread* ends, and agentd's spawns come from trio's worker threads
+and the SDKs' threads, which end long before the runtime should. So:
+
+* the runtime child gets ``PR_SET_PDEATHSIG`` SIGKILL with this keeper (one
+  thread, alive as long as it is) as its parent;
+* this keeper gets ``PR_SET_PDEATHSIG`` SIGUSR1 and, on it, looks at
+  ``getppid()``: the same agentd process means only a thread of it ended
+  (ignored); another means agentd died, and it ends the runtime: SIGTERM to
+  its group and every descendant, then SIGKILL after ``--grace`` seconds;
+* it is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so a tool shell that
+  ``setsid``-ed itself away from the group and lost its parent is reparented
+  here, not to init, and is still found as a descendant.
+
+Signals agentd (or an SDK) sends it (TERM, INT, HUP, QUIT, USR2) are passed
+to the runtime. When the runtime exits, what is left of its group and its
+descendants is SIGKILLed, the record removed, and the keeper exits the way
+the runtime did (same code, or the same signal). Its stdio is /dev/null
+after the fork, so the runtime's pipes close when the runtime's do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
+WATCH = signal.SIGUSR1
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (clock ticks after boot), or None when PID is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(b")") + 2:].split()[19])
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(ppid, pgid) of PID, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2:].split()
+    if fields[0] == b"Z":
+        return None  # a zombie needs no signal
+    return int(fields[1]), int(fields[2])
+
+
+def _others(me: int) -> list[int]:
+    """Processes in my group or below me (via ppid), without me."""
+    table: dict[int, tuple[int, int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _stat(int(name))
+            if st is not None:
+                table[int(name)] = st
+    found = {pid for pid, (_, pgid) in table.items() if pgid == me}
+    frontier = found | {me}
+    while frontier:
+        frontier = {pid for pid, (ppid, _) in table.items() if ppid in frontier and pid not in found}
+        found |= frontier
+    found.discard(me)
+    return sorted(found)
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _reap_any() -> None:
+    """Collect exited children that are not the runtime (orphans reparented to a subreaper)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def main(argv: list[str]) -> int:
+    split = argv.index("--")
+    opts = dict(zip(argv[:split:2], argv[1:split:2]))
+    cmd = argv[split + 1:]
+    parent = int(opts["--parent"])
+    records = opts["--records"]
+    grace = float(opts.get("--grace", "2"))
+    me = os.getpid()
+    if os.getpgrp() != me:
+        os.setsid()  # the SDKs spawn without a session of its own
+    libc = ctypes.CDLL(None, use_errno=True)
+    record = os.path.join(records, f"{me}.json")
+    ending = False
+
+    def end_all() -> None:
+        nonlocal ending
+        ending = True
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_IGN)
+        targets = _others(me)
+        _signal_all(targets, signal.SIGTERM)
+        _signal_all(targets, signal.SIGCONT)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            _reap_any()
+            if not _others(me):
+                break
+            time.sleep(0.05)
+        _signal_all(_others(me), signal.SIGKILL)
+        _reap_any()
+        _unlink(record)
+
+    def on_watch(signum: int, frame: object) -> None:
+        if os.getppid() != parent and not ending:
+            end_all()
+            os._exit(128 + signal.SIGTERM)
+
+    signal.signal(WATCH, on_watch)
+    libc.prctl(PR_SET_PDEATHSIG, int(WATCH), 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if os.getppid() != parent:
+        return 125  # agentd died before the watch was armed
+    child = os.fork()
+    if child == 0:
+        try:
+            signal.signal(WATCH, signal.SIG_DFL)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            if os.getppid() != me:
+                os._exit(125)
+            os.execvp(cmd[0], cmd)
+        except BaseException as exc:
+            os.write(2, f"agentd: could not start {cmd[0]}: {exc}\n".encode())
+        os._exit(127)
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            os.kill(child, signum)
+        except OSError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    _write_record(record, {
+        "pid": me, "pgid": me, "start": start_time(me),
+        "runtime_pid": child, "runtime_start": start_time(child),
+        "parent": parent, "parent_start": start_time(parent),
+        "boot_id": _boot_id(), "what": opts.get("--what", ""), "command": cmd[0],
+    })
+    while True:
+        pid, status = os.waitpid(-1, 0)  # PEP 475: retried after a signal handler ran
+        if pid == child:
+            break
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_IGN)
+    _signal_all(_others(me), signal.SIGKILL)  # leftovers: background jobs, setsid-ed tool shells
+    _reap_any()
+    _unlink(record)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(me, sig)
+        return 128 + sig
+    return os.waitstatus_to_exitcode(status)
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _write_record(path: str, data: dict[str, object]) -> None:
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, json.dumps(data).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
