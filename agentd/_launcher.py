@@ -17,8 +17,10 @@ and the SDKs' threads, which end long before the runtime should. So:
   ``setsid``-ed itself away from the group and lost its parent is reparented
   here, not to init, and is still found as a descendant.
 
-Signals agentd (or an SDK) sends it (TERM, INT, HUP, QUIT, USR2) are passed
-to the runtime. When the runtime exits, what is left of its group and its
+Signals agentd (or an SDK) sends it (TERM, INT, HUP, QUIT) are passed to
+the runtime; SIGUSR2 from agentd means "SIGKILL all of it" (group and
+descendants, then itself), since a SIGKILL of the keeper could not reach
+the descendants that left its group. When the runtime exits, what is left of its group and its
 descendants is SIGKILLed, the record removed, and the keeper exits the way
 the runtime did (same code, or the same signal). Its stdio is /dev/null
 after the fork, so the runtime's pipes close when the runtime's do.
@@ -36,8 +38,10 @@ import time
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 WATCH = signal.SIGUSR1
+#: agentd's "SIGKILL all of it": a SIGKILL of the keeper itself would leave setsid-ed descendants behind.
+KILL_ALL = signal.SIGUSR2
 
 
 def start_time(pid: int) -> int | None:
@@ -136,7 +140,22 @@ def main(argv: list[str]) -> int:
             end_all()
             os._exit(128 + signal.SIGTERM)
 
+    def on_kill_all(signum: int, frame: object) -> None:
+        nonlocal ending
+        ending = True
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_IGN)
+        for _ in range(5):  # a member may fork while we look
+            left = _others(me)
+            if not left:
+                break
+            _signal_all(left, signal.SIGKILL)
+            _reap_any()
+        _unlink(record)
+        os.kill(me, signal.SIGKILL)  # ends the way agentd asked for: killed by SIGKILL
+
     signal.signal(WATCH, on_watch)
+    signal.signal(KILL_ALL, on_kill_all)
     libc.prctl(PR_SET_PDEATHSIG, int(WATCH), 0, 0, 0)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     if os.getppid() != parent:
@@ -145,6 +164,7 @@ def main(argv: list[str]) -> int:
     if child == 0:
         try:
             signal.signal(WATCH, signal.SIG_DFL)
+            signal.signal(KILL_ALL, signal.SIG_DFL)
             libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
             if os.getppid() != me:
                 os._exit(125)

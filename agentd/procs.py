@@ -48,6 +48,8 @@ RECORDS_DIR = "runtimes"
 #: SIGTERM to SIGKILL, seconds, for the keeper when agentd died and for the reaper at start.
 GRACE_S = 2.0
 LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
+#: the keeper's "SIGKILL everything" signal (see _launcher.py)
+KILL_ALL = signal.SIGUSR2
 SUPPORTED = sys.platform.startswith("linux") and os.path.isdir("/proc/self")
 
 
@@ -119,6 +121,22 @@ def _keeper_args(state_dir: Path, what: str) -> list[str]:
     directory = records_dir(state_dir)
     _fsutil.make_dirs(directory)
     return ["--parent", str(os.getpid()), "--records", str(directory), "--what", what, "--grace", f"{GRACE_S:g}"]
+
+
+def kill(pid: int) -> None:
+    """SIGKILL the runtime under keeper ``pid``: its group and its descendants, setsid-ed ones too.
+
+    The keeper does it (and exits killed by SIGKILL); wait for it a moment,
+    then :func:`ended` SIGKILLs the group in case the keeper could not act.
+    """
+    try:
+        if SUPPORTED:
+            os.kill(pid, KILL_ALL)
+            os.kill(pid, signal.SIGCONT)  # a stopped keeper cannot act on it
+        else:
+            os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def ended(pid: int | None, state_dir: Path) -> None:

@@ -1310,6 +1310,10 @@ async def _stop_group(proc: trio.Process) -> None:
         with trio.move_on_after(KILL_GRACE):
             await proc.wait()
         if proc.returncode is None:
+            procs.kill(proc.pid)  # the keeper kills the group and what left it
+            with trio.move_on_after(1.0):
+                await proc.wait()
+        if proc.returncode is None:
             _signal_group(proc.pid, signal.SIGKILL)
     else:
         # bash is gone; background children it left would otherwise outlive the tool call

@@ -14,6 +14,10 @@ what to do:
 * ``garbage``      -> a line that is not JSON, then silence
 * ``notrpc``       -> a JSON line that is not a JSON-RPC message, then silence
 * ``badresult``    -> answers the prompt with a result of the wrong shape
+* ``orphans PATH`` -> a runtime that will not die: ignores SIGTERM and stdin EOF, announces a
+  running tool call, starts two SIGTERM-ignoring children (one in its process group, one
+  ``setsid``-ed away like Claude Code's tool shells), writes ``{"agent", "child", "escapee"}``
+  pids as JSON to PATH, then sleeps forever
 * ``read PATH`` / ``write PATH CONTENT`` -> fs/read_text_file / fs/write_text_file,
   answering ``ok:<content>`` or ``error:<message>``
 * anything else    -> ``echo:<prompt>``, then ``end_turn``
@@ -81,7 +85,23 @@ def badresult(session: str, rid: Any, rest: str) -> bool:
     return True
 
 
-COMMANDS = {**fake.COMMANDS, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline,
+def orphans(session: str, rid: Any, rest: str) -> bool:
+    import signal
+    import subprocess
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the children, across exec too
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session, "update": {
+        "sessionUpdate": "tool_call", "toolCallId": "build-1", "title": "make build", "kind": "execute",
+        "status": "in_progress"}}})
+    sleeper = [sys.executable, "-c", "import time; time.sleep(3600)"]
+    child = subprocess.Popen(sleeper, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    escapee = subprocess.Popen(sleeper, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+    Path(rest.strip()).write_text(json.dumps({"agent": os.getpid(), "child": child.pid, "escapee": escapee.pid}))
+    while True:  # no stdin EOF check, no parent check
+        time.sleep(1)
+
+
+COMMANDS = {**fake.COMMANDS, "orphans": orphans, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline,
             "notrpc": notrpc, "badresult": badresult}
 
 

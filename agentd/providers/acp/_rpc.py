@@ -35,6 +35,8 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 EOF_GRACE_S = 0.3
 #: SIGTERM to SIGKILL.
 TERM_GRACE_S = 2.0
+#: For the keeper to SIGKILL the agent's group and descendants; then agentd kills the group itself.
+KILL_WAIT_S = 1.0
 #: stderr lines kept to explain an exit.
 STDERR_TAIL = 40
 
@@ -479,6 +481,10 @@ class AgentProcess:
         if proc.returncode is None:
             _killpg(proc.pid, signal.SIGTERM)
             with trio.move_on_after(TERM_GRACE_S):
+                await proc.wait()
+        if proc.returncode is None:
+            procs.kill(proc.pid)
+            with trio.move_on_after(KILL_WAIT_S):
                 await proc.wait()
         if proc.returncode is None:
             _killpg(proc.pid, signal.SIGKILL)
