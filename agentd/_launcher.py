@@ -28,13 +28,11 @@ after the fork, so the runtime's pipes close when the runtime's do.
 
 from __future__ import annotations
 
-import ctypes
-import json
 import os
-import resource
-import signal
 import sys
 import time
+
+import _signal as signal  # the signal module's enums would cost ~10 ms of start-up
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -42,6 +40,19 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 WATCH = signal.SIGUSR1
 #: agentd's "SIGKILL all of it": a SIGKILL of the keeper itself would leave setsid-ed descendants behind.
 KILL_ALL = signal.SIGUSR2
+
+
+def _prctl(option: int, arg: int) -> int:
+    """prctl(2). Through _ctypes when it can (import ctypes costs ~15 ms of every runtime start)."""
+    try:
+        import _ctypes
+
+        fn = _ctypes.dlsym(_ctypes.dlopen(None, os.RTLD_NOW), "prctl")
+        return _ctypes.call_function(fn, (option, arg, 0, 0, 0))
+    except (ImportError, AttributeError, OSError):
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
 
 
 def start_time(pid: int) -> int | None:
@@ -92,15 +103,19 @@ def _signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-def _reap_any() -> None:
-    """Collect exited children that are not the runtime (orphans reparented to a subreaper)."""
+def _reap_any() -> bool:
+    """Collect exited children (orphans reparented to this subreaper); whether any child is left.
+
+    Everything in this keeper's group or below it is its descendant (orphans come
+    here), so no child left means nothing left at all.
+    """
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return False
         if pid == 0:
-            return
+            return True
 
 
 def main(argv: list[str]) -> int:
@@ -113,7 +128,6 @@ def main(argv: list[str]) -> int:
     me = os.getpid()
     if os.getpgrp() != me:
         os.setsid()  # the SDKs spawn without a session of its own
-    libc = ctypes.CDLL(None, use_errno=True)
     record = os.path.join(records, f"{me}.json")
     ending = False
 
@@ -156,8 +170,8 @@ def main(argv: list[str]) -> int:
 
     signal.signal(WATCH, on_watch)
     signal.signal(KILL_ALL, on_kill_all)
-    libc.prctl(PR_SET_PDEATHSIG, int(WATCH), 0, 0, 0)
-    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _prctl(PR_SET_PDEATHSIG, WATCH)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
     if os.getppid() != parent:
         return 125  # agentd died before the watch was armed
     child = os.fork()
@@ -165,7 +179,7 @@ def main(argv: list[str]) -> int:
         try:
             signal.signal(WATCH, signal.SIG_DFL)
             signal.signal(KILL_ALL, signal.SIG_DFL)
-            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != me:
                 os._exit(125)
             os.execvp(cmd[0], cmd)
@@ -185,23 +199,29 @@ def main(argv: list[str]) -> int:
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
-    _write_record(record, {
-        "pid": me, "pgid": me, "start": start_time(me),
-        "runtime_pid": child, "runtime_start": start_time(child),
-        "parent": parent, "parent_start": start_time(parent),
-        "boot_id": _boot_id(), "what": opts.get("--what", ""), "command": cmd[0],
-    })
+    try:
+        _write_record(record, {
+            "pid": me, "pgid": me, "start": start_time(me),
+            "runtime_pid": child, "runtime_start": start_time(child),
+            "parent": parent, "parent_start": start_time(parent),
+            "boot_id": _boot_id(), "what": opts.get("--what", ""), "command": cmd[0],
+        })
+    except OSError:
+        pass  # the watch works without it; only a reap at the next start needs it
     while True:
         pid, status = os.waitpid(-1, 0)  # PEP 475: retried after a signal handler ran
         if pid == child:
             break
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_IGN)
-    _signal_all(_others(me), signal.SIGKILL)  # leftovers: background jobs, setsid-ed tool shells
-    _reap_any()
+    if _reap_any():  # leftovers: background jobs, setsid-ed tool shells
+        _signal_all(_others(me), signal.SIGKILL)
+        _reap_any()
     _unlink(record)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
+        import resource
+
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         signal.signal(sig, signal.SIG_DFL)
         os.kill(me, sig)
@@ -217,12 +237,23 @@ def _boot_id() -> str:
         return ""
 
 
+def _json(value: object) -> str:
+    """JSON of ints, None and strings (the json module would cost this keeper ~10 ms of start-up)."""
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(ch if ch >= " " else f"\\u{ord(ch):04x}" for ch in text) + '"'
+
+
 def _write_record(path: str, data: dict[str, object]) -> None:
-    tmp = f"{path}.tmp"
+    """Atomic (rename), not fsynced: it only matters while this boot runs, and a crash of agentd keeps the page cache."""
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.tmp")  # the reaper at start removes a torn one
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, json.dumps(data).encode())
-        os.fsync(fd)
+        os.write(fd, ("{" + ", ".join(f"{_json(k)}: {_json(v)}" for k, v in data.items()) + "}").encode())
     finally:
         os.close(fd)
     os.rename(tmp, path)

@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 import trio
 
-from . import procs, systemd
+from . import systemd
 from .config import Config, Paths
 from .conversations import ConversationService, new_id
 from .hub import Hub
@@ -74,8 +74,6 @@ async def serve(config: Config, paths: Paths) -> None:
         listener = Server.bind_unix(paths.socket)
         bound = True
 
-    # Before any runtime of ours starts: end what a previous (killed) instance left running.
-    await trio.to_thread.run_sync(procs.reap_previous, paths.state_dir)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         try:
             async with trio.open_nursery() as infra:

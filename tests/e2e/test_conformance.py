@@ -44,8 +44,10 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
 
 FILE = "conformance.txt"
 COMMAND = f"echo conformance > {FILE}"
-#: a tool call still running when agentd is SIGKILLed (``sleep 321`` is what the scan looks for)
-SLOW_COMMAND = f"sleep 321; echo conformance > {FILE}"
+#: a tool call still running when agentd is SIGKILLed (``tail -f /dev/null`` is what the test looks for;
+#: Claude Code refuses ``sleep N; ...``; ``timeout`` moves itself to a process group of its own)
+SLOW_COMMAND = f"timeout 321 tail -f /dev/null; echo conformance > {FILE}"
+SLOW_ARGV = ["tail", "-f", "/dev/null"]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -382,11 +384,14 @@ def test_daemon_killed_mid_tool_call_leaves_no_runtime_process_and_the_next_prom
     old_start = _proc(old_pid)[0]
 
     def tool_running() -> list[int]:
-        return [p for p in _descendants(old_pid) if (_proc(p) or (0, []))[1][:2] == ["sleep", "321"]]
+        return [p for p in _descendants(old_pid) if (_proc(p) or (0, []))[1] == SLOW_ARGV]
 
     deadline = time.monotonic() + 90
     while not tool_running():
-        assert time.monotonic() < deadline, f"the tool never ran; follower saw {[l.get('type') for l in follower.lines]}"
+        seen = [line.get("type") for line in follower.lines]
+        assert time.monotonic() < deadline and "result" not in seen, (
+            f"the tool never ran; follower saw {seen}; tools: "
+            f"{[r['data'] for r in daemon.journal(cid) if r['type'] == 'item' and r['data'].get('tool')][-1:]}")
         time.sleep(0.05)
     old = {p: _proc(p) for p in _descendants(old_pid)}
     old = {p: v for p, v in old.items() if v is not None}

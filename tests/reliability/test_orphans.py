@@ -25,6 +25,7 @@ from agentd import wire
 from daemon_harness import Daemon
 
 from .conftest import fast_daemon, log_events, wait_for
+from .figures import FAULTS
 
 AGENT = Path(__file__).parent / "acp_fault_agent.py"
 
@@ -100,6 +101,8 @@ def test_sigkill_of_agentd_leaves_no_process_of_a_runtime_that_ignores_eof_and_s
         wait_for(lambda: not any(alive(p) for p in everyone), timeout=15)
         gone_s = time.monotonic() - t0
         assert gone_s < 10, gone_s
+        print(f"\nSIGKILL of agentd -> its runtime's 4 processes gone in {gone_s:.2f} s")
+        FAULTS["agentd SIGKILLed mid tool call (orphans)"] += 1
         d.start()
         _assert_recovered(d, cid, run)
         assert not list((d.state_dir / "runtimes").glob("*.json")) or all(
@@ -131,6 +134,8 @@ def test_restart_reaps_the_groups_a_killed_agentd_left_running(tmp_path: Path) -
         assert reaped[0]["pid"] == keeper["pid"] and reaped[0]["pgid"] == keeper["pgid"]
         assert reaped[0]["what"] == "acp:fault" and reaped[0]["processes"] == 4
         assert start_s < 10, start_s
+        print(f"\nrestart with a frozen runtime left: reaped {reaped[0]['processes']} processes, start took {start_s:.2f} s")
+        FAULTS["agentd SIGKILLed with its runtime frozen (reaped at start)"] += 1
         _assert_recovered(d, cid, run)
     finally:
         d.stop()
@@ -160,6 +165,7 @@ def test_a_recorded_pid_that_now_names_another_process_is_not_killed(tmp_path: P
             assert [e["pid"] for e in stale] == [pid]
             assert not [e for e in log_events(d) if e.get("event") == "runtime.reaped"]
             assert not (records / f"{pid}.json").exists()
+            FAULTS["stale runtime record (pid reused)"] += 1
         finally:
             d.stop()
     finally:

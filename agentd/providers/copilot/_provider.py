@@ -451,6 +451,8 @@ class CopilotProvider:
                     raise
                 log.debug("copilot.stop_failed", error=str(exc))
         if not stopped:
+            if rt.pid is not None:
+                procs.kill(rt.pid)  # the keeper kills what the SDK's SIGKILL of it would leave
             with trio.move_on_after(STOP_TIMEOUT_S):
                 try:
                     await bridge.run(rt.client.force_stop)
