@@ -45,8 +45,9 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
 FILE = "conformance.txt"
 COMMAND = f"echo conformance > {FILE}"
 #: a tool call still running when agentd is SIGKILLed (``tail -f /dev/null`` is what the test looks for;
-#: Claude Code refuses ``sleep N; ...``; ``timeout`` moves itself to a process group of its own)
-SLOW_COMMAND = f"timeout 321 tail -f /dev/null; echo conformance > {FILE}"
+#: Claude Code refuses ``sleep N; ...``; ``timeout`` moves itself to a process group of its own; on a pipe,
+#: ``tail -f`` would notice its reader gone and end by itself)
+SLOW_COMMAND = f"timeout 321 tail -f /dev/null > /dev/null; echo conformance > {FILE}"
 SLOW_ARGV = ["tail", "-f", "/dev/null"]
 
 
@@ -396,8 +397,6 @@ def test_daemon_killed_mid_tool_call_leaves_no_runtime_process_and_the_next_prom
     old = {p: _proc(p) for p in _descendants(old_pid)}
     old = {p: v for p, v in old.items() if v is not None}
     records = [json.loads(f.read_text()) for f in (daemon.state_dir / "runtimes").glob("*.json")]
-    assert records, "agentd recorded no runtime process"
-    assert all(r["parent"] == old_pid for r in records)
     commands = {tuple(argv) for _, argv in old.values()}
     daemon.kill()
     follower.finish(timeout=30)
@@ -430,6 +429,8 @@ def test_daemon_killed_mid_tool_call_leaves_no_runtime_process_and_the_next_prom
     while left() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left(), left()
+    assert records, "agentd recorded no runtime process"
+    assert all(r["parent"] == old_pid for r in records)
     daemon.start()
     runtime.text_only("Alive again.")
     again = Follower(daemon, cid, "Are you there?")
