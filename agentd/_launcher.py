@@ -55,18 +55,9 @@ def _prctl(option: int, arg: int) -> int:
         return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
 
 
-def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat (clock ticks after boot), or None when PID is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return int(data[data.rindex(b")") + 2:].split()[19])
-
-
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(ppid, pgid) of PID, or None."""
+def stat(pid: int) -> tuple[int, int, int] | None:
+    """(ppid, pgid, start time) of a live PID from /proc/PID/stat (start time: field 22, clock
+    ticks after boot); None when it is gone or a zombie (which needs no signal)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -74,25 +65,39 @@ def _stat(pid: int) -> tuple[int, int] | None:
         return None
     fields = data[data.rindex(b")") + 2:].split()
     if fields[0] == b"Z":
-        return None  # a zombie needs no signal
-    return int(fields[1]), int(fields[2])
+        return None
+    return int(fields[1]), int(fields[2]), int(fields[19])
+
+
+def start_time(pid: int) -> int | None:
+    st = stat(pid)
+    return st[2] if st is not None else None
+
+
+def table() -> dict[int, tuple[int, int, int]]:
+    """``stat`` of every live process."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = stat(int(name))
+            if st is not None:
+                out[int(name)] = st
+    return out
+
+
+def group_and_below(pgid: int, procs: dict[int, tuple[int, int, int]]) -> set[int]:
+    """The members of group ``pgid`` and, through ppid links, every descendant of them and of ``pgid``."""
+    found = {pid for pid, (_, group, _) in procs.items() if group == pgid}
+    frontier = found | {pgid}
+    while frontier:
+        frontier = {pid for pid, (ppid, _, _) in procs.items() if ppid in frontier and pid not in found}
+        found |= frontier
+    return found
 
 
 def _others(me: int) -> list[int]:
-    """Processes in my group or below me (via ppid), without me."""
-    table: dict[int, tuple[int, int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = _stat(int(name))
-            if st is not None:
-                table[int(name)] = st
-    found = {pid for pid, (_, pgid) in table.items() if pgid == me}
-    frontier = found | {me}
-    while frontier:
-        frontier = {pid for pid, (ppid, _) in table.items() if ppid in frontier and pid not in found}
-        found |= frontier
-    found.discard(me)
-    return sorted(found)
+    """Processes in my group or below me, without me."""
+    return sorted(group_and_below(me, table()) - {me})
 
 
 def _signal_all(pids: list[int], sig: int) -> None:

@@ -39,7 +39,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from . import _fsutil
+from . import _fsutil, _launcher
 
 log = structlog.get_logger("agentd.procs")
 
@@ -153,34 +153,6 @@ def ended(pid: int | None, state_dir: Path) -> None:
         pass
 
 
-def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat (clock ticks after boot), or None when PID is gone."""
-    st = _stat(pid)
-    return st[2] if st is not None else None
-
-
-def _stat(pid: int) -> tuple[int, int, int] | None:
-    """(ppid, pgid, start time) of a live (not zombie) PID, or None."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    fields = data[data.rindex(b")") + 2:].split()
-    if fields[0] == b"Z":
-        return None
-    return int(fields[1]), int(fields[2]), int(fields[19])
-
-
-def _table() -> dict[int, tuple[int, int, int]]:
-    table = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = _stat(int(name))
-            if st is not None:
-                table[int(name)] = st
-    return table
-
-
 def _boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -188,20 +160,16 @@ def _boot_id() -> str:
         return ""
 
 
-def _targets(rec: RuntimeRecord, table: dict[int, tuple[int, int, int]]) -> tuple[list[int], str]:
+def _targets(rec: RuntimeRecord, procs: dict[int, tuple[int, int, int]]) -> tuple[list[int], str]:
     """The pids of ``rec``'s group (and the keeper's descendants) still alive, and why they match."""
-    leader = table.get(rec.pgid)
+    leader = procs.get(rec.pgid)
     if leader is not None:
         if leader[2] != rec.start:
             return [], "pid reused"  # a new process holds the pid (and so the group id): not ours
-        found = {pid for pid, (_, pgid, _) in table.items() if pgid == rec.pgid}
-        frontier = set(found)
-        while frontier:
-            frontier = {pid for pid, (ppid, _, _) in table.items() if ppid in frontier and pid not in found}
-            found |= frontier
-        return sorted(found), "keeper alive"
+        return sorted(_launcher.group_and_below(rec.pgid, procs)), "keeper alive"
     # The keeper is gone; members left in its group were started after it.
-    left = [pid for pid, (_, pgid, start) in table.items() if pgid == rec.pgid and rec.start is not None and start >= rec.start]
+    left = [pid for pid, (_, pgid, start) in procs.items()
+            if pgid == rec.pgid and rec.start is not None and start >= rec.start]
     return sorted(left), "group left without its keeper"
 
 
@@ -221,7 +189,7 @@ def reap_previous(state_dir: Path, *, grace_s: float = GRACE_S) -> list[RuntimeR
         return []
     boot = _boot_id()
     me = os.getpid()
-    table = _table()
+    table = _launcher.table()
     work: list[tuple[RuntimeRecord, list[int], str, Path]] = []
     for name in names:
         path = directory / name
@@ -268,7 +236,7 @@ def reap_previous(state_dir: Path, *, grace_s: float = GRACE_S) -> list[RuntimeR
 
 
 def _alive(pids: list[int]) -> list[int]:
-    return [pid for pid in pids if _stat(pid) is not None]
+    return [pid for pid in pids if _launcher.stat(pid) is not None]
 
 
 def _signal(pgid: int, pids: list[int], sig: int) -> None:
