@@ -172,3 +172,25 @@ def test_a_recorded_pid_that_now_names_another_process_is_not_killed(tmp_path: P
         bystander.kill()
         bystander.wait()
 
+
+
+def test_a_runtime_outlives_the_thread_that_spawned_it(tmp_path: Path) -> None:
+    """The parent-death signal fires when the spawning *thread* ends (trio's idle worker threads end
+    after 10 s): the keeper must tell that from agentd's death, so the agent keeps running."""
+    starts = tmp_path / "starts.log"
+    d = fast_daemon(tmp_path, _config() + f'env = {{ FAULT_AGENT_LOG = "{starts}" }}\n').start()
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        with d.client() as client:
+            cid = client.request(wire.New, provider="acp:fault", workdir=str(work))["id"]
+            client.subscribe(cid)
+            for text in ("before", "after"):
+                run = client.request(wire.Send, conversation=cid, text=text)["run"]
+                end = client.follow(run, timeout=30)[-1]
+                assert msgspec.json.decode(end.data)["state"] == "completed"
+                if text == "before":
+                    time.sleep(12)  # past trio's 10 s thread-cache idle timeout
+        assert len(starts.read_text().splitlines()) == 1, starts.read_text()
+    finally:
+        d.stop()
