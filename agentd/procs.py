@@ -183,10 +183,8 @@ def reap_previous(state_dir: Path, *, grace_s: float = GRACE_S) -> list[RuntimeR
     if not SUPPORTED:
         return []
     directory = records_dir(state_dir)
-    try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        return []
+    _fsutil.make_dirs(directory)  # here, in a worker thread: later spawns on the trio thread only stat it
+    names = sorted(os.listdir(directory))
     boot = _boot_id()
     me = os.getpid()
     table = _launcher.table()
