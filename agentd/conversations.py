@@ -328,6 +328,7 @@ class ConversationService:
             log.error("journal.unreadable", conversation=record.id, error=exc.message)
             lines = []
         pending: dict[str, c.Interaction] = {}
+        tools: dict[tuple[str, str], c.Item] = {}  # the active run's tool items, latest record of each
         ended: set[str] = set()
         usage: c.Usage | None = None
         for line in lines:
@@ -342,6 +343,10 @@ class ConversationService:
                     pending[inter.id] = inter
                 else:
                     pending.pop(inter.id, None)
+            elif rec.type == "item" and rec.run == record.active_run:
+                item = msgspec.json.decode(rec.data, type=c.Item)
+                if item.tool is not None:
+                    tools[(item.agent_id, item.id)] = item
             elif rec.type == "turn" and msgspec.json.decode(rec.data, type=c.Turn).state.terminal:
                 ended.add(rec.run)
         for run in runs:
@@ -353,6 +358,8 @@ class ConversationService:
                         inter, state=c.InteractionState.EXPIRED, resolution=c.RUN_INTERRUPTED
                     )
                     await self._append(live, "interaction", _json.encode(expired), run=run)
+                for item in _unfinished_tools(tools.values()):
+                    await self._append(live, "item", _json.encode(item), run=run)
                 error = "agentd stopped while this turn was running; the prompt was not resent"
             else:
                 error = "agentd stopped before this queued prompt was sent; it was not sent"
@@ -1588,3 +1595,19 @@ def title_from_prompt(text: str, limit: int = PROMPT_TITLE_CHARS) -> str:
 def _journaled(attachments: "list[c.Attachment]") -> list[c.Attachment]:
     """Attachments as journaled: without the stored path."""
     return [msgspec.structs.replace(a, path="") if a.path else a for a in attachments]
+
+
+def _unfinished_tools(items: "Iterable[c.Item]") -> list[c.Item]:
+    """Tool items a crash cut short, ended as the providers end them: ``failed``, the reason
+    (``run_interrupted``) appended to the output, no live tail."""
+    now = c.utcnow()
+    out = []
+    for item in items:
+        tool = item.tool
+        if tool is None or tool.status not in (c.ToolStatus.RUNNING, c.ToolStatus.PENDING):
+            continue
+        why = c.RUN_INTERRUPTED
+        tool = msgspec.structs.replace(tool, status=c.ToolStatus.FAILED, tail=[],
+                                       output=f"{tool.output}\n{why}" if tool.output else why)
+        out.append(msgspec.structs.replace(item, tool=tool, ended_at=now))
+    return out

@@ -4,7 +4,9 @@ Each configured provider runs its ``run()`` in this module's nursery for the
 daemon's whole life; the provider starts its runtime process lazily (on the
 first ``open`` or ``models``) and stops only what it started when ``run()``
 is cancelled. If a provider's ``run()`` itself fails, it is restarted with
-exponential backoff; conversations on it see ``closed`` until then.
+exponential backoff; conversations on it see ``closed`` until then. Before
+any of that, :meth:`Runtimes.run` ends the runtime processes a previous,
+killed instance left running (:func:`agentd.procs.reap_previous`).
 
 A provider is built (its module, and so its SDK, imported) in a worker
 thread on first use: github-copilot-sdk and claude-agent-sdk take seconds to
@@ -23,7 +25,7 @@ import structlog
 import trio
 
 from . import contract as c
-from . import wire
+from . import procs, wire
 
 if TYPE_CHECKING:
     from . import agentfs
@@ -143,8 +145,11 @@ class Runtimes:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Build and run every provider until cancelled; restart a provider whose run() failed.
 
-        ``task_status.started()`` comes at once: each provider is built on its first get().
+        First ends what runtimes a previous (killed) instance left running (:mod:`agentd.procs`),
+        up to its grace when there are any; then ``task_status.started()`` comes at once:
+        each provider is built on its first get().
         """
+        await trio.to_thread.run_sync(procs.reap_previous, self.state_dir)
         backoff = self.config.runtimes
         async with trio.open_nursery() as nursery:
             for slot in self._slots.values():

@@ -22,13 +22,14 @@ import os
 import signal
 import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import structlog
 import trio
 
-from .. import runtime_output
+from .. import procs, runtime_output
 
 log = structlog.get_logger("agentd.providers.jsonrpc")
 
@@ -43,6 +44,8 @@ MAX_LINE_BYTES = runtime_output.MAX_MESSAGE_BYTES
 EOF_GRACE_S = 0.3
 #: SIGTERM to SIGKILL.
 TERM_GRACE_S = 2.0
+#: For the keeper to SIGKILL the agent's group and descendants; then agentd kills the group itself.
+KILL_WAIT_S = 1.0
 #: stderr lines kept to explain an exit.
 STDERR_TAIL = 40
 
@@ -315,13 +318,14 @@ class AgentProcess:
     flight failed with :class:`ConnectionLost` carrying the same reason.
     """
 
-    def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str, label: str,
+    def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str, label: str, state_dir: Path,
                  on_request: RequestHandler, on_notification: NotificationHandler,
                  on_exit: Callable[[str], None]) -> None:
         self.argv = argv
         self.env = env
         self.cwd = cwd
         self.label = label
+        self.state_dir = state_dir
         self._on_request = on_request
         self._on_notification = on_notification
         self._on_exit = on_exit
@@ -344,10 +348,12 @@ class AgentProcess:
     async def start(self, nursery: trio.Nursery) -> None:
         """Spawn the process and start serving it in ``nursery``.
 
-        Raises OSError when it cannot be started. Does not initialize.
+        Raises OSError when it cannot be started. Does not initialize. It runs
+        under the keeper of :mod:`agentd.procs` (its own group, ended with agentd).
         """
+        argv = procs.launch_argv(self.argv, state_dir=self.state_dir, what=self.label, path=self.env.get("PATH"))
         self.proc = await trio.lowlevel.open_process(
-            self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             cwd=self.cwd, env=self.env, start_new_session=True)
         assert self.proc.stdin is not None
         self.conn = Connection(self.proc.stdin, on_request=self._on_request,
@@ -439,7 +445,7 @@ class AgentProcess:
                             await stream.aclose()
                         except Exception:
                             pass
-                _killpg(proc.pid, signal.SIGKILL)  # leftovers of the group (tools, subprocesses)
+                procs.ended(proc.pid, self.state_dir)  # leftovers of the group (tools, subprocesses)
             self.exit_reason = conn.violation or self._eof_reason or self.describe_exit()
             conn.close(self.exit_reason)
             self._ended.set()
@@ -484,6 +490,10 @@ class AgentProcess:
         if proc.returncode is None:
             _killpg(proc.pid, signal.SIGTERM)
             with trio.move_on_after(TERM_GRACE_S):
+                await proc.wait()
+        if proc.returncode is None:
+            procs.kill(proc.pid)
+            with trio.move_on_after(KILL_WAIT_S):
                 await proc.wait()
         if proc.returncode is None:
             _killpg(proc.pid, signal.SIGKILL)

@@ -38,6 +38,7 @@ import msgspec
 import structlog
 import trio
 
+from .. import procs
 from .._fsutil import make_dirs, read_file
 from ..config import ScriptConfig
 from .. import runtime_output
@@ -524,6 +525,7 @@ class ScriptProvider:
         self.name = name
         self.config = config
         self.dir = Path(state_dir) / "providers" / name
+        self.state_dir = Path(state_dir)
         self.scripts_dir = Path(config.scripts_dir).expanduser() if config.scripts_dir else Path(state_dir) / "scripts"
         self._nursery: trio.Nursery | None = None
         self._open: dict[str, ScriptConversation] = {}
@@ -1157,8 +1159,9 @@ class ScriptConversation:
                 out.line(partial_line, err)
 
         try:
+            argv = procs.launch_argv(["bash", "-c", command], state_dir=self._provider.state_dir, what="script tool")
             proc = await trio.lowlevel.open_process(
-                ["bash", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, cwd=self.workdir, start_new_session=True)
         except OSError as exc:
             return None, f"could not start bash: {exc}", ""
@@ -1175,6 +1178,7 @@ class ScriptConversation:
         finally:
             with trio.CancelScope(shield=True):
                 await _stop_group(proc)
+                procs.ended(proc.pid, self._provider.state_dir)
             if (item.agent_id, item.id) in turn.live:
                 # A cancel finishes the live item: let it keep the output so far.
                 assert item.tool is not None
@@ -1352,6 +1356,10 @@ async def _stop_group(proc: trio.Process) -> None:
         _signal_group(proc.pid, signal.SIGTERM)
         with trio.move_on_after(KILL_GRACE):
             await proc.wait()
+        if proc.returncode is None:
+            procs.kill(proc.pid)  # the keeper kills the group and what left it
+            with trio.move_on_after(1.0):
+                await proc.wait()
         if proc.returncode is None:
             _signal_group(proc.pid, signal.SIGKILL)
     else:

@@ -41,6 +41,7 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
     "model_fails": ("model_endpoint",),
     "large_output": ("permissions",),
     "unknown_event": (),
+    "daemon_killed": (),
 }
 
 #: large_output: 8 MiB of numbered lines from the runtime's own shell tool
@@ -49,6 +50,11 @@ BIG_COMMAND = f"seq 1 2000000 | head -c {BIG_BYTES}"
 
 FILE = "conformance.txt"
 COMMAND = f"echo conformance > {FILE}"
+#: a tool call still running when agentd is SIGKILLed (``tail -f /dev/null`` is what the test looks for;
+#: Claude Code refuses ``sleep N; ...``; ``timeout`` moves itself to a process group of its own; on a pipe,
+#: ``tail -f`` would notice its reader gone and end by itself)
+SLOW_COMMAND = f"timeout 321 tail -f /dev/null > /dev/null; echo conformance > {FILE}"
+SLOW_ARGV = ["tail", "-f", "/dev/null"]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -428,3 +434,100 @@ def test_a_kind_agentd_does_not_know_becomes_an_unknown_record_with_its_type_nam
         runtime.check_unknown_mapping()
         request.node.user_properties.append(
             ("note", "the runtime sent no unknown kind; its provider's mapping was checked with one in its real shape"))
+
+def _proc(pid: int) -> tuple[int, list[str]] | None:
+    """(start time in clock ticks after boot, argv) of a live, non-zombie ``pid``; None when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if stat[0] == "Z":
+        return None
+    return int(stat[19]), [a.decode(errors="replace") for a in argv if a]
+
+
+def _ours(pid: int, root: Path) -> bool:
+    """Whether ``pid`` belongs to this test's daemon: its environment names our state dir, or it runs under our root."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return False
+    return f"AGENTD_STATE_DIR={root}".encode() in environ or cwd.startswith(str(root))
+
+
+@pytest.mark.parametrize("scenario", ["daemon_killed"])
+def test_daemon_killed_mid_tool_call_leaves_no_runtime_process_and_the_next_prompt_works(
+    runtime: Runtime, daemon: Daemon, workdir: Path, scenario: str, request: pytest.FixtureRequest
+) -> None:
+    """SIGKILL of agentd while the runtime runs a tool: nothing of the old runtime stays alive
+    (by the pids and groups agentd recorded, and by a /proc scan for its commands started since
+    the old daemon started), and after a restart the conversation takes a new prompt."""
+    if not _supported(daemon, runtime, scenario, request):
+        return
+    runtime.call_tool(SLOW_COMMAND)
+    cid = _new(daemon, runtime, workdir, scenario, "--yolo")
+    follower = Follower(daemon, cid, "Run the command")
+    old_pid = daemon.proc.pid
+    old_start = _proc(old_pid)[0]
+
+    def tool_running() -> list[int]:
+        return [p for p in _descendants(old_pid) if (_proc(p) or (0, []))[1] == SLOW_ARGV]
+
+    deadline = time.monotonic() + 90
+    while not tool_running():
+        seen = [line.get("type") for line in follower.lines]
+        assert time.monotonic() < deadline and "result" not in seen, (
+            f"the tool never ran; follower saw {seen}; tools: "
+            f"{[r['data'] for r in daemon.journal(cid) if r['type'] == 'item' and r['data'].get('tool')][-1:]}")
+        time.sleep(0.05)
+    old = {p: _proc(p) for p in _descendants(old_pid)}
+    old = {p: v for p, v in old.items() if v is not None}
+    records = [json.loads(f.read_text()) for f in (daemon.state_dir / "runtimes").glob("*.json")]
+    commands = {tuple(argv) for _, argv in old.values()}
+    daemon.kill()
+    follower.finish(timeout=30)
+
+    def left() -> list[str]:
+        out = []
+        for pid, (start, argv) in old.items():
+            now = _proc(pid)
+            if now is not None and now[0] == start:
+                out.append(f"{pid} {' '.join(argv)[:120]}")
+        for r in records:
+            for pid in (r["pid"], r["runtime_pid"]):
+                now = _proc(pid)
+                if now is not None and now[0] in (r["start"], r["runtime_start"]):
+                    out.append(f"recorded {pid}")
+            try:
+                os.killpg(r["pgid"], 0)
+                out.append(f"group {r['pgid']}")
+            except OSError:
+                pass
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                now = _proc(int(entry))
+                if (now is not None and now[0] >= old_start and tuple(now[1]) in commands
+                        and _ours(int(entry), daemon.root)):
+                    out.append(f"scan {entry} {' '.join(now[1])[:120]}")
+        return sorted(set(out))
+
+    killed_at = time.monotonic()
+    deadline = killed_at + 20
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left(), left()
+    print(f"\n{runtime.name}: {len(old)} processes under agentd, none left {time.monotonic() - killed_at:.1f} s after its SIGKILL")
+    assert records, "agentd recorded no runtime process"
+    assert all(r["parent"] == old_pid for r in records)
+    daemon.start()
+    runtime.text_only("Alive again.")
+    again = Follower(daemon, cid, "Are you there?")
+    assert again.finish() == 0, again.stderr()
+    tools: dict[str, dict[str, Any]] = {}
+    first_run = next(r["run"] for r in daemon.journal(cid) if r["type"] == "prompt")
+    for r in daemon.journal(cid):
+        if r["type"] == "item" and r.get("run") == first_run and r["data"].get("tool"):
+            tools[r["data"]["id"]] = r["data"]["tool"]
+    assert all(t.get("status", "running") in ("completed", "failed") for t in tools.values()), tools

@@ -18,6 +18,10 @@ what to do:
   a stderr line of invalid UTF-8, then ``end_turn``
 * ``unknown``      -> a session/update of a kind no agentd knows (``future_thing``), a known
   chunk with an extra unknown field, then ``end_turn``
+* ``orphans PATH`` -> a runtime that will not die: ignores SIGTERM and stdin EOF, announces a
+  running tool call, starts two SIGTERM-ignoring children (one in its process group, one
+  ``setsid``-ed away like Claude Code's tool shells), writes ``{"agent", "child", "escapee"}``
+  pids as JSON to PATH, then sleeps forever
 * ``read PATH`` / ``write PATH CONTENT`` -> fs/read_text_file / fs/write_text_file,
   answering ``ok:<content>`` or ``error:<message>``
 * ``readlines PATH LINE LIMIT`` -> fs/read_text_file of that line range, answered like ``read``
@@ -168,9 +172,25 @@ def leak(session: str, rid: Any, rest: str) -> bool:
     return False
 
 
+def orphans(session: str, rid: Any, rest: str) -> bool:
+    import signal
+    import subprocess
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the children, across exec too
+    send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session, "update": {
+        "sessionUpdate": "tool_call", "toolCallId": "build-1", "title": "make build", "kind": "execute",
+        "status": "in_progress"}}})
+    sleeper = [sys.executable, "-c", "import time; time.sleep(3600)"]
+    child = subprocess.Popen(sleeper, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    escapee = subprocess.Popen(sleeper, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+    Path(rest.strip()).write_text(json.dumps({"agent": os.getpid(), "child": child.pid, "escapee": escapee.pid}))
+    while True:  # no stdin EOF check, no parent check
+        time.sleep(1)
+
+
 COMMANDS = {**fake.COMMANDS, "readlines": readlines, "readmany": readmany, "oddbytes": oddbytes, "unknown": unknown,
-            "crash": crash, "hang": hang, "flood": flood, "bigline": bigline, "notrpc": notrpc, "badresult": badresult,
-            "leak": leak}
+            "orphans": orphans, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline, "notrpc": notrpc,
+            "badresult": badresult, "leak": leak}
 
 
 def log_prompts(path: str) -> None:

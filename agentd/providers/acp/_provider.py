@@ -140,7 +140,7 @@ class _Agent:
         self._failure_noted = False
         self.proc = AgentProcess(
             list(provider.config.command), env=provider.agent_env(), cwd=cwd, label=provider.name,
-            on_request=self._on_request, on_notification=self._on_notification, on_exit=self._on_exit)
+            state_dir=provider.state_dir, on_request=self._on_request, on_notification=self._on_notification, on_exit=self._on_exit)
         self.sessions: dict[str, AcpConversation] = {}
         self._early: list[tuple[str, dict[str, Any]]] = []
         self.init = s.InitializeResponse()
@@ -271,6 +271,7 @@ class AcpProvider:
         self.config = config
         self.display_name = config.display_name or f"ACP: {self.agent}"
         self.dir = Path(state_dir) / "providers" / "acp" / self.agent
+        self.state_dir = Path(state_dir)
         self._nursery: trio.Nursery | None = None
         self._open: dict[str, AcpConversation] = {}
         #: what the agent advertised in its latest initialize

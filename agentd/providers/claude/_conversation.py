@@ -44,7 +44,7 @@ import msgspec
 import structlog
 import trio
 
-from ... import runtime_output
+from ... import procs, runtime_output
 from ..._fsutil import read_file
 from ...contract import (
     Activity,
@@ -576,10 +576,12 @@ class ClaudeConversation:
             raise
         finally:
             with trio.CancelScope(shield=True):
+                keeper = session.pid
                 try:
                     await client.disconnect()
                 except Exception as exc:
                     log.debug("claude.disconnect_failed", conversation=self.id, error=str(exc))
+                procs.ended(keeper, self._provider.state_dir)
                 session.done.set()
                 if self._session is session:
                     self._session = None

@@ -45,7 +45,7 @@ import msgspec
 import structlog
 import trio
 
-from ... import runtime_output
+from ... import procs, runtime_output
 from ..._fsutil import atomic_write, make_dirs, read_file
 from ...contract import (
     Account,
@@ -361,10 +361,14 @@ class ClaudeProvider:
         """The SDK options of one CLI process of ``conv`` (resuming its session, or creating it)."""
         from claude_agent_sdk import ClaudeAgentOptions
 
-        cli = await trio.to_thread.run_sync(resolve_cli_path, self.config.cli_path, self.config.env or {})
+        def launcher() -> str:
+            cli = resolve_cli_path(self.config.cli_path, self.config.env or {})
+            # The SDK spawns [cli_path, args...] itself: cli_path is a script running the CLI under agentd's keeper.
+            return procs.launch_script([cli], state_dir=self.state_dir, what=self.name)
+
         return ClaudeAgentOptions(
             cwd=conv.workdir,
-            cli_path=cli,
+            cli_path=await trio.to_thread.run_sync(launcher),
             env=self.cli_env(),
             model=conv.model or None,
             effort=conv.effort or None,  # type: ignore[arg-type]

@@ -68,7 +68,7 @@ class AppServer:
         self.threads: dict[str, CodexConversation] = {}
         self._failure_noted = False
         self.proc = AgentProcess(provider.argv(), env=provider.env(), cwd=str(provider.dir), label=provider.name,
-                                 on_request=self._on_request, on_notification=self._on_notification,
+                                 state_dir=provider.state_dir, on_request=self._on_request, on_notification=self._on_notification,
                                  on_exit=self._on_exit)
 
     @property
@@ -164,6 +164,8 @@ class CodexProvider:
         self.name = name
         self.config = config
         self.display_name = "OpenAI Codex"
+        #: agentd's state dir: the app-server runs under a keeper recorded there (agentd.procs)
+        self.state_dir = Path(state_dir)
         self.dir = Path(state_dir) / "providers" / "codex"
         self.home = Path(os.path.expanduser(config.codex_home)) if config.codex_home else self.dir / "home"
         self.restarts = RestartBackoff(f"the {name} app-server", provider=name, log_prefix="codex", policy=restart_policy)

@@ -35,7 +35,7 @@ import trio
 from copilot import CopilotClient, RuntimeConnection, SessionListFilter
 from copilot._jsonrpc import JsonRpcError, ProcessExitedError
 
-from ... import _fsutil
+from ... import _fsutil, procs
 from ...contract import (
     Account,
     Capabilities,
@@ -328,17 +328,20 @@ class CopilotProvider:
             home = self.copilot_home
             workdir = self.state_dir / "providers" / self.name
 
-            def make_dirs() -> None:
+            def make_dirs() -> str:
                 home.mkdir(parents=True, exist_ok=True)
                 _fsutil.make_dirs(workdir)  # under the state dir: 0700, parents too
+                # The SDK spawns [path, args...] itself: path is a script running the CLI under agentd's keeper.
+                command = ["node", cli] if cli.endswith(".js") else [cli]
+                return procs.launch_script(command, state_dir=self.state_dir, what=self.name)
 
-            await trio.to_thread.run_sync(make_dirs)
+            launcher = await trio.to_thread.run_sync(make_dirs)
             self._generation += 1
             generation = self._generation
 
             async def start() -> CopilotClient:
                 client = CopilotClient(
-                    connection=RuntimeConnection.for_stdio(path=cli),
+                    connection=RuntimeConnection.for_stdio(path=launcher),
                     working_directory=str(workdir),
                     env=self._cli_env(),
                     base_directory=str(home),
@@ -413,6 +416,8 @@ class CopilotProvider:
         if proc is not None:
             with trio.move_on_after(1.0):
                 code = await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True)
+        if code is not None:
+            procs.ended(rt.pid, self.state_dir)
         reason = f"the Copilot CLI exited unexpectedly ({_describe_exit(code)})"
         tail = rt.stderr_tail()
         if tail:
@@ -449,12 +454,15 @@ class CopilotProvider:
                     raise
                 log.debug("copilot.stop_failed", error=str(exc))
         if not stopped:
+            if rt.pid is not None:
+                procs.kill(rt.pid)  # the keeper kills what the SDK's SIGKILL of it would leave
             with trio.move_on_after(STOP_TIMEOUT_S):
                 try:
                     await bridge.run(rt.client.force_stop)
                 except Exception as exc:
                     log.debug("copilot.force_stop_failed", error=str(exc))
         rt.alive = False
+        procs.ended(rt.pid, self.state_dir)
         log.info("copilot.runtime_stopped", provider=self.name, generation=rt.generation)
 
     async def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,275 @@
+"""The keeper between agentd and one runtime process: ``python -I -S _launcher.py ARGS -- CMD...``.
+
+Run as a script (stdlib only, no agentd import: it starts in ~20 ms). It
+puts itself at the head of a process group of its own, forks CMD, records
+both in ``RECORDS/<its pid>.json`` and waits. Why a process of its own
+rather than a ``preexec_fn``: Linux sends the parent-death signal when the
+parent *thread* ends, and agentd's spawns come from trio's worker threads
+and the SDKs' threads, which end long before the runtime should. So:
+
+* the runtime child gets ``PR_SET_PDEATHSIG`` SIGKILL with this keeper (one
+  thread, alive as long as it is) as its parent;
+* this keeper gets ``PR_SET_PDEATHSIG`` SIGUSR1 and, on it, looks at
+  ``getppid()``: the same agentd process means only a thread of it ended
+  (ignored); another means agentd died, and it ends the runtime: SIGTERM to
+  its group and every descendant, then SIGKILL after ``--grace`` seconds;
+* it is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so a tool shell that
+  ``setsid``-ed itself away from the group and lost its parent is reparented
+  here, not to init, and is still found as a descendant.
+
+Signals agentd (or an SDK) sends it (TERM, INT, HUP, QUIT) are passed to
+the runtime; SIGUSR2 from agentd means "SIGKILL all of it" (group and
+descendants, then itself), since a SIGKILL of the keeper could not reach
+the descendants that left its group. When the runtime exits, what is left of its group and its
+descendants is SIGKILLed, the record removed, and the keeper exits the way
+the runtime did (same code, or the same signal). Its stdio is /dev/null
+after the fork, so the runtime's pipes close when the runtime's do.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import _signal as signal  # the signal module's enums would cost ~10 ms of start-up
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+WATCH = signal.SIGUSR1
+#: agentd's "SIGKILL all of it": a SIGKILL of the keeper itself would leave setsid-ed descendants behind.
+KILL_ALL = signal.SIGUSR2
+
+
+def _prctl(option: int, arg: int) -> int:
+    """prctl(2). Through _ctypes when it can (import ctypes costs ~15 ms of every runtime start)."""
+    try:
+        import _ctypes
+
+        fn = _ctypes.dlsym(_ctypes.dlopen(None, os.RTLD_NOW), "prctl")
+        return _ctypes.call_function(fn, (option, arg, 0, 0, 0))
+    except (ImportError, AttributeError, OSError):
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
+
+
+def stat(pid: int) -> tuple[int, int, int] | None:
+    """(ppid, pgid, start time) of a live PID from /proc/PID/stat (start time: field 22, clock
+    ticks after boot); None when it is gone or a zombie (which needs no signal)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2:].split()
+    if fields[0] == b"Z":
+        return None
+    return int(fields[1]), int(fields[2]), int(fields[19])
+
+
+def start_time(pid: int) -> int | None:
+    st = stat(pid)
+    return st[2] if st is not None else None
+
+
+def table() -> dict[int, tuple[int, int, int]]:
+    """``stat`` of every live process."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = stat(int(name))
+            if st is not None:
+                out[int(name)] = st
+    return out
+
+
+def group_and_below(pgid: int, procs: dict[int, tuple[int, int, int]]) -> set[int]:
+    """The members of group ``pgid`` and, through ppid links, every descendant of them and of ``pgid``."""
+    found = {pid for pid, (_, group, _) in procs.items() if group == pgid}
+    frontier = found | {pgid}
+    while frontier:
+        frontier = {pid for pid, (ppid, _, _) in procs.items() if ppid in frontier and pid not in found}
+        found |= frontier
+    return found
+
+
+def _others(me: int) -> list[int]:
+    """Processes in my group or below me, without me."""
+    return sorted(group_and_below(me, table()) - {me})
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _reap_any() -> bool:
+    """Collect exited children (orphans reparented to this subreaper); whether any child is left.
+
+    Everything in this keeper's group or below it is its descendant (orphans come
+    here), so no child left means nothing left at all.
+    """
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def main(argv: list[str]) -> int:
+    split = argv.index("--")
+    opts = dict(zip(argv[:split:2], argv[1:split:2]))
+    cmd = argv[split + 1:]
+    parent = int(opts["--parent"])
+    records = opts["--records"]
+    grace = float(opts.get("--grace", "2"))
+    me = os.getpid()
+    if os.getpgrp() != me:
+        os.setsid()  # the SDKs spawn without a session of its own
+    record = os.path.join(records, f"{me}.json")
+    ending = False
+
+    def end_all() -> None:
+        nonlocal ending
+        ending = True
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_IGN)
+        targets = _others(me)
+        _signal_all(targets, signal.SIGTERM)
+        _signal_all(targets, signal.SIGCONT)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            _reap_any()
+            if not _others(me):
+                break
+            time.sleep(0.05)
+        _signal_all(_others(me), signal.SIGKILL)
+        _reap_any()
+        _unlink(record)
+
+    def on_watch(signum: int, frame: object) -> None:
+        if os.getppid() != parent and not ending:
+            end_all()
+            os._exit(128 + signal.SIGTERM)
+
+    def on_kill_all(signum: int, frame: object) -> None:
+        nonlocal ending
+        ending = True
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_IGN)
+        for _ in range(5):  # a member may fork while we look
+            left = _others(me)
+            if not left:
+                break
+            _signal_all(left, signal.SIGKILL)
+            _reap_any()
+        _unlink(record)
+        os.kill(me, signal.SIGKILL)  # ends the way agentd asked for: killed by SIGKILL
+
+    signal.signal(WATCH, on_watch)
+    signal.signal(KILL_ALL, on_kill_all)
+    _prctl(PR_SET_PDEATHSIG, WATCH)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    if os.getppid() != parent:
+        return 125  # agentd died before the watch was armed
+    child = os.fork()
+    if child == 0:
+        try:
+            signal.signal(WATCH, signal.SIG_DFL)
+            signal.signal(KILL_ALL, signal.SIG_DFL)
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != me:
+                os._exit(125)
+            os.execvp(cmd[0], cmd)
+        except BaseException as exc:
+            os.write(2, f"agentd: could not start {cmd[0]}: {exc}\n".encode())
+        os._exit(127)
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            os.kill(child, signum)
+        except OSError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    try:
+        _write_record(record, {
+            "pid": me, "pgid": me, "start": start_time(me),
+            "runtime_pid": child, "runtime_start": start_time(child),
+            "parent": parent, "parent_start": start_time(parent),
+            "boot_id": _boot_id(), "what": opts.get("--what", ""), "command": cmd[0],
+        })
+    except OSError:
+        pass  # the watch works without it; only a reap at the next start needs it
+    while True:
+        pid, status = os.waitpid(-1, 0)  # PEP 475: retried after a signal handler ran
+        if pid == child:
+            break
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_IGN)
+    if _reap_any():  # leftovers: background jobs, setsid-ed tool shells
+        _signal_all(_others(me), signal.SIGKILL)
+        _reap_any()
+    _unlink(record)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(me, sig)
+        return 128 + sig
+    return os.waitstatus_to_exitcode(status)
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _json(value: object) -> str:
+    """JSON of ints, None and strings (the json module would cost this keeper ~10 ms of start-up)."""
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + "".join(ch if ch >= " " else f"\\u{ord(ch):04x}" for ch in text) + '"'
+
+
+def _write_record(path: str, data: dict[str, object]) -> None:
+    """Atomic (rename), not fsynced: it only matters while this boot runs, and a crash of agentd keeps the page cache."""
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.tmp")  # the reaper at start removes a torn one
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, ("{" + ", ".join(f"{_json(k)}: {_json(v)}" for k, v in data.items()) + "}").encode())
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
