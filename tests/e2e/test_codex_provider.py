@@ -193,10 +193,11 @@ def test_title_models_and_the_app_server_process_group(codex: CodexRuntime, daem
     listed = models.get("models", models)
     assert listed and all(m.get("id") for m in listed), models
     assert daemon.proc is not None
-    servers = [pid for pid in _descendants(daemon.proc.pid) if "app-server" in _cmdline(pid)]
+    servers = _app_servers(daemon.proc.pid)
     assert len(servers) == 1, servers
-    # its own process group and session: a signal to agentd's group does not reach it, agentd stops it
-    assert os.getpgid(servers[0]) == servers[0] != os.getpgid(daemon.proc.pid)
+    # its own process group (led by agentd's keeper, agentd.procs): a signal to agentd's group does not
+    # reach it, agentd stops it
+    assert os.getpgid(servers[0]) != os.getpgid(daemon.proc.pid)
     daemon.stop()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and _alive(servers[0]):
@@ -210,7 +211,7 @@ def test_a_dead_app_server_is_restarted_after_the_backoff_and_the_thread_goes_on
     cid = _new(daemon, workdir)
     assert Follower(daemon, cid, "My name is Grace Hopper").finish() == 0
     assert daemon.proc is not None
-    [server] = [pid for pid in _descendants(daemon.proc.pid) if "app-server" in _cmdline(pid)]
+    [server] = _app_servers(daemon.proc.pid)
     os.kill(server, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not any(r["type"] == "exit" for r in daemon.journal(cid)):
@@ -218,7 +219,7 @@ def test_a_dead_app_server_is_restarted_after_the_backoff_and_the_thread_goes_on
     assert any(r["type"] == "exit" for r in daemon.journal(cid)), "the app-server's death was not reported"
     codex.text_only("Second answer.")
     assert Follower(daemon, cid, "What is my name?").finish() == 0
-    [again] = [pid for pid in _descendants(daemon.proc.pid) if "app-server" in _cmdline(pid)]
+    [again] = _app_servers(daemon.proc.pid)
     assert again != server
     bodies = [json.dumps(r) for r in codex.server.requests if "What is my name?" in json.dumps(r)]
     assert bodies and "Grace Hopper" in bodies[-1], "the resumed thread lost its earlier turn"
@@ -313,6 +314,16 @@ def test_attachments_reach_the_model_an_image_inline_and_a_file_by_its_path(
     images = [p for p in parts if p.get("type") == "input_image"]
     assert images and str(images[0].get("image_url", "")).startswith("data:image/png;base64,"), parts
     assert notes.path in json.dumps(sent) and "Look at these." in json.dumps(sent)
+
+
+def _app_servers(daemon_pid: int) -> list[int]:
+    """The `codex app-server` processes under agentd (not the keepers they run under)."""
+    out = []
+    for pid in _descendants(daemon_pid):
+        argv = _cmdline(pid).split(" ")
+        if "app-server" in argv and pathlib.Path(argv[0]).name == "codex":
+            out.append(pid)
+    return out
 
 
 def _cmdline(pid: int) -> str:
