@@ -7,7 +7,8 @@ lease, starts no runtime, and leaves an idle conversation unloaded.
 
 What a page holds (:class:`agentd.wire.HistoryEntry`):
 
-* the user's prompts (``prompt`` records), as ``user`` items;
+* the user's prompts (``prompt`` records), as ``user`` items (a runtime's own echo of a
+  run's prompt is left out; text steered into a running turn is kept);
 * the provider's items (``item`` records), each **once**, in the form of its
   latest record and at that record's ``seq`` (a tool call announced, then
   completed, appears where it completed, completed). An item is keyed by
@@ -82,6 +83,9 @@ def _parse(line: bytes) -> _Rec:
     head = _head.decode(line)
     if head.type == "item":
         item = _item.decode(head.data)
+        if item.kind is c.ItemKind.USER and head.run and item.delivery != "steer":
+            # The runtime's echo of the run's prompt: the prompt record already holds it.
+            return _Rec(head.seq, head.run, None, None)
         entry = wire.HistoryEntry(seq=head.seq, run=head.run, item=item)
         return _Rec(head.seq, head.run, (head.run, item.agent_id, item.id), entry)
     if head.type == "prompt":

@@ -19,7 +19,7 @@ def _expected(journal: list[dict[str, Any]]) -> list[tuple[int, str]]:
     for rec in journal:
         if rec["type"] == "prompt":
             out.append((rec["seq"], rec["data"]["text"]))
-        elif rec["type"] == "item":
+        elif rec["type"] == "item" and (rec["data"]["kind"] != "user" or rec["data"].get("delivery") == "steer"):
             d = rec["data"]
             last[(rec.get("run", ""), d.get("agent_id", ""), d["id"])] = (rec["seq"], d.get("text", ""))
     return sorted(out + list(last.values()))

@@ -45,6 +45,8 @@ def _oracle(j: Journal) -> list[tuple[int, str, str]]:
             out.append((rec.seq, rec.run, msgspec.json.decode(rec.data, type=wire.PromptRecord).text))
         elif rec.type == "item":
             item = msgspec.json.decode(rec.data, type=c.Item)
+            if item.kind is c.ItemKind.USER and item.delivery != "steer":
+                continue
             last[(rec.run, item.agent_id, item.id)] = (rec.seq, rec.run, item.text)
     return sorted(out + list(last.values()))
 
@@ -114,6 +116,15 @@ def test_an_item_still_open_in_a_running_turn_shows_its_newest_form_once(tmp_pat
     p = history.page(j, "c", j.last_seq, limit=1, before=j.last_seq)  # below the newest record
     assert _flat(p) == [(2, "live", "go")]  # t1's newest form lies above the cursor: not here
     assert [e.item.text for e in history.page(j, "c", j.last_seq).items] == ["go", "halfway"]
+
+
+def test_a_runtime_echo_of_the_prompt_is_shown_once_and_a_steer_is_kept(tmp_path: pathlib.Path) -> None:
+    j = _write(tmp_path / "events.jsonl", [])
+    j.append("prompt", msgspec.json.encode(wire.PromptRecord(text="go")), run="r1")
+    j.append("item", msgspec.json.encode(c.Item(id="u1", kind=c.ItemKind.USER, text="go")), run="r1")
+    j.append("item", msgspec.json.encode(c.Item(id="u2", kind=c.ItemKind.USER, text="faster", delivery="steer")),
+             run="r1")
+    assert [e.item.text for e in history.page(j, "c", j.last_seq).items] == ["go", "faster"]
 
 
 def test_only_records_published_so_far_are_read(tmp_path: pathlib.Path) -> None:
