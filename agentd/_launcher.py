@@ -184,6 +184,10 @@ def main(argv: list[str]) -> int:
         try:
             signal.signal(WATCH, signal.SIG_DFL)
             signal.signal(KILL_ALL, signal.SIG_DFL)
+            # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec:
+            # give the runtime (and its tools' `seq | head` pipelines) the defaults, as subprocess does.
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(sig, signal.SIG_DFL)
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != me:
                 os._exit(125)

@@ -130,10 +130,40 @@ class _Admission:
             del self.per_address[key[0]]
 
     def sweep(self) -> None:
-        # trio-websocket closes a connection whose handshake timed out without telling us.
+        # A backstop: a connection closed by a path that never called _Counted.aclose.
         for key, stream in list(self.pending.items()):
             if stream.socket.fileno() < 0:
                 self.settle(key)
+
+
+class _Counted(trio.abc.HalfCloseableStream):
+    """An admitted connection that stops counting the moment it is closed (a handshake that timed
+    out included), so a client that sees the close and reconnects at once finds its slot free."""
+
+    def __init__(self, stream: trio.SocketStream, admission: _Admission, key: tuple[str, int]) -> None:
+        self._stream = stream
+        self._admission = admission
+        self._key = key
+
+    @property
+    def socket(self) -> Any:  # trio-websocket reads the peer's address from it
+        return self._stream.socket
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self._stream.receive_some(max_bytes)
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        self._admission.settle(self._key)
+        await self._stream.aclose()
 
 
 class _AdmittingListener(trio.abc.Listener[trio.SocketStream]):
@@ -152,7 +182,7 @@ class _AdmittingListener(trio.abc.Listener[trio.SocketStream]):
                 await stream.aclose()
                 continue
             if self.admission.admit((address, port), stream):
-                return stream
+                return _Counted(stream, self.admission, (address, port))  # type: ignore[return-value]
             if self.admission.refused % 1000 == 1:  # a flood logs now and then, not once per connection
                 log.warning("gateway.refused", peer=f"{address}:{port}", reason="too many unauthenticated connections",
                             refused=self.admission.refused)

@@ -135,7 +135,9 @@ async def test_text_turn_streams_reasoning_and_text_then_completes(
     assert usage and usage[-1].usage.cost_usd is not None and usage[-1].usage.cost_usd > 0
     # The order a client relies on: the user item, working, ..., the one terminal turn last.
     assert isinstance(sink.events[0], c.ItemEvent) and sink.events[0].item.kind is c.ItemKind.USER
-    assert isinstance(sink.events[-1], c.TurnEvent) and sink.events[-1].turn.state is c.TurnState.COMPLETED
+    # Claude Code may report a kind agentd does not know (command_lifecycle) after the end: an unknown record.
+    known = [e for e in sink.events if not isinstance(e, c.UnknownEvent)]
+    assert isinstance(known[-1], c.TurnEvent) and known[-1].turn.state is c.TurnState.COMPLETED
     requests = model_server.model_requests
     assert requests and requests[-1]["stream"] is True and "Say hello" in sent_text(requests[-1])
 
