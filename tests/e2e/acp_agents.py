@@ -96,8 +96,13 @@ CODEX_OFFLINE = ["features.plugins=false", "analytics.enabled=false", "check_for
 
 def codex_shell_arguments(command: str) -> dict[str, Any]:
     """Arguments of Codex's ``exec_command`` tool that run ``command`` outside the sandbox, which
-    Codex (approval_policy on-request) asks the user about first."""
-    return {"cmd": command, "sandbox_permissions": "require_escalated", "justification": "Run the scripted command"}
+    Codex (approval_policy on-request) asks the user about first.
+
+    ``login`` false: not a login shell, so the command never runs the machine's profile (pyenv's
+    rehash there takes a lock that a tool shell killed mid-test leaves behind, and every later
+    login shell waits 60 s for it)."""
+    return {"cmd": command, "login": False, "sandbox_permissions": "require_escalated",
+            "justification": "Run the scripted command"}
 
 
 def codex_config(bins: pathlib.Path, tmp: pathlib.Path, openai_url: str, model: str, key_env: str) -> AcpAgentConfig:

@@ -326,7 +326,7 @@ env = {{ FAULT_TOKEN = {json.dumps(CANARY_ENV)}, OPENAI_API_KEY = {json.dumps(CA
         assert model_server.model_requests, "the Copilot CLI never called the model: the canary proves nothing"
         # A real Codex turn that runs a shell command (yolo), on the same endpoint with the same key.
         model_server.reset()
-        model_server.call_tool("exec_command", arguments={"cmd": "echo codex-ran > codex.txt",
+        model_server.call_tool("exec_command", arguments={"cmd": "echo codex-ran > codex.txt", "login": False,
                                                           "sandbox_permissions": "require_escalated"})
         before = len(model_server.requests)
         out = ctl("run", "--provider", "codex", "--cwd", str(work), "--yolo", "--json", "run it")
