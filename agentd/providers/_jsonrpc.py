@@ -408,6 +408,22 @@ class AgentProcess:
                 return line[:limit]
         return ""
 
+    def request_failure(self, name: str, what: str, exc: BaseException, timeout: float) -> BaseException:
+        """The contract error for request ``what`` of runtime ``name`` that failed with ``exc``:
+        RuntimeUnavailable for a timeout (with the last stderr line), a lost connection or an
+        error answer; anything else (cancellation included) is returned as it is."""
+        from ..contract import RuntimeUnavailable
+
+        if isinstance(exc, trio.TooSlowError):
+            tail = self.last_stderr()
+            return RuntimeUnavailable(f"{name} did not answer {what} within {timeout:g} s"
+                                      + (f" (stderr: {tail})" if tail else ""))
+        if isinstance(exc, ConnectionLost):
+            return RuntimeUnavailable(f"{name} failed during {what}: {self.exit_reason or exc.reason}")
+        if isinstance(exc, RpcError):
+            return RuntimeUnavailable(f"{name} refused {what}: {exc.describe()}")
+        return exc
+
     async def _supervise(self) -> None:
         assert self.proc is not None and self.conn is not None
         proc, conn = self.proc, self.conn

@@ -176,18 +176,9 @@ class _Agent:
 
     def startup_error(self, what: str, exc: BaseException, timeout: float) -> BaseException:
         """The contract error for a failed startup request (cancellation passes through)."""
-        name = self.provider.name
-        tail = self.proc.last_stderr()
-        hint = f" (stderr: {tail})" if tail else ""
-        if isinstance(exc, trio.TooSlowError):
-            return RuntimeUnavailable(f"{name} did not answer {what} within {timeout:g} s{hint}")
-        if isinstance(exc, ConnectionLost):
-            return RuntimeUnavailable(f"{name} failed during {what}: {self.proc.exit_reason or exc.reason}")
-        if isinstance(exc, RpcError):
-            return RuntimeUnavailable(f"{name} refused {what}: {exc.describe()}")
         if isinstance(exc, msgspec.ValidationError):
-            return RuntimeUnavailable(f"{name} answered {what} with an invalid result: {exc}")
-        return exc
+            return RuntimeUnavailable(f"{self.provider.name} answered {what} with an invalid result: {exc}")
+        return self.proc.request_failure(self.provider.name, what, exc, timeout)
 
     def note_failure(self, error: str) -> None:
         """Count this process's failure (an exit on its own, or a start that did not come up) once,

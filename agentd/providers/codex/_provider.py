@@ -50,7 +50,7 @@ from ...contract import (
 from .._restart import RestartBackoff, RestartPolicy
 from .._common import agentd_version as _version
 from .._common import check_workdir as _check_workdir
-from .._jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, AgentProcess, ConnectionLost, RpcError
+from .._jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, AgentProcess, RpcError
 from ._conversation import CodexConversation, parse_time
 
 log = structlog.get_logger("agentd.providers.codex")
@@ -95,15 +95,7 @@ class AppServer:
 
     def error(self, what: str, exc: BaseException, timeout: float = REQUEST_TIMEOUT_S) -> BaseException:
         """The contract error for a failed request to the app-server (cancellation passes through)."""
-        name = self.provider.name
-        if isinstance(exc, trio.TooSlowError):
-            tail = self.proc.last_stderr()
-            return RuntimeUnavailable(f"{name} did not answer {what} within {timeout:g} s" + (f" (stderr: {tail})" if tail else ""))
-        if isinstance(exc, ConnectionLost):
-            return RuntimeUnavailable(f"{name} failed during {what}: {self.proc.exit_reason or exc.reason}")
-        if isinstance(exc, RpcError):
-            return RuntimeUnavailable(f"{name} refused {what}: {exc.describe()}")
-        return exc
+        return self.proc.request_failure(self.provider.name, what, exc, timeout)
 
     def note_failure(self, error: str) -> None:
         """Count this process's failure once against the restart backoff (a never-spawned one is none)."""
