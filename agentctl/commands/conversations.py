@@ -226,7 +226,7 @@ def show(conversation: str, item_id: str | None, agent_id: str, full: bool) -> N
     lines = [
         ("id", r.id),
         ("title", r.title or "-"),
-        ("provider", r.provider + (f" (model {r.model})" if r.model else "")),
+        ("provider", r.provider),
         ("model", (r.model or "the runtime's default") + (f", effort {r.effort}" if r.effort else "")
          + (f"; next turn: {r.next_model.model or r.model}" + (f", effort {r.next_model.effort}" if r.next_model.effort else "")
             if r.next_model else "")),
