@@ -592,6 +592,9 @@ class CopilotConversation:
         inter = pending.interaction
         decision = m.permission_decision(answer.decision, pending.data)
         self._pending.pop(inter.id, None)  # no second answer while this one travels
+        rejected = answer.decision == m.REJECT
+        # set before the call: the CLI may abort and go idle before its reply reaches us
+        denied_before, self._denied = self._denied, self._denied or rejected
         try:
             result = await self._call(
                 "the permission answer",
@@ -599,18 +602,18 @@ class CopilotConversation:
                 _rpc.PermissionDecisionRequest(request_id=inter.id, result=decision),
             )
         except JsonRpcError as exc:
+            self._denied = denied_before
             self._close_interaction(pending, InteractionState.EXPIRED, "the runtime no longer waits for it")
             raise InteractionGone(f"the Copilot CLI no longer waits for this permission: {exc.message}") from None
         except BaseException:
+            self._denied = denied_before
             if not self._closed and inter.id not in self._pending:
                 self._pending[inter.id] = pending  # not delivered: still pending
             raise
         if not getattr(result, "success", True):
+            self._denied = denied_before
             self._close_interaction(pending, InteractionState.EXPIRED, "the runtime no longer waits for it")
             raise InteractionGone("the Copilot CLI no longer waits for this permission")
-        rejected = answer.decision == m.REJECT
-        if rejected:
-            self._denied = True
         self._close_interaction(pending, InteractionState.REJECTED if rejected else InteractionState.ANSWERED, answer.decision)
 
     async def history(self) -> HistoryRecord:
