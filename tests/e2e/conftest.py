@@ -25,6 +25,7 @@ Reusable by any e2e test (provider level or through the daemon and agentctl):
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 import pathlib
 import subprocess
 import sys
@@ -37,6 +38,8 @@ sys.path.insert(0, str(HERE))
 from environment import unavailable  # noqa: E402
 from installs import install_copilot_cli  # noqa: E402  (tests/bench imports it from here too)
 from modelserver import ModelServer  # noqa: E402
+from daemon_harness import Daemon  # noqa: E402
+from runtimes_e2e import RUNTIMES, Runtime, runtime_profile  # noqa: E402
 
 MODEL = "scripted-model"
 KEY_ENV = "AGENTD_E2E_MODEL_KEY"
@@ -107,6 +110,26 @@ def copilot_byok_toml(copilot_cli: str, model_server: ModelServer, copilot_home:
     )
 
 
+# --------------------------------------------------------------------------- conformance fixtures
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request, tmp_path: pathlib.Path) -> Iterator[Runtime]:
+    """The conformance cell's runtime (one per name in RUNTIMES), with its model server."""
+    with runtime_profile(request.param, tmp_path) as rt:
+        yield rt
+
+
+@pytest.fixture
+def daemon(runtime: Runtime, tmp_path: pathlib.Path) -> Iterator[Daemon]:
+    """A real agentd configured for ``runtime``, stopped after the test."""
+    d = Daemon(tmp_path, runtime.config_toml, env=runtime.env).start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
 # --------------------------------------------------------------------------- conformance matrix
 
 @pytest.hookimpl(hookwrapper=True)
@@ -137,8 +160,26 @@ def pytest_runtest_makereport(item, call):
     from runtimes_e2e import RUNTIMES
 
     runtime, scenario = params["runtime"], params["scenario"]
-    scenarios = list(getattr(item.module, "SCENARIOS", {}))
+    scenarios = conformance_columns()
     order = [RUNTIMES.index(runtime) if runtime in RUNTIMES else len(RUNTIMES),
              scenarios.index(scenario) if scenario in scenarios else len(scenarios)]
     report.conformance = {"runtime": runtime, "scenario": scenario, "result": result, "notes": notes, "order": order,
                           "cells": len(RUNTIMES) * len(scenarios)}
+
+
+def conformance_columns() -> list[str]:
+    """Every conformance scenario, in column order: ``test_conformance.py``'s first, then the
+    other ``test_conformance_*.py`` modules' (each a ``SCENARIOS`` dict) by module name.
+
+    Every xdist worker collects every module, so the columns are the same on all of them.
+    """
+    import sys
+
+    mods = sorted((name for name in sys.modules if name.rsplit(".", 1)[-1].startswith("test_conformance")),
+                  key=lambda name: (name.rsplit(".", 1)[-1] != "test_conformance", name))
+    columns: list[str] = []
+    for name in mods:
+        for scenario in getattr(sys.modules[name], "SCENARIOS", {}):
+            if scenario not in columns:
+                columns.append(scenario)
+    return columns
