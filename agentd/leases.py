@@ -37,10 +37,13 @@ __all__ = [
     "LeaseHeld",
     "LeaseOutcome",
     "LeaseStore",
+    "OwnerHeartbeat",
 ]
 
 LOCK_FILE = "agentd.lock"
 LEASE_FILE = "lease.json"
+#: one heartbeat file per owner, ``<root>/.lease-owners/<owner>.json`` (a dot name: never a conversation)
+OWNERS_DIR = ".lease-owners"
 
 
 def _log() -> structlog.typing.FilteringBoundLogger:
@@ -154,6 +157,17 @@ class Lease(msgspec.Struct, frozen=True):
     expires_at: float
 
 
+class OwnerHeartbeat(msgspec.Struct, frozen=True):
+    """Every lease of ``owner`` (process ``pid``) lasts at least until ``expires_at`` (unix seconds).
+
+    One write of this renews all of an owner's leases at once (see :class:`FileLeaseStore`).
+    """
+
+    owner: str
+    pid: int
+    expires_at: float
+
+
 class LeaseHeld(AgentdError):
     """The conversation is leased to another owner that is alive; ``lease`` is that lease."""
 
@@ -199,6 +213,7 @@ class LeaseStore(Protocol):
 
 
 _lease_decoder = msgspec.json.Decoder(Lease)
+_heartbeat_decoder = msgspec.json.Decoder(OwnerHeartbeat)
 _encode = msgspec.json.Encoder().encode
 
 
@@ -211,6 +226,12 @@ class FileLeaseStore:
     and its lease is taken over even before it expires. Each read-modify-write
     holds an ``flock`` on ``<root>/<key>/`` so two processes never interleave.
     Use from the trio thread; blocking I/O per call is one small file.
+
+    Renewal is batched: :meth:`run` rewrites one :class:`OwnerHeartbeat` file
+    per round, never one file per lease, and a lease lasts until the later of
+    its own ``expires_at`` and its owner's heartbeat. So an idle daemon with a
+    thousand open conversations writes one small file every ``ttl_s / 3``
+    (tests/bench ``idle``), and a dead owner's leases all expire together.
     """
 
     def __init__(self, root: pathlib.Path, *, owner: str, ttl_s: float = 30.0, exclusive: bool = True) -> None:
@@ -219,6 +240,65 @@ class FileLeaseStore:
         self.ttl_s = ttl_s
         self.exclusive = exclusive
         self._held: set[str] = set()
+        #: when our heartbeat file, as last written, expires (0: not written yet)
+        self._beat_until = 0.0
+
+    # ------------------------------------------------------------------ heartbeats
+
+    def _owners(self) -> pathlib.Path:
+        return self.root / OWNERS_DIR
+
+    def _heartbeat_path(self, owner: str) -> pathlib.Path | None:
+        return self._owners() / f"{owner}.json" if _fsutil.is_safe_name(owner) else None
+
+    def _read_heartbeat(self, owner: str) -> OwnerHeartbeat | None:
+        path = self._heartbeat_path(owner)
+        if path is None:
+            return None
+        try:
+            beat = _heartbeat_decoder.decode(_fsutil.read_file(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except (msgspec.DecodeError, OSError) as exc:
+            _log().warning("lease.heartbeat_unreadable", path=str(path), error=str(exc))
+            return None
+        return beat if beat.owner == owner else None
+
+    def _beat(self) -> None:
+        """Write our heartbeat: every lease we hold now lasts ``ttl_s`` from now. Blocking; OSError."""
+        path = self._heartbeat_path(self.owner)
+        if path is None:
+            raise Invalid(f"lease owner {self.owner!r} cannot name a file")
+        until = time.time() + self.ttl_s
+        _fsutil.make_dirs(path.parent)
+        _fsutil.atomic_write(path, _encode(OwnerHeartbeat(self.owner, os.getpid(), until)))
+        self._beat_until = until
+
+    def _expires_at(self, lease: Lease) -> float:
+        beat = self._read_heartbeat(lease.owner)
+        return max(lease.expires_at, beat.expires_at) if beat is not None else lease.expires_at
+
+    def sweep(self) -> int:
+        """Delete the heartbeats of other owners that expired (with ``exclusive``: every other owner's).
+
+        Returns how many were removed. Blocking; a file that vanished meanwhile is no error.
+        """
+        removed = 0
+        try:
+            entries = list(os.scandir(self._owners()))
+        except FileNotFoundError:
+            return 0
+        now = time.time()
+        for e in entries:
+            owner = e.name.removesuffix(".json")
+            if owner == self.owner or not e.name.endswith(".json"):
+                continue
+            beat = self._read_heartbeat(owner)
+            if self.exclusive or beat is None or beat.expires_at <= now:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(e.path)
+                    removed += 1
+        return removed
 
     def _dir(self, key: str) -> pathlib.Path:
         if not _fsutil.is_safe_name(key):
@@ -271,12 +351,18 @@ class FileLeaseStore:
                 outcome = LeaseOutcome("renewed")
                 acquired_at = cur.acquired_at
             else:
-                expired = cur.expires_at <= now
+                until = self._expires_at(cur)
+                expired = until <= now
                 if not expired and not self.exclusive:
-                    raise LeaseHeld(cur)
+                    raise LeaseHeld(msgspec.structs.replace(cur, expires_at=until))
                 outcome = LeaseOutcome("taken_over", previous_owner=cur.owner, previous_expired=expired)
             self._write(d, Lease(key, self.owner, os.getpid(), acquired_at, now + self.ttl_s))
         self._held.add(key)
+        if self._beat_until < now + self.ttl_s * 2 / 3:
+            try:
+                self._beat()  # the heartbeat covers this lease from now on
+            except (AgentdError, OSError) as exc:  # the lease itself lasts ttl_s; run() retries the heartbeat
+                _log().error("lease.renew_failed", key=self.owner, error=str(exc))
         return outcome
 
     def _renew(self, key: str) -> None:
@@ -321,8 +407,15 @@ class FileLeaseStore:
             pass
 
     def get(self, key: str) -> Lease | None:
-        """The current lease on ``key`` whoever owns it, expired or not; None when there is none."""
-        return self._read(self._dir(key))
+        """The current lease on ``key`` whoever owns it, expired or not; None when there is none.
+
+        Its ``expires_at`` is the later of the lease's own and its owner's heartbeat.
+        """
+        cur = self._read(self._dir(key))
+        if cur is None:
+            return None
+        until = self._expires_at(cur)
+        return cur if until == cur.expires_at else msgspec.structs.replace(cur, expires_at=until)
 
     def held(self) -> list[str]:
         """Keys we hold (acquired and not released or lost), sorted."""
@@ -337,21 +430,34 @@ class FileLeaseStore:
                 failed.append((key, exc))
         return failed
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Renew every held lease every ``ttl_s / 3`` until cancelled.
+    def _round(self, keys: list[str]) -> list[tuple[str, Exception]]:
+        """One renewal round (worker thread): the heartbeat, and every lease only when it had lapsed."""
+        lapsed = self._beat_until <= time.time()
+        try:
+            self._beat()
+        except (AgentdError, OSError) as exc:
+            return [(self.owner, exc)]
+        # While it had lapsed another owner may have taken a lease: look at each one.
+        return self._renew_many(keys) if lapsed else []
 
-        The file writes run in a worker thread. A lease lost to another owner,
-        or deleted, is dropped from :meth:`held` and logged
-        (``lease.lost``); an OSError is logged (``lease.renew_failed``) and
-        retried at the next round. Never raises but Cancelled.
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Renew every held lease every ``ttl_s / 3`` until cancelled, with one heartbeat write.
+
+        The file writes run in a worker thread. After a heartbeat that had
+        lapsed (a failed write, a stalled daemon) each lease is read again: one
+        lost to another owner, or deleted, is dropped from :meth:`held` and
+        logged (``lease.lost``). An OSError is logged (``lease.renew_failed``)
+        and retried at the next round. Never raises but Cancelled.
         """
+        with contextlib.suppress(OSError):
+            await trio.to_thread.run_sync(self.sweep)
         task_status.started()
         while True:
             await trio.sleep(self.ttl_s / 3)
             keys = sorted(self._held)
             if not keys:
                 continue
-            failed = await trio.to_thread.run_sync(self._renew_many, keys)
+            failed = await trio.to_thread.run_sync(self._round, keys)
             for key, exc in failed:
                 if isinstance(exc, (LeaseHeld, NotFound)):
                     self._held.discard(key)

@@ -131,3 +131,41 @@ def bench_rss(ctx: Ctx) -> Result:
     r.met = full <= 150 if count >= 1000 else None
     r.notes.append(f"{(full - empty) * 1024 / count:.0f} KiB per open conversation; created in {elapsed:.1f} s")
     return r
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` (all its threads), from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_idle(ctx: Ctx) -> Result:
+    """Daemon CPU while idle with many open conversations, as a share of one core.
+
+    The window spans several lease renewal rounds (every ttl_s / 3, 10 s by default).
+    The baseline is the same daemon, idle with no conversation, over an equal window.
+    """
+    count, window = (50, 3.0) if ctx.quick else (1_000, 60.0)
+    out: dict[str, float] = {}
+    for name, n in (("empty", 0), ("full", count)):
+        daemon = BenchDaemon(ctx.scratch(f"idle-{name}"), CONFIG).start()
+        try:
+            work = daemon.root / "work"
+            work.mkdir()
+            with daemon.client() as client:
+                for _ in range(n):
+                    client.request(wire.New, provider="script", workdir=str(work))
+            assert daemon.proc is not None
+            time.sleep(1.0)  # creation's aftermath (record writes, index) settles
+            c0, t0 = _cpu_s(daemon.proc.pid), time.monotonic()
+            time.sleep(window)
+            out[name] = (_cpu_s(daemon.proc.pid) - c0) / (time.monotonic() - t0) * 100
+        finally:
+            daemon.stop()
+    r = Result(f"daemon CPU idle, {count:,} open conversations", "% of a core", [out["full"]], [out["empty"]],
+               baseline_name="the same daemon idle with none open", higher=False,
+               target="<= 0.05% of a core" if count >= 1000 else "(full run: 1,000)")
+    r.met = out["full"] <= 0.05 if count >= 1000 else None
+    r.notes.append(f"CPU over {window:.0f} s of idling (clock ticks of {1000 / os.sysconf('SC_CLK_TCK'):.0f} ms), "
+                   "leases renewed at the default ttl_s / 3 (one heartbeat file per round, agentd.leases)")
+    return r

@@ -42,6 +42,7 @@ BENCHMARKS: dict[str, str] = {
     "tail": "bench_state:bench_tail",
     "startup": "bench_state:bench_startup",
     "rss": "bench_state:bench_rss",
+    "idle": "bench_state:bench_idle",
     "history": "bench_history:bench_history",
     "copilot": "bench_copilot:bench_copilot",
     "codex": "bench_codex:bench_codex",

@@ -203,10 +203,44 @@ async def test_run_renews_held_leases(tmp_path: pathlib.Path) -> None:
     assert store.held() == ["c1", "c2"]
 
 
+async def test_run_renews_every_lease_with_one_heartbeat_write(tmp_path: pathlib.Path) -> None:
+    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.3)
+    keys = [f"c{i}" for i in range(50)]
+    for key in keys:
+        store.acquire(key)
+    stamps = {key: (tmp_path / key / "lease.json").stat().st_mtime_ns for key in keys}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        await trio.sleep(0.7)  # past the leases' own expiry: only the heartbeat keeps them
+        for key in keys:
+            lease = store.get(key)
+            assert lease is not None and lease.expires_at > time.time(), key
+        nursery.cancel_scope.cancel()
+    assert {key: (tmp_path / key / "lease.json").stat().st_mtime_ns for key in keys} == stamps
+    assert sorted(p.name for p in (tmp_path / ".lease-owners").iterdir()) == ["me.json"]
+    # another owner can take none of them while the heartbeat is fresh
+    other = FileLeaseStore(tmp_path, owner="other", ttl_s=0.3, exclusive=False)
+    store._beat()
+    with pytest.raises(LeaseHeld):
+        other.acquire("c7")
+
+
+async def test_a_dead_owners_leases_expire_with_its_heartbeat(tmp_path: pathlib.Path) -> None:
+    dead = FileLeaseStore(tmp_path, owner="dead", ttl_s=0.2)
+    dead.acquire("c1")
+    other = FileLeaseStore(tmp_path, owner="other", ttl_s=30, exclusive=False)
+    with pytest.raises(LeaseHeld):
+        other.acquire("c1")
+    time.sleep(0.25)
+    outcome = other.acquire("c1")
+    assert outcome.action == "taken_over" and outcome.previous_owner == "dead" and outcome.previous_expired
+
+
 async def test_run_drops_a_lease_taken_by_another_owner(tmp_path: pathlib.Path) -> None:
     store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.15)
     store.acquire("c1")
     store.acquire("c2")
+    time.sleep(0.2)  # this daemon stalled past its heartbeat: another owner took c2 meanwhile
     write_lease(tmp_path, "c2", "other", expires_at=time.time() + 60)
     with structlog.testing.capture_logs() as logs:
         async with trio.open_nursery() as nursery:
