@@ -138,7 +138,11 @@ class _Rule:
             for i in range(1, len(word) + 1):
                 starts.setdefault(word[:i].encode(), True)
         self.starts = list(starts)
+        self.start_flags = starts
         self.keyword_only = [starts[p] for p in self.starts]
+        # Every 4 bytes inside a prefix: a chunk whose last 4 bytes are none of these ends in no
+        # prefix of 4 bytes or more, so only its last 3 ends need a look (DeltaMasker.feed).
+        self.grams4 = frozenset(p[i:i + 4] for p in starts for i in range(len(p) - 3))
         self.starts_ac = BytesAhoCorasick(self.starts)
         self.window = max((len(p) for p in self.starts), default=0)
         self.open_header = re.compile(_HEADER_OPEN)
@@ -289,10 +293,19 @@ class DeltaMasker:
         data = _utf8(buf)
         lo = max(0, len(data) - rule.window)
         tail = data[lo:]  # may start inside a character: no prefix starts with a continuation byte
-        held = len(data)
-        for index, start, end in rule.starts_ac.find_matches_as_indexes(tail, overlapping=True):
-            if end == len(tail) and lo + start < held and not (rule.keyword_only[index] and _word_before(data, lo + start)):
-                held = lo + start
+        held = n = len(data)
+        if n >= 4 and data[-4:] not in rule.grams4:
+            # The common case: no long prefix ends here; the longest of the 3 short ends wins.
+            flags = rule.start_flags
+            for length in (3, 2, 1):
+                flag = flags.get(data[n - length:])
+                if flag is not None and not (flag and _word_before(data, n - length)):
+                    held = n - length
+                    break
+        else:
+            for index, start, end in rule.starts_ac.find_matches_as_indexes(tail, overlapping=True):
+                if end == len(tail) and lo + start < held and not (rule.keyword_only[index] and _word_before(data, lo + start)):
+                    held = lo + start
         cut = size if held == len(data) else size - len(data[held:].decode("utf-8", "surrogatepass"))
         if not rule.candidates.find_matches_as_indexes(data.lower()):
             out, end = buf[:cut], cut

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agentd import masking
@@ -65,3 +65,31 @@ def test_any_split_of_any_text_streams_exactly_the_masked_text(noise: str, size:
     text = noise[:at] + KEY + noise[at:]
     assert "".join(_stream(text, size)) == masking.mask_text(text)
     assert KEY[:8] not in "".join(_stream(text, size))
+
+
+class _Everything:
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+def _per_delta(text: str, size: int) -> list[str]:
+    deltas = masking.DeltaMasker()
+    return [deltas.feed("i", text[i:i + size]) for i in range(0, len(text), size)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="sk-canry3f9aAuthorizBe: xé_ghpab1", max_size=80), st.integers(1, 9))
+@example("say xaba", 8)
+@example("an sk-ca then s", 7)
+def test_the_short_end_check_holds_back_exactly_what_the_full_search_does(text: str, size: int) -> None:
+    # DeltaMasker.feed skips the overlapping search when the chunk's last 4 bytes are in no prefix;
+    # with that shortcut disabled (every 4 bytes "in" a prefix) each delta must come out the same.
+    masking.register("abab-ab1-secret")  # ends like "xaba" are prefixes of 3 and of 1 byte at once
+    fast = _per_delta(text, size)
+    rule = masking._registry.rule
+    saved = rule.grams4
+    rule.grams4 = _Everything()  # type: ignore[assignment]
+    try:
+        assert _per_delta(text, size) == fast
+    finally:
+        rule.grams4 = saved
