@@ -309,6 +309,11 @@ class ConversationService:
         the daemon serves the others.
         """
         for record in list(self._records.values()):
+            try:
+                self._catch_up(record)
+            except (c.AgentdError, OSError) as exc:
+                log.error("turn.recovery_failed", conversation=record.id, run=record.active_run,
+                          error=getattr(exc, "message", None) or str(exc))
             if not record.active_run and not record.queued:
                 continue
             try:
@@ -373,15 +378,56 @@ class ConversationService:
             record.usage = usage
         self._save(record)
 
+    def _catch_up(self, record: wire.ConversationRecord) -> None:
+        """Bring a record that is older than its journal up to date with the journal's tail.
+
+        A turn's start is its prompt record, not a record write: prompts journaled past
+        the record's checkpoint whose run has no terminal turn there become the active run
+        (or, never started, queued ones), for :meth:`_recover_one` to end ``run_interrupted``.
+        One stat per conversation; the journal is read only when it grew past the checkpoint.
+        """
+        if record.journal_end < 0 or self.store.journal_size(record.id) <= record.journal_end:
+            return
+        journal = self.store.open(record.id)
+        started: dict[str, bool] = {}  # run -> it got further than its prompt
+        first_seq = 0
+        for line in journal.read_after(record.journal_seq):
+            rec = wire.decode_record(line)
+            if not rec.run:
+                continue
+            if rec.type == "prompt":
+                if rec.run not in started:
+                    first_seq = first_seq or rec.seq
+                    queued = msgspec.json.decode(rec.data, type=wire.PromptRecord).disposition == "queued"
+                    started[rec.run] = not queued
+            elif rec.type == "turn" and msgspec.json.decode(rec.data, type=c.Turn).state.terminal:
+                started.pop(rec.run, None)
+            elif rec.run in started:
+                started[rec.run] = True
+        if not started:
+            return
+        log.info("conversation.caught_up", conversation=record.id, runs=list(started))
+        if not record.active_run:
+            record.turn_after = first_seq - 1  # as _start set it: the seq before the turn's prompt
+        for run, ran in started.items():
+            if ran and not record.active_run:
+                record.active_run = run
+            elif run != record.active_run and run not in record.queued:
+                record.queued.append(run)
+        record.state = _S.RUNNING
+
     def _run_start_seq(self, record: wire.ConversationRecord) -> int:
         return max(0, record.turn_after)
 
     # ------------------------------------------------------------------ records
 
     def _save(self, record: wire.ConversationRecord, *, flush: bool = True) -> None:
-        live = self._live.get(record.id) if flush else None
+        live = self._live.get(record.id)
         if live is not None:
-            self._flush(live)  # records held back go out first: the write below blocks on fsyncs
+            if flush:
+                self._flush(live)  # records held back go out first: the write below blocks on fsyncs
+            # The checkpoint says how far into the journal it reaches (recovery reads on from there).
+            record.journal_end, record.journal_seq = live.journal.size, live.journal.last_seq
         record.updated_at = _now()
         self.store.write_record(record.id, masking.mask_json(_json.encode(record)))
 
@@ -1010,7 +1056,10 @@ class ConversationService:
                     # before it runs ends it run_interrupted on restart.
                     live.record.queued.append(run)
                     try:
-                        self._save(live.record)
+                        if live.record.journal_end >= 0:
+                            self.store.drop_index()  # the prompt record is the durable mark (see _start)
+                        else:
+                            self._save(live.record)
                         after = await self._append(live, "prompt", _json.encode(prompt), run=run) - 1
                     except BaseException as exc:
                         live.record.queued.remove(run)
@@ -1080,7 +1129,12 @@ class ConversationService:
         record.error = ""
         live.turn_done = trio.Event()
         try:
-            self._save(record)
+            if journal_prompt and record.journal_end >= 0:
+                # The prompt record is the durable start: recovery finds it past the record's
+                # checkpoint. Only the index of a clean stop, which would hide it, goes first.
+                self.store.drop_index()
+            else:
+                self._save(record)  # no checkpoint of a journal position yet: the record says it
             if journal_prompt:
                 prompt = wire.PromptRecord(text=text, attachments=_journaled(attachments or []))
                 await self._append(live, "prompt", _json.encode(prompt), run=run)

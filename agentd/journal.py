@@ -373,6 +373,11 @@ class Journal:
             self._on_dirty(self)
         return seq, buf[:-1]
 
+    @property
+    def size(self) -> int:
+        """The file's size in bytes: where the next record will start."""
+        return self._end
+
     def _set_ts(self, now: float) -> None:
         ms = int(now * 1000)
         self._ts = _format_ms(ms)
@@ -774,6 +779,20 @@ class JournalStore:
                     records[cid] = data
         self._records = dict(records)
         return records
+
+    def drop_index(self) -> None:
+        """Remove the records index before a journal holds what no record says (a turn's start).
+
+        A no-op once removed. Raises OSError (and then nothing changed).
+        """
+        self._drop_index()
+
+    def journal_size(self, conversation_id: str) -> int:
+        """The size in bytes of the conversation's journal file (0 when there is none); blocking."""
+        try:
+            return os.stat(self._dir(conversation_id) / EVENTS_FILE).st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return 0
 
     def _drop_index(self) -> None:
         """Remove the index, durably, before a record changes (raises OSError, and then nothing changes)."""

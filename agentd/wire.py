@@ -414,6 +414,12 @@ class ConversationRecord(msgspec.Struct, omit_defaults=True):
     usage: Usage | None = None
     #: its spend limit; None = none
     budget: Budget | None = None
+    #: the journal this record reflects: its size in bytes and last seq when the record was
+    #: saved (-1: unknown, a record older than this field). The journal is the source of truth:
+    #: recovery reads what it holds past them (a turn's start is its prompt record; see
+    #: agentd.conversations).
+    journal_end: int = -1
+    journal_seq: int = 0
 
 
 class ConversationInfo(msgspec.Struct, omit_defaults=True):

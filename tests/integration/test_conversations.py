@@ -325,6 +325,32 @@ def test_kill_mid_turn_records_run_interrupted_and_never_resends(tmp_path: Path,
         d.stop()
 
 
+def test_a_turn_the_record_does_not_know_is_found_in_the_journal_and_ends_interrupted_once(tmp_path: Path, workdir: Path) -> None:
+    # The record is a checkpoint: a turn's start is its prompt record in the journal (issue 18).
+    d = Daemon(tmp_path).start()
+    with d.client() as client:
+        cid = new(client, workdir, WAIT)
+        first = client.request(wire.Send, conversation=cid, text="first")["run"]
+        wait_for(lambda: any(r["type"] == "turn" and r.get("run") == first for r in d.journal(cid)))
+        client.request(wire.Cancel, conversation=cid)
+        wait_for(lambda: d.record(cid).get("journal_seq", 0) > 0 and not d.record(cid).get("active_run"))
+        run = client.request(wire.Send, conversation=cid, text="wait for me")["run"]
+        wait_for(lambda: any(r["type"] == "turn" and r.get("run") == run for r in d.journal(cid)))
+    d.kill()
+    record = d.record(cid)
+    assert not record.get("active_run") and record["journal_seq"] < len(d.journal(cid))
+    d.start()
+    try:
+        ends = [r for r in d.journal(cid) if r["type"] == "turn" and r.get("run") == run and r["data"]["state"] != "working"]
+        assert [e["data"]["reason"] for e in ends] == [c.RUN_INTERRUPTED]
+        prompts = [r for r in d.journal(cid) if r["type"] == "prompt" and r.get("run") == run]
+        assert len(prompts) == 1  # never resent
+        after = d.record(cid)
+        assert not after.get("active_run") and after.get("state", "idle") == "idle"
+    finally:
+        d.stop()
+
+
 def test_a_run_both_active_and_queued_in_the_record_gets_one_interrupted_end(tmp_path: Path, workdir: Path) -> None:
     # The record as a crash could leave it while a queued prompt was being handed over: the
     # run active, and still listed as queued. Found by the SIGKILL harness (two ends for one run).
@@ -336,8 +362,8 @@ def test_a_run_both_active_and_queued_in_the_record_gets_one_interrupted_end(tmp
     d.kill()
     path = d.state_dir / "conversations" / cid / "record.json"
     record = json.loads(path.read_text())
-    assert record["active_run"] == run
-    path.write_text(json.dumps({**record, "queued": [run]}))
+    assert "active_run" not in record  # the journal's prompt record is the turn's start, not the record
+    path.write_text(json.dumps({**record, "active_run": run, "queued": [run]}))
     d.start()
     try:
         ends = [r for r in d.journal(cid) if r["type"] == "turn" and r.get("run") == run and r["data"]["state"] != "working"]
