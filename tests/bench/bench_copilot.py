@@ -257,17 +257,6 @@ def alternate(root: Path, server: _ModelServerProcess, cpu: _Cpu, turns: int,
     return ours, base
 
 
-def _record_write_ms(root: Path, n: int = 20) -> float:
-    from agentd import _fsutil
-
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        _fsutil.atomic_write(root / "record-probe.json", b"{}" * 200)
-        times.append((time.perf_counter() - t0) * 1000)
-    return sorted(times)[n // 2]
-
-
 def bench_copilot(ctx: Ctx) -> Result:
     name = "Copilot turn through agentd (real CLI, scripted model)"
     try:
@@ -302,17 +291,14 @@ def bench_copilot(ctx: Ctx) -> Result:
             f"{per['agentd', 'bench']:.1f} ms; directly, the bench process (the SDK) {per['direct', 'bench']:.1f} ms, "
             f"the Copilot CLI {per['direct', 'cli']:.1f} ms"
         )
-    write_ms = _record_write_ms(root)
-    r.notes.append(f"before the prompt reaches the provider agentd writes the conversation record durably (write, "
-                   f"fsync, rename, fsync dir): {write_ms:.1f} ms (median) on this disk, measured in the same run; the "
-                   f"record at the turn's end is written after the end was sent, off the turn's path")
+    r.notes.append("a turn's start is its prompt record in the journal (under the journal's fsync policy); "
+                   "the conversation record is a checkpoint written at the turn's end, after the end was sent")
     if r.met is False:
         budget = r.base_median * 0.02 * 1000
         extra_cpu = (cpu.ms.get(("agentd", "agentd"), 0.0) - cpu.ms.get(("direct", "bench"), 0.0)) / turns
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         r.notes.append(
-            f"why: the 1.02x budget is {budget:.1f} ms per turn here. The start record alone is {write_ms:.1f} ms, and the "
-            "design requires it (a crash after the prompt reached the provider must end the turn run_interrupted). "
+            f"why: the 1.02x budget is {budget:.1f} ms per turn here. "
             "The request and the hops between threads and processes (client -> agentd -> SDK thread -> CLI and back) "
             f"take about 1.5 ms more (timestamps). And CPU: the CLI keeps one of the {cores} cores busy for the whole "
             f"turn, while agentd spends {extra_cpu:.0f} ms of CPU per turn more than the SDK alone (the CPU line above: "
