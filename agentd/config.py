@@ -252,6 +252,9 @@ class RuntimesConfig(_Section):
     silence_timeout_s: NonNegFloat = 600.0
     #: seconds a cancelled turn may take to end before it ends cancelled (reason cancel_timeout)
     cancel_timeout_s: PosFloat = 10.0
+    #: seconds an open conversation may sit idle before its runtime conversation is closed (and
+    #: reopened on the next prompt; agentd.idle_release); 0 = never
+    idle_release_s: NonNegFloat = 300.0
 
     def __post_init__(self) -> None:
         if self.restart_backoff_max_s < self.restart_backoff_initial_s:

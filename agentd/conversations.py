@@ -597,6 +597,7 @@ class ConversationService:
                     f"the provider no longer has conversation {record.provider_conversation_id!r}: {exc.message}"
                 ) from None
             live.conv = conv
+            live.last_event = trio.current_time()  # just opened: idle from now (agentd.idle_release)
             if conv.id != record.provider_conversation_id:
                 record.provider_conversation_id = conv.id
                 self._save(record)

@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 import trio
 
-from . import agentfs, masking, runtime_env, systemd
+from . import agentfs, idle_release, masking, runtime_env, systemd
 from .config import Config, Paths, default_config_path
 from .conversations import ConversationService, new_id
 from .hub import Hub
@@ -103,6 +103,7 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
                     async with trio.open_nursery() as front:
                         await front.start(service.run)
                         await front.start(tasks.run)
+                        await front.start(idle_release.run, service, config.runtimes.idle_release_s)
                         if config.websocket.enabled:
                             from .gateway import serve_websocket
 

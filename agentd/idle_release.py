@@ -1,0 +1,86 @@
+"""Idle release: a conversation whose runtime sat idle lets the runtime go, and gets it back on the next prompt.
+
+An open conversation on Claude Code (or any runtime with one process per
+conversation) holds a process of a few hundred MB while nobody uses it. With
+``[runtimes] idle_release_s`` > 0, a conversation that has had no turn, no
+pending interaction and no event for that long has its provider conversation
+closed; the record, journal, lease and subscribers stay. The next prompt
+reopens the exact runtime conversation (``OpenRequest.conversation_id``, as
+after a daemon restart), so its history is the runtime's own and nothing is
+resent. Only providers that can reopen (capability ``reopen``) are released.
+
+One task scans every loaded conversation every ``period`` seconds: no timer per
+conversation, so a thousand idle conversations cost one wake-up per period.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import structlog
+import trio
+
+if TYPE_CHECKING:
+    from .conversations import ConversationService
+
+log = structlog.get_logger("agentd.idle_release")
+
+#: the longest time between two scans, in seconds
+MAX_PERIOD_S = 30.0
+
+
+def period(idle_release_s: float) -> float:
+    """Seconds between scans: a quarter of the idle time, within [0.25, MAX_PERIOD_S]."""
+    return min(MAX_PERIOD_S, max(0.25, idle_release_s / 4))
+
+
+async def release_idle(service: ConversationService, idle_release_s: float) -> list[str]:
+    """Close the provider conversation of every loaded conversation idle for ``idle_release_s``.
+
+    Returns the ids released. A conversation is idle when it has an open
+    provider conversation, no run (active, opening or queued), no pending
+    interaction, and its last event (or its opening) is older than
+    ``idle_release_s`` seconds (trio's clock). A close that fails is logged and
+    the conversation stays as it was. Never raises but Cancelled.
+    """
+    cutoff = trio.current_time() - idle_release_s
+    released: list[str] = []
+    reopenable: dict[str, bool] = {}
+    for live in list(service.loaded()):
+        conv = live.conv
+        if conv is None or live.run or live.opening_run or live.queue or live.pending or live.last_event > cutoff:
+            continue
+        provider = live.record.provider
+        if provider not in reopenable:
+            try:
+                reopenable[provider] = bool((await service.runtimes.get(provider)).capabilities().reopen)
+            except Exception:
+                reopenable[provider] = False
+        if not reopenable[provider]:
+            continue
+        async with live.open_lock:
+            # Looked at again under the lock: a prompt may have come in meanwhile.
+            if live.conv is not conv or live.run or live.opening_run or live.pending or live.last_event > cutoff:
+                continue
+            live.conv = None
+            try:
+                with trio.move_on_after(10):
+                    await conv.close()
+            except Exception as exc:
+                log.warning("conversation.release_failed", conversation=live.record.id, error=str(exc))
+                continue
+        log.info("conversation.runtime_released", conversation=live.record.id, provider=provider,
+                 idle_s=round(trio.current_time() - live.last_event, 1))
+        released.append(live.record.id)
+    return released
+
+
+async def run(service: ConversationService, idle_release_s: float, *,
+              task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Release idle runtimes (see :func:`release_idle`) until cancelled; ``idle_release_s`` 0 = never."""
+    task_status.started()
+    if idle_release_s <= 0:
+        return
+    while True:
+        await trio.sleep(period(idle_release_s))
+        await release_idle(service, idle_release_s)
