@@ -36,6 +36,7 @@ from agentd.contract import (
     InteractionState,
     Item,
     ItemKind,
+    OutputLine,
     Question,
     Subagent,
     SubagentStatus,
@@ -692,7 +693,10 @@ class Renderer:
                 import time
 
                 since = self._running[key][1] if key in self._running else time.monotonic()
-                self._running[key] = (t.name, since, list(t.tail))
+                tail = list(t.tail)
+                if not tail and t.output:  # a runtime that updates the output itself (ACP agents)
+                    tail = [OutputLine(text=ln) for ln in t.output.splitlines()[-10:] if ln.strip()]
+                self._running[key] = (t.name, since, tail)
             else:
                 self._running.pop(key, None)
         if self._tool_status.get(key) == status:
