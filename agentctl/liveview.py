@@ -50,6 +50,19 @@ def fit(text: str, width: int) -> str:
     return text
 
 
+def rows(text: str, width: int, n: int) -> list[str]:
+    """The last ``n`` terminal rows of ``text`` wrapped at ``width`` columns (what a terminal would show)."""
+    out: list[str] = []
+    for line in text.split("\n")[-n:]:
+        while True:
+            row = fit(line, width)
+            out.append(row)
+            line = line[len(row):]
+            if not line or not row:
+                break
+    return out[-n:]
+
+
 def _fence(line: str) -> str:
     s = line.lstrip()
     if len(line) - len(s) > 3:

@@ -317,7 +317,7 @@ class Renderer:
         self._seq_tag = ""
         if width is None:
             width = 100
-            if self.style.color:
+            if self.style.color or live:
                 import shutil
 
                 width = shutil.get_terminal_size((100, 24)).columns
@@ -499,7 +499,7 @@ class Renderer:
             return
         import time
 
-        from .liveview import SPINNER, SPINNER_ASCII, TEXT_TAIL_LINES, TOOL_TAIL_LINES, fit
+        from .liveview import SPINNER, SPINNER_ASCII, TEXT_TAIL_LINES, TOOL_TAIL_LINES, fit, rows
 
         now = time.monotonic()
         room = max(20, self.width - len(self.prefix) - 1)
@@ -507,8 +507,7 @@ class Renderer:
         if self._text_key is not None and self._text_buf.strip():
             reasoning = self._text_kind is ItemKind.REASONING
             lead = self.g["reasoning"] if reasoning else ""
-            for ln in self._text_buf.split("\n")[-TEXT_TAIL_LINES:]:
-                shown = fit(lead + ln, room)
+            for shown in rows(lead + self._text_buf, room, TEXT_TAIL_LINES):
                 lines.append(self.style.italic_dim(shown) if reasoning else shown)
         several = len([1 for v in self._running.values() if v[2]]) > 1
         for name, _, tail in self._running.values():

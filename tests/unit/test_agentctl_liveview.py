@@ -96,3 +96,11 @@ def test_the_notifier_rings_once_per_interaction(tmp_path: Any, monkeypatch: Any
     quiet = io.StringIO()
     Notifier(quiet, bell=False).waiting(CONV, "p1", "permission", "Allow bash?")
     assert quiet.getvalue() == ""
+
+
+def test_text_still_streaming_is_shown_wrapped_its_newest_rows_last() -> None:
+    from agentctl.liveview import rows
+
+    assert rows("a" * 25, 10, 6) == ["a" * 10, "a" * 10, "a" * 5]
+    assert rows("one\ntwo\n" + "x" * 12, 5, 3) == ["xxxxx", "xxxxx", "xx"]
+    assert rows("", 5, 3) == [""]
