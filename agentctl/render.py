@@ -386,7 +386,7 @@ class Renderer:
     def end_line(self) -> None:
         """Finish a line left open by streamed text (on a terminal: print the text held, clear the live region)."""
         if self._text_key is not None:
-            self._commit_text(all_=True)
+            self._commit_text()
         if self._region:
             self._erase_region()
         if self._mid_line:

@@ -104,3 +104,14 @@ def test_text_still_streaming_is_shown_wrapped_its_newest_rows_last() -> None:
     assert rows("a" * 25, 10, 6) == ["a" * 10, "a" * 10, "a" * 5]
     assert rows("one\ntwo\n" + "x" * 12, 5, 3) == ["xxxxx", "xxxxx", "xx"]
     assert rows("", 5, 3) == [""]
+
+
+def test_streamed_markdown_is_printed_a_block_at_a_time_and_what_is_held_when_the_turn_ends() -> None:
+    out = io.StringIO()
+    r = Renderer(out, color=False, unicode=True, live=True, width=80)
+    text = "# Plan\n\nFirst **this**.\n\n- one\n- two\n\nThen that"
+    for i in range(0, len(text), 4):
+        r.delta(c.Delta(item_id="a1", kind=c.ItemKind.ASSISTANT, text=text[i:i + 4]))
+    assert out.getvalue() == "Plan\n\nFirst this.\n\n • one\n • two\n"  # whole blocks only
+    r.record(CONV, rec("turn", c.Turn(state=c.TurnState.CANCELLED)))  # no item came: the rest is not lost
+    assert out.getvalue() == "Plan\n\nFirst this.\n\n • one\n • two\n\nThen that\n⊘ turn cancelled\n"
