@@ -276,6 +276,8 @@ class Follower:
 
     def _quiet(self, run: str) -> int | None:
         """Nothing arrived for a moment: act on what is pending, notice a closed conversation."""
+        for r in self._renderers:
+            r.settle()
         self._flush()
         if self._closed:
             if run:

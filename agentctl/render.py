@@ -543,9 +543,16 @@ class Renderer:
         if ts:
             self._run_start.setdefault(run, ts)
         if self._turn_run != run:
+            import datetime as dt
             import time
 
-            self._turn_run, self._turn_since, self._turn_ended = run, time.monotonic(), False
+            age = 0.0
+            try:  # the spinner counts from the turn's start, also when we joined late (attach)
+                age = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(ts)).total_seconds() if ts else 0.0
+            except (ValueError, TypeError):
+                pass
+            self._turn_run, self._turn_ended = run, False
+            self._turn_since = time.monotonic() - max(0.0, age)
 
     def _turn_summary(self, run: str, ts: str) -> str:
         """`` · 8s · 5,580 tokens (5,200 in, 380 out) · $0.0123`` for the turn ``run`` that ended at ``ts``."""
@@ -940,6 +947,11 @@ class Renderer:
         title, self._title_due = self._title_due, ""
         self.line(self.style.dim(f"{self.g['info']} title: {title}"))
 
+    def settle(self) -> None:
+        """The stream went quiet: print a title held for the prompt that would follow it."""
+        if self._title_due:
+            self._show_title()
+
     def _on_exit(self, rec: wire.Record, error: str) -> None:
         self.line(self.style.red(f"{self.g['failed']} runtime exited" + (f": {error}" if error else "")))
 
@@ -1006,6 +1018,7 @@ class Renderer:
         get their answer hints now (the others were answered meanwhile).
         """
         self.conversation = conversation or self.conversation
+        self.settle()
         snap = visible_all(snap)
         if self.stream_deltas:
             for it in self.unshown_items(snap):

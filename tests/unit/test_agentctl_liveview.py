@@ -115,3 +115,18 @@ def test_streamed_markdown_is_printed_a_block_at_a_time_and_what_is_held_when_th
     assert out.getvalue() == "Plan\n\nFirst this.\n\n • one\n • two\n"  # whole blocks only
     r.record(CONV, rec("turn", c.Turn(state=c.TurnState.CANCELLED)))  # no item came: the rest is not lost
     assert out.getvalue() == "Plan\n\nFirst this.\n\n • one\n • two\n\nThen that\n⊘ turn cancelled\n"
+
+
+def test_a_title_made_from_the_prompt_is_not_shown_but_another_is() -> None:
+    out = io.StringIO()
+    r = Renderer(out, color=False, unicode=True)
+    r.record(CONV, rec("title", "fix the build", run=""))
+    r.record(CONV, rec("prompt", wire.PromptRecord(text="fix the build\nit fails since Monday")))
+    r.record(CONV, rec("title", "Fixing the CI build"))
+    assert out.getvalue() == "› fix the build\n  it fails since Monday\n· title: Fixing the CI build\n"
+    named = io.StringIO()
+    r = Renderer(named, color=False, unicode=True)
+    r.record(CONV, rec("title", "Release", run=""))  # agentctl title, nothing follows: shown once quiet
+    assert named.getvalue() == ""
+    r.settle()
+    assert named.getvalue() == "· title: Release\n"
