@@ -4,8 +4,8 @@ Codex (`codex app-server`) and GitHub Copilot CLI report a running shell
 command's output as it comes (``item/commandExecution/outputDelta``,
 ``tool.execution_partial_result``); agentd journals the running item with its
 newest lines (``ToolCall.tail``) and agentctl at a terminal redraws them in
-place. Real agentctl on a pseudo-terminal (tests/integration/test_live_view.py's
-``Term``), a real daemon, the real runtime; only the model is scripted.
+place. Real agentctl on a pseudo-terminal (tests/terminal.py), a real daemon,
+the real runtime; only the model is scripted.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from daemon_harness import Daemon
-from integration.test_live_view import Term
+from terminal import Term
 from runtimes_e2e import CodexRuntime, CopilotRuntime, Runtime
 
 pytestmark = pytest.mark.e2e
