@@ -501,7 +501,10 @@ class Renderer:
 
         from .liveview import SPINNER, SPINNER_ASCII, TEXT_TAIL_LINES, TOOL_TAIL_LINES, fit, rows
 
+        import shutil
+
         now = time.monotonic()
+        self.width = max(40, shutil.get_terminal_size((self.width, 24)).columns)  # the window may have changed
         room = max(20, self.width - len(self.prefix) - 1)
         lines: list[str] = []
         if self._text_key is not None and self._text_buf.strip():

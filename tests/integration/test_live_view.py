@@ -196,3 +196,15 @@ def _conv_after_restart(d: Daemon) -> str:
             return conv
         time.sleep(0.1)
     raise AssertionError(f"no lease takeover in {d.journal(conv)}")
+
+
+def test_json_at_a_terminal_stays_json_lines_with_no_live_view(daemon: Daemon, workdir: Path) -> None:
+    t = Term(daemon, "run", "-p", "script", "-m", str(SCRIPTS / "live-tool.toml"), "--cwd", str(workdir), "build",
+             "--json")
+    assert t.wait_exit(60) == 0, t.text()
+    raw = t.raw.decode()
+    assert "\x1b" not in raw and "\a" not in raw and "running ·" not in raw
+    lines = [json.loads(x) for x in raw.replace("\r\n", "\n").splitlines() if x.strip()]
+    assert lines[-1]["type"] == "result" and lines[-1]["state"] == "completed", lines[-1]
+    running = [x for x in lines if x["type"] == "item" and x["data"].get("tool", {}).get("tail")]
+    assert running, "the running tool's tail is in the stream, as records"
