@@ -5,7 +5,8 @@ reads: assistant text streamed as deltas arrive (reasoning dimmed), one line
 per tool call and status, subagent start and finish lines, interactions as
 prompts, the turn's outcome. Without colour (``NO_COLOR``, not a terminal) it
 writes plain text with no ANSI sequence at all, so its output can be logged
-and compared.
+and compared. On a terminal the live view (``live``, agentctl.liveview) adds
+Markdown, a running tool's output and a spinner redrawn in place.
 
 Rendering never raises on a record it cannot read: agentctl must keep
 following a turn even when the daemon is newer than the client.
@@ -41,6 +42,7 @@ from agentd.contract import (
     Subagent,
     SubagentStatus,
     TodoList,
+    TokenUsage,
     ToolStatus,
     Turn,
     TurnState,
@@ -281,7 +283,13 @@ class Renderer:
     ``replay`` the records first come from the journal, up to a snapshot:
     hints then wait for the snapshot and are shown only for interactions
     still pending in it, so no hint stands under an interaction that the
-    same output shows answered a few lines later.
+    same output shows answered a few lines later. ``live`` (a terminal,
+    never ``--json``) turns on the live view of agentctl.liveview: text is
+    printed a whole Markdown block at a time, and :meth:`refresh` redraws
+    the lines under the output in place (text still arriving, running
+    tools' newest output, a spinner); the outcome line of a turn adds its
+    duration, tokens and cost. ``verbose`` adds who answered (pid, uid)
+    and lease takeovers.
     """
 
     def __init__(
@@ -497,11 +505,10 @@ class Renderer:
         """
         if not self.live or self.replay or self._mid_line:
             return
+        import shutil
         import time
 
         from .liveview import SPINNER, SPINNER_ASCII, TEXT_TAIL_LINES, TOOL_TAIL_LINES, fit, rows
-
-        import shutil
 
         now = time.monotonic()
         self.width = max(40, shutil.get_terminal_size((self.width, 24)).columns)  # the window may have changed
@@ -579,8 +586,8 @@ class Renderer:
             bits.append(f"${cost:.4f}" if cost < 1 else f"${cost:.2f}")
         return "".join(f" · {b}" for b in bits)
 
-    def _on_tokens(self, rec: wire.Record, t: Any) -> None:
-        if not rec.run or not hasattr(t, "input"):
+    def _on_tokens(self, rec: wire.Record, t: TokenUsage) -> None:
+        if not rec.run or not isinstance(t, TokenUsage):
             return
         tok = self._run_tokens.setdefault(rec.run, [0, 0])
         tok[0] += t.input
