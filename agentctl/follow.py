@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import select
 import sys
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -43,6 +44,8 @@ QUIET_S = 0.2
 FROM_NOW = 1 << 62
 #: How long to wait for a record while looking back at the start of the turn in flight, seconds.
 LOOK_BACK_TIMEOUT_S = 10.0
+#: How often the live view (a spinner, a running tool's output) is redrawn on a terminal, seconds.
+TICK_S = 0.1
 
 
 class FollowResult(msgspec.Struct, kw_only=True):
@@ -67,7 +70,9 @@ class Follower:
     (human output); None with ``json_out`` set prints JSON lines instead.
     ``interactive`` answers interactions at the terminal (stdin must be a
     tty); ``exit_on_action`` stops with exit code 4 on an interaction nobody
-    here may answer; ``yolo`` leaves permission requests to the daemon.
+    here may answer; ``yolo`` leaves permission requests to the daemon. ``notifier``
+    (agentctl.liveview.Notifier) is told when an interaction waits for a
+    person; ``live`` redraws the renderers' live region every :data:`TICK_S`.
     """
 
     def __init__(
@@ -79,8 +84,14 @@ class Follower:
         interactive: bool = False,
         exit_on_action: bool = False,
         yolo: bool = False,
+        notifier: Any = None,
+        live: bool = False,
     ) -> None:
         self.client = client
+        self.notifier = notifier
+        self.live = live
+        #: every renderer used, so a message to stderr first ends their open lines
+        self._renderers: list[Renderer] = []
         self._renderer_for = renderer_for
         self.json_out = json_out
         self.interactive = interactive
@@ -132,17 +143,31 @@ class Follower:
             # and a quick turn can be over before a subscription made after the send begins.
             run = send()
         self.run = run
+        tick = TICK_S if self.live else QUIET_S
+        quiet_since = time.monotonic()
         try:
             while True:
-                frame = self._buffer.popleft() if self._buffer else self._sub.get(timeout=QUIET_S)
+                if self._buffer:
+                    frame = self._buffer.popleft()
+                else:
+                    frame = self._sub.get(timeout=0) if self.live else None
+                    if frame is None:
+                        self._refresh()  # nothing waiting: draw the live region, then wait
+                        frame = self._sub.get(timeout=tick)
                 if frame is None:
+                    if time.monotonic() - quiet_since < QUIET_S - 1e-3:
+                        continue
+                    quiet_since = time.monotonic()
                     code = self._quiet(run)
                 else:
+                    quiet_since = time.monotonic()
                     code = self._frame(frame, run, until_caught_up)
                 if code is not None:
                     return code
         finally:
             self._flush()
+            if self.notifier is not None:
+                self.notifier.close()
 
     def _frame(self, frame: Any, run: str, until_caught_up: bool) -> int | None:
         if isinstance(frame, wire.SnapshotFrame):
@@ -181,6 +206,8 @@ class Follower:
             self._json(json_snapshot(conv, snap))
         elif self._renderer_for is not None:
             r = self._renderer_for(conv)
+            if r not in self._renderers:
+                self._renderers.append(r)
             unshown = {(it.agent_id, it.id) for it in r.unshown_items(snap)} if r.stream_deltas else set()
             if unshown and self._after and conv not in self._looked_back:
                 # The replay may have started inside the turn in flight: the snapshot's items
@@ -249,6 +276,8 @@ class Follower:
 
     def _quiet(self, run: str) -> int | None:
         """Nothing arrived for a moment: act on what is pending, notice a closed conversation."""
+        for r in self._renderers:
+            r.settle()
         self._flush()
         if self._closed:
             if run:
@@ -262,6 +291,9 @@ class Follower:
                 continue
             if inter.auto or (self.yolo and inter.kind is InteractionKind.PERMISSION):
                 continue  # the daemon answers these
+            if self.notifier is not None:
+                kind = "form" if inter.elicitation is not None else inter.kind.value.replace("_", " ")
+                self.notifier.waiting(conv, inter.id, kind, visible(inter.title))
             if self.interactive:
                 self._prompt(conv, inter)
                 return None
@@ -371,7 +403,20 @@ class Follower:
         if self.json_out is not None:
             self._json(json_record(conv, rec))
         elif self._renderer_for is not None:
-            self._renderer_for(conv).record(conv, rec)
+            r = self._renderer_for(conv)
+            if r not in self._renderers:
+                self._renderers.append(r)
+            r.record(conv, rec)
+
+    def _refresh(self) -> None:
+        for r in self._renderers:
+            r.refresh()
+
+    def end_lines(self) -> None:
+        """End the renderers' open lines and clear their live regions (before a message, at the end)."""
+        for r in self._renderers:
+            r.end_line()
+        sys.stdout.flush()
 
     def _json(self, data: bytes) -> None:
         assert self.json_out is not None
@@ -384,9 +429,8 @@ class Follower:
         else:
             sys.stdout.flush()
 
-    @staticmethod
-    def _say_err(text: str) -> None:
-        sys.stdout.flush()
+    def _say_err(self, text: str) -> None:
+        self.end_lines()  # never into streamed text
         sys.stderr.write(visible(f"agentctl: {text}\n"))
         sys.stderr.flush()
 

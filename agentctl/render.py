@@ -5,7 +5,8 @@ reads: assistant text streamed as deltas arrive (reasoning dimmed), one line
 per tool call and status, subagent start and finish lines, interactions as
 prompts, the turn's outcome. Without colour (``NO_COLOR``, not a terminal) it
 writes plain text with no ANSI sequence at all, so its output can be logged
-and compared.
+and compared. On a terminal the live view (``live``, agentctl.liveview) adds
+Markdown, a running tool's output and a spinner redrawn in place.
 
 Rendering never raises on a record it cannot read: agentctl must keep
 following a turn even when the daemon is newer than the client.
@@ -36,10 +37,12 @@ from agentd.contract import (
     InteractionState,
     Item,
     ItemKind,
+    OutputLine,
     Question,
     Subagent,
     SubagentStatus,
     TodoList,
+    TokenUsage,
     ToolStatus,
     Turn,
     TurnState,
@@ -172,7 +175,7 @@ def answer_commands(conversation: str, inter: Interaction, socket: str | None = 
             out.append(cmd("--allow"))
         if any(o.reject for o in inter.options):
             out.append(cmd("--deny"))
-        out.append(cmd("--option", "ID"))
+        out += [cmd("--option", o.id) for o in inter.options if not o.allow_once and not o.reject]
         return out
     if inter.kind is InteractionKind.PLAN_REVIEW:
         actions = inter.plan.actions if inter.plan else []
@@ -280,7 +283,13 @@ class Renderer:
     ``replay`` the records first come from the journal, up to a snapshot:
     hints then wait for the snapshot and are shown only for interactions
     still pending in it, so no hint stands under an interaction that the
-    same output shows answered a few lines later.
+    same output shows answered a few lines later. ``live`` (a terminal,
+    never ``--json``) turns on the live view of agentctl.liveview: text is
+    printed a whole Markdown block at a time, and :meth:`refresh` redraws
+    the lines under the output in place (text still arriving, running
+    tools' newest output, a spinner); the outcome line of a turn adds its
+    duration, tokens and cost. ``verbose`` adds who answered (pid, uid)
+    and lease takeovers.
     """
 
     def __init__(
@@ -297,6 +306,8 @@ class Renderer:
         yolo: bool = False,
         replay: bool = False,
         seq: bool = False,
+        live: bool = False,
+        verbose: bool = False,
     ) -> None:
         self.out = out if out is not None else sys.stdout
         self.style = Style(use_color(self.out) if color is None else color)
@@ -314,7 +325,7 @@ class Renderer:
         self._seq_tag = ""
         if width is None:
             width = 100
-            if self.style.color:
+            if self.style.color or live:
                 import shutil
 
                 width = shutil.get_terminal_size((100, 24)).columns
@@ -344,12 +355,34 @@ class Renderer:
         self._sub_status: dict[str, str] = {}
         self._title = ""
         self._todos_line = ""
+        #: a title journaled before the prompt it was made from waits for that prompt (shown once)
+        self._title_due = ""
+        #: answerers' pid and uid, lease changes
+        self.verbose = verbose
+        # The turn in flight (for the live region and the end-of-turn line).
+        self._turn_run = ""
+        self._turn_ended = False
+        self._run_start: dict[str, str] = {}
+        self._run_tokens: dict[str, list[float]] = {}
+        self._run_cost: dict[str, float] = {}
+        #: live view on a terminal (agentctl.liveview): Markdown, tool output and a spinner redrawn in place
+        self.live = live
+        self._region = 0  # lines of the live region on screen
+        self._region_text = ""
+        self._text_key: tuple[str, str] | None = None
+        self._text_kind = ItemKind.ASSISTANT
+        self._text_buf = ""
+        self._text_blocks = 0
+        self._running: dict[tuple[str, str], tuple[str, float, list[Any]]] = {}
+        self._turn_since: float | None = None
 
     # -------------------------------------------------------------- output primitives
 
     def _write(self, text: str) -> None:
         if not text:
             return
+        if self._region:
+            self._erase_region()
         self.out.write(text)
 
     def flush(self) -> None:
@@ -359,7 +392,11 @@ class Renderer:
             pass
 
     def end_line(self) -> None:
-        """Finish a line left open by streamed text."""
+        """Finish a line left open by streamed text (on a terminal: print the text held, clear the live region)."""
+        if self._text_key is not None:
+            self._commit_text()
+        if self._region:
+            self._erase_region()
         if self._mid_line:
             self._write("\n")
             self._mid_line = False
@@ -378,6 +415,9 @@ class Renderer:
         return tag
 
     def _stream(self, key: tuple[str, str], kind: ItemKind, text: str) -> None:
+        if self.live:
+            self._feed_text(key, kind, text)
+            return
         if self._stream_key != key:
             self.end_line()
             self._stream_key = key
@@ -404,6 +444,157 @@ class Renderer:
                 self._mid_line = True
         self._last_line_key = None
 
+    # -------------------------------------------------------------- the live view (a terminal)
+
+    def _feed_text(self, key: tuple[str, str], kind: ItemKind, text: str) -> None:
+        """Hold streamed text; print what became whole blocks (Markdown) or lines (reasoning, subagents)."""
+        from .liveview import commit_point
+
+        if self._text_key != key:
+            self.end_line()
+            self._text_key, self._text_kind, self._text_buf, self._text_blocks = key, kind, "", 0
+        self._text_buf += text
+        if kind is ItemKind.ASSISTANT and not key[0]:
+            cut = commit_point(self._text_buf)
+        else:
+            cut = self._text_buf.rfind("\n") + 1
+        if cut:
+            chunk, self._text_buf = self._text_buf[:cut], self._text_buf[cut:]
+            self._print_text(key, kind, chunk)
+        self._last_line_key = None
+
+    def _commit_text(self) -> None:
+        """Print all the text held (its item is whole, or another line comes)."""
+        key, self._text_key = self._text_key, None
+        chunk, self._text_buf = self._text_buf, ""
+        if key is not None and chunk.strip():
+            self._print_text(key, self._text_kind, chunk)
+
+    def _print_text(self, key: tuple[str, str], kind: ItemKind, chunk: str) -> None:
+        lead = self.style.cyan(f"[{self._agent_name(key[0])}] ") if key[0] else ""
+        if kind is ItemKind.ASSISTANT and not key[0]:
+            if not chunk.strip():
+                return
+            from .liveview import markdown
+
+            lines = markdown(chunk, max(20, self.width - len(self.prefix) - 1), self.style.color)
+            if self._text_blocks:
+                lines.insert(0, "")
+            self._text_blocks += 1
+            paint = str
+        else:
+            lines = chunk.rstrip("\n").split("\n")
+            if kind is ItemKind.REASONING:
+                lead += self.style.dim(self.g["reasoning"])
+                paint = self.style.italic_dim
+            else:
+                paint = str
+        for ln in lines:
+            self._write(f"{self.prefix}{self._take_seq_tag()}{lead}{paint(ln)}\n")
+        self._mid_line = False
+        self._at_line_start = True
+
+    def _erase_region(self) -> None:
+        n, self._region, self._region_text = self._region, 0, ""
+        self.out.write("\r\x1b[2K" + "\x1b[1A\x1b[2K" * (n - 1))
+
+    def refresh(self) -> None:
+        """Redraw the live region: text still streaming, running tools' newest output, a spinner.
+
+        Only on a terminal (``live``), after a replay, at the start of a line.
+        """
+        if not self.live or self.replay or self._mid_line:
+            return
+        import shutil
+        import time
+
+        from .liveview import SPINNER, SPINNER_ASCII, TEXT_TAIL_LINES, TOOL_TAIL_LINES, fit, rows
+
+        now = time.monotonic()
+        self.width = max(40, shutil.get_terminal_size((self.width, 24)).columns)  # the window may have changed
+        room = max(20, self.width - len(self.prefix) - 1)
+        lines: list[str] = []
+        if self._text_key is not None and self._text_buf.strip():
+            reasoning = self._text_kind is ItemKind.REASONING
+            lead = self.g["reasoning"] if reasoning else ""
+            for shown in rows(lead + self._text_buf, room, TEXT_TAIL_LINES):
+                lines.append(self.style.italic_dim(shown) if reasoning else shown)
+        several = len([1 for v in self._running.values() if v[2]]) > 1
+        for name, _, tail in self._running.values():
+            if not tail:
+                continue
+            if several:
+                lines.append(self.style.dim(fit(f"  {name}:", room)))
+            for ol in tail[-TOOL_TAIL_LINES:]:
+                text = fit("  │ " + ol.text, room)
+                lines.append(self.style.red(text) if ol.err else self.style.dim(text))
+        if self._turn_run and not self._shown_pending and not self._hints_due:
+            frames = SPINNER if self.g is _GLYPHS_UNICODE else SPINNER_ASCII
+            frame = frames[int(now * 10) % len(frames)]
+            if self._running:
+                name, since, _ = list(self._running.values())[-1]
+                label = f"{name} running · {duration(now - since)}"
+            else:
+                label = f"working · {duration(now - (self._turn_since or now))}"
+            lines.append(self.style.cyan(frame) + " " + self.style.dim(fit(label, room - 2)))
+        text = "\n".join(self.prefix + ln for ln in lines)
+        if text == self._region_text and self._region:
+            return
+        if self._region:
+            self._erase_region()
+        if lines:
+            self.out.write(text)
+            self._region, self._region_text = len(lines), text
+        self.flush()
+
+    def _turn_begins(self, run: str, ts: str) -> None:
+        if not run:
+            return
+        if ts:
+            self._run_start.setdefault(run, ts)
+        if self._turn_run != run:
+            import datetime as dt
+            import time
+
+            age = 0.0
+            try:  # the spinner counts from the turn's start, also when we joined late (attach)
+                age = (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(ts)).total_seconds() if ts else 0.0
+            except (ValueError, TypeError):
+                pass
+            self._turn_run, self._turn_ended = run, False
+            self._turn_since = time.monotonic() - max(0.0, age)
+
+    def _turn_summary(self, run: str, ts: str) -> str:
+        """`` · 8s · 5,580 tokens (5,200 in, 380 out) · $0.0123`` for the turn ``run`` that ended at ``ts``."""
+        import datetime as dt
+
+        bits = []
+        start = self._run_start.get(run)
+        if start:
+            try:
+                secs = (dt.datetime.fromisoformat(ts) - dt.datetime.fromisoformat(start)).total_seconds()
+            except ValueError:
+                secs = -1.0
+            if secs >= 0:
+                bits.append(f"{secs:.1f}s" if secs < 60 else duration(secs))
+        tok = self._run_tokens.get(run)
+        if tok is not None:
+            inp, out = int(tok[0]), int(tok[1])
+            bits.append(f"{inp + out:,} tokens ({inp:,} in, {out:,} out)")
+        cost = self._run_cost.get(run)
+        if cost is not None:
+            bits.append(f"${cost:.4f}" if cost < 1 else f"${cost:.2f}")
+        return "".join(f" · {b}" for b in bits)
+
+    def _on_tokens(self, rec: wire.Record, t: TokenUsage) -> None:
+        if not rec.run or not isinstance(t, TokenUsage):
+            return
+        tok = self._run_tokens.setdefault(rec.run, [0, 0])
+        tok[0] += t.input
+        tok[1] += t.output
+        if t.cost_usd is not None:
+            self._run_cost[rec.run] = self._run_cost.get(rec.run, 0.0) + t.cost_usd
+
     def _agent_name(self, agent_id: str) -> str:
         s = self._subagents.get(agent_id)
         return s.name if s and s.name else agent_id[:8]
@@ -413,6 +604,8 @@ class Renderer:
     def record(self, conversation: str, rec: wire.Record) -> None:
         """Render one journal (or live) record of ``conversation``."""
         self.conversation = conversation or self.conversation
+        if self._title_due and rec.type != "prompt":
+            self._show_title()
         try:
             payload = visible_all(wire.decode_payload(rec))
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -450,6 +643,15 @@ class Renderer:
         self.line(self.style.dim(f"{self.g['info']} conversation {self.conversation} ({', '.join(bits)})"))
 
     def _on_prompt(self, rec: wire.Record, p: wire.PromptRecord) -> None:
+        if self._title_due:
+            # agentd titled the conversation from this very prompt: the prompt line says it already
+            first = " ".join(next((ln for ln in p.text.splitlines() if ln.strip()), "").split())
+            if first.startswith(self._title_due.rstrip("…")):
+                self._title_due = ""
+            else:
+                self._show_title()
+        if p.disposition in ("", "started"):
+            self._turn_begins(rec.run, rec.ts)
         self._prompts.append(p.text)
         lines = p.text.splitlines() or [""]
         head = f"{self.g['prompt']} {lines[0]}"
@@ -477,6 +679,8 @@ class Renderer:
             done = self._printed.get(key, "")
             text = item.text
             if done.startswith(text):
+                if self._text_key == key:
+                    self._commit_text()  # the item is whole: what was held is printed
                 return  # nothing new (an older view of the same text)
             if text.startswith(done):
                 rest = text[len(done):]
@@ -485,6 +689,8 @@ class Renderer:
                 self.end_line()
             if rest:
                 self._stream(key, item.kind, rest)
+            if self._text_key == key:
+                self._commit_text()
             self._printed[key] = text
             return
         if item.kind is ItemKind.TOOL and item.tool is not None:
@@ -498,6 +704,17 @@ class Renderer:
         assert t is not None
         key = (item.agent_id, item.id)
         status = "running" if t.status in (ToolStatus.PENDING, ToolStatus.RUNNING) else t.status.value
+        if self.live:
+            if status == "running":
+                import time
+
+                since = self._running[key][1] if key in self._running else time.monotonic()
+                tail = list(t.tail)
+                if not tail and t.output:  # a runtime that updates the output itself (ACP agents)
+                    tail = [OutputLine(text=ln) for ln in t.output.splitlines()[-10:] if ln.strip()]
+                self._running[key] = (t.name, since, tail)
+            else:
+                self._running.pop(key, None)
         if self._tool_status.get(key) == status:
             return
         rewrite = (
@@ -551,20 +768,31 @@ class Renderer:
         self._printed[key] = self._printed.get(key, "") + d.text
 
     def _on_turn(self, rec: wire.Record, turn: Turn) -> None:
-        self.turn(turn)
+        if turn.state is TurnState.WORKING:
+            self._turn_begins(rec.run, rec.ts)
+            return
+        # On a terminal the outcome line also says how long the turn took and what it cost.
+        summary = self._turn_summary(rec.run, rec.ts) if self.live and rec.run else ""
+        if rec.run and rec.run == self._turn_run:
+            self._turn_run, self._turn_since = "", None
+        self._running.clear()
+        self._turn_ended = True
+        self.turn(turn, summary=summary)
 
-    def turn(self, turn: Turn) -> None:
+    def turn(self, turn: Turn, *, summary: str = "") -> None:
+        """The outcome line of an ended turn; ``summary`` (`` · 8s · ...``) is added to it, dimmed."""
         if turn.state is TurnState.WORKING:
             return
         self.end_line()
+        tail = self.style.dim(summary) if summary else ""
         if turn.state is TurnState.COMPLETED:
-            self.line(self.style.green(f"{self.g['ok']} turn completed"))
+            self.line(self.style.green(f"{self.g['ok']} turn completed") + tail)
         elif turn.state is TurnState.CANCELLED:
             why = f": {turn.error}" if turn.reason in ("budget", "cancel_timeout") and turn.error else ""
-            self.line(self.style.yellow(f"{self.g['cancelled']} turn cancelled{why}"))
+            self.line(self.style.yellow(f"{self.g['cancelled']} turn cancelled{why}") + tail)
         else:
             why = turn.error or turn.reason
-            self.line(self.style.red(f"{self.g['failed']} turn failed" + (f": {why}" if why else "")))
+            self.line(self.style.red(f"{self.g['failed']} turn failed" + (f": {why}" if why else "")) + tail)
         # whatever was pending ended with the turn
         self._shown_pending.clear()
         self._hints_due.clear()
@@ -670,7 +898,7 @@ class Renderer:
         self._shown_pending.discard(a.interaction_id)
         if a.auto:
             self._auto.add(a.interaction_id)
-        who = " (yolo)" if a.auto else (f" by {a.by}" if a.by else "")
+        who = " (yolo)" if a.auto else (f" by {a.by}" if a.by and self.verbose else "")
         asked = self._asked.get(a.interaction_id)
         title = f" ({asked.title})" if asked is not None and asked.title else ""
         # as agentctl answer says it: answered ID: WHAT
@@ -695,6 +923,8 @@ class Renderer:
         self.line(paint(f"{self.g['sub_end']} subagent {name} {status}{why}"))
 
     def _on_todos(self, rec: wire.Record, todos: TodoList) -> None:
+        if self._turn_ended and not self._turn_run:
+            return  # a late report of a turn that ended: its list is no news
         self.todos(todos)
 
     def todos(self, todos: TodoList) -> None:
@@ -718,7 +948,19 @@ class Renderer:
         if title == self._title:
             return
         self._title = title
+        if not rec.run:
+            self._title_due = title  # maybe made from the prompt that follows (see _on_prompt)
+            return
         self.line(self.style.dim(f"{self.g['info']} title: {title}"))
+
+    def _show_title(self) -> None:
+        title, self._title_due = self._title_due, ""
+        self.line(self.style.dim(f"{self.g['info']} title: {title}"))
+
+    def settle(self) -> None:
+        """The stream went quiet: print a title held for the prompt that would follow it."""
+        if self._title_due:
+            self._show_title()
 
     def _on_exit(self, rec: wire.Record, error: str) -> None:
         self.line(self.style.red(f"{self.g['failed']} runtime exited" + (f": {error}" if error else "")))
@@ -727,7 +969,7 @@ class Renderer:
         self.line(self.style.red(f"{self.g['failed']} error ({err.code}): {err.message}"))
 
     def _on_lease(self, rec: wire.Record, lease: wire.LeaseRecord) -> None:
-        if lease.action == "taken_over":
+        if lease.action == "taken_over" and self.verbose:
             prev = f" from {lease.previous_owner}" if lease.previous_owner else ""
             self.line(self.style.dim(f"{self.g['info']} lease taken over{prev}"))
 
@@ -786,12 +1028,16 @@ class Renderer:
         get their answer hints now (the others were answered meanwhile).
         """
         self.conversation = conversation or self.conversation
+        self.settle()
         snap = visible_all(snap)
         if self.stream_deltas:
             for it in self.unshown_items(snap):
                 self.item(Item(id=it.id, kind=ItemKind(it.kind), text=it.text))
-        if snap.todos is not None:
-            self.todos(snap.todos)  # live-only records: a replay has not shown them
+        if snap.todos is not None and snap.state in (wire.ConversationState.RUNNING,
+                                                     wire.ConversationState.REQUIRES_ACTION):
+            self.todos(snap.todos)  # live-only records: a replay has not shown them (and only while a turn runs)
+        if snap.run and snap.state in (wire.ConversationState.RUNNING, wire.ConversationState.REQUIRES_ACTION):
+            self._turn_begins(snap.run, "")
         due, self._hints_due = self._hints_due, {}
         self.replay = False
         for inter in snap.pending:

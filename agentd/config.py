@@ -304,6 +304,18 @@ class AttachmentsConfig(_Section):
     retention_days: NonNegFloat = 30.0
 
 
+class AgentctlConfig(_Section):
+    """``[agentctl]``: what agentctl does on a terminal when an interaction waits for a person.
+
+    agentd itself does not use it (agentctl reads the same file).
+    """
+
+    #: ring the terminal bell
+    bell: bool = True
+    #: send a desktop notification with ``notify-send`` where it is installed
+    notify: bool = True
+
+
 class AgentFilesConfig(_Section):
     """[agent_files]: files agentd reads and writes for an agent (ACP fs/*), beneath its workdir."""
 
@@ -533,6 +545,7 @@ class Config(_Section):
     agent_files: AgentFilesConfig = msgspec.field(default_factory=AgentFilesConfig)
     pricing: dict[Annotated[str, msgspec.Meta(min_length=1)], PricingConfig] = {}
     budgets: dict[Annotated[str, msgspec.Meta(min_length=1)], BudgetConfig] = {}
+    agentctl: AgentctlConfig = msgspec.field(default_factory=AgentctlConfig)
 
     def resolved_paths(self, environ: Mapping[str, str] | None = None) -> Paths:
         """The daemon's paths, absolute, ``~`` expanded; creates nothing.

@@ -16,7 +16,11 @@ Markdown and HTML show control characters in conversation text visibly
 (``\x1b``; agentd.termsafe), so printing an export to a terminal is safe.
 The HTML is one file with inline CSS and no script, image, font or link to
 anything outside it (a Content-Security-Policy says so too); every piece of
-conversation text is escaped.
+conversation text is escaped. The agent's own text (answers, reasoning, plans)
+is Markdown and is rendered as such with markdown-it-py (CommonMark, tables,
+strikethrough; imported on the first HTML export): HTML the agent wrote stays
+escaped text, a link shows its address instead of linking, an image is not
+loaded, code is monospace.
 """
 
 from __future__ import annotations
@@ -25,13 +29,16 @@ import datetime as _dt
 import html
 import re
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
 from . import contract as c
 from . import masking, wire
 from .termsafe import visible
+
+if TYPE_CHECKING:
+    from markdown_it import MarkdownIt
 
 __all__ = ["Entry", "FieldAnswer", "Transcript", "FORMATS", "render", "transcript"]
 
@@ -412,6 +419,15 @@ dl.meta dt { font-weight: 600; } dl.meta dd { margin: 0; overflow-wrap: anywhere
 .head { font-size: .85rem; color: var(--muted); margin-bottom: .3rem; display: flex; justify-content: space-between; gap: 1rem; }
 .head .who { font-weight: 600; color: var(--fg); }
 .text { white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; font: inherit; }
+.md > :first-child { margin-top: 0; } .md > :last-child { margin-bottom: 0; }
+.md h3, .md h4, .md h5, .md h6 { margin: .8rem 0 .3rem; }
+.md pre, .md code { font: 13px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+.md pre { white-space: pre-wrap; overflow-wrap: anywhere; background: var(--bg); border: 1px solid var(--line);
+  border-radius: 6px; padding: .5rem; }
+.md code { background: var(--bg); border-radius: 4px; padding: 0 .2em; } .md pre code { padding: 0; background: none; }
+.md table { border-collapse: collapse; } .md th, .md td { border: 1px solid var(--line); padding: .2rem .5rem; }
+.md blockquote { margin: 0; padding-left: .8rem; border-left: 3px solid var(--line); color: var(--muted); }
+.md .url { color: var(--muted); overflow-wrap: anywhere; }
 pre.code { white-space: pre-wrap; overflow-wrap: anywhere; background: var(--bg); border: 1px solid var(--line);
   border-radius: 6px; padding: .5rem; font: 13px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
 .answer { margin-top: .4rem; font-weight: 600; }
@@ -426,6 +442,48 @@ footer { color: var(--muted); font-size: .8rem; margin-top: 2rem; }
 
 def _h(text: str) -> str:
     return html.escape(text, quote=True)
+
+
+#: entries whose text is the agent's own Markdown
+_MARKDOWN_ROLES = ("assistant", "reasoning", "plan")
+_md_parser = None
+
+
+def _md() -> "MarkdownIt":
+    """The Markdown renderer of the HTML export, built on first use (see the module docstring)."""
+    global _md_parser
+    if _md_parser is None:
+        from markdown_it import MarkdownIt
+
+        md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
+        md.enable(["table", "strikethrough"]).disable(["image"])
+
+        def link_open(self: object, tokens: list, idx: int, options: object, env: dict) -> str:
+            env.setdefault("hrefs", []).append(tokens[idx].attrGet("href") or "")
+            return '<span class="link">'
+
+        def link_close(self: object, tokens: list, idx: int, options: object, env: dict) -> str:
+            href = env["hrefs"].pop() if env.get("hrefs") else ""
+            return "</span>" + (f' <span class="url">&lt;{_h(str(href))}&gt;</span>' if href else "")
+
+        def tidy(state: object) -> None:
+            # The agent's headings sit under the page's h1 and each entry's heading; no inline styles.
+            for tok in state.tokens:  # type: ignore[attr-defined]
+                if tok.type in ("heading_open", "heading_close"):
+                    tok.tag = f"h{min(6, int(tok.tag[1]) + 2)}"
+                if tok.attrs:
+                    tok.attrs.pop("style", None)
+
+        md.add_render_rule("link_open", link_open)
+        md.add_render_rule("link_close", link_close)
+        md.core.ruler.push("agentd_tidy", tidy)
+        _md_parser = md
+    return _md_parser
+
+
+def _markdown_html(text: str) -> str:
+    """Agent Markdown as HTML: every piece of its text escaped (``'`` too), no link, no image."""
+    return _md().render(text, {}).replace("'", "&#x27;").rstrip("\n")
 
 
 def _html(t: Transcript) -> str:
@@ -490,6 +548,8 @@ def _html_entry(e: Entry) -> str:
                 for f in e.fields
             )
             body.append(f'<ul class="fields">{items}</ul>')
+        elif e.text and e.role in _MARKDOWN_ROLES:
+            body.append(f'<div class="md">{_markdown_html(e.text)}</div>')
         elif e.text:
             body.append(f'<pre class="text">{_h(e.text.rstrip(chr(10)))}</pre>')
         if e.attachments:

@@ -272,28 +272,42 @@ def _follow(
     all_: bool = False,
     seq: bool = False,
     send: Any = None,
+    verbose: bool = False,
 ) -> int:
     """Follow with the right output (JSON lines or rendered) and Ctrl-C handling.
 
     ``send`` (a function returning the run it started) is called once subscribed; see Follower.follow.
+    On a terminal (never with --json) the live view is on (agentctl.liveview): Markdown, running
+    tools' output and a spinner redrawn in place, a bell and a notification when a person is needed.
     """
     from ..follow import Follower
     from ..render import Renderer
 
     o = _opts()
     renderers: dict[str, Renderer] = {}
+    notifier = None
+    live = False
+    if not o.json:
+        from ..liveview import Notifier, is_live, notify_settings
+
+        live = is_live(sys.stdout)
+        if live:
+            bell, desktop = notify_settings()
+            if bell or desktop:
+                notifier = Notifier(sys.stdout, bell=bell, desktop=desktop)
 
     def renderer_for(conv: str) -> Renderer:
         if all_:
             key = conv
             if key not in renderers:
                 renderers[key] = Renderer(sys.stdout, stream_deltas=False, prefix=f"[{conv[:8]}] ",
-                                          answer_hints=not interactive, socket=o.socket, yolo=yolo, seq=seq)
+                                          answer_hints=not interactive, socket=o.socket, yolo=yolo, seq=seq,
+                                          verbose=verbose)
             return renderers[key]
         if "" not in renderers:
             # One conversation: the journal is replayed up to a snapshot first (--all is live only).
             renderers[""] = Renderer(sys.stdout, answer_hints=not interactive, socket=o.socket, yolo=yolo,
-                                     replay=True, seq=seq)
+                                     replay=True, seq=seq, live=live, verbose=verbose)
         return renderers[""]
 
     follower = Follower(
@@ -303,6 +317,8 @@ def _follow(
         interactive=interactive,
         exit_on_action=exit_on_action,
         yolo=yolo,
+        notifier=notifier,
+        live=live and not all_,
     )
     try:
         code = follower.follow(None if all_ else conversation, after, run=run, send=send,
@@ -316,10 +332,18 @@ def _follow(
             _err(f"detached; the turn goes on in agentd. Follow it: agentctl attach {conv}; "
                  f"stop it: agentctl cancel {conv}")
         raise click.exceptions.Exit(exitcodes.INTERRUPTED) from None
+    except BaseException:
+        for r in renderers.values():
+            r.end_line()  # an error message never runs into streamed text
+        sys.stdout.flush()
+        raise
     for r in renderers.values():
         r.end_line()
     return code
 
+
+_verbose_option = click.option("--verbose", "-v", is_flag=True,
+                               help="Also show who answered (pid, uid) and lease changes.")
 
 _follow_options = [
     click.option("--no-input", is_flag=True, help="Never ask at the terminal; print how to answer instead."),
@@ -345,9 +369,10 @@ def _with(options: list[Any]) -> Any:
 @click.option("--follow", "-f", is_flag=True, help="Follow the turn until it ends; exit with its outcome.")
 @_attach_option
 @_with(_follow_options)
+@_verbose_option
 @common
 def send(conversation: str, text: str, if_busy: str, follow: bool, attach: tuple[str, ...], no_input: bool,
-         exit_on_action: bool) -> None:
+         exit_on_action: bool, verbose: bool) -> None:
     """Send TEXT to a conversation (TEXT - reads stdin).
 
     Without --follow it returns once agentd took the prompt (--json: the send
@@ -370,7 +395,7 @@ def send(conversation: str, text: str, if_busy: str, follow: bool, attach: tuple
     from ..follow import FROM_NOW
 
     _exit(_follow(conversation, FROM_NOW, send=lambda: send_prompt().run, interactive=_interactive(no_input),
-                  exit_on_action=exit_on_action))
+                  exit_on_action=exit_on_action, verbose=verbose))
 
 
 @click.command()
@@ -379,9 +404,10 @@ def send(conversation: str, text: str, if_busy: str, follow: bool, attach: tuple
 @_budget_options
 @_attach_option
 @_with(_follow_options)
+@_verbose_option
 @common
 def run(text: str, provider: str, cwd: str, title: str, model: str, effort: str, yolo: bool, max_cost_usd: float | None,
-        on_reach: str | None, attach: tuple[str, ...], no_input: bool, exit_on_action: bool) -> None:
+        on_reach: str | None, attach: tuple[str, ...], no_input: bool, exit_on_action: bool, verbose: bool) -> None:
     """Create a conversation, send TEXT, follow the turn to its end.
 
     Exits 0 when the turn completed, 1 failed, 3 cancelled, 4 needs action
@@ -400,7 +426,7 @@ def run(text: str, provider: str, cwd: str, title: str, model: str, effort: str,
         return o.client().call(wire.Send, wire.SendResult, conversation=rec.id, text=text, attachments=uploads).run
 
     _exit(_follow(rec.id, FROM_NOW, send=send_prompt, interactive=_interactive(no_input),
-                  exit_on_action=exit_on_action, yolo=yolo))
+                  exit_on_action=exit_on_action, yolo=yolo, verbose=verbose))
 
 
 @click.command()
@@ -412,8 +438,9 @@ def run(text: str, provider: str, cwd: str, title: str, model: str, effort: str,
               help="Keep streaming live records, or stop once the journal is printed.")
 @click.option("--seq", "show_seq", is_flag=True,
               help="Start each record's first line with its journal seq (#12), what --after takes.")
+@_verbose_option
 @common
-def tail(conversation: str | None, after: int | None, all_: bool, follow: bool, show_seq: bool) -> None:
+def tail(conversation: str | None, after: int | None, all_: bool, follow: bool, show_seq: bool, verbose: bool) -> None:
     """Print a conversation's records, then follow it live.
 
     --json prints one JSON object per line: records as
@@ -430,7 +457,8 @@ def tail(conversation: str | None, after: int | None, all_: bool, follow: bool, 
         raise click.UsageError("--all is live only; --no-follow would print nothing")
     if all_ and after is not None:
         raise click.UsageError("--all is live only; --after applies to one conversation")
-    _exit(_follow(conversation or "", after or 0, until_caught_up=not follow, all_=all_, seq=show_seq))
+    _exit(_follow(conversation or "", after or 0, until_caught_up=not follow, all_=all_, seq=show_seq,
+                  verbose=verbose))
 
 
 @click.command()
@@ -440,8 +468,10 @@ def tail(conversation: str | None, after: int | None, all_: bool, follow: bool, 
 @click.option("--until-idle", is_flag=True,
               help="Stop when the turn in flight ends (exit code from its outcome), at once if none runs.")
 @_with(_follow_options)
+@_verbose_option
 @common
-def attach(conversation: str, after: int | None, until_idle: bool, no_input: bool, exit_on_action: bool) -> None:
+def attach(conversation: str, after: int | None, until_idle: bool, no_input: bool, exit_on_action: bool,
+           verbose: bool) -> None:
     """Follow a conversation and answer its interactions at the terminal.
 
     Starts with the turn in flight (or after the last one). Ctrl-D at a
@@ -456,7 +486,7 @@ def attach(conversation: str, after: int | None, until_idle: bool, no_input: boo
         how = "answering at the terminal; " if interactive else ""
         click.echo(_style().dim(f"attached to {r.id} ({r.provider}, {r.state.value}); {how}Ctrl-C to detach"))
     _exit(_follow(r.id, r.turn_after if after is None else after, interactive=interactive,
-                  exit_on_action=exit_on_action, yolo=r.mode == "yolo", until_idle=until_idle))
+                  exit_on_action=exit_on_action, yolo=r.mode == "yolo", until_idle=until_idle, verbose=verbose))
 
 
 @click.command()

@@ -298,3 +298,80 @@ def test_agentctl_title_sets_it_and_tells_the_provider_even_after_a_restart(daem
 
     too_long = daemon.agentctl("title", conv, "x" * 201)
     assert too_long.returncode == 8 and "at most 200 characters" in too_long.stderr
+
+
+def _computed(browser: str, page: Path, profile: Path, expression: str) -> Any:
+    """``expression`` evaluated in ``page`` opened by headless ``browser``, over the DevTools protocol.
+
+    The page's own policy allows no script: the value is read from outside it.
+    """
+    import httpx
+    import trio
+    from trio_websocket import open_websocket_url
+
+    proc = subprocess.Popen(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+         f"--user-data-dir={profile}", "--remote-debugging-port=0", "--remote-allow-origins=*", page.as_uri()],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert time.monotonic() < deadline and proc.poll() is None, "Chromium did not open its DevTools port"
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        while True:
+            pages = [p for p in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
+                     if p.get("type") == "page" and p.get("url") == page.as_uri()]
+            if pages:
+                break
+            assert time.monotonic() < deadline, "Chromium did not open the page"
+            time.sleep(0.1)
+
+        async def evaluate() -> Any:
+            async with open_websocket_url(pages[0]["webSocketDebuggerUrl"]) as ws:
+                for n in range(1, 600):
+                    await ws.send_message(json.dumps({"id": n, "method": "Runtime.evaluate", "params": {
+                        "expression": f"document.readyState === 'complete' ? ({expression}) : null",
+                        "returnByValue": True}}))
+                    while True:
+                        msg = json.loads(await ws.get_message())
+                        if msg.get("id") == n:
+                            break
+                    value = msg["result"]["result"].get("value")
+                    if value is not None:
+                        return value
+                    await trio.sleep(0.1)
+            raise AssertionError("the page never finished loading")
+
+        return trio.run(evaluate)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_html_export_renders_the_agents_markdown_in_a_browser(daemon: Daemon, workdir: Path, tmp_path: Path) -> None:
+    browser = _chromium()
+    conv = new(daemon, workdir, "--title", "Markdown check")
+    assert daemon.agentctl("send", conv, "markdown", "--follow").returncode == 0
+    out = tmp_path / "md.html"
+    assert daemon.agentctl("export", conv, "--format", "html", "-o", str(out)).returncode == 0
+    seen = _computed(browser, out, tmp_path / "profile", """JSON.stringify({
+        heading: [...document.querySelectorAll('.md h3')].map(h => h.textContent),
+        strong: [...document.querySelectorAll('.md strong')].map(h => h.textContent),
+        items: [...document.querySelectorAll('.md li')].map(li => li.textContent),
+        block: (document.querySelector('.md pre code') || {}).textContent,
+        blockFont: getComputedStyle(document.querySelector('.md pre code')).fontFamily,
+        inlineFont: getComputedStyle(document.querySelector('.md p code')).fontFamily,
+        textFont: getComputedStyle(document.querySelector('.md p')).fontFamily,
+        em: document.querySelectorAll('.md em').length,
+        links: document.querySelectorAll('a, img, script').length,
+    })""")
+    got = json.loads(seen)
+    assert got["heading"] == ["Build report"], got
+    assert got["strong"] == ["passed"], got
+    assert got["block"] == "make check\n", got
+    assert got["items"] == ["docs <https://example.invalid/docs> for the rest", "<em>raw html</em> stays text"], got
+    assert got["em"] == 0 and got["links"] == 0, got  # the agent's HTML is text; nothing links or loads
+    assert "monospace" in got["blockFont"] and "monospace" in got["inlineFont"], got
+    assert "monospace" not in got["textFont"], got

@@ -91,7 +91,7 @@ def test_a_recorded_turn_renders_as_plain_text_without_ansi() -> None:
         "  3) Reject  [--deny]\n"
         "  answer with: agentctl answer c0ffee1234567 p1 --allow\n"
         "          or: agentctl answer c0ffee1234567 p1 --deny\n"
-        "          or: agentctl answer c0ffee1234567 p1 --option ID\n"
+        "          or: agentctl answer c0ffee1234567 p1 --option always\n"
         "  ↳ answered p1 (Allow bash?): Allow once\n"
         "✓ bash rm -rf build  completed, exit 0\n"
         "▸ subagent checker started: check it\n"
@@ -213,15 +213,17 @@ def test_a_prompt_shows_the_files_sent_with_it() -> None:
 def test_resolutions_read_like_agentctl_answer_says_them() -> None:
     question = c.Interaction(id="q1", kind=c.InteractionKind.QUESTION, title="Pick a colour",
                              questions=[c.Question(text="Colour?", choices=["red", "green", "blue"])])
-    text = render([
+    records = [
         rec("interaction", question, seq=1),
         rec("answer", c.AnswerRecord(interaction_id="q1", answer=c.Answer(answers=[["green"]]), by="pid 7 uid 1"), seq=2),
         rec("interaction", PERMISSION, seq=3),
         rec("interaction", msgspec.structs.replace(PERMISSION, state=c.InteractionState.EXPIRED,
                                                    resolution="turn ended"), seq=4),
-    ], answer_hints=False)
-    assert "  ↳ answered q1 (Pick a colour): green by pid 7 uid 1\n" in text
+    ]
+    text = render(records, answer_hints=False)
+    assert "  ↳ answered q1 (Pick a colour): green\n" in text  # who answered: only with --verbose
     assert "  ↳ expired p1 (Allow bash?): turn ended\n" in text
+    assert "  ↳ answered q1 (Pick a colour): green by pid 7 uid 1\n" in render(records, answer_hints=False, verbose=True)
     form = c.Interaction(id="f1", kind=c.InteractionKind.QUESTION, title="Form", elicitation=c.Elicitation(),
                          questions=[c.Question(text="Lines", field=c.Field(name="lines", type="integer"))])
     assert answer_summary(c.Answer(cancel=True), form) == "dismissed"
@@ -270,7 +272,7 @@ def replay(records: list[wire.Record], snap: wire.Snapshot, live: list[wire.Reco
 HINTS = (
     "  answer with: agentctl answer c0ffee1234567 p1 --allow\n"
     "          or: agentctl answer c0ffee1234567 p1 --deny\n"
-    "          or: agentctl answer c0ffee1234567 p1 --option ID\n"
+    "          or: agentctl answer c0ffee1234567 p1 --option always\n"
 )
 
 
