@@ -86,7 +86,9 @@ def _parse(line: bytes) -> _Rec:
         if item.kind is c.ItemKind.USER and head.run and item.delivery != "steer":
             # The runtime's echo of the run's prompt: the prompt record already holds it.
             return _Rec(head.seq, head.run, None, None)
-        entry = wire.HistoryEntry(seq=head.seq, run=head.run, item=item)
+        # A runtime session's earlier turns, journaled once when it was adopted (agentd.adopt).
+        imported = not head.run and item.id.startswith("import.")
+        entry = wire.HistoryEntry(seq=head.seq, run=head.run, item=item, imported=imported)
         return _Rec(head.seq, head.run, (head.run, item.agent_id, item.id), entry)
     if head.type == "prompt":
         prompt = _prompt.decode(head.data)
