@@ -1,0 +1,83 @@
+"""What `agentctl import` relies on below the daemon: the in-use checks read the runtimes' own
+marks (stale ones do not count), Claude Code transcripts give a listing's title and folder, and
+an adopted session's earlier items come out of history marked imported, each id once."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import msgspec
+
+from agentd import adopt, history, wire
+from agentd import contract as c
+from agentd.journal import FsyncPolicy, Journal
+from agentd.providers import _inuse
+from agentd.providers.claude._mapping import session_head
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_copilot_session_is_in_use_only_while_a_live_other_process_holds_its_lock(tmp_path: pathlib.Path) -> None:
+    for sid in ("held", "stale", "ours", "bare"):
+        (tmp_path / "session-state" / sid).mkdir(parents=True)
+    (tmp_path / "session-state" / "held" / f"inuse.{os.getppid()}.lock").write_text("")
+    (tmp_path / "session-state" / "stale" / f"inuse.{_dead_pid()}.lock").write_text("")
+    (tmp_path / "session-state" / "ours" / f"inuse.{os.getpid()}.lock").write_text("")
+    got = _inuse.copilot(tmp_path, ["held", "stale", "ours", "bare", "missing"], own={os.getpid()})
+    assert got == {"held"}
+
+
+def test_claude_session_is_in_use_only_while_a_live_process_names_it(tmp_path: pathlib.Path) -> None:
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    (sessions / f"{os.getppid()}.json").write_text(json.dumps({"pid": os.getppid(), "sessionId": "a"}))
+    (sessions / f"{_dead_pid()}.json").write_text(json.dumps({"sessionId": "b"}))
+    (sessions / "123.json.key").write_text("x")
+    (sessions / "not-a-pid.json").write_text(json.dumps({"sessionId": "c"}))
+    assert _inuse.claude(tmp_path, ["a", "b", "c"], own=set()) == {"a"}
+    assert _inuse.claude(tmp_path, ["a"], own={os.getppid()}) == set()
+    assert _inuse.claude(tmp_path / "nowhere", ["a"], own=set()) == set()
+
+
+def test_claude_transcript_head_gives_folder_start_and_the_best_title() -> None:
+    lines = [
+        json.dumps({"type": "queue-operation", "timestamp": "2026-12-01T10:00:00Z"}),
+        json.dumps({"type": "user", "cwd": "/w", "timestamp": "2026-12-01T10:00:01Z",
+                    "message": {"role": "user", "content": "<system-reminder>x</system-reminder>"}}),
+        json.dumps({"type": "user", "cwd": "/w", "message": {"role": "user", "content": "Fix the build\nplease"}}),
+        "not json",
+    ]
+    head = session_head(lines)
+    assert (head.cwd, head.title, head.prompted) == ("/w", "Fix the build", True)
+    assert head.created_at is not None and head.created_at.isoformat().startswith("2026-12-01T10:00:00")
+    assert session_head([*lines, json.dumps({"type": "summary", "summary": "Build fix"})]).title == "Build fix"
+    named = [*lines, json.dumps({"type": "custom-title", "customTitle": "mine"}),
+             json.dumps({"type": "summary", "summary": "later"})]
+    assert session_head(named).title == "mine"
+    assert not session_head(lines[:2]).prompted
+
+
+def test_imported_items_come_out_of_history_marked_each_id_once(tmp_path: pathlib.Path) -> None:
+    runtime_items = [c.Item(id="u1", kind=c.ItemKind.USER, text="earlier prompt"),
+                     c.Item(id="a1", kind=c.ItemKind.ASSISTANT, text="earlier answer"),
+                     c.Item(id="a1", kind=c.ItemKind.ASSISTANT, text="a reused id")]
+    items = adopt._imported_items(runtime_items)
+    assert [i.id for i in items] == ["import.u1", "import.a1", "import.a1#2"]
+    j = Journal(tmp_path / "events.jsonl", fsync=FsyncPolicy.NEVER)
+    j.append("conversation", msgspec.json.encode(wire.ConversationCreated(provider="p", workdir="/")))
+    j.append("import", msgspec.json.encode(wire.ImportRecord(provider="p", session="s", in_use=False, items=3)))
+    for item in items:
+        j.append("item", msgspec.json.encode(item))
+    j.append("prompt", msgspec.json.encode(wire.PromptRecord(text="later")), run="r1")
+    j.append("item", msgspec.json.encode(c.Item(id="r1.u1", kind=c.ItemKind.USER, text="later")), run="r1")
+    page = history.page(j, "c1", j.last_seq)
+    got = [(e.item.text, e.imported) for e in page.items]
+    assert got == [("earlier prompt", True), ("earlier answer", True), ("a reused id", True), ("later", False)]
