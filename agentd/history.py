@@ -9,6 +9,8 @@ What a page holds (:class:`agentd.wire.HistoryEntry`):
 
 * the user's prompts (``prompt`` records), as ``user`` items (a runtime's own echo of a
   run's prompt is left out; text steered into a running turn is kept);
+* an adopted session's earlier turns (``item`` records outside any run, ids ``import.<id>``,
+  agentd.adopt), marked ``imported``;
 * the provider's items (``item`` records), each **once**, in the form of its
   latest record and at that record's ``seq`` (a tool call announced, then
   completed, appears where it completed, completed). An item is keyed by
