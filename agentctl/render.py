@@ -430,8 +430,11 @@ class Renderer:
     def history_entry(self, entry: wire.HistoryEntry) -> None:
         """Render one entry of a history page (``agentctl history``), tagged with its seq when
         ``seq`` is on; each entry stands alone (no prompt is matched against a user item)."""
+        entry = visible_all(entry)  # runtime text, like every record
         if self.show_seq and entry.seq:
             self._seq_tag = self.style.dim(f"#{entry.seq}") + " "
+        if entry.imported:  # one of an adopted session's earlier turns (agentctl import)
+            self._seq_tag += self.style.dim("[imported]") + " "
         try:
             self.end_line()
             self._printed.pop((entry.item.agent_id, entry.item.id), None)

@@ -81,3 +81,19 @@ def test_imported_items_come_out_of_history_marked_each_id_once(tmp_path: pathli
     page = history.page(j, "c1", j.last_seq)
     got = [(e.item.text, e.imported) for e in page.items]
     assert got == [("earlier prompt", True), ("earlier answer", True), ("a reused id", True), ("later", False)]
+
+
+def test_history_output_tags_imported_items_and_shows_their_control_characters() -> None:
+    import io
+
+    from agentctl.render import Renderer
+
+    out = io.StringIO()
+    ren = Renderer(out, seq=True, answer_hints=False)
+    ren.history_entry(wire.HistoryEntry(seq=3, imported=True,
+                                        item=c.Item(id="import.u1", kind=c.ItemKind.USER, text="earlier\x1b[2J")))
+    ren.history_entry(wire.HistoryEntry(seq=9, item=c.Item(id="r1.a", kind=c.ItemKind.ASSISTANT, text="later")))
+    ren.flush()
+    lines = out.getvalue().splitlines()
+    assert "[imported]" in lines[0] and "\x1b" not in out.getvalue() and "\\x1b[2J" in lines[0]
+    assert "[imported]" not in lines[1]
