@@ -6,6 +6,7 @@ the real daemon and agentctl:
 
 1. ``agentctl import -p P --cwd DIR --json`` lists it (while the outside client still holds
    it, ``in_use`` is true where the runtime can tell, and adopting it is refused ``busy``);
+   (``--force`` adopts it all the same; that conversation is removed again);
 2. ``agentctl import -p P --cwd DIR SESSION --json`` adopts it once the outside client let go:
    the history shows the earlier prompt and answer, marked imported, journaled once;
 3. the next prompt continues the same runtime session: the model request carries the earlier
@@ -256,6 +257,11 @@ def test_import(runtime: Runtime, daemon: Daemon, tmp_path: Path, scenario: str,
             refused = d.agentctl("import", "-p", runtime.provider, "--cwd", str(workdir), sid, "--json")
             assert refused.returncode == 7, f"exit {refused.returncode}: {refused.stderr}"
             assert "--force" in refused.stderr
+            # --force adopts it all the same (and says so); removing that conversation leaves the session
+            forced = _json(d.agentctl("import", "-p", runtime.provider, "--cwd", str(workdir), sid, "--force", "--json"))
+            marks = [r["data"] for r in d.journal(forced["conversation"]["id"]) if r["type"] == "import"]
+            assert forced["in_use"] is True and marks and marks[0]["forced"] is True, marks
+            assert d.agentctl("rm", forced["conversation"]["id"]).returncode == 0
     if runtime.name in _TELLS_IN_USE:
         deadline = time.monotonic() + 30  # the outside process lets go as it exits
         while _listed(d, runtime, workdir)[sid]["in_use"] is not False and time.monotonic() < deadline:
