@@ -452,6 +452,11 @@ class Renderer:
             bits.append(c.mode)
         self.line(self.style.dim(f"{self.g['info']} conversation {self.conversation} ({', '.join(bits)})"))
 
+    def _on_import(self, rec: wire.Record, i: wire.ImportRecord) -> None:
+        past = f"{i.items} earlier item(s) follow" if i.history else "the runtime cannot show its earlier turns"
+        forced = ", adopted with --force while in use" if i.forced else ""
+        self.line(self.style.dim(f"{self.g['info']} adopted {i.provider} session {i.session} ({past}{forced})"))
+
     def _on_prompt(self, rec: wire.Record, p: wire.PromptRecord) -> None:
         self._prompts.append(p.text)
         lines = p.text.splitlines() or [""]

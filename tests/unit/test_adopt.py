@@ -97,3 +97,17 @@ def test_history_output_tags_imported_items_and_shows_their_control_characters()
     lines = out.getvalue().splitlines()
     assert "[imported]" in lines[0] and "\x1b" not in out.getvalue() and "\\x1b[2J" in lines[0]
     assert "[imported]" not in lines[1]
+
+
+def test_tail_names_the_adopted_session_before_its_earlier_items() -> None:
+    import io
+
+    from agentctl.render import Renderer
+
+    out = io.StringIO()
+    ren = Renderer(out, answer_hints=False)
+    data = msgspec.json.encode(wire.ImportRecord(provider="claude", session="5f0c", in_use=True, items=2, forced=True))
+    ren.record("c1", wire.Record(type="import", ts="2026-12-01T10:00:00Z", seq=2, data=msgspec.Raw(data)))
+    ren.flush()
+    text = out.getvalue()
+    assert "adopted claude session 5f0c" in text and "2 earlier item(s)" in text and "--force" in text
