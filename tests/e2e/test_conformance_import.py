@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -171,8 +172,10 @@ def _acp(runtime: Runtime, workdir: Path, prompt: str) -> Iterator[str]:
     (initialize, session/new, session/prompt), ended before the block (ACP does not say who holds one)."""
     agent = runtime.name.split(":", 1)[1]
     section = tomllib.loads(runtime.config_toml)["providers"]["acp"][agent]
+    # A group of its own: an npm shim's native child is ended with it
     proc = subprocess.Popen(section["command"], cwd=workdir, env={**os.environ, **section.get("env", {})},
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
     assert proc.stdin is not None and proc.stdout is not None
     ids = iter(range(1, 1000))
 
@@ -202,11 +205,22 @@ def _acp(runtime: Runtime, workdir: Path, prompt: str) -> Iterator[str]:
         sid = call("session/new", {"cwd": str(workdir), "mcpServers": []})["sessionId"]
         call("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": prompt}]})
     finally:
-        proc.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the whole group is gone
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
     yield sid
 
 
@@ -268,6 +282,10 @@ def test_import(runtime: Runtime, daemon: Daemon, tmp_path: Path, scenario: str,
             time.sleep(0.2)
     listed = _listed(d, runtime, workdir)
     assert sid in listed, f"{sid} not listed: {list(listed)}"
+    if runtime.name in _TELLS_IN_USE:  # the table a person reads
+        table = d.agentctl("import", "-p", runtime.provider, "--cwd", str(workdir))
+        row = next(line for line in table.stdout.splitlines() if line.startswith(sid))
+        assert " no " in row and word in row, table.stdout
     assert listed[sid]["in_use"] == (False if runtime.name in _TELLS_IN_USE else "unknown"), listed[sid]
     before = len(_json(d.agentctl("ls", "--json"))["conversations"])
 
