@@ -131,7 +131,7 @@ async def adopt(service: "ConversationService", provider: str, session: str, wor
 
     Returns once the provider resumed the session and its past is journaled. Raises NotFound
     (unknown provider; the runtime lists no such session for workdir, or cannot resume it),
-    Busy (another client holds it open and not ``force``), Invalid (bad workdir; the session is
+    Busy (another client holds it open and not ``force``; another request adopts it now), Invalid (bad workdir; the session is
     already an agentd conversation), Unsupported, RuntimeUnavailable, InternalError (disk).
     Whatever fails after the conversation was made removes it again.
     """
@@ -139,6 +139,23 @@ async def adopt(service: "ConversationService", provider: str, session: str, wor
     prov = await _importer(service, provider)
     if not session:
         raise c.Invalid("give the id of the runtime session to adopt")
+    key = (id(service), provider, session)
+    if key in _adopting:
+        raise c.Busy(f"{provider} session {session} is being adopted by another request")
+    _adopting.add(key)
+    try:
+        return await _adopt(service, prov, provider, session, workdir, force)
+    finally:
+        _adopting.discard(key)
+
+
+#: (service, provider, session) of adoptions under way: a second one at once would bind two
+#: conversations to one session
+_adopting: set[tuple[int, str, str]] = set()
+
+
+async def _adopt(service: "ConversationService", prov: Any, provider: str, session: str, workdir: str,
+                 force: bool) -> wire.ImportResult:
     if (cid := _bound(service, provider).get(session)) is not None:
         raise c.Invalid(f"session {session} is already agentd conversation {cid}", details={"conversation": cid})
     found = next((s for s in await prov.previous(workdir) if s.id == session), None)

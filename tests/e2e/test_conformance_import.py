@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import tomllib
@@ -289,7 +290,14 @@ def test_import(runtime: Runtime, daemon: Daemon, tmp_path: Path, scenario: str,
     assert listed[sid]["in_use"] == (False if runtime.name in _TELLS_IN_USE else "unknown"), listed[sid]
     before = len(_json(d.agentctl("ls", "--json"))["conversations"])
 
-    adopted = _json(d.agentctl("import", "-p", runtime.provider, "--cwd", str(workdir), sid, "--json"))
+    # Two adoptions at once: exactly one binds a conversation, the other is refused (busy or invalid).
+    argv = [sys.executable, "-m", "agentctl", "--socket", str(d.socket), "import", "-p", runtime.provider,
+            "--cwd", str(workdir), sid, "--json"]
+    racing = [subprocess.Popen(argv, env=d.env, cwd=d.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(2)]
+    outcomes = [(p.wait(180), *p.communicate()) for p in racing]
+    assert sorted(code for code, _, _ in outcomes)[0] == 0 and sorted(code for code, _, _ in outcomes)[1] in (7, 8), outcomes
+    adopted = json.loads(next(out for code, out, _ in outcomes if code == 0))
     cid = adopted["conversation"]["id"]
     assert adopted["session"] == sid and adopted["conversation"]["provider_conversation_id"] == sid
     # Journaled once, after one import record: the earlier prompt, marked imported.
