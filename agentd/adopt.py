@@ -66,6 +66,8 @@ def _check_workdir(workdir: str) -> str:
 async def _importer(service: "ConversationService", provider: str) -> Any:
     """The provider, when it can list and resume its sessions; NotFound, Unsupported otherwise."""
     prov = await service.runtimes.get(provider)
+    if not prov.capabilities().import_:
+        await prov.check()  # an ACP agent's capabilities are known once it started (RuntimeUnavailable)
     if not prov.capabilities().import_ or not hasattr(prov, "previous"):
         raise c.Unsupported(f"provider {provider!r} cannot list or resume the sessions its runtime keeps")
     return prov
