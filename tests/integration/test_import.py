@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,8 @@ def test_import_is_refused_clearly_where_it_cannot_work_and_creates_nothing(tmp_
     d = Daemon(tmp_path).start()
     try:
         # The script provider keeps no sessions: capability false, op unsupported.
-        with d.client() as client:
-            caps = next(p for p in client.request(wire.Providers) if p["name"] == "script")["capabilities"]
+        providers = json.loads(d.agentctl("providers", "--json").stdout)["providers"]
+        caps = next(p for p in providers if p["name"] == "script")["capabilities"]
         assert not caps.get("import")
         listing = d.agentctl("import", "-p", "script", "--cwd", str(workdir), "--json")
         assert listing.returncode == 1 and "cannot list or resume" in listing.stderr, listing.stderr
