@@ -111,3 +111,22 @@ def test_tail_names_the_adopted_session_before_its_earlier_items() -> None:
     ren.flush()
     text = out.getvalue()
     assert "adopted claude session 5f0c" in text and "2 earlier item(s)" in text and "--force" in text
+
+
+def test_export_shows_an_adopted_sessions_earlier_prompts_and_answers() -> None:
+    from agentd import export
+
+    def rec(seq: int, type_: str, payload: object, run: str = "") -> bytes:
+        return msgspec.json.encode(wire.Record(type=type_, ts="2026-12-01T10:00:00Z", seq=seq, run=run,
+                                               data=msgspec.Raw(msgspec.json.encode(payload))))
+
+    lines = [rec(1, "conversation", wire.ConversationCreated(provider="claude", workdir="/w")),
+             rec(2, "import", wire.ImportRecord(provider="claude", session="s", in_use=False, items=2)),
+             rec(3, "item", c.Item(id="import.u1", kind=c.ItemKind.USER, text="earlier prompt")),
+             rec(4, "item", c.Item(id="import.a1", kind=c.ItemKind.ASSISTANT, text="earlier answer")),
+             rec(5, "prompt", wire.PromptRecord(text="later prompt"), run="r1"),
+             rec(6, "item", c.Item(id="r1.u", kind=c.ItemKind.USER, text="later prompt"), run="r1")]
+    record = wire.ConversationRecord(id="c1", provider="claude", workdir="/w", created_at="", updated_at="")
+    t = export.transcript(record, lines)
+    assert [(e.role, e.text) for e in t.entries] == [
+        ("user", "earlier prompt"), ("assistant", "earlier answer"), ("user", "later prompt")]
