@@ -262,6 +262,7 @@ COMMANDS: dict[str, str] = {
     "export": "conversations:export",
     "history": "history:history",
     "set-model": "models:set_model",
+    "import": "adopt:import_",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

@@ -623,8 +623,11 @@ class Renderer:
     def history_entry(self, entry: wire.HistoryEntry) -> None:
         """Render one entry of a history page (``agentctl history``), tagged with its seq when
         ``seq`` is on; each entry stands alone (no prompt is matched against a user item)."""
+        entry = visible_all(entry)  # runtime text, like every record
         if self.show_seq and entry.seq:
             self._seq_tag = self.style.dim(f"#{entry.seq}") + " "
+        if entry.imported:  # one of an adopted session's earlier turns (agentctl import)
+            self._seq_tag += self.style.dim("[imported]") + " "
         try:
             self.end_line()
             self._printed.pop((entry.item.agent_id, entry.item.id), None)
@@ -641,6 +644,11 @@ class Renderer:
         if c.mode != "interactive":
             bits.append(c.mode)
         self.line(self.style.dim(f"{self.g['info']} conversation {self.conversation} ({', '.join(bits)})"))
+
+    def _on_import(self, rec: wire.Record, i: wire.ImportRecord) -> None:
+        past = f"{i.items} earlier item(s) follow" if i.history else "the runtime cannot show its earlier turns"
+        forced = ", adopted with --force while in use" if i.forced else ""
+        self.line(self.style.dim(f"{self.g['info']} adopted {i.provider} session {i.session} ({past}{forced})"))
 
     def _on_prompt(self, rec: wire.Record, p: wire.PromptRecord) -> None:
         if self._title_due:

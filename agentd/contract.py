@@ -988,9 +988,17 @@ class Provider(Protocol):
 
 @runtime_checkable
 class Importer(Protocol):
-    """A provider whose ``capabilities().import_`` is True."""
+    """A provider whose ``capabilities().import_`` is True: it lists the runtime's own earlier
+    sessions and its ``open`` resumes one of them by id (agentd.adopt).
 
-    async def previous(self, workdir: str) -> list[PreviousConversation]: ...
+    Optionally it also has ``in_use(ids) -> set[str]``: the ids among ``ids`` that another
+    process holds open right now (a snapshot; the provider's own runtime is never reported).
+    A provider without it cannot tell (``in_use: unknown``).
+    """
+
+    async def previous(self, workdir: str) -> list[PreviousConversation]:
+        """The sessions recorded with exactly ``workdir`` as their working directory, newest first."""
+        ...
 
 
 class Account(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -472,9 +472,12 @@ class ConversationService:
 
     async def create(
         self, *, provider: str, workdir: str, title: str = "", model: str = "", effort: str = "",
-        mode: str = "interactive", budget: wire.Budget | None = None,
+        mode: str = "interactive", budget: wire.Budget | None = None, provider_conversation_id: str = "",
     ) -> wire.ConversationRecord:
         """Create a conversation: record, journal, lease, and the provider conversation.
+
+        ``provider_conversation_id`` binds it to that existing runtime session (agentd.adopt),
+        which the provider then resumes instead of creating one: NotFound when it cannot.
 
         ``budget`` None takes the provider's default budget from the config
         (``[budgets.<provider>]``), if any; a budget with no ``max_cost_usd``
@@ -499,6 +502,7 @@ class ConversationService:
             model=model,
             effort=effort,
             mode=mode,  # type: ignore[arg-type]
+            provider_conversation_id=provider_conversation_id,
         )
         budget_source = "new"
         if budget is None and provider in self.budgets:

@@ -185,7 +185,8 @@ def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, inclu
                                  state="" if p.disposition in ("", "started") else p.disposition))
         elif t == "item":
             item: c.Item = payload
-            if item.kind is c.ItemKind.USER and not item.agent_id:
+            imported = not rec.run and item.id.startswith("import.")  # an adopted session's past (agentd.adopt)
+            if item.kind is c.ItemKind.USER and not item.agent_id and not imported:
                 continue  # the prompt record says it, with its attachments
             if not include_tools and (item.agent_id or item.kind in (c.ItemKind.TOOL, c.ItemKind.REASONING)):
                 continue

@@ -9,6 +9,8 @@ What a page holds (:class:`agentd.wire.HistoryEntry`):
 
 * the user's prompts (``prompt`` records), as ``user`` items (a runtime's own echo of a
   run's prompt is left out; text steered into a running turn is kept);
+* an adopted session's earlier turns (``item`` records outside any run, ids ``import.<id>``,
+  agentd.adopt), marked ``imported``;
 * the provider's items (``item`` records), each **once**, in the form of its
   latest record and at that record's ``seq`` (a tool call announced, then
   completed, appears where it completed, completed). An item is keyed by
@@ -86,7 +88,9 @@ def _parse(line: bytes) -> _Rec:
         if item.kind is c.ItemKind.USER and head.run and item.delivery != "steer":
             # The runtime's echo of the run's prompt: the prompt record already holds it.
             return _Rec(head.seq, head.run, None, None)
-        entry = wire.HistoryEntry(seq=head.seq, run=head.run, item=item)
+        # A runtime session's earlier turns, journaled once when it was adopted (agentd.adopt).
+        imported = not head.run and item.id.startswith("import.")
+        entry = wire.HistoryEntry(seq=head.seq, run=head.run, item=item, imported=imported)
         return _Rec(head.seq, head.run, (head.run, item.agent_id, item.id), entry)
     if head.type == "prompt":
         prompt = _prompt.decode(head.data)

@@ -292,6 +292,8 @@ class Server:
             wire.Export: self._export,
             wire.History: self._history,
             wire.SetModel: self._set_model,
+            wire.ImportList: self._import_list,
+            wire.ImportSession: self._import_session,
 
             wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
@@ -515,6 +517,16 @@ class Server:
         from . import models
 
         return await models.select(self.service, req.conversation, req.model, req.effort, after_turn=req.after_turn)
+
+    async def _import_list(self, conn: _Connection, req: wire.ImportList) -> wire.ImportListResult:
+        from . import adopt
+
+        return await adopt.candidates(self.service, req.provider, req.workdir)
+
+    async def _import_session(self, conn: _Connection, req: wire.ImportSession) -> wire.ImportResult:
+        from . import adopt
+
+        return await adopt.adopt(self.service, req.provider, req.session, req.workdir, force=req.force)
 
     async def _ls(self, conn: _Connection, req: wire.List) -> list[wire.ConversationRecord]:
         return self.service.list(include_closed=req.all)

@@ -309,6 +309,79 @@ class Shutdown(_Request, tag="shutdown"):
     pid: Annotated[int, msgspec.Meta(gt=0)]
 
 
+# ---- import
+
+
+class ImportList(_Request, tag="import_list"):
+    """The sessions ``provider``'s runtime recorded for ``workdir`` before or outside agentd
+    (agentd.adopt), newest first; ``unsupported`` where the runtime cannot list and resume them."""
+
+    provider: str
+    #: an absolute directory (agentctl sends its working directory)
+    workdir: str
+
+
+class ImportSession(_Request, tag="import_session"):
+    """Adopt runtime session ``session``: a new conversation bound to exactly it (agentd.adopt).
+    A session another client holds open is refused ``busy`` unless ``force``; one that is gone is
+    ``not_found`` (nothing is created, nothing is sent)."""
+
+    provider: str
+    session: str
+    #: the folder the session is listed under (``import_list``); an absolute directory
+    workdir: str
+    force: bool = False
+
+
+#: whether another client holds a session open: true, false, or "unknown" (the runtime cannot tell)
+InUse = Union[bool, Literal["unknown"]]
+
+
+class ImportCandidate(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One runtime session ``import_list`` offers. ``title`` is untrusted runtime text; times are
+    UTC RFC 3339 ("" when the runtime does not say)."""
+
+    id: str
+    in_use: InUse
+    title: str = ""
+    workdir: str = ""
+    created_at: str = ""
+    updated_at: str = ""
+
+
+class ImportListResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    provider: str
+    workdir: str
+    sessions: list[ImportCandidate] = []
+    #: how ``in_use`` was found out for this runtime
+    in_use_check: str = ""
+
+
+class ImportRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """An ``import`` record: the conversation adopts runtime session ``session``. The ``items``
+    earlier turns follow it as ``item`` records outside any run, their ids ``import.<runtime id>``."""
+
+    provider: str
+    session: str
+    in_use: InUse
+    items: int = 0
+    #: the runtime gave the session's earlier turns (False: it resumes them but cannot show them)
+    history: bool = True
+    #: adopted with --force although another client held it
+    forced: bool = False
+    title: str = ""
+
+
+class ImportResult(msgspec.Struct, omit_defaults=True):
+    """``import_session``: the new conversation and what was journaled of the session's past."""
+
+    conversation: ConversationRecord
+    session: str
+    in_use: InUse
+    items: int = 0
+    history: bool = True
+
+
 Request = Union[
     Hello,
     Status,
@@ -331,6 +404,8 @@ Request = Union[
     Export,
     History,
     SetModel,
+    ImportList,
+    ImportSession,
 
     ShowItem,
     Shutdown,
@@ -654,6 +729,8 @@ class HistoryEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     seq: int
     item: Item
     run: str = ""
+    #: one of the runtime's earlier turns, journaled when the conversation adopted its session
+    imported: bool = False
 
 
 class HistoryPage(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -715,6 +792,7 @@ PAYLOADS: dict[str, Any] = {
     "state": StateRecord,
     "budget": BudgetRecord,
     "task": TaskEvent,
+    "import": ImportRecord,
 }
 
 

@@ -293,7 +293,8 @@ class AcpProvider:
             attachments=True,
             history=load,
             reopen=load or sc.resume is not None,
-            import_=sc.list is not None,
+            # listing alone adopts nothing: the session must also load or resume by id
+            import_=sc.list is not None and (load or sc.resume is not None),
             models="models" in self._seen,
             set_model="models" in self._seen,
             usage="usage" in self._seen,

@@ -304,3 +304,49 @@ def transcript_items(lines: list[str]) -> list[Item]:
                 tools[tid] = len(items)
                 items.append(Item(id=tid, kind=ItemKind.TOOL, tool=tool_call(str(block.get("name", "tool")), block.get("input")), time=when))
     return items
+
+
+class SessionHead(msgspec.Struct):
+    """What a transcript says of its session for a listing (``previous``)."""
+
+    cwd: str = ""
+    title: str = ""
+    created_at: _dt.datetime | None = None
+    #: the transcript holds at least one prompt
+    prompted: bool = False
+
+
+def session_head(lines: Any) -> SessionHead:
+    """The working directory, title and start of a session transcript (an iterable of lines).
+
+    The title is the session's last custom title (``/rename``), else its last summary, else
+    the first prompt's first line (cut to 80 characters). Unparseable lines are skipped.
+    """
+    head = SessionHead()
+    first_prompt = named = ""
+    for line in lines:
+        if '"custom-title"' not in line and '"summary"' not in line and (head.prompted and head.cwd):
+            continue  # the rest only matters for a title record
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        kind = entry.get("type")
+        if kind == "custom-title" and isinstance(entry.get("customTitle"), str):
+            named = entry["customTitle"]
+        elif kind == "summary" and isinstance(entry.get("summary"), str) and not named:
+            head.title = entry["summary"]
+        if not head.cwd and isinstance(entry.get("cwd"), str):
+            head.cwd = entry["cwd"]
+        if head.created_at is None:
+            head.created_at = _time(entry.get("timestamp"))
+        if kind == "user" and not entry.get("isSidechain") and not entry.get("isMeta") and not head.prompted:
+            message = entry.get("message")
+            text = _user_text(message.get("content")) if isinstance(message, dict) else ""
+            if text:
+                head.prompted = True
+                first_prompt = text.strip().splitlines()[0][:80]
+    head.title = named or head.title or first_prompt
+    return head

@@ -36,6 +36,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.util
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -58,6 +59,7 @@ from ...contract import (
     Item,
     Model,
     OpenRequest,
+    PreviousConversation,
     RuntimeUnavailable,
     Unsupported,
     Usage,
@@ -124,6 +126,9 @@ def resolve_cli_path(cli_path: str, env: dict[str, str] | None = None) -> str:
     return found
 
 
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
 def _session_id(value: str) -> str:
     """``value`` as a canonical UUID string; ConversationNotFound when it is none."""
     try:
@@ -162,6 +167,8 @@ class ClaudeProvider:
     """
 
     display_name = "Claude Code"
+    #: how ``in_use`` is told (agentctl import)
+    in_use_check = "true while a live Claude Code process names the session in <config dir>/sessions/<pid>.json"
 
     def __init__(self, config: ClaudeConfig, *, state_dir: Path, name: str = "claude",
                  restart_policy: RestartPolicy | None = None) -> None:
@@ -186,6 +193,7 @@ class ClaudeProvider:
             usage=True,
             context_size=True,
             account=True,
+            import_=True,
             runtime_process=True,
             model_endpoint=True,
             attachments=True,
@@ -307,6 +315,53 @@ class ClaudeProvider:
         except OSError:
             return None
         return None
+
+    async def previous(self, workdir: str) -> list[PreviousConversation]:
+        """The CLI's sessions whose transcript (``<config dir>/projects/*/<id>.jsonl``) records
+        ``workdir`` as its cwd ("" = every session), newest first by the transcript's mtime.
+
+        Only transcripts with a prompt are listed (a session opened and never prompted has
+        nothing to adopt). Raises nothing for a missing or unreadable store: it lists nothing.
+        """
+        projects = self.config_home / "projects"
+        # Claude Code names a project's folder after its cwd with every other character a "-"
+        slug = re.sub(r"[^A-Za-z0-9]", "-", workdir) if workdir else ""
+
+        def scan() -> list[PreviousConversation]:
+            out: list[tuple[float, PreviousConversation]] = []
+            try:
+                folders = [projects / slug] if slug and (projects / slug).is_dir() else list(projects.iterdir())
+            except OSError:
+                return []
+            for folder in folders:
+                try:
+                    files = [p for p in folder.glob("*.jsonl") if _UUID.match(p.stem)]
+                except OSError:
+                    continue
+                for path in files:
+                    try:
+                        mtime = path.stat().st_mtime
+                        with path.open(encoding="utf-8", errors="replace") as f:
+                            head = m.session_head(f)
+                    except OSError:
+                        continue
+                    if not head.prompted or (workdir and head.cwd != workdir):
+                        continue
+                    out.append((mtime, PreviousConversation(
+                        id=path.stem, title=head.title, workdir=head.cwd, created_at=head.created_at,
+                        updated_at=_dt.datetime.fromtimestamp(mtime, _dt.timezone.utc))))
+            out.sort(key=lambda t: t[0], reverse=True)
+            return [p for _, p in out]
+
+        return await trio.to_thread.run_sync(scan)
+
+    async def in_use(self, ids: list[str]) -> set[str]:
+        """The ids among ``ids`` a live Claude Code process names in ``<config dir>/sessions/<pid>.json``
+        (agentd.providers._inuse), other than the processes of conversations open here."""
+        from .. import _inuse
+
+        own = {pid for conv in self._open.values() if (pid := conv.runtime_pid) is not None}
+        return await trio.to_thread.run_sync(lambda: _inuse.claude(self.config_home, ids, own=own))
 
     async def session_exists(self, session_id: str) -> bool:
         """Whether the CLI has a transcript for ``session_id`` (so ``--resume`` finds it)."""

@@ -278,13 +278,17 @@ class CodexProvider:
         return conv
 
     async def previous(self, workdir: str) -> list[PreviousConversation]:
-        """Codex's threads whose cwd is ``workdir`` (thread/list), newest first."""
+        """Codex's threads whose cwd is ``workdir`` (thread/list), newest first.
+
+        Threads of every top-level source: the interactive CLI and IDE, ``codex exec``, and
+        app-server clients (thread/list alone lists only the interactive ones); not subagents'.
+        """
         workdir = await _check_workdir(workdir)
         server = await self.server()
         out: list[PreviousConversation] = []
         cursor: str | None = None
         for _ in range(20):
-            params: dict[str, Any] = {"cwd": workdir}
+            params: dict[str, Any] = {"cwd": workdir, "sourceKinds": ["cli", "vscode", "exec", "appServer"]}
             if cursor:
                 params["cursor"] = cursor
             try:

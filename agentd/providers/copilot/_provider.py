@@ -169,6 +169,8 @@ class CopilotProvider:
     """
 
     display_name = "GitHub Copilot"
+    #: how ``in_use`` is told (agentctl import)
+    in_use_check = "true while a live Copilot CLI process keeps inuse.<pid>.lock in the session's session-state directory"
 
     def __init__(self, config: Any, *, state_dir: Path, name: str = "copilot",
                  restart_policy: RestartPolicy | None = None) -> None:
@@ -590,6 +592,15 @@ class CopilotProvider:
         ]
         out.sort(key=lambda p: p.updated_at or p.created_at, reverse=True)  # type: ignore[arg-type,return-value]
         return out
+
+    async def in_use(self, ids: list[str]) -> set[str]:
+        """The ids among ``ids`` another Copilot CLI holds open: its session directory has an
+        ``inuse.<pid>.lock`` of a live process other than this provider's CLI (agentd.providers._inuse)."""
+        from .. import _inuse
+
+        own = {pid} if (pid := self.runtime_pid) is not None else set()
+        ids = [i for i in ids if _SESSION_ID.match(i)]
+        return await trio.to_thread.run_sync(lambda: _inuse.copilot(self.copilot_home, ids, own=own))
 
     async def history(self, conversation_id: str) -> HistoryRecord:
         """A session's transcript read from the CLI's store, without opening it or starting the CLI.
