@@ -27,7 +27,8 @@ def _new_options(f: Any) -> Any:
         type=click.Path(exists=True, file_okay=False, resolve_path=True),
         help="The agent's working directory.",
     )(f)
-    f = click.option("--provider", "-p", required=True, help="Provider name (see agentctl providers).")(f)
+    f = click.option("--provider", "-p", default="",
+                     help="Provider name (see agentctl providers); default: [providers] default of agentd.toml.")(f)
     return f
 
 
@@ -113,7 +114,7 @@ def _file_kind(mode: int) -> str:
 
 def _create(provider: str, cwd: str, title: str, model: str, effort: str, yolo: bool,
             budget: wire.Budget | None = None) -> wire.ConversationRecord:
-    if provider == "script" and model and not os.path.isabs(model) and os.path.isfile(model):
+    if provider in ("script", "") and model and not os.path.isabs(model) and os.path.isfile(model):
         # A script path is read by the daemon, which does not share our cwd.
         model = os.path.abspath(model)
     return _opts().client().call(
@@ -133,6 +134,13 @@ def new(provider: str, cwd: str, title: str, model: str, effort: str, yolo: bool
 
     --max-cost-usd sets its budget: when its spend reaches it, the running turn
     is cut short and the conversation pauses (or, with --on-reach stop, closes).
+    Without -p, the provider is agentd.toml's [providers] default.
+
+    \b
+    Examples:
+      agentctl new -p claude --cwd ~/src/app --title "flaky test"
+      agentctl new -p script -m conf/demo.toml --cwd "$(mktemp -d)"
+      agentctl new --yolo --max-cost-usd 2      # the default provider, in this directory
     """
     rec = _create(provider, cwd, title, model, effort, yolo, _budget_arg(max_cost_usd, on_reach))
     if _opts().json:
@@ -142,11 +150,25 @@ def new(provider: str, cwd: str, title: str, model: str, effort: str, yolo: bool
 
 @click.command("ls")
 @click.option("--all", "all_", is_flag=True, help="Include closed conversations.")
+@click.option("--provider", "-p", "providers", multiple=True, help="Only this provider's (repeatable).")
+@click.option("--state", "states", multiple=True, type=click.Choice([s.value for s in wire.ConversationState]),
+              help="Only conversations in this state (repeatable; closed implies --all).")
+@click.option("--limit", "-n", type=click.IntRange(min=1), default=None, help="At most this many (the newest).")
 @common
-def ls(all_: bool) -> None:
-    """List conversations (--json: {"conversations": [record, ...]})."""
+def ls(all_: bool, providers: tuple[str, ...], states: tuple[str, ...], limit: int | None) -> None:
+    """List conversations, newest first (--json: {"conversations": [record, ...]}).
+
+    \b
+    Examples:
+      agentctl ls
+      agentctl ls --state running --state requires_action    # what is busy or waiting
+      agentctl ls -p claude -n 5 --json | jq -r '.conversations[].id'
+    """
     o = _opts()
-    recs = o.client().call(wire.List, list[wire.ConversationRecord], all=all_)
+    recs = o.client().call(wire.List, list[wire.ConversationRecord], all=all_ or "closed" in states)
+    recs.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+    recs = [r for r in recs if (not providers or r.provider in providers) and (not states or r.state.value in states)]
+    recs = recs[:limit] if limit else recs
     if o.json:
         return _json({"conversations": recs})
     if not recs:
@@ -474,7 +496,9 @@ def steer(conversation: str, text: str) -> None:
 
 def _simple(op: type, conversation: str, done: str, **fields: Any) -> None:
     o = _opts()
-    o.client().call(op, Any, conversation=conversation, **fields)
+    res = o.client().call(op, Any, conversation=conversation, **fields)
+    if isinstance(res, dict) and isinstance(res.get("conversation"), str):
+        conversation = res["conversation"]  # the full id, not the prefix typed (older agentd: None)
     if o.json:
         return _ok_json(conversation=conversation, **fields)
     click.echo(done)
@@ -530,10 +554,23 @@ def close(conversation: str) -> None:
 
 @click.command()
 @click.argument("conversation")
+@click.option("--force", "-f", is_flag=True, help="Remove it even while a turn runs (the turn is cancelled first).")
 @common
-def rm(conversation: str) -> None:
-    """Remove a conversation and its journal."""
-    _simple(wire.Remove, conversation, "removed")
+def rm(conversation: str, force: bool) -> None:
+    """Remove a conversation and its journal.
+
+    A conversation whose turn is running is refused (exit 7) unless --force,
+    as `docker rm` refuses a running container. --json: {"ok", "conversation"}.
+
+    \b
+    Examples:
+      agentctl rm c3f9
+      agentctl rm --force c3f9        # cancel its running turn, then remove it
+    """
+    if force:
+        _simple(wire.Remove, conversation, "removed", force=True)
+    else:
+        _simple(wire.Remove, conversation, "removed")
 
 
 @click.command()

@@ -25,14 +25,15 @@ def task() -> None:
 
 
 def _task_model(provider: str, model: str) -> str:
-    if provider == "script" and model and not os.path.isabs(model) and os.path.isfile(model):
+    if provider in ("script", "") and model and not os.path.isabs(model) and os.path.isfile(model):
         return os.path.abspath(model)  # the daemon does not share our cwd
     return model
 
 
 @task.command("create")
 @click.argument("text")
-@click.option("--provider", "-p", required=True, help="Provider name (see agentctl providers).")
+@click.option("--provider", "-p", default="",
+              help="Provider name (see agentctl providers); default: [providers] default of agentd.toml.")
 @click.option(
     "--cwd", default=".", show_default=True, type=click.Path(exists=True, file_okay=False, resolve_path=True),
     help="The agent's working directory.",
@@ -40,13 +41,34 @@ def _task_model(provider: str, model: str) -> str:
 @click.option("--model", "-m", default="", help="Model id (for the script provider: the script's path).")
 @click.option("--callback", default="", metavar="URL",
               help="http(s) URL that gets a JSON POST when the task ends (retried with backoff).")
+@click.option("--yolo", is_flag=True, help="Let agentd answer its permission requests (allow once): it runs unattended.")
+@click.option("--max-cost-usd", type=click.FloatRange(min=0), default=None, metavar="USD",
+              help="Its budget (default: the provider's from the config, if any); on reach the turn is cut short.")
+@click.option("--on-reach", type=click.Choice(["pause", "stop"]), default=None,
+              help="With --max-cost-usd: pause (default) or stop (close) its conversation.")
 @common
-def task_create(text: str, provider: str, cwd: str, model: str, callback: str) -> None:
-    """Queue TEXT as a task (TEXT - reads stdin); print its id (--json: the task record)."""
+def task_create(text: str, provider: str, cwd: str, model: str, callback: str, yolo: bool,
+                max_cost_usd: float | None, on_reach: str | None) -> None:
+    """Queue TEXT as a task (TEXT - reads stdin); print its id (--json: the task record).
+
+    Without --yolo the task stops at its first permission request until
+    someone answers it (agentctl answer on its conversation). A provider that
+    cannot run a turn now (not installed, not signed in, no key) is refused
+    here (exit 1), with what fixes it, rather than failing later.
+
+    \b
+    Examples:
+      agentctl task create -p claude --yolo --max-cost-usd 2 "fix the failing test"
+      agentctl task create -p codex -m gpt-5 --cwd ~/src/app --callback https://ci.example/hook - < job.txt
+      id=$(agentctl task create --yolo "update the changelog") && agentctl task wait "$id"
+    """
+    from .conversations import _budget_arg
+
     o = _opts()
     rec = o.client().call(
         wire.TaskCreate, wire.TaskRecord, provider=provider, workdir=cwd, input=_text_arg(text),
-        model=_task_model(provider, model), callback=callback,
+        model=_task_model(provider, model), callback=callback, mode="yolo" if yolo else "interactive",
+        budget=_budget_arg(max_cost_usd, on_reach),
     )
     if o.json:
         return _json(rec)
