@@ -56,8 +56,7 @@ class Opts:
             self._client = Client.connect(
                 self.socket,
                 autostart=not (self.no_autostart or autostart_disabled()),
-                # --json: stderr holds nothing but an error object (see _report)
-                notify=None if self.json else (lambda msg: _err(msg)),
+                notify=_notice,
             )
         return self._client
 
@@ -98,6 +97,19 @@ def common(f: Any) -> Any:
 def _err(text: str) -> None:
     sys.stdout.flush()
     click.echo(visible(f"agentctl: {text}"), err=True)  # messages may quote agent text
+
+
+def _notice(text: str) -> None:
+    """A notice on stderr (agentd was started, ...): under --json a JSON line ``{"notice": TEXT}``,
+    so that every line of stderr is a JSON object (see _report)."""
+    if not _json_mode():
+        _err(text)
+        return
+    import json as _stdjson
+
+    sys.stdout.flush()
+    sys.stderr.write(_stdjson.dumps({"notice": visible(text)}, ensure_ascii=False) + "\n")
+    sys.stderr.flush()
 
 
 def _json_mode() -> bool:
@@ -285,12 +297,12 @@ def _error_exit_code(exc: Exception) -> int | None:
 # Values come from the running agentd (never started for this); any failure completes nothing.
 
 
-def _ask_quietly(op: Any, result: Any) -> Any:
+def _ask_quietly(ctx: click.Context, op: Any, result: Any) -> Any:
     from agentd import wire
 
     from .client import Client
 
-    opts = click.get_current_context().find_object(Opts)
+    opts = ctx.find_object(Opts)  # --socket, when its callback ran while completing
     client = Client.connect(opts.socket if opts else None, autostart=False)
     try:
         return client.call(getattr(wire, op), getattr(wire, result) if isinstance(result, str) else result)
@@ -305,7 +317,7 @@ def complete_conversation(ctx: click.Context, param: click.Parameter, incomplete
     try:
         from agentd import wire
 
-        recs = _ask_quietly("List", list[wire.ConversationRecord])
+        recs = _ask_quietly(ctx, "List", list[wire.ConversationRecord])
     except Exception:  # noqa: BLE001 - no daemon, an old one: nothing to offer
         return []
     recs.sort(key=lambda r: r.created_at, reverse=True)
@@ -317,7 +329,7 @@ def complete_provider(ctx: click.Context, param: click.Parameter, incomplete: st
     from click.shell_completion import CompletionItem
 
     try:
-        names = _ask_quietly("Status", "StatusResult").providers
+        names = _ask_quietly(ctx, "Status", "StatusResult").providers
     except Exception:  # noqa: BLE001
         return []
     return [CompletionItem(n) for n in names if n.startswith(incomplete)]
@@ -327,7 +339,7 @@ def complete_task(ctx: click.Context, param: click.Parameter, incomplete: str) -
     from click.shell_completion import CompletionItem
 
     try:
-        tasks = _ask_quietly("TaskList", "TaskListResult").tasks
+        tasks = _ask_quietly(ctx, "TaskList", "TaskListResult").tasks
     except Exception:  # noqa: BLE001
         return []
     return [CompletionItem(t.id, help=t.status.value) for t in reversed(tasks) if t.id.startswith(incomplete)]

@@ -64,6 +64,22 @@ def parse_environment(text: str) -> dict[str, str]:
     return out
 
 
+def _section(config: Config, name: str) -> Any:
+    p = config.providers
+    return p.acp.get(name[4:]) if name.startswith("acp:") else getattr(p, name, None)
+
+
+def _changed(old: Config, new: Config) -> set[str]:
+    """Providers whose table differs between ``old`` and ``new`` (added, removed or changed)."""
+    from .config import provider_names
+
+    names = set(provider_names(old.providers)) | set(provider_names(new.providers))
+    changed = {n for n in names if _section(old, n) != _section(new, n)}
+    if old.runtimes != new.runtimes:  # restart backoff: every provider's supervision
+        changed |= names
+    return changed
+
+
 class Reloader:
     """Carries out restarts, one at a time."""
 
@@ -108,12 +124,17 @@ class Reloader:
                 systemd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
                 env_file, changed = self._apply_environment(path)
                 masking.load(os.environ, config.providers)
+                claims_before = {n: runtime_env.withheld(n) for n in self.service.runtimes.names()}
                 runtime_env.configure(config.providers)
+                changed_providers = _changed(self.config, config)
+                if changed or {n: runtime_env.withheld(n) for n in claims_before} != claims_before:
+                    changed_providers = None  # the environment changed: every runtime must see it
                 reopened = 0
                 for live in list(self.service.loaded()):
-                    if await self.service.detach(live):
+                    if (changed_providers is None or live.record.provider in changed_providers) \
+                            and await self.service.detach(live):
                         reopened += 1
-                await self.service.runtimes.replace(config)
+                await self.service.runtimes.replace(config, changed_providers)
                 self._apply_settings(config)
                 providers = await self.service.runtimes.describe()
                 differs = [s for s in NEEDS_STOP if getattr(config, s) != getattr(self.config, s)]

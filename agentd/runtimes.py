@@ -65,9 +65,11 @@ class Runtimes:
         self.files = files
         self._slots: dict[str, _Slot] = {}
         self._nursery: trio.Nursery | None = None
-        self._declare()
+        self._slots = self._declare()
 
-    def _declare(self) -> None:
+    def _declare(self) -> dict[str, _Slot]:
+        """A slot for every enabled provider of ``self.config`` (nothing built yet)."""
+        slots: dict[str, _Slot] = {}
         providers = self.config.providers
         state_dir = self.state_dir
         runtimes = self.config.runtimes
@@ -84,7 +86,7 @@ class Runtimes:
 
                 return ScriptProvider(providers.script, state_dir=state_dir, name="script")
 
-            self._slots["script"] = _Slot("script", script)
+            slots["script"] = _Slot("script", script)
 
         if providers.copilot.enabled:
 
@@ -93,7 +95,7 @@ class Runtimes:
 
                 return CopilotProvider(providers.copilot, state_dir=state_dir, name="copilot", restart_policy=restart_policy())
 
-            self._slots["copilot"] = _Slot("copilot", copilot)
+            slots["copilot"] = _Slot("copilot", copilot)
 
         if providers.claude.enabled:
 
@@ -102,7 +104,7 @@ class Runtimes:
 
                 return ClaudeProvider(providers.claude, state_dir=state_dir, name="claude", restart_policy=restart_policy())
 
-            self._slots["claude"] = _Slot("claude", claude)
+            slots["claude"] = _Slot("claude", claude)
 
         if providers.codex.enabled:
 
@@ -111,7 +113,7 @@ class Runtimes:
 
                 return CodexProvider(providers.codex, state_dir=state_dir, name="codex", restart_policy=restart_policy())
 
-            self._slots["codex"] = _Slot("codex", codex)
+            slots["codex"] = _Slot("codex", codex)
 
         for agent_name, agent in providers.acp.items():
             if not agent.enabled:
@@ -124,7 +126,8 @@ class Runtimes:
                 return AcpProvider(agent, state_dir=state_dir, name=full, restart_policy=restart_policy(),
                                    files=self.files)
 
-            self._slots[full] = _Slot(full, acp)
+            slots[full] = _Slot(full, acp)
+        return slots
 
     def names(self) -> list[str]:
         return sorted(self._slots)
@@ -174,20 +177,23 @@ class Runtimes:
         backoff = self.config.runtimes
         self._nursery.start_soon(self._supervise, slot, backoff.restart_backoff_initial_s, backoff.restart_backoff_max_s)
 
-    async def replace(self, config: "Config", *, grace_s: float = 10.0) -> None:
-        """Take ``config``'s providers from now on (agentd.reload): every provider is declared anew,
-        so runtimes started afterwards get its settings and the environment agentd has now.
+    async def replace(self, config: "Config", names: "set[str] | None" = None, *, grace_s: float = 10.0) -> None:
+        """Take ``config``'s providers from now on (agentd.reload): the providers ``names`` (None: all)
+        are declared anew, so runtimes they start afterwards get their new settings and the
+        environment agentd has now; a provider the config no longer has goes, a new one comes.
 
         Requests from now on get the new providers; the old ones' ``run()`` is cancelled, which stops
         the runtimes they started; waits for that up to ``grace_s``. Call it once their conversations
         are closed (ConversationService.detach). Needs :meth:`run` to be running.
         """
-        old = list(self._slots.values())
         self.config = config
-        self._slots = {}
-        self._declare()
-        for slot in self._slots.values():
-            self._start(slot)
+        fresh = self._declare()
+        names = set(fresh) | set(self._slots) if names is None else set(names)
+        old = [self._slots.pop(n) for n in names if n in self._slots]
+        for name in sorted(names):
+            if name in fresh:
+                self._slots[name] = fresh[name]
+                self._start(fresh[name])
         for slot in old:
             slot.scope.cancel()
         with trio.move_on_after(grace_s):

@@ -231,7 +231,13 @@ def _show_item(o: Any, conversation: str, item_id: str, agent_id: str, full: boo
 @click.option("--full", is_flag=True, help="With --item: the tool's whole output, where the journal keeps a cut of it.")
 @common
 def show(conversation: str, item_id: str | None, agent_id: str, full: bool) -> None:
-    """Show a conversation: its record, pending interactions, usage (or one item, --item)."""
+    """Show a conversation: its record, pending interactions, usage (or one item, --item).
+
+    \b
+    Examples:
+      agentctl show c3f9
+      agentctl show c3f9 --item r1.t2 --full
+    """
     o = _opts()
     if item_id is not None:
         return _show_item(o, conversation, item_id, agent_id, full)
@@ -375,6 +381,12 @@ def send(conversation: str, text: str, if_busy: str, follow: bool, attach: tuple
     Without --follow it returns once agentd took the prompt (--json: the send
     result: run, disposition, after). With --follow it streams the turn and
     exits 0 completed, 1 failed, 3 cancelled.
+
+    \b
+    Examples:
+      agentctl send c3f9 "now add a test" --follow
+      agentctl send c3f9 "and the docs" --if-busy queue
+      git diff | agentctl send c3f9 - --follow    # the prompt from stdin
     """
     o = _opts()
     text, uploads = _text_arg(text), _uploads(attach)
@@ -409,6 +421,13 @@ def run(text: str, provider: str, cwd: str, title: str, model: str, effort: str,
     Exits 0 when the turn completed, 1 failed, 3 cancelled, 4 needs action
     (with --exit-on-action). --json streams JSON lines; the last one is
     {"type": "result", "conversation", "run", "state", "exit_code", ...}.
+
+    \b
+    Examples:
+      agentctl run -p claude "fix the failing test"
+      agentctl run --yolo --max-cost-usd 1 "tidy the imports"   # [providers] default
+      agentctl run -p script -m conf/demo.toml --cwd "$(mktemp -d)" "Show me around"
+      agentctl run -p codex --json "list the TODOs" | tail -n 1 | jq .state
     """
     o = _opts()
     text = _text_arg(text)
@@ -443,6 +462,12 @@ def tail(conversation: str | None, after: int | None, all_: bool, follow: bool, 
     {"type": "snapshot", "conversation", "data"} once caught up.
     Text of the turn in flight that was journaled at or before --after is
     not shown; text still streaming is.
+
+    \b
+    Examples:
+      agentctl tail c3f9 --after 120
+      agentctl tail c3f9 --no-follow --seq
+      agentctl tail --all --json
     """
     if all_ and conversation:
         raise click.UsageError("give a conversation or --all, not both")
@@ -469,6 +494,11 @@ def attach(conversation: str, after: int | None, until_idle: bool, no_input: boo
     Starts with the turn in flight (or after the last one). Ctrl-D at a
     prompt leaves that interaction for later; Ctrl-C detaches (the turn goes
     on). Stops when the conversation is closed, or with --until-idle.
+
+    \b
+    Examples:
+      agentctl attach c3f9                  # follow and answer at the terminal
+      agentctl attach c3f9 --until-idle --no-input
     """
     o = _opts()
     info = o.client().call(wire.Show, wire.ConversationInfo, conversation=conversation)
@@ -486,7 +516,12 @@ def attach(conversation: str, after: int | None, until_idle: bool, no_input: boo
 @click.argument("text")
 @common
 def steer(conversation: str, text: str) -> None:
-    """Add TEXT to the running turn (--json: the send result)."""
+    """Add TEXT to the running turn (--json: the send result).
+
+    \b
+    Examples:
+      agentctl steer c3f9 "use tabs, not spaces"
+    """
     o = _opts()
     res = o.client().call(wire.Steer, wire.SendResult, conversation=conversation, text=_text_arg(text))
     if o.json:
@@ -517,6 +552,11 @@ def cancel(conversation: str) -> None:
     --json: {"ok", "conversation", "cancelled", "run", "state", "reason",
     "inferred"}; cancelled is false (run "") when no turn was running, ok is
     false after a cancel_timeout.
+
+    \b
+    Examples:
+      agentctl cancel c3f9
+      agentctl cancel c3f9 --json | jq .state
     """
     o = _opts()
     # Look first: "nothing to cancel" is said without touching the turn state.
@@ -548,7 +588,13 @@ def cancel(conversation: str) -> None:
 @click.argument("conversation")
 @common
 def close(conversation: str) -> None:
-    """Close a conversation (kept on disk; agentctl ls --all lists it)."""
+    """Close a conversation (kept on disk; agentctl ls --all lists it).
+
+    \b
+    Examples:
+      agentctl close c3f9
+      agentctl ls --all --state closed
+    """
     _simple(wire.Close, conversation, "closed")
 
 
@@ -578,7 +624,12 @@ def rm(conversation: str, force: bool) -> None:
 @click.argument("title")
 @common
 def title(conversation: str, title: str) -> None:
-    """Set a conversation's title (also in the provider's own store, where it keeps titles)."""
+    """Set a conversation's title (also in the provider's own store, where it keeps titles).
+
+    \b
+    Examples:
+      agentctl title c3f9 "flaky CI test"
+    """
     _simple(wire.SetTitle, conversation, "title set", title=title)
 
 
@@ -618,6 +669,11 @@ def budget(conversation: str, max_cost_usd: float | None, on_reach: str | None, 
 
     A conversation paused on its budget stays paused: resume it with
     agentctl continue. --json: the conversation record.
+
+    \b
+    Examples:
+      agentctl budget c3f9 --max-cost-usd 10 && agentctl continue c3f9
+      agentctl budget c3f9 --none
     """
     if none_ == (max_cost_usd is not None):
         raise click.UsageError("give --max-cost-usd USD or --none")
@@ -641,6 +697,10 @@ def continue_(conversation: str) -> None:
     Nothing is resent: send the next prompt yourself. Exits 8 when the
     conversation is not paused, 1 (limit) while it is still at its budget.
     --json: the conversation record.
+
+    \b
+    Examples:
+      agentctl budget c3f9 --max-cost-usd 10 && agentctl continue c3f9
     """
     o = _opts()
     rec = o.client().call(wire.Continue, wire.ConversationRecord, conversation=conversation)
@@ -663,6 +723,11 @@ def export(conversation: str, fmt: str, include_tools: bool, output: str | None)
 
     --json: {"conversation", "format", "title", "text"}, or with -o
     {"ok", "conversation", "format", "path", "bytes"}.
+
+    \b
+    Examples:
+      agentctl export c3f9 > c3f9.md
+      agentctl export c3f9 --format html --include-tools -o c3f9.html
     """
     o = _opts()
     res = o.client().call(wire.Export, wire.ExportResult, conversation=conversation, format=fmt,

@@ -53,6 +53,11 @@ def providers() -> None:
     """List providers, whether each is available, and what it supports.
 
     --json: {"providers": [ProviderInfo, ...]}.
+
+    \b
+    Examples:
+      agentctl providers
+      agentctl providers --json | jq '.providers[] | {name, available}'
     """
     o = _opts()
     infos = o.client().call(wire.Providers, list[wire.ProviderInfo])
@@ -76,6 +81,11 @@ def models(provider: str) -> None:
     """List the models PROVIDER offers.
 
     --json: {"provider": PROVIDER, "models": [Model, ...]}.
+
+    \b
+    Examples:
+      agentctl models copilot
+      agentctl models claude --json | jq -r '.models[].id'
     """
     o = _opts()
     ms = o.client().call(wire.Models, list[wire.Model], provider=provider)
@@ -101,6 +111,11 @@ def stop(timeout: float) -> None:
     agentd.service` stops it for good.
 
     --json: {"stopped", "pid", "socket", "waited_s"} ("stopped": false when none was running).
+
+    \b
+    Examples:
+      agentctl stop
+      agentctl stop --timeout 60 --json
     """
     import time
 

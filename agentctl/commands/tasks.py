@@ -80,7 +80,13 @@ def task_create(text: str, provider: str, cwd: str, model: str, callback: str, y
               help="Only tasks in this status (repeatable).")
 @common
 def task_ls(statuses: tuple[str, ...]) -> None:
-    """List tasks, oldest first (--json: {"tasks": [task, ...]})."""
+    """List tasks, oldest first (--json: {"tasks": [task, ...]}).
+
+    \b
+    Examples:
+      agentctl task ls
+      agentctl task ls --status running --status waiting_for_input --json
+    """
     o = _opts()
     res = o.client().call(wire.TaskList, wire.TaskListResult, status=[wire.TaskStatus(s) for s in statuses])
     if o.json:
@@ -102,7 +108,13 @@ def task_ls(statuses: tuple[str, ...]) -> None:
 @click.argument("task_id", metavar="TASK")
 @common
 def task_show(task_id: str) -> None:
-    """Show a task: status, result, usage, conversation, times, comments, callback attempts."""
+    """Show a task: status, result, usage, conversation, times, comments, callback attempts.
+
+    \b
+    Examples:
+      agentctl task show t7a2
+      agentctl task show t7a2 --json | jq -r .task.result
+    """
     o = _opts()
     info = o.client().call(wire.TaskShow, wire.TaskInfo, task=task_id)
     if o.json:
@@ -171,6 +183,10 @@ def task_cancel(task_id: str) -> None:
 
     Exits 8 when the task already ended. --json: {"task": task, "disposition"}
     with disposition dequeued, cancelled, cancelling or ended.
+
+    \b
+    Examples:
+      agentctl task cancel t7a2
     """
     o = _opts()
     res = o.client().call(wire.TaskCancel, wire.TaskCancelResult, task=task_id)
@@ -194,6 +210,10 @@ def task_comment(task_id: str, text: str) -> None:
 
     Prints whether it was steered or only recorded (and why). --json:
     {"task", "comment": {"id", "text", "created_at", "delivery", "note"}}.
+
+    \b
+    Examples:
+      agentctl task comment t7a2 "skip the integration tests"
     """
     o = _opts()
     res = o.client().call(wire.TaskAddComment, wire.TaskCommentResult, task=task_id, text=_text_arg(text))
@@ -215,6 +235,11 @@ def task_wait(task_id: str, timeout: float | None, exit_on_action: bool) -> None
     """Wait until a task ends; exit 0 completed, 1 failed, 3 cancelled (--json: the task record).
 
     With --exit-on-action it exits 4 as soon as the task is waiting_for_input.
+
+    \b
+    Examples:
+      agentctl task wait t7a2 --timeout 600
+      agentctl task wait t7a2 --exit-on-action || agentctl task show t7a2
     """
     import time
 
