@@ -156,8 +156,12 @@ def install_units(dest: Path | None) -> None:
     paths = _install(dest)
     for path in paths:
         click.echo(str(path))
+    steps = ("next: `agentctl stop` (an agentd that agentctl started holds the socket and state dir the unit "
+             "wants), then `systemctl --user daemon-reload && systemctl --user enable --now agentd.socket`; "
+             "`loginctl enable-linger $USER` keeps agentd and its turns running after you log out. Keys go in "
+             "~/.config/agentd/environment (KEY=VALUE lines, chmod 600); the unit's PATH is this shell's")
     if dest is None:
-        click.echo("now: systemctl --user daemon-reload && systemctl --user enable --now agentd.socket", err=True)
+        click.echo(steps, err=True)
     else:
         click.echo(f"systemd looks for user units in ~/.config/systemd/user; link these there "
                    f"(systemctl --user link {' '.join(str(p) for p in paths)}), then: "

@@ -91,6 +91,7 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
     server.tasks = tasks
     server.reloader = reloader = reload.Reloader(service, tasks, config, config_path)
     activated = systemd.listen_fds()
+    systemd.take_environment()  # after LISTEN_*: no runtime or tool inherits NOTIFY_SOCKET and the rest
     if activated:
         listener = trio.socket.from_stdlib_socket(activated[0])
         bound = False
