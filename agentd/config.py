@@ -346,6 +346,8 @@ class ScriptConfig(_Section):
     enabled: bool = True
     scripts_dir: str = ""
     default_script: str = ""
+    #: extra environment for the commands a script's tools run (agentd's own, less other providers' keys)
+    env: Environment = {}
 
 
 class ByokConfig(_Section, kw_only=True):

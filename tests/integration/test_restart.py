@@ -168,3 +168,23 @@ def test_sighup_reloads_as_restart_does(daemon: Daemon) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert "acp:second" in one_json(daemon.agentctl("status", "--json"))["providers"]
+
+
+def test_providers_script_env_reaches_the_commands_its_tools_run_and_restart_applies_a_change(tmp_path: Path) -> None:
+    (tmp_path / "env.toml").write_text('model = "env"\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\nkind = "tool"\n'
+                                       'command = "echo script=${AGENTD_T_SCRIPT:-unset}"\n')
+    d = Daemon(tmp_path, '[providers.script.env]\nAGENTD_T_SCRIPT = "first"\n').start()
+    try:
+        def tool_output() -> str:
+            cp = d.agentctl("run", "-p", "script", "-m", str(tmp_path / "env.toml"), "--cwd", str(tmp_path), "--json",
+                            "go")
+            assert cp.returncode == 0, cp.stderr
+            return next(json.loads(line)["data"]["tool"]["output"] for line in cp.stdout.splitlines()
+                        if '"tool"' in line and '"output":"script=' in line).strip()
+
+        assert tool_output() == "script=first"
+        d.config.write_text('[providers.script.env]\nAGENTD_T_SCRIPT = "second"\n')
+        assert one_json(d.agentctl("restart", "--json"))["cancelled"] == []
+        assert tool_output() == "script=second"
+    finally:
+        d.stop()
