@@ -7,10 +7,11 @@ The rules it keeps:
   and nothing else changes (the environment file is not applied either).
 * No running turn is cut: it waits until none runs (turns that start meanwhile are waited for too),
   unless ``now``, which cancels them first and says which.
-* Connections, subscriptions, conversations, leases and the journal stay as they are. Each loaded
-  conversation's provider conversation is closed (ConversationService.detach) and every provider
-  is declared anew (Runtimes.replace), so the next prompt opens it again, resumed where the
-  provider can, on a runtime started with the new settings: the same as across a stop and start.
+* Connections, subscriptions, conversations, leases and the journal stay as they are. Each provider
+  whose table changed (every one when the environment did) is declared anew (Runtimes.replace)
+  and the loaded conversations on it have their provider conversation closed
+  (ConversationService.detach), so their next prompt opens it again, resumed where the provider
+  can, on a runtime started with the new settings: the same as across a stop and start.
 * The environment file (``<config dir>/environment``, the file the systemd units name as
   ``EnvironmentFile``, ``KEY=VALUE`` lines) is read again and its values set in agentd's own
   environment, which every runtime starts from; a key newly put there reaches runtimes started
@@ -116,6 +117,9 @@ class Reloader:
                         await self.service.cancel(live.record.id)
                         cancelled.append(run)
             # Wait for quiet: no turn runs. A turn started meanwhile is waited for too.
+            if self.service.running():
+                log.info("agentd.reload_waiting", running=self.service.running(), by=by)
+                systemd.status(f"reload waits for {self.service.running()} running turn(s)")
             while self.service.running():
                 await trio.sleep(0.05)
             waited = round(time.monotonic() - started, 3)

@@ -65,11 +65,9 @@ class Runtimes:
         self.files = files
         self._slots: dict[str, _Slot] = {}
         self._nursery: trio.Nursery | None = None
-        self._slots = self._declare()
+        self._declare()
 
-    def _declare(self) -> dict[str, _Slot]:
-        """A slot for every enabled provider of ``self.config`` (nothing built yet)."""
-        slots: dict[str, _Slot] = {}
+    def _declare(self) -> None:
         providers = self.config.providers
         state_dir = self.state_dir
         runtimes = self.config.runtimes
@@ -86,7 +84,7 @@ class Runtimes:
 
                 return ScriptProvider(providers.script, state_dir=state_dir, name="script")
 
-            slots["script"] = _Slot("script", script)
+            self._slots["script"] = _Slot("script", script)
 
         if providers.copilot.enabled:
 
@@ -95,7 +93,7 @@ class Runtimes:
 
                 return CopilotProvider(providers.copilot, state_dir=state_dir, name="copilot", restart_policy=restart_policy())
 
-            slots["copilot"] = _Slot("copilot", copilot)
+            self._slots["copilot"] = _Slot("copilot", copilot)
 
         if providers.claude.enabled:
 
@@ -104,7 +102,7 @@ class Runtimes:
 
                 return ClaudeProvider(providers.claude, state_dir=state_dir, name="claude", restart_policy=restart_policy())
 
-            slots["claude"] = _Slot("claude", claude)
+            self._slots["claude"] = _Slot("claude", claude)
 
         if providers.codex.enabled:
 
@@ -113,7 +111,7 @@ class Runtimes:
 
                 return CodexProvider(providers.codex, state_dir=state_dir, name="codex", restart_policy=restart_policy())
 
-            slots["codex"] = _Slot("codex", codex)
+            self._slots["codex"] = _Slot("codex", codex)
 
         for agent_name, agent in providers.acp.items():
             if not agent.enabled:
@@ -126,8 +124,7 @@ class Runtimes:
                 return AcpProvider(agent, state_dir=state_dir, name=full, restart_policy=restart_policy(),
                                    files=self.files)
 
-            slots[full] = _Slot(full, acp)
-        return slots
+            self._slots[full] = _Slot(full, acp)
 
     def names(self) -> list[str]:
         return sorted(self._slots)
@@ -187,7 +184,9 @@ class Runtimes:
         are closed (ConversationService.detach). Needs :meth:`run` to be running.
         """
         self.config = config
-        fresh = self._declare()
+        kept, self._slots = self._slots, {}
+        self._declare()  # into self._slots: the new config's providers
+        fresh, self._slots = self._slots, kept
         names = set(fresh) | set(self._slots) if names is None else set(names)
         old = [self._slots.pop(n) for n in names if n in self._slots]
         for name in sorted(names):
