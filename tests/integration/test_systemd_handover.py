@@ -136,3 +136,43 @@ def test_agentctl_leaves_the_start_to_an_installed_socket_unit(tmp_path: Path) -
     assert "EnvironmentFile=-%h/.config/agentd/environment" in service
     assert "ExecReload=kill -HUP $MAINPID" in service
     assert f'Environment="PATH={os.environ["PATH"]}"' in service or 'Environment="PATH=' in service
+
+
+def test_agentctl_starts_an_installed_socket_unit_through_systemctl(tmp_path: Path) -> None:
+    """systemctl is not usable in this container (no systemd as PID 1): a stand-in on PATH does what
+    `systemctl --user start agentd.socket` makes systemd do, with systemd's own socket-activate."""
+    xdg_runtime = tmp_path / "xdg-run"
+    xdg_runtime.mkdir(mode=0o700)
+    units = tmp_path / "cfg" / "systemd" / "user"
+    assert subprocess.run([sys.executable, "-m", "agentd", "install-units", "--dest", str(units)],
+                          capture_output=True, timeout=60).returncode == 0
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    sock = xdg_runtime / "agentd" / "agentd.sock"
+    calls = tmp_path / "systemctl.calls"
+    (bindir / "systemctl").write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        '[ "$*" = "--user start agentd.socket" ] || exit 1\n'
+        f"mkdir -p -m 700 {xdg_runtime / 'agentd'}\n"
+        f"setsid {socket_activate()} -l {sock} -E HOME={tmp_path} -E PATH=/usr/bin:/bin -E XDG_RUNTIME_DIR={xdg_runtime} "
+        f"-E AGENTD_STATE_DIR={tmp_path / 'state'} {sys.executable} -m agentd run "
+        f"> {tmp_path / 'agentd.log'} 2>&1 < /dev/null &\n"
+        f"for i in $(seq 200); do [ -S {sock} ] && exit 0; sleep 0.05; done; exit 1\n"
+    )
+    (bindir / "systemctl").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTD_")}
+    env.update(XDG_RUNTIME_DIR=str(xdg_runtime), XDG_CONFIG_HOME=str(tmp_path / "cfg"), HOME=str(tmp_path),
+               AGENTD_STATE_DIR=str(tmp_path / "state"), PATH=f"{bindir}:/usr/bin:/bin")
+    cp = subprocess.run([sys.executable, "-m", "agentctl", "status", "--json"], env=env, capture_output=True,
+                        text=True, timeout=90)
+    try:
+        assert cp.returncode == 0, cp.stderr + (tmp_path / "agentd.log").read_text()
+        assert calls.read_text() == "--user start agentd.socket\n"
+        notices = [json.loads(line) for line in cp.stderr.splitlines()]
+        assert any("started agentd.socket" in n.get("notice", "") for n in notices), cp.stderr
+        assert json.loads(cp.stdout)["socket"] == str(sock)
+    finally:
+        stop = subprocess.run([sys.executable, "-m", "agentctl", "stop", "--no-autostart"], env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert stop.returncode == 0, stop.stderr
