@@ -386,6 +386,10 @@ class Follower:
 
     @staticmethod
     def _say_err(text: str) -> None:
+        from .cli import _json_mode, _notice
+
+        if _json_mode():
+            return _notice(text)  # a {"notice"} line: under --json stderr holds JSON lines only
         sys.stdout.flush()
         sys.stderr.write(visible(f"agentctl: {text}\n"))
         sys.stderr.flush()

@@ -232,3 +232,12 @@ def test_completion_scripts_complete_commands_options_providers_and_conversation
     assert "script" in _bash_complete(daemon, "agentctl new -p ")
     assert conv in _bash_complete(daemon, f"agentctl show {conv[:3]}")
     assert conv in _bash_complete(daemon, "agentctl rm --force ")
+
+
+def test_under_json_every_line_of_stderr_is_a_json_object_also_for_notices(daemon: Daemon, tmp_path: Path) -> None:
+    cp = daemon.agentctl("run", "-m", str(SCRIPTS / "tool.toml"), "--cwd", str(tmp_path), "--exit-on-action", "--json",
+                         "go")
+    assert cp.returncode == 4, cp.stderr
+    assert json.loads(cp.stdout.splitlines()[-1])["state"] == "requires_action"
+    notices = [json.loads(line) for line in cp.stderr.splitlines()]
+    assert notices and "needs action" in notices[0]["notice"]
