@@ -420,6 +420,13 @@ def cli() -> None:
 
     Conversations are named by their id or any unique prefix of it. agentd is
     started on demand when it is not running (see --no-autostart).
+
+    \b
+    Examples:
+      agentctl run -p claude "fix the failing test"   # new conversation, prompt, follow
+      agentctl ls --state requires_action             # what waits for you
+      agentctl answer c3f9 --allow
+      agentctl COMMAND --help                         # each command's own examples
     """
     _opts()
 
