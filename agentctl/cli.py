@@ -56,7 +56,7 @@ class Opts:
             self._client = Client.connect(
                 self.socket,
                 autostart=not (self.no_autostart or autostart_disabled()),
-                notify=lambda msg: _err(msg),
+                notify=_notice,
             )
         return self._client
 
@@ -97,6 +97,58 @@ def common(f: Any) -> Any:
 def _err(text: str) -> None:
     sys.stdout.flush()
     click.echo(visible(f"agentctl: {text}"), err=True)  # messages may quote agent text
+
+
+def _notice(text: str) -> None:
+    """A notice on stderr (agentd was started, ...): under --json a JSON line ``{"notice": TEXT}``,
+    so that every line of stderr is a JSON object (see _report)."""
+    if not _json_mode():
+        _err(text)
+        return
+    import json as _stdjson
+
+    sys.stdout.flush()
+    sys.stderr.write(_stdjson.dumps({"notice": visible(text)}, ensure_ascii=False) + "\n")
+    sys.stderr.flush()
+
+
+def _json_mode() -> bool:
+    """Whether --json was given: from the options parsed so far, else (a usage error before
+    they were) from the command line itself."""
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        if isinstance(ctx.obj, Opts) and ctx.obj.json:
+            return True
+        ctx = ctx.parent
+    args = sys.argv[1:]
+    return "--json" in (args[: args.index("--")] if "--" in args else args)
+
+
+#: Exit code -> the error code a --json error object names when no wire error code applies.
+_CODE_NAMES = {
+    exitcodes.FAILED: "failed", exitcodes.USAGE: "usage", exitcodes.NEEDS_ACTION: "needs_action",
+    exitcodes.UNREACHABLE: "unreachable", exitcodes.NOT_FOUND: "not_found", exitcodes.BUSY: "busy",
+    exitcodes.INVALID: "invalid", exitcodes.CANCEL_UNCONFIRMED: "cancel_timeout",
+    exitcodes.INTERRUPTED: "interrupted",
+}
+
+
+def _report(exit_code: int, message: str, *, code: str = "", details: Any = None) -> None:
+    """Report an error on stderr: ``agentctl: MESSAGE``, or under --json one JSON object,
+    ``{"code", "message", "exit_code"[, "details"]}``, on a line of its own (stdout is left as it was:
+    empty for a one-result command, the lines streamed so far for a stream)."""
+    if not _json_mode():
+        _err(message)
+        return
+    import json as _stdjson
+
+    obj: dict[str, Any] = {"code": code or _CODE_NAMES.get(exit_code, "failed"), "message": message,
+                           "exit_code": exit_code}
+    if details:
+        obj["details"] = details
+    sys.stdout.flush()
+    sys.stderr.write(_stdjson.dumps(obj, ensure_ascii=False, default=str) + "\n")
+    sys.stderr.flush()
 
 
 def _json(obj: Any) -> None:
@@ -160,6 +212,15 @@ class AgentctlGroup(click.Group):
         super().__init__(*args, **kwargs)
         self.lazy = dict(lazy or {})
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.ClickException as exc:
+            if not _json_mode():
+                raise
+            _report(exc.exit_code, exc.format_message(), code="usage" if exc.exit_code == exitcodes.USAGE else "")
+            raise click.exceptions.Exit(exc.exit_code) from None
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *self.lazy})
 
@@ -170,6 +231,7 @@ class AgentctlGroup(click.Group):
 
             module, attr = self.lazy[cmd_name].split(":")
             cmd = getattr(importlib.import_module(f"{__package__}.commands.{module}"), attr)
+            _completing(cmd)
             self.add_command(cmd, cmd_name)
         return cmd
 
@@ -187,8 +249,13 @@ class AgentctlGroup(click.Group):
         try:
             return super().invoke(ctx)
         except Fail as exc:
-            _err(exc.message)
+            _report(exc.code, exc.message)
             raise click.exceptions.Exit(exc.code) from None
+        except click.ClickException as exc:
+            if not _json_mode():
+                raise
+            _report(exc.exit_code, exc.format_message(), code="usage" if exc.exit_code == exitcodes.USAGE else "")
+            raise click.exceptions.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             sys.stdout.flush()
             raise click.exceptions.Exit(exitcodes.INTERRUPTED) from None
@@ -213,13 +280,84 @@ def _error_exit_code(exc: Exception) -> int | None:
     """
     client = sys.modules.get(f"{__package__}.client")
     if client is not None and isinstance(exc, client.Unreachable):
-        _err(str(exc))
+        _report(exitcodes.UNREACHABLE, str(exc), code="unreachable")
         return exitcodes.UNREACHABLE
     contract = sys.modules.get("agentd.contract")
     if contract is not None and isinstance(exc, contract.AgentdError):
-        _err(_describe(exc))
-        return exitcodes.for_error(exc)
+        code = exitcodes.for_error(exc)
+        if _json_mode():
+            _report(code, _describe(exc).split(": ", 1)[1], code=exc.code, details=exc.details or None)
+        else:
+            _err(_describe(exc))
+        return code
     return None
+
+
+# ---------------------------------------------------------------------- shell completion
+# Values come from the running agentd (never started for this); any failure completes nothing.
+
+
+def _ask_quietly(ctx: click.Context, op: Any, result: Any) -> Any:
+    from agentd import wire
+
+    from .client import Client
+
+    opts = ctx.find_object(Opts)  # --socket, when its callback ran while completing
+    client = Client.connect(opts.socket if opts else None, autostart=False)
+    try:
+        return client.call(getattr(wire, op), getattr(wire, result) if isinstance(result, str) else result)
+    finally:
+        client.close()
+
+
+def complete_conversation(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    """Conversation ids (with their titles) starting with ``incomplete``, newest first."""
+    from click.shell_completion import CompletionItem
+
+    try:
+        from agentd import wire
+
+        recs = _ask_quietly(ctx, "List", list[wire.ConversationRecord])
+    except Exception:  # noqa: BLE001 - no daemon, an old one: nothing to offer
+        return []
+    recs.sort(key=lambda r: r.created_at, reverse=True)
+    return [CompletionItem(r.id, help=visible(r.title or r.provider)) for r in recs if r.id.startswith(incomplete)]
+
+
+def complete_provider(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    """The configured provider names starting with ``incomplete``."""
+    from click.shell_completion import CompletionItem
+
+    try:
+        names = _ask_quietly(ctx, "Status", "StatusResult").providers
+    except Exception:  # noqa: BLE001
+        return []
+    return [CompletionItem(n) for n in names if n.startswith(incomplete)]
+
+
+def complete_task(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    from click.shell_completion import CompletionItem
+
+    try:
+        tasks = _ask_quietly(ctx, "TaskList", "TaskListResult").tasks
+    except Exception:  # noqa: BLE001
+        return []
+    return [CompletionItem(t.id, help=t.status.value) for t in reversed(tasks) if t.id.startswith(incomplete)]
+
+
+_COMPLETERS = {"conversation": complete_conversation, "provider": complete_provider, "task_id": complete_task}
+
+
+def _completing(cmd: click.Command) -> None:
+    """Give every CONVERSATION argument, --provider option and TASK argument of ``cmd`` (and of its
+    subcommands) the completion of its values, unless it has one of its own: new commands get it too."""
+    for param in cmd.params:
+        fn = _COMPLETERS.get(param.name or "")
+        # click keeps a parameter's shell_complete= here; set only where none was given
+        if fn is not None and getattr(param, "_custom_shell_complete", None) is None:
+            param._custom_shell_complete = fn  # type: ignore[attr-defined]
+    for sub in getattr(cmd, "commands", {}).values():
+        _completing(sub)
 
 
 #: Error code -> (what the message starts with, the next step to suggest): the first
@@ -230,7 +368,7 @@ _NEXT_STEP: dict[str, list[tuple[str, str]]] = {
         ("no task ", " (agentctl task ls lists tasks)"),
         ("no conversation ", " (agentctl ls --all lists conversations)"),
     ],
-    "busy": [("", " (use --if-busy queue|steer|interrupt, or agentctl cancel)")],
+    "busy": [("cannot remove ", ""), ("", " (use --if-busy queue|steer|interrupt, or agentctl cancel)")],
 }
 
 
@@ -263,6 +401,8 @@ COMMANDS: dict[str, str] = {
     "history": "history:history",
     "set-model": "models:set_model",
     "import": "adopt:import_",
+    "completion": "cli:completion",
+    "restart": "cli:restart",
     "answer": "answer:answer",
     "task": "tasks:task",
 }
@@ -281,6 +421,13 @@ def cli() -> None:
 
     Conversations are named by their id or any unique prefix of it. agentd is
     started on demand when it is not running (see --no-autostart).
+
+    \b
+    Examples:
+      agentctl run -p claude "fix the failing test"   # new conversation, prompt, follow
+      agentctl ls --state requires_action             # what waits for you
+      agentctl answer c3f9 --allow
+      agentctl COMMAND --help                         # each command's own examples
     """
     _opts()
 

@@ -533,10 +533,58 @@ def _daemon_env(path: str) -> dict[str, str]:
     return env
 
 
-def _autostart(path: str, notify: Any) -> socket.socket:
-    """Start ``python -m agentd run`` detached and connect once it listens."""
+def _socket_unit(path: str) -> str | None:
+    """The installed agentd.socket user unit when it listens at ``path`` (its ListenStream,
+    $XDG_RUNTIME_DIR/agentd/agentd.sock); else None."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if not runtime or os.path.abspath(path) != os.path.join(os.path.abspath(runtime), "agentd", "agentd.sock"):
+        return None
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    unit = os.path.join(base, "systemd", "user", "agentd.socket")
+    return unit if os.path.isfile(unit) else None
+
+
+def _start_socket_unit(path: str, unit: str, notify: Any) -> socket.socket:
+    """Leave the start to systemd: ``systemctl --user start agentd.socket``, then connect (systemd
+    starts agentd.service on it). An agentd started beside the unit would hold the state dir and
+    the socket path the unit wants."""
+    import shutil
     import subprocess
 
+    fix = (f"agentd.socket is installed ({unit}) but not listening at {path}, and agentctl leaves the start "
+           "to systemd: run `systemctl --user daemon-reload && systemctl --user enable --now agentd.socket`")
+    systemctl = shutil.which("systemctl")
+    if systemctl is None:
+        raise Unreachable(f"{fix} (systemctl is not on PATH)")
+    try:
+        cp = subprocess.run([systemctl, "--user", "start", "agentd.socket"], capture_output=True, text=True, timeout=30,
+                            stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise Unreachable(f"{fix} (systemctl --user start agentd.socket: {exc})") from None
+    if cp.returncode != 0:
+        said = " ".join(cp.stderr.split())[:300]
+        raise Unreachable(f"{fix} (systemctl --user start agentd.socket exited {cp.returncode}: {said})")
+    if notify is not None:
+        notify("started agentd.socket (systemctl --user start agentd.socket); systemd starts agentd on this connection")
+    deadline = time.monotonic() + AUTOSTART_TIMEOUT_S
+    while True:
+        try:
+            return _open_socket(path)
+        except OSError as exc:
+            if not _nobody_listening(exc) or time.monotonic() > deadline:
+                raise Unreachable(f"agentd.socket was started but nothing answers at {path}: "
+                                  f"{exc.strerror or exc} (journalctl --user -u agentd.socket -u agentd)") from None
+        time.sleep(0.05)
+
+
+def _autostart(path: str, notify: Any) -> socket.socket:
+    """Start ``python -m agentd run`` detached and connect once it listens; where the agentd.socket
+    user unit is installed for this path, have systemd start it instead (:func:`_start_socket_unit`)."""
+    import subprocess
+
+    unit = _socket_unit(path)
+    if unit is not None:
+        return _start_socket_unit(path, unit, notify)
     rundir = os.path.dirname(os.path.abspath(path))
     log_path = os.path.join(rundir, "agentd.log")
     try:

@@ -430,6 +430,10 @@ class Follower:
             sys.stdout.flush()
 
     def _say_err(self, text: str) -> None:
+        from .cli import _json_mode, _notice
+
+        if _json_mode():
+            return _notice(text)  # a {"notice"} line: under --json stderr holds JSON lines only
         self.end_lines()  # never into streamed text
         sys.stderr.write(visible(f"agentctl: {text}\n"))
         sys.stderr.flush()

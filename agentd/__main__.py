@@ -120,6 +120,32 @@ def check_config(config_path: Path | None) -> None:
     click.echo(f"config:    {source}\nstate_dir: {paths.state_dir}\nsocket:    {paths.socket}\nconfig ok")
 
 
+@cli.command()
+@click.option("--now", is_flag=True, help="Cancel running turns instead of waiting for them.")
+def reload(now: bool) -> None:
+    """Have the running agentd re-read its config and environment file, as SIGHUP does.
+
+    The same as `agentctl restart`: waits until no turn runs (--now cancels
+    them); a config that does not load is refused, the running agentd keeps
+    its own, and this exits 78 with the error. Exits 1 when no agentd runs.
+    """
+    from agentctl.client import Client, Unreachable
+
+    from . import wire
+    from .contract import AgentdError
+
+    try:
+        client = Client.connect(None, autostart=False)
+        res = client.call(wire.Restart, wire.RestartResult, now=now)
+    except Unreachable as exc:
+        click.echo(f"agentd: {exc}", err=True)
+        sys.exit(1)
+    except AgentdError as exc:
+        click.echo(f"agentd: {exc.message}", err=True)
+        sys.exit(78 if exc.code == "invalid" else 1)
+    click.echo(f"reloaded agentd (pid {res.pid})" + (f"; cancelled {', '.join(res.cancelled)}" if res.cancelled else ""))
+
+
 @cli.command("install-units")
 @click.option("--dest", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Where to write the units (default ~/.config/systemd/user).")
@@ -130,8 +156,12 @@ def install_units(dest: Path | None) -> None:
     paths = _install(dest)
     for path in paths:
         click.echo(str(path))
+    steps = ("next: `agentctl stop` (an agentd that agentctl started holds the socket and state dir the unit "
+             "wants), then `systemctl --user daemon-reload && systemctl --user enable --now agentd.socket`; "
+             "`loginctl enable-linger $USER` keeps agentd and its turns running after you log out. Keys go in "
+             "~/.config/agentd/environment (KEY=VALUE lines, chmod 600); the unit's PATH is this shell's")
     if dest is None:
-        click.echo("now: systemctl --user daemon-reload && systemctl --user enable --now agentd.socket", err=True)
+        click.echo(steps, err=True)
     else:
         click.echo(f"systemd looks for user units in ~/.config/systemd/user; link these there "
                    f"(systemctl --user link {' '.join(str(p) for p in paths)}), then: "

@@ -361,6 +361,8 @@ class ScriptConfig(_Section):
     enabled: bool = True
     scripts_dir: str = ""
     default_script: str = ""
+    #: extra environment for the commands a script's tools run (agentd's own, less other providers' keys)
+    env: Environment = {}
 
 
 class ByokConfig(_Section, kw_only=True):
@@ -500,6 +502,10 @@ class AcpAgentConfig(_Section):
 class ProvidersConfig(_Section):
     """[providers]: one table per provider; acp holds one table per configured agent."""
 
+    #: the provider of `agentctl new` / `run` / `task create` without -p: script, copilot, claude,
+    #: codex or acp:<name>; "" = -p is required
+    default: str = ""
+
     script: ScriptConfig = msgspec.field(default_factory=ScriptConfig)
     copilot: CopilotConfig = msgspec.field(default_factory=CopilotConfig)
     claude: ClaudeConfig = msgspec.field(default_factory=ClaudeConfig)
@@ -633,9 +639,75 @@ def parse_config(text: bytes | str, *, path: pathlib.Path | None = None) -> Conf
             ) from None
         raise ConfigError(f"TOML syntax error: {e}", path=path) from None
     try:
-        return msgspec.convert(data, Config)
+        config = msgspec.convert(data, Config)
     except msgspec.ValidationError as e:
         raise _validation_error(str(e), data, path) from None
+    _check_references(config, path)
+    return config
+
+
+# --------------------------------------------------------------------------- values that must name something
+
+
+def provider_names(providers: ProvidersConfig) -> list[str]:
+    """Every provider the config declares (enabled or not): the built-in ones and ``acp:<name>``."""
+    return ["script", "copilot", "claude", "codex", *(f"acp:{n}" for n in providers.acp)]
+
+
+def _did_you_mean(value: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(value, known, n=1, cutoff=0.6)
+    return f"did you mean {_show(close[0])}? " if close else ""
+
+
+def _known_mime_types() -> set[str]:
+    """MIME types agentd's attachment sniffing can give a file (agentd.attachments)."""
+    import mimetypes
+
+    mimetypes.init()
+    known = {t.lower() for t in mimetypes.types_map.values()}
+    known |= {t.lower() for t in mimetypes.common_types.values()}
+    known |= set(DEFAULT_ATTACHMENT_TYPES) | {"text/plain", "application/octet-stream", "image/webp",
+                                              "application/x-yaml", "application/sql", "image/svg+xml"}
+    return known
+
+
+#: top-level MIME types (RFC 6838) a ``type/*`` pattern may name
+_MIME_TOP = ("application", "audio", "font", "image", "message", "model", "multipart", "text", "video")
+
+
+def _check_references(config: Config, path: pathlib.Path | None) -> None:
+    """Names and values that must exist somewhere else: a typo would silently turn a setting off
+    (a budget that applies to no provider, an attachment type nothing ever has). Raises ConfigError
+    with the key path, what is known, and the closest match."""
+    names = provider_names(config.providers)
+    listed = ", ".join(names)
+    for key, table in (("budgets", config.budgets), ("tasks.provider_concurrency", config.tasks.provider_concurrency)):
+        for name in table:
+            if name not in names:
+                raise ConfigError(f"no provider {_show(name)}: {_did_you_mean(name, names)}providers: {listed}",
+                                  path=path, key=f"{key}.{_toml_key(name)}")
+    default = config.providers.default
+    if default and default not in names:
+        raise ConfigError(f"{_show(default)} is not a provider: {_did_you_mean(default, names)}providers: {listed}",
+                          path=path, key="providers.default")
+    known: set[str] | None = None
+    for i, pattern in enumerate(config.attachments.allowed_types):
+        p = pattern.strip().lower()
+        if p in ("*", "*/*"):
+            continue
+        top, slash, sub = p.partition("/")
+        if slash and sub == "*":
+            if top in _MIME_TOP:
+                continue
+            hint = _did_you_mean(top, list(_MIME_TOP)).replace('"?', '/*"?')
+            raise ConfigError(f"{_show(pattern)} names no MIME type: {hint}a pattern is type/* with a type of "
+                              f"{', '.join(_MIME_TOP)}", path=path, key=f"attachments.allowed_types[{i}]")
+        if known is None:
+            known = _known_mime_types()
+        if p not in known:
+            raise ConfigError(f"{_show(pattern)} is not a MIME type agentd knows: "
+                              f"{_did_you_mean(p, sorted(known))}write type/subtype (e.g. \"text/markdown\"), "
+                              "type/* or */*", path=path, key=f"attachments.allowed_types[{i}]")
 
 
 # --------------------------------------------------------------------------- error paths

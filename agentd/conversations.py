@@ -1389,6 +1389,18 @@ class ConversationService:
     def loaded(self) -> Iterable[_Live]:
         return self._live.values()
 
+    async def detach(self, live: _Live) -> bool:
+        """Close ``live``'s provider conversation if no turn runs, so that its next prompt opens it
+        again on the provider as configured then (agentd.reload); the record and journal stay.
+        Returns whether it was closed (False: a turn runs, or none was open)."""
+        async with live.open_lock:
+            if live.run or live.conv is None:
+                return False
+            conv, live.conv = live.conv, None
+        with trio.move_on_after(INTERRUPT_WAIT_S):
+            await conv.close()
+        return True
+
     async def note(self, ref: str, type_: str, data: bytes) -> int:
         """Journal one record another service keeps about this conversation (``task`` events), then publish it.
 

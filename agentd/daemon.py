@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 import trio
 
-from . import agentfs, idle_release, masking, runtime_env, systemd
+from . import agentfs, idle_release, masking, reload, runtime_env, systemd
 from .config import Config, Paths, default_config_path
 from .conversations import ConversationService, new_id
 from .hub import Hub
@@ -45,6 +45,10 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
     """
     _raise_open_files_limit()
     owner = f"{new_id('d')}.{os.getpid()}"
+    # Keys kept in <config dir>/environment (what the systemd units name as EnvironmentFile) reach an
+    # agentd started some other way too; the environment it was started with wins.
+    for key, value in _environment_file(config_path).items():
+        os.environ.setdefault(key, value)
     # Before any runtime starts or any record is written: the secrets of the environment and config.
     masking.load(os.environ, config.providers)
     runtime_env.configure(config.providers)
@@ -85,7 +89,9 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
     )
     tasks = TaskService(service, hub, config.tasks, paths.state_dir / "tasks")
     server.tasks = tasks
+    server.reloader = reloader = reload.Reloader(service, tasks, config, config_path)
     activated = systemd.listen_fds()
+    systemd.take_environment()  # after LISTEN_*: no runtime or tool inherits NOTIFY_SOCKET and the rest
     if activated:
         listener = trio.socket.from_stdlib_socket(activated[0])
         bound = False
@@ -113,6 +119,7 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
                         interval = systemd.watchdog_interval()
                         if interval:
                             front.start_soon(systemd.watchdog_loop, interval)
+                        front.start_soon(_reload_on_sighup, reloader)
                         systemd.ready(f"serving {len(service)} conversations on {paths.socket}")
                         log.info(
                             "agentd.ready",
@@ -167,6 +174,26 @@ def _raise_open_files_limit() -> None:
         log.warning("agentd.nofile_limit", soft=soft, hard=hard, error=str(exc))
         return
     log.info("agentd.nofile_limit", soft=target, was=soft)
+
+
+def _environment_file(config_path: Path | None) -> dict[str, str]:
+    try:
+        return reload.parse_environment(reload.environment_file(config_path).read_text(encoding="utf-8"))
+    except OSError:
+        return {}
+
+
+async def _reload_on_sighup(reloader: reload.Reloader) -> None:
+    """SIGHUP (``agentd reload``, ``systemctl --user reload agentd``) restarts in place, as
+    ``agentctl restart`` does: after the running turns; a broken config is logged and refused."""
+    from .contract import AgentdError
+
+    with trio.open_signal_receiver(signal.SIGHUP) as hups:
+        async for _ in hups:
+            try:
+                await reloader.reload(by="SIGHUP")
+            except AgentdError:
+                pass  # logged by the reloader; the config in force stays
 
 
 async def _stop_wanted(signals: Any, server: Server) -> dict[str, str]:

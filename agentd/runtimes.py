@@ -50,6 +50,9 @@ class _Slot:
         #: set by the first get(): build it
         self.wanted = trio.Event()
         self.loaded = trio.Event()
+        #: cancelled when a reload replaces this provider (agentd.reload): its run() stops its runtimes
+        self.scope = trio.CancelScope()
+        self.stopped = trio.Event()
 
 
 class Runtimes:
@@ -61,6 +64,7 @@ class Runtimes:
         #: agent file access: limits and agentd's own paths (None: the defaults, the state dir refused)
         self.files = files
         self._slots: dict[str, _Slot] = {}
+        self._nursery: trio.Nursery | None = None
         self._declare()
 
     def _declare(self) -> None:
@@ -125,6 +129,15 @@ class Runtimes:
     def names(self) -> list[str]:
         return sorted(self._slots)
 
+    def pick(self, name: str) -> str:
+        """``name``, or for "" the config's ``[providers] default``; raises Invalid when neither is set."""
+        if name:
+            return name
+        if self.config.providers.default:
+            return self.config.providers.default
+        raise c.Invalid("no provider given and agentd.toml sets no [providers] default: "
+                        f"give -p NAME (configured: {', '.join(self.names()) or 'none'})")
+
     async def get(self, name: str) -> c.Provider:
         """The provider ``name``, waiting while it is being built.
 
@@ -150,13 +163,50 @@ class Runtimes:
         each provider is built on its first get().
         """
         await trio.to_thread.run_sync(procs.reap_previous, self.state_dir)
-        backoff = self.config.runtimes
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             for slot in self._slots.values():
-                nursery.start_soon(self._supervise, slot, backoff.restart_backoff_initial_s, backoff.restart_backoff_max_s)
+                self._start(slot)
             task_status.started()
 
+    def _start(self, slot: _Slot) -> None:
+        assert self._nursery is not None
+        backoff = self.config.runtimes
+        self._nursery.start_soon(self._supervise, slot, backoff.restart_backoff_initial_s, backoff.restart_backoff_max_s)
+
+    async def replace(self, config: "Config", names: "set[str] | None" = None, *, grace_s: float = 10.0) -> None:
+        """Take ``config``'s providers from now on (agentd.reload): the providers ``names`` (None: all)
+        are declared anew, so runtimes they start afterwards get their new settings and the
+        environment agentd has now; a provider the config no longer has goes, a new one comes.
+
+        Requests from now on get the new providers; the old ones' ``run()`` is cancelled, which stops
+        the runtimes they started; waits for that up to ``grace_s``. Call it once their conversations
+        are closed (ConversationService.detach). Needs :meth:`run` to be running.
+        """
+        self.config = config
+        kept, self._slots = self._slots, {}
+        self._declare()  # into self._slots: the new config's providers
+        fresh, self._slots = self._slots, kept
+        names = set(fresh) | set(self._slots) if names is None else set(names)
+        old = [self._slots.pop(n) for n in names if n in self._slots]
+        for name in sorted(names):
+            if name in fresh:
+                self._slots[name] = fresh[name]
+                self._start(fresh[name])
+        for slot in old:
+            slot.scope.cancel()
+        with trio.move_on_after(grace_s):
+            for slot in old:
+                await slot.stopped.wait()
+
     async def _supervise(self, slot: _Slot, initial: float, maximum: float) -> None:
+        try:
+            with slot.scope:
+                await self._supervised(slot, initial, maximum)
+        finally:
+            slot.stopped.set()
+
+    async def _supervised(self, slot: _Slot, initial: float, maximum: float) -> None:
         await slot.wanted.wait()
         try:
             # abandon_on_cancel: a shutdown during a slow SDK import does not wait for it
@@ -194,6 +244,23 @@ class Runtimes:
                 await nursery.start(run)
             finally:
                 slot.loaded.set()
+
+    async def can_run(self, name: str) -> None:
+        """Return when provider ``name`` can run a turn now: its runtime is there (its check passes)
+        and, where it reports a sign-in, it is signed in (or has its key).
+
+        Raises NotFound (not configured), RuntimeUnavailable with the provider's own message, which
+        says what to install, set or run (the check is bounded by CHECK_TIMEOUT_S).
+        """
+        provider = await self.get(name)
+        with trio.move_on_after(CHECK_TIMEOUT_S) as scope:
+            await provider.check()
+            if provider.capabilities().account and hasattr(provider, "account"):
+                account = await provider.account()
+                if not account.signed_in:
+                    raise c.RuntimeUnavailable(f"provider {name} cannot run a turn: {account.message}")
+        if scope.cancelled_caught:
+            raise c.RuntimeUnavailable(f"provider {name} did not answer its check within {CHECK_TIMEOUT_S:g} s")
 
     async def describe(self) -> list[wire.ProviderInfo]:
         """Every provider with its capabilities and whether its runtime is usable now.

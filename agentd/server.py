@@ -294,6 +294,7 @@ class Server:
             wire.SetModel: self._set_model,
             wire.ImportList: self._import_list,
             wire.ImportSession: self._import_session,
+            wire.Restart: self._restart,
 
             wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
@@ -305,6 +306,8 @@ class Server:
         }
         #: the daemon's TaskService (set by the daemon; None = task ops answer unsupported)
         self.tasks: Any = None
+        #: the daemon's agentd.reload.Reloader (None = restart answers unsupported)
+        self.reloader: Any = None
         #: set once a client asked the daemon to stop (``shutdown``), after its answer was sent;
         #: the daemon then stops as on SIGTERM (see agentd.daemon)
         self.stop_requested = trio.Event()
@@ -506,12 +509,20 @@ class Server:
     async def _new(self, conn: _Connection, req: wire.New) -> wire.ConversationRecord:
         from . import models
 
+        provider = self.service.runtimes.pick(req.provider)
         if req.model or req.effort:
-            models.check(await models.catalog(self.service.runtimes, req.provider), req.model, req.effort)
+            models.check(await models.catalog(self.service.runtimes, provider), req.model, req.effort)
         return await self.service.create(
-            provider=req.provider, workdir=req.workdir, title=req.title, model=req.model, effort=req.effort,
+            provider=provider, workdir=req.workdir, title=req.title, model=req.model, effort=req.effort,
             mode=req.mode, budget=req.budget,
         )
+
+    async def _restart(self, conn: _Connection, req: wire.Restart) -> wire.RestartResult:
+        if self.reloader is None:
+            raise c.Unsupported("this agentd cannot restart in place")
+        if not conn.may_stop:
+            raise c.Unauthorized("restart is accepted only on agentd's Unix socket, from its own uid")
+        return await self.reloader.reload(now=req.now, by=conn.peer)
 
     async def _set_model(self, conn: _Connection, req: wire.SetModel) -> wire.ConversationRecord:
         from . import models
@@ -551,14 +562,23 @@ class Server:
     async def _answer(self, conn: _Connection, req: wire.AnswerInteraction) -> None:
         await self.service.answer(req.conversation, req.interaction, req.answer, by=conn.peer)
 
-    async def _close(self, conn: _Connection, req: wire.Close) -> None:
-        await self.service.close(req.conversation)
+    async def _close(self, conn: _Connection, req: wire.Close) -> dict[str, str]:
+        cid = self.service.resolve(req.conversation)
+        await self.service.close(cid)
+        return {"conversation": cid}
 
-    async def _rm(self, conn: _Connection, req: wire.Remove) -> None:
-        await self.service.delete(req.conversation)
+    async def _rm(self, conn: _Connection, req: wire.Remove) -> dict[str, str]:
+        record = self.service.record(req.conversation)
+        if record.active_run and not req.force:
+            raise c.Busy(f"cannot remove {record.id}: it has a running turn ({record.active_run}); "
+                         "cancel it first, or remove it anyway with --force", details={"run": record.active_run})
+        await self.service.delete(record.id)
+        return {"conversation": record.id}
 
-    async def _title(self, conn: _Connection, req: wire.SetTitle) -> None:
-        await self.service.set_title(req.conversation, req.title)
+    async def _title(self, conn: _Connection, req: wire.SetTitle) -> dict[str, str]:
+        cid = self.service.resolve(req.conversation)
+        await self.service.set_title(cid, req.title)
+        return {"conversation": cid}
 
     async def _budget(self, conn: _Connection, req: wire.SetBudget) -> wire.ConversationRecord:
         return await self.service.set_budget(req.conversation, req.budget, by=conn.peer)
@@ -583,7 +603,8 @@ class Server:
 
     async def _task_create(self, conn: _Connection, req: wire.TaskCreate) -> wire.TaskRecord:
         return await self._task_service().create(
-            provider=req.provider, workdir=req.workdir, input=req.input, model=req.model, callback=req.callback
+            provider=req.provider, workdir=req.workdir, input=req.input, model=req.model, callback=req.callback,
+            mode=req.mode, budget=req.budget,
         )
 
     async def _task_ls(self, conn: _Connection, req: wire.TaskList) -> wire.TaskListResult:

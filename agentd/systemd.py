@@ -35,6 +35,7 @@ __all__ = [
     "render_units",
     "status",
     "stopping",
+    "take_environment",
     "user_unit_dir",
     "watchdog",
     "watchdog_interval",
@@ -61,6 +62,11 @@ SYSTEMD_ENV_VARS = (
 )
 
 _EXEC = "@AGENTD_EXEC@"
+_PATH = "@AGENTD_PATH@"
+
+#: PATH of the repository's unit file: a user service does not get the login shell's PATH, so
+#: runtimes installed in ~/.local/bin (pipx, npm --prefix ~/.local) are found only if it says so.
+DEFAULT_PATH = "%h/.local/bin:/usr/local/bin:/usr/bin:/bin"
 
 #: The user service; ``@AGENTD_EXEC@`` is replaced by the agentd executable.
 SERVICE_UNIT = f"""\
@@ -76,6 +82,15 @@ After=agentd.socket
 Type=notify
 NotifyAccess=main
 ExecStart={_EXEC} run
+# SIGHUP: agentd re-reads agentd.toml and the environment file once no turn runs (as `agentctl
+# restart`); a broken config is refused and the one in force stays.
+ExecReload=kill -HUP $MAINPID
+# Where agentd and its runtimes find programs (copilot, codex, node, gemini, ...): a user service
+# does not get your shell's PATH. `agentd install-units` writes the PATH it was run with.
+Environment="PATH={_PATH}"
+# Keys, one KEY=VALUE a line (ANTHROPIC_API_KEY=..., OPENAI_API_KEY=...), in a 0600 file; "-": it
+# may be missing. agentd reads it again on `agentctl restart` and `systemctl --user reload agentd`.
+EnvironmentFile=-%h/.config/agentd/environment
 Restart=on-failure
 RestartSec=2
 # 78 (EX_CONFIG): agentd.toml is broken, or a path agentd needs is unusable or
@@ -111,6 +126,25 @@ WantedBy=sockets.target
 
 # --------------------------------------------------------------------------- sd_notify
 
+#: systemd's variables taken out of the environment by :func:`take_environment`, still used here
+_taken: dict[str, str] = {}
+
+
+def take_environment() -> None:
+    """Move :data:`SYSTEMD_ENV_VARS` out of ``os.environ`` (as sd_notify's unset_environment does),
+    keeping NOTIFY_SOCKET and the watchdog's for this module: no process agentd starts (a runtime,
+    the command a tool runs) can inherit them, whichever way it builds its environment."""
+    for name in SYSTEMD_ENV_VARS:
+        value = os.environ.pop(name, None)
+        if value is not None:
+            _taken[name] = value
+
+
+def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    if environ is not None:
+        return environ
+    return {**_taken, **os.environ} if _taken else os.environ
+
 
 def notify(state: str, *, environ: Mapping[str, str] | None = None) -> bool:
     """Send ``state`` (``KEY=VALUE`` lines) to the service manager's notify socket.
@@ -120,7 +154,7 @@ def notify(state: str, *, environ: Mapping[str, str] | None = None) -> bool:
     Returns True once sent; False when not under systemd (no or unsupported
     ``NOTIFY_SOCKET``) or when sending failed. Never raises OSError.
     """
-    env = os.environ if environ is None else environ
+    env = _env(environ)
     addr = env.get("NOTIFY_SOCKET", "")
     if addr.startswith("@"):
         addr = "\0" + addr[1:]
@@ -168,7 +202,7 @@ def watchdog_interval(environ: Mapping[str, str] | None = None) -> float | None:
     None also when ``$WATCHDOG_PID`` is set to another process (the variable
     was inherited) or either variable is malformed. Ping at half this interval.
     """
-    env = os.environ if environ is None else environ
+    env = _env(environ)
     usec = env.get("WATCHDOG_USEC", "")
     pid = env.get("WATCHDOG_PID", "")
     try:
@@ -265,18 +299,18 @@ def _unit_exec(path: str) -> str:
     return path
 
 
-def render_units(exec_path: str = DEFAULT_EXEC_PATH) -> dict[str, str]:
-    """Unit file name -> text, with ExecStart running ``<exec_path> run``.
+def render_units(exec_path: str = DEFAULT_EXEC_PATH, path: str = DEFAULT_PATH) -> dict[str, str]:
+    """Unit file name -> text, with ExecStart running ``<exec_path> run`` and ``path`` as PATH.
 
-    ``exec_path`` is written as is (systemd specifiers such as ``%h`` keep
-    their meaning), quoted if it holds whitespace.
+    ``exec_path`` and ``path`` are written as is (systemd specifiers such as
+    ``%h`` keep their meaning); ``exec_path`` is quoted if it holds whitespace.
     """
-    return _render(_unit_exec(exec_path))
+    return _render(_unit_exec(exec_path), path)
 
 
-def _render(exec_start: str) -> dict[str, str]:
+def _render(exec_start: str, path: str) -> dict[str, str]:
     return {
-        "agentd.service": SERVICE_UNIT.replace(_EXEC, exec_start),
+        "agentd.service": SERVICE_UNIT.replace(_EXEC, exec_start).replace(_PATH, path.replace('"', "")),
         "agentd.socket": SOCKET_UNIT,
     }
 
@@ -304,12 +338,15 @@ def install_units(dest: pathlib.Path | None = None, *, exec_path: str | None = N
     ``dest`` defaults to :func:`user_unit_dir` (created if needed).
     ``exec_path`` (written as in :func:`render_units`) defaults to the running
     ``agentd`` script (``sys.argv[0]`` when it is one), else ``agentd`` on
-    PATH, else ``<this python> -m agentd``; ``%`` in a detected path is
-    escaped. Files are replaced atomically, mode 0644. Does not run
+    PATH, else ``<this python> -m agentd``, and the unit's PATH then is the
+    PATH this process runs with; ``%`` in a detected path is escaped. With
+    ``exec_path`` given, PATH is :data:`DEFAULT_PATH`. Files are replaced atomically, mode 0644. Does not run
     ``systemctl --user daemon-reload``. Raises OSError when writing fails.
     """
     if exec_path is None:
-        units = _render(" ".join(_unit_exec(arg.replace("%", "%%")) for arg in _find_agentd()))
+        # The PATH this runs with, so the service finds the runtimes this shell finds.
+        here = os.environ.get("PATH") or DEFAULT_PATH
+        units = _render(" ".join(_unit_exec(arg.replace("%", "%%")) for arg in _find_agentd()), here.replace("%", "%%"))
     else:
         units = render_units(exec_path)
     dest = user_unit_dir() if dest is None else pathlib.Path(dest)

@@ -393,27 +393,37 @@ class TaskService:
     # ------------------------------------------------------------------ requests
 
     async def create(
-        self, *, provider: str, workdir: str, input: str, model: str = "", callback: str = ""
+        self, *, provider: str, workdir: str, input: str, model: str = "", callback: str = "",
+        mode: str = "interactive", budget: wire.Budget | None = None,
     ) -> wire.TaskRecord:
         """Queue a task; returns its record (``pending``) once it is on disk.
 
-        Raises Invalid (empty input, a workdir that is not an existing
-        absolute directory, a callback that is not an http(s) URL), NotFound
-        (unknown provider), InternalError (the record cannot be written).
+        ``provider`` "" is the config's ``[providers] default``. ``mode``
+        yolo has its permission requests answered allow-once; ``budget`` is its
+        conversation's (None: the provider's default). Raises Invalid (empty
+        input, a workdir that is not an existing absolute directory, a callback
+        that is not an http(s) URL, no provider), NotFound (unknown provider),
+        RuntimeUnavailable (the provider cannot run a turn now: the message
+        says how to fix it; nothing is queued), InternalError (the record
+        cannot be written).
         """
         if not input.strip():
             raise c.Invalid("the task input is empty")
-        names = self.conversations.runtimes.names()
+        runtimes = self.conversations.runtimes
+        provider = runtimes.pick(provider)
+        names = runtimes.names()
         if provider not in names:
             raise c.NotFound(f"no provider {provider!r}; configured: {', '.join(names) or 'none'}")
         if not os.path.isabs(workdir) or not os.path.isdir(workdir):
             raise c.Invalid(f"workdir {workdir!r} is not an existing absolute directory")
         if callback:
             check_callback(callback)
+        # Refused now, not failed later when nobody watches: a task is unattended.
+        await runtimes.can_run(provider)
         now = _now()
         task = wire.TaskRecord(
             id=_new_id(), provider=provider, workdir=workdir, input=input, created_at=now, updated_at=now,
-            model=model, callback=callback,
+            model=model, callback=callback, mode=mode, budget=budget,  # type: ignore[arg-type]
         )
         try:
             self.store.save(task)
@@ -548,7 +558,7 @@ class TaskService:
         try:
             conv = await self.conversations.create(
                 provider=task.provider, workdir=task.workdir, title=f"task {task.id}", model=task.model,
-                mode="interactive",
+                mode=task.mode, budget=task.budget,
             )
         except c.AgentdError as exc:
             await self._finish(task, _T.FAILED, error=exc.message, reason="create_failed")

@@ -112,8 +112,10 @@ class Models(_Request, tag="models"):
 
 
 class New(_Request, tag="new"):
-    provider: str
-    workdir: str
+    #: "" = the config's ``[providers] default``
+    provider: str = ""
+    #: required (an existing absolute directory); a default only so that provider may have one
+    workdir: str = ""
     title: str = ""
     model: str = ""
     #: an effort level the model lists ("" = the runtime's default)
@@ -163,7 +165,11 @@ class Close(_Request, tag="close"):
 
 
 class Remove(_Request, tag="rm"):
+    """Answers ``{"conversation": <full id>}``; a running turn is refused ``busy`` unless ``force``."""
+
     conversation: str
+    #: cancel a running turn and remove all the same
+    force: bool = False
 
 
 class SetTitle(_Request, tag="title"):
@@ -209,12 +215,17 @@ class TaskStatus(str, enum.Enum):
 class TaskCreate(_Request, tag="task_create"):
     """Queue a non-interactive job; it runs in a new conversation of its own."""
 
-    provider: str
-    workdir: str
-    input: str
+    #: "" = the config's ``[providers] default``
+    provider: str = ""
+    workdir: str = ""
+    input: str = ""
     model: str = ""
     #: http(s) URL POSTed a JSON summary when the task ends; "" = none
     callback: str = ""
+    #: yolo = its permission requests are answered allow-once, so it runs unattended
+    mode: Mode = "interactive"
+    #: its conversation's budget; None = the provider's default from the config, if any
+    budget: Budget | None = None
 
 
 class TaskList(_Request, tag="task_ls"):
@@ -380,6 +391,37 @@ class ImportResult(msgspec.Struct, omit_defaults=True):
     in_use: InUse
     items: int = 0
     history: bool = True
+# ---- cli
+
+
+class Restart(_Request, tag="restart"):
+    """Re-read agentd.toml and the environment file, re-check providers, and have runtimes started
+    from then on use them (agentd.reload); connections, conversations and the journal stay.
+
+    Waits until no turn runs (turns started meanwhile are waited for too), unless ``now``, which
+    cancels the running ones first. A config that does not load is refused ``invalid`` (the
+    message is its error) and the config in force stays.
+    """
+
+    now: bool = False
+
+
+class RestartResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a restart did."""
+
+    pid: int
+    #: the config file read ("" = none: every key at its default)
+    config: str = ""
+    #: the environment file read ("" = none)
+    env_file: str = ""
+    #: names (never values) of the variables it set or changed
+    env_changed: list[str] = []
+    #: runs cancelled (``now``) and conversations whose provider conversation was closed to reopen
+    cancelled: list[str] = []
+    reopened: int = 0
+    #: seconds spent waiting for running turns to end
+    waited_s: float = 0.0
+    providers: list["ProviderInfo"] = []
 
 
 Request = Union[
@@ -406,6 +448,7 @@ Request = Union[
     SetModel,
     ImportList,
     ImportSession,
+    Restart,
 
     ShowItem,
     Shutdown,
@@ -606,6 +649,10 @@ class TaskRecord(msgspec.Struct, omit_defaults=True):
     status: TaskStatus = TaskStatus.PENDING
     model: str = ""
     callback: str = ""
+    #: its conversation's mode: yolo answers its permission requests allow-once
+    mode: Mode = "interactive"
+    #: its conversation's budget (None: the provider's default from the config, if any)
+    budget: Budget | None = None
     #: the conversation it runs in, once started
     conversation: str = ""
     #: its turn in that conversation

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import click
@@ -49,8 +50,18 @@ def answer(
     """Answer a pending interaction (INTERACTION: an id or unique prefix;
     default: the only pending one).
 
-    Exits 6 when nothing (or not that) is pending, 8 when agentd refuses the
-    answer as not fitting.
+    Exits 6 when nothing (or not that) is pending, 8 when the answer does not
+    fit (a --choice that is no choice, even where free text is taken: that is
+    --text; an --action the plan does not offer).
+
+    \b
+    Examples:
+      agentctl answer c3f9 --allow                     # the pending permission, allow once
+      agentctl answer c3f9 --option allow_always
+      agentctl answer c3f9 --choice 2                  # a question's second choice
+      agentctl answer c3f9 --text "use the staging database"
+      agentctl answer c3f9 --field name=Ann --field lines=3
+      agentctl answer c3f9 --action autopilot          # a plan review
     """
     o = _opts()
     info = o.client().call(wire.Show, wire.ConversationInfo, conversation=conversation)
@@ -136,6 +147,10 @@ def _build_answer(
         if action is not None and feedback is not None:
             raise Fail(exitcodes.USAGE, "give --action or --feedback, not both")
         if action is not None:
+            offered = list(inter.plan.actions) if inter.plan else []
+            if action not in offered:
+                raise Fail(exitcodes.INVALID, f"--action {action} is not one of the actions {inter.id} offers: "
+                                              f"{', '.join(offered) or 'none'} (or refuse the plan with --feedback TEXT)")
             return Answer(plan=PlanAnswer(action=action))  # type: ignore[arg-type]
         return Answer(plan=PlanAnswer(feedback=feedback or ""))
     # question, form or link
@@ -185,8 +200,15 @@ def _build_answer(
                     raise Fail(exitcodes.INVALID, _no_such_choice(inter, qs[i], c))
                 answers[i].append(qs[i].choices[n - 1])
                 continue
+        if not offered:
+            # Never taken as free text: a mistyped choice would go to the agent as the answer.
+            with_choices = [i for i in plain if qs[i].choices]
+            if with_choices:
+                i = ([j for j in with_choices if not answers[j]] or with_choices)[0]
+                raise Fail(exitcodes.INVALID, _no_such_choice(inter, qs[i], c))
+            raise Fail(exitcodes.INVALID, f"{inter.id} offers no choices; give the answer in words with --text")
         open_ = [i for i in offered if not answers[i]]
-        target = (open_ or offered or [i for i in plain if not answers[i]] or plain)[0]
+        target = (open_ or offered)[0]
         answers[target].append(c)
     for t in texts:
         target = ([i for i in plain if not answers[i]] or [i for i in plain if qs[i].custom] or plain)[0]
@@ -196,7 +218,7 @@ def _build_answer(
 
 def _no_such_choice(inter: Interaction, q: Any, given: str) -> str:
     listed = ", ".join(f"{n}) {text}" for n, text in enumerate(q.choices, 1))
-    words = "; for an answer in words use --text" if q.custom else ""
+    words = f"; to answer in words, use --text {json.dumps(given)}" if q.custom else ""
     about = f" for {q.header or q.text!r}" if len(inter.questions) > 1 else ""
     return (f"--choice {given} is not one of the choices{about}: give 1-{len(q.choices)} or the text "
             f"of one ({listed}){words}")

@@ -27,7 +27,8 @@ def _new_options(f: Any) -> Any:
         type=click.Path(exists=True, file_okay=False, resolve_path=True),
         help="The agent's working directory.",
     )(f)
-    f = click.option("--provider", "-p", required=True, help="Provider name (see agentctl providers).")(f)
+    f = click.option("--provider", "-p", default="",
+                     help="Provider name (see agentctl providers); default: [providers] default of agentd.toml.")(f)
     return f
 
 
@@ -113,7 +114,7 @@ def _file_kind(mode: int) -> str:
 
 def _create(provider: str, cwd: str, title: str, model: str, effort: str, yolo: bool,
             budget: wire.Budget | None = None) -> wire.ConversationRecord:
-    if provider == "script" and model and not os.path.isabs(model) and os.path.isfile(model):
+    if provider in ("script", "") and model and not os.path.isabs(model) and os.path.isfile(model):
         # A script path is read by the daemon, which does not share our cwd.
         model = os.path.abspath(model)
     return _opts().client().call(
@@ -133,6 +134,13 @@ def new(provider: str, cwd: str, title: str, model: str, effort: str, yolo: bool
 
     --max-cost-usd sets its budget: when its spend reaches it, the running turn
     is cut short and the conversation pauses (or, with --on-reach stop, closes).
+    Without -p, the provider is agentd.toml's [providers] default.
+
+    \b
+    Examples:
+      agentctl new -p claude --cwd ~/src/app --title "flaky test"
+      agentctl new -p script -m conf/demo.toml --cwd "$(mktemp -d)"
+      agentctl new --yolo --max-cost-usd 2      # the default provider, in this directory
     """
     rec = _create(provider, cwd, title, model, effort, yolo, _budget_arg(max_cost_usd, on_reach))
     if _opts().json:
@@ -142,11 +150,25 @@ def new(provider: str, cwd: str, title: str, model: str, effort: str, yolo: bool
 
 @click.command("ls")
 @click.option("--all", "all_", is_flag=True, help="Include closed conversations.")
+@click.option("--provider", "-p", "providers", multiple=True, help="Only this provider's (repeatable).")
+@click.option("--state", "states", multiple=True, type=click.Choice([s.value for s in wire.ConversationState]),
+              help="Only conversations in this state (repeatable; closed implies --all).")
+@click.option("--limit", "-n", type=click.IntRange(min=1), default=None, help="At most this many (the newest).")
 @common
-def ls(all_: bool) -> None:
-    """List conversations (--json: {"conversations": [record, ...]})."""
+def ls(all_: bool, providers: tuple[str, ...], states: tuple[str, ...], limit: int | None) -> None:
+    """List conversations, newest first (--json: {"conversations": [record, ...]}).
+
+    \b
+    Examples:
+      agentctl ls
+      agentctl ls --state running --state requires_action    # what is busy or waiting
+      agentctl ls -p claude -n 5 --json | jq -r '.conversations[].id'
+    """
     o = _opts()
-    recs = o.client().call(wire.List, list[wire.ConversationRecord], all=all_)
+    recs = o.client().call(wire.List, list[wire.ConversationRecord], all=all_ or "closed" in states)
+    recs.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+    recs = [r for r in recs if (not providers or r.provider in providers) and (not states or r.state.value in states)]
+    recs = recs[:limit] if limit else recs
     if o.json:
         return _json({"conversations": recs})
     if not recs:
@@ -209,7 +231,13 @@ def _show_item(o: Any, conversation: str, item_id: str, agent_id: str, full: boo
 @click.option("--full", is_flag=True, help="With --item: the tool's whole output, where the journal keeps a cut of it.")
 @common
 def show(conversation: str, item_id: str | None, agent_id: str, full: bool) -> None:
-    """Show a conversation: its record, pending interactions, usage (or one item, --item)."""
+    """Show a conversation: its record, pending interactions, usage (or one item, --item).
+
+    \b
+    Examples:
+      agentctl show c3f9
+      agentctl show c3f9 --item r1.t2 --full
+    """
     o = _opts()
     if item_id is not None:
         return _show_item(o, conversation, item_id, agent_id, full)
@@ -378,6 +406,12 @@ def send(conversation: str, text: str, if_busy: str, follow: bool, attach: tuple
     Without --follow it returns once agentd took the prompt (--json: the send
     result: run, disposition, after). With --follow it streams the turn and
     exits 0 completed, 1 failed, 3 cancelled.
+
+    \b
+    Examples:
+      agentctl send c3f9 "now add a test" --follow
+      agentctl send c3f9 "and the docs" --if-busy queue
+      git diff | agentctl send c3f9 - --follow    # the prompt from stdin
     """
     o = _opts()
     text, uploads = _text_arg(text), _uploads(attach)
@@ -413,6 +447,13 @@ def run(text: str, provider: str, cwd: str, title: str, model: str, effort: str,
     Exits 0 when the turn completed, 1 failed, 3 cancelled, 4 needs action
     (with --exit-on-action). --json streams JSON lines; the last one is
     {"type": "result", "conversation", "run", "state", "exit_code", ...}.
+
+    \b
+    Examples:
+      agentctl run -p claude "fix the failing test"
+      agentctl run --yolo --max-cost-usd 1 "tidy the imports"   # [providers] default
+      agentctl run -p script -m conf/demo.toml --cwd "$(mktemp -d)" "Show me around"
+      agentctl run -p codex --json "list the TODOs" | tail -n 1 | jq .state
     """
     o = _opts()
     text = _text_arg(text)
@@ -448,6 +489,12 @@ def tail(conversation: str | None, after: int | None, all_: bool, follow: bool, 
     {"type": "snapshot", "conversation", "data"} once caught up.
     Text of the turn in flight that was journaled at or before --after is
     not shown; text still streaming is.
+
+    \b
+    Examples:
+      agentctl tail c3f9 --after 120
+      agentctl tail c3f9 --no-follow --seq
+      agentctl tail --all --json
     """
     if all_ and conversation:
         raise click.UsageError("give a conversation or --all, not both")
@@ -477,6 +524,11 @@ def attach(conversation: str, after: int | None, until_idle: bool, no_input: boo
     Starts with the turn in flight (or after the last one). Ctrl-D at a
     prompt leaves that interaction for later; Ctrl-C detaches (the turn goes
     on). Stops when the conversation is closed, or with --until-idle.
+
+    \b
+    Examples:
+      agentctl attach c3f9                  # follow and answer at the terminal
+      agentctl attach c3f9 --until-idle --no-input
     """
     o = _opts()
     info = o.client().call(wire.Show, wire.ConversationInfo, conversation=conversation)
@@ -494,7 +546,12 @@ def attach(conversation: str, after: int | None, until_idle: bool, no_input: boo
 @click.argument("text")
 @common
 def steer(conversation: str, text: str) -> None:
-    """Add TEXT to the running turn (--json: the send result)."""
+    """Add TEXT to the running turn (--json: the send result).
+
+    \b
+    Examples:
+      agentctl steer c3f9 "use tabs, not spaces"
+    """
     o = _opts()
     res = o.client().call(wire.Steer, wire.SendResult, conversation=conversation, text=_text_arg(text))
     if o.json:
@@ -504,7 +561,9 @@ def steer(conversation: str, text: str) -> None:
 
 def _simple(op: type, conversation: str, done: str, **fields: Any) -> None:
     o = _opts()
-    o.client().call(op, Any, conversation=conversation, **fields)
+    res = o.client().call(op, Any, conversation=conversation, **fields)
+    if isinstance(res, dict) and isinstance(res.get("conversation"), str):
+        conversation = res["conversation"]  # the full id, not the prefix typed (older agentd: None)
     if o.json:
         return _ok_json(conversation=conversation, **fields)
     click.echo(done)
@@ -523,6 +582,11 @@ def cancel(conversation: str) -> None:
     --json: {"ok", "conversation", "cancelled", "run", "state", "reason",
     "inferred"}; cancelled is false (run "") when no turn was running, ok is
     false after a cancel_timeout.
+
+    \b
+    Examples:
+      agentctl cancel c3f9
+      agentctl cancel c3f9 --json | jq .state
     """
     o = _opts()
     # Look first: "nothing to cancel" is said without touching the turn state.
@@ -554,16 +618,35 @@ def cancel(conversation: str) -> None:
 @click.argument("conversation")
 @common
 def close(conversation: str) -> None:
-    """Close a conversation (kept on disk; agentctl ls --all lists it)."""
+    """Close a conversation (kept on disk; agentctl ls --all lists it).
+
+    \b
+    Examples:
+      agentctl close c3f9
+      agentctl ls --all --state closed
+    """
     _simple(wire.Close, conversation, "closed")
 
 
 @click.command()
 @click.argument("conversation")
+@click.option("--force", "-f", is_flag=True, help="Remove it even while a turn runs (the turn is cancelled first).")
 @common
-def rm(conversation: str) -> None:
-    """Remove a conversation and its journal."""
-    _simple(wire.Remove, conversation, "removed")
+def rm(conversation: str, force: bool) -> None:
+    """Remove a conversation and its journal.
+
+    A conversation whose turn is running is refused (exit 7) unless --force,
+    as `docker rm` refuses a running container. --json: {"ok", "conversation"}.
+
+    \b
+    Examples:
+      agentctl rm c3f9
+      agentctl rm --force c3f9        # cancel its running turn, then remove it
+    """
+    if force:
+        _simple(wire.Remove, conversation, "removed", force=True)
+    else:
+        _simple(wire.Remove, conversation, "removed")
 
 
 @click.command()
@@ -571,7 +654,12 @@ def rm(conversation: str) -> None:
 @click.argument("title")
 @common
 def title(conversation: str, title: str) -> None:
-    """Set a conversation's title (also in the provider's own store, where it keeps titles)."""
+    """Set a conversation's title (also in the provider's own store, where it keeps titles).
+
+    \b
+    Examples:
+      agentctl title c3f9 "flaky CI test"
+    """
     _simple(wire.SetTitle, conversation, "title set", title=title)
 
 
@@ -611,6 +699,11 @@ def budget(conversation: str, max_cost_usd: float | None, on_reach: str | None, 
 
     A conversation paused on its budget stays paused: resume it with
     agentctl continue. --json: the conversation record.
+
+    \b
+    Examples:
+      agentctl budget c3f9 --max-cost-usd 10 && agentctl continue c3f9
+      agentctl budget c3f9 --none
     """
     if none_ == (max_cost_usd is not None):
         raise click.UsageError("give --max-cost-usd USD or --none")
@@ -634,6 +727,10 @@ def continue_(conversation: str) -> None:
     Nothing is resent: send the next prompt yourself. Exits 8 when the
     conversation is not paused, 1 (limit) while it is still at its budget.
     --json: the conversation record.
+
+    \b
+    Examples:
+      agentctl budget c3f9 --max-cost-usd 10 && agentctl continue c3f9
     """
     o = _opts()
     rec = o.client().call(wire.Continue, wire.ConversationRecord, conversation=conversation)
@@ -656,6 +753,11 @@ def export(conversation: str, fmt: str, include_tools: bool, output: str | None)
 
     --json: {"conversation", "format", "title", "text"}, or with -o
     {"ok", "conversation", "format", "path", "bytes"}.
+
+    \b
+    Examples:
+      agentctl export c3f9 > c3f9.md
+      agentctl export c3f9 --format html --include-tools -o c3f9.html
     """
     o = _opts()
     res = o.client().call(wire.Export, wire.ExportResult, conversation=conversation, format=fmt,

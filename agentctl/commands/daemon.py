@@ -20,14 +20,27 @@ STOP_TIMEOUT_S = 15.0
 @click.command()
 @common
 def status() -> None:
-    """Show the daemon: version, pid, uptime, paths, conversations."""
+    """Show the daemon: its version (and agentctl's), pid, uptime, paths, conversations.
+
+    \b
+    Examples:
+      agentctl status
+      agentctl status --json | jq -r .version      # the daemon's version
+
+    --json: the daemon's status (version, protocol, pid, uptime_s, ...) and
+    "agentctl": agentctl's own version.
+    """
+    from agentd import __version__
+    from ..jsonout import full
+
     o = _opts()
     r = o.client().call(wire.Status, wire.StatusResult)
     if o.json:
-        return _json(r)
+        return _json({**full(r), "agentctl": __version__})
     from ..render import duration
 
-    click.echo(f"agentd {r.version} (protocol {r.protocol}), pid {r.pid}, up {duration(r.uptime_s)}")
+    mine = "" if r.version == __version__ else f" (agentctl {__version__}: `agentctl restart` runs the installed agentd)"
+    click.echo(f"agentd {r.version} (protocol {r.protocol}), pid {r.pid}, up {duration(r.uptime_s)}{mine}")
     click.echo(f"socket:        {r.socket}")
     click.echo(f"state dir:     {r.state_dir}")
     click.echo(f"conversations: {r.conversations} ({r.running} running)")
@@ -40,6 +53,11 @@ def providers() -> None:
     """List providers, whether each is available, and what it supports.
 
     --json: {"providers": [ProviderInfo, ...]}.
+
+    \b
+    Examples:
+      agentctl providers
+      agentctl providers --json | jq '.providers[] | {name, available}'
     """
     o = _opts()
     infos = o.client().call(wire.Providers, list[wire.ProviderInfo])
@@ -63,6 +81,11 @@ def models(provider: str) -> None:
     """List the models PROVIDER offers.
 
     --json: {"provider": PROVIDER, "models": [Model, ...]}.
+
+    \b
+    Examples:
+      agentctl models copilot
+      agentctl models claude --json | jq -r '.models[].id'
     """
     o = _opts()
     ms = o.client().call(wire.Models, list[wire.Model], provider=provider)
@@ -88,6 +111,11 @@ def stop(timeout: float) -> None:
     agentd.service` stops it for good.
 
     --json: {"stopped", "pid", "socket", "waited_s"} ("stopped": false when none was running).
+
+    \b
+    Examples:
+      agentctl stop
+      agentctl stop --timeout 60 --json
     """
     import time
 

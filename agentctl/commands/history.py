@@ -28,6 +28,11 @@ def history(conversation: str, limit: int, before: int | None, after: int | None
     with the journal seq of that form; the footer names the cursor of the
     next page. --json: {"conversation", "items": [{"seq", "run", "item"}],
     "before", "after", "start", "end"} (a cursor of 0: no page that way).
+
+    \b
+    Examples:
+      agentctl history c3f9 --limit 20
+      agentctl history c3f9 --before 120 --json
     """
     if before is not None and after is not None:
         raise click.UsageError("give at most one of --before and --after")

@@ -22,6 +22,11 @@ def set_model(conversation: str, model: str, effort: str, after_turn: bool) -> N
     PROVIDER): an unknown model or effort exits 8, naming what is allowed.
     While a turn runs it exits 7 (busy) unless --after-turn. Journaled, and
     kept across daemon restarts. --json: the conversation record.
+
+    \b
+    Examples:
+      agentctl set-model c3f9 gpt-5 --effort high
+      agentctl set-model c3f9 sonnet --after-turn
     """
     if not model and not effort:
         raise click.UsageError("give MODEL, --effort, or both")

@@ -25,14 +25,15 @@ def task() -> None:
 
 
 def _task_model(provider: str, model: str) -> str:
-    if provider == "script" and model and not os.path.isabs(model) and os.path.isfile(model):
+    if provider in ("script", "") and model and not os.path.isabs(model) and os.path.isfile(model):
         return os.path.abspath(model)  # the daemon does not share our cwd
     return model
 
 
 @task.command("create")
 @click.argument("text")
-@click.option("--provider", "-p", required=True, help="Provider name (see agentctl providers).")
+@click.option("--provider", "-p", default="",
+              help="Provider name (see agentctl providers); default: [providers] default of agentd.toml.")
 @click.option(
     "--cwd", default=".", show_default=True, type=click.Path(exists=True, file_okay=False, resolve_path=True),
     help="The agent's working directory.",
@@ -40,13 +41,34 @@ def _task_model(provider: str, model: str) -> str:
 @click.option("--model", "-m", default="", help="Model id (for the script provider: the script's path).")
 @click.option("--callback", default="", metavar="URL",
               help="http(s) URL that gets a JSON POST when the task ends (retried with backoff).")
+@click.option("--yolo", is_flag=True, help="Let agentd answer its permission requests (allow once): it runs unattended.")
+@click.option("--max-cost-usd", type=click.FloatRange(min=0), default=None, metavar="USD",
+              help="Its budget (default: the provider's from the config, if any); on reach the turn is cut short.")
+@click.option("--on-reach", type=click.Choice(["pause", "stop"]), default=None,
+              help="With --max-cost-usd: pause (default) or stop (close) its conversation.")
 @common
-def task_create(text: str, provider: str, cwd: str, model: str, callback: str) -> None:
-    """Queue TEXT as a task (TEXT - reads stdin); print its id (--json: the task record)."""
+def task_create(text: str, provider: str, cwd: str, model: str, callback: str, yolo: bool,
+                max_cost_usd: float | None, on_reach: str | None) -> None:
+    """Queue TEXT as a task (TEXT - reads stdin); print its id (--json: the task record).
+
+    Without --yolo the task stops at its first permission request until
+    someone answers it (agentctl answer on its conversation). A provider that
+    cannot run a turn now (not installed, not signed in, no key) is refused
+    here (exit 1), with what fixes it, rather than failing later.
+
+    \b
+    Examples:
+      agentctl task create -p claude --yolo --max-cost-usd 2 "fix the failing test"
+      agentctl task create -p codex -m gpt-5 --cwd ~/src/app --callback https://ci.example/hook - < job.txt
+      id=$(agentctl task create --yolo "update the changelog") && agentctl task wait "$id"
+    """
+    from .conversations import _budget_arg
+
     o = _opts()
     rec = o.client().call(
         wire.TaskCreate, wire.TaskRecord, provider=provider, workdir=cwd, input=_text_arg(text),
-        model=_task_model(provider, model), callback=callback,
+        model=_task_model(provider, model), callback=callback, mode="yolo" if yolo else "interactive",
+        budget=_budget_arg(max_cost_usd, on_reach),
     )
     if o.json:
         return _json(rec)
@@ -58,7 +80,13 @@ def task_create(text: str, provider: str, cwd: str, model: str, callback: str) -
               help="Only tasks in this status (repeatable).")
 @common
 def task_ls(statuses: tuple[str, ...]) -> None:
-    """List tasks, oldest first (--json: {"tasks": [task, ...]})."""
+    """List tasks, oldest first (--json: {"tasks": [task, ...]}).
+
+    \b
+    Examples:
+      agentctl task ls
+      agentctl task ls --status running --status waiting_for_input --json
+    """
     o = _opts()
     res = o.client().call(wire.TaskList, wire.TaskListResult, status=[wire.TaskStatus(s) for s in statuses])
     if o.json:
@@ -80,7 +108,13 @@ def task_ls(statuses: tuple[str, ...]) -> None:
 @click.argument("task_id", metavar="TASK")
 @common
 def task_show(task_id: str) -> None:
-    """Show a task: status, result, usage, conversation, times, comments, callback attempts."""
+    """Show a task: status, result, usage, conversation, times, comments, callback attempts.
+
+    \b
+    Examples:
+      agentctl task show t7a2
+      agentctl task show t7a2 --json | jq -r .task.result
+    """
     o = _opts()
     info = o.client().call(wire.TaskShow, wire.TaskInfo, task=task_id)
     if o.json:
@@ -149,6 +183,10 @@ def task_cancel(task_id: str) -> None:
 
     Exits 8 when the task already ended. --json: {"task": task, "disposition"}
     with disposition dequeued, cancelled, cancelling or ended.
+
+    \b
+    Examples:
+      agentctl task cancel t7a2
     """
     o = _opts()
     res = o.client().call(wire.TaskCancel, wire.TaskCancelResult, task=task_id)
@@ -172,6 +210,10 @@ def task_comment(task_id: str, text: str) -> None:
 
     Prints whether it was steered or only recorded (and why). --json:
     {"task", "comment": {"id", "text", "created_at", "delivery", "note"}}.
+
+    \b
+    Examples:
+      agentctl task comment t7a2 "skip the integration tests"
     """
     o = _opts()
     res = o.client().call(wire.TaskAddComment, wire.TaskCommentResult, task=task_id, text=_text_arg(text))
@@ -193,6 +235,11 @@ def task_wait(task_id: str, timeout: float | None, exit_on_action: bool) -> None
     """Wait until a task ends; exit 0 completed, 1 failed, 3 cancelled (--json: the task record).
 
     With --exit-on-action it exits 4 as soon as the task is waiting_for_input.
+
+    \b
+    Examples:
+      agentctl task wait t7a2 --timeout 600
+      agentctl task wait t7a2 --exit-on-action || agentctl task show t7a2
     """
     import time
 

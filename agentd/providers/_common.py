@@ -55,10 +55,7 @@ async def check_workdir(workdir: str) -> str:
 
 
 def agentd_version() -> str:
-    """agentd's installed version, for a runtime's clientInfo ("0" when not installed)."""
-    try:
-        from importlib.metadata import version
+    """agentd's version (``agentd.__version__``), for a runtime's clientInfo."""
+    from agentd import __version__
 
-        return version("agentd")
-    except Exception:
-        return "0"
+    return __version__

@@ -1160,9 +1160,13 @@ class ScriptConversation:
 
         try:
             argv = procs.launch_argv(["bash", "-c", command], state_dir=self._provider.state_dir, what="script tool")
+            from agentd import runtime_env
+
+            # As every runtime's: agentd's environment less other providers' keys, plus [providers.script.env].
+            env = {**runtime_env.environ(self._provider.name), **self._provider.config.env}
             proc = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, cwd=self.workdir, start_new_session=True)
+                stderr=subprocess.PIPE, cwd=self.workdir, start_new_session=True, env=env)
         except OSError as exc:
             return None, f"could not start bash: {exc}", ""
         try:

@@ -532,8 +532,10 @@ def test_autostart_quotes_the_error_of_a_daemon_whose_config_is_broken(tmp_path:
     assert cp.returncode == 5
     assert cp.stdout == ""
     log = rundir / "agentd.log"
+    err = [json.loads(line) for line in cp.stderr.splitlines() if '"code"' in line][-1]  # --json: one object
+    assert err["code"] == "unreachable"
     assert f"agentd exited with status 78 (a start-up error a restart cannot fix) right after starting; its log {log} says:\n" \
-           f"  agentd: {tmp_path / 'agentd.toml'}: unknown key daemon.no_such_key\n" in cp.stderr
+           f"  agentd: {tmp_path / 'agentd.toml'}: unknown key daemon.no_such_key" in err["message"]
     # only what this daemon wrote is quoted, not the errors of earlier starts
     (tmp_path / "agentd.toml").write_text("[daemon\n")
     cp = subprocess.run([sys.executable, "-m", "agentctl", "status"], env=env,

@@ -69,7 +69,7 @@ def test_every_command_is_found_under_its_name_and_listed_in_help() -> None:
 def test_a_mistyped_command_is_answered_with_the_close_names_even_unloaded_ones() -> None:
     cp = subprocess.run([sys.executable, "-m", "agentctl", "stat"], capture_output=True, text=True, timeout=60)
     assert cp.returncode == 2
-    assert "Did you mean 'status'?" in cp.stderr
+    assert "Did you mean" in cp.stderr and "'status'" in cp.stderr
 
 
 def run_main(prelude: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -417,7 +417,15 @@ def test_a_number_that_is_no_choice_is_refused_naming_the_choices() -> None:
             build(COLOUR, choices=[bad])
         assert exc.value.code == exitcodes.INVALID
         assert exc.value.message == (f"--choice {bad} is not one of the choices: give 1-3 or the text of one "
-                                     "(1) red, 2) green, 3) blue); for an answer in words use --text")
+                                     f'(1) red, 2) green, 3) blue); to answer in words, use --text "{bad}"')
+
+
+def test_a_choice_text_that_is_no_choice_is_refused_also_where_free_text_is_taken() -> None:
+    with pytest.raises(Fail) as exc:
+        build(COLOUR, choices=["purple"])
+    assert exc.value.code == exitcodes.INVALID
+    assert "not one of the choices" in exc.value.message and '--text "purple"' in exc.value.message
+    assert build(COLOUR, texts=["purple"]) == c.Answer(answers=[["purple"]])
 
 
 def test_a_form_answered_with_the_wrong_options_says_it_is_a_form_and_names_its_fields() -> None:

@@ -1,0 +1,190 @@
+"""agentctl restart, SIGHUP and agentd reload, through the real daemon, a real ACP agent process and
+the real agentctl: a new config and environment for runtimes started afterwards, running turns
+left alone (or cancelled with --now, said so), a broken config refused with the old one kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon_harness import REPO, Daemon
+
+SCRIPTS = REPO / "conf" / "scripts"
+AGENT = Path(__file__).parent / "acp_env_agent.py"
+
+
+def config(conf_value: str, *, extra: str = "") -> str:
+    return (f'[providers.acp.env]\ncommand = [{json.dumps(sys.executable)}, {json.dumps(str(AGENT))}]\n'
+            f'env = {{ AGENTD_T_CONF = "{conf_value}" }}\n{extra}')
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path, config("one")).start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def one_json(cp: subprocess.CompletedProcess[str]) -> Any:
+    assert cp.returncode == 0, cp.stderr
+    return json.loads(cp.stdout)
+
+
+def agent_env(d: Daemon, name: str) -> str:
+    """What a new conversation's agent process has for ``name`` (it answers ``env:NAME=value``)."""
+    cp = d.agentctl("run", "-p", "acp:env", "--cwd", str(d.root), "--json", f"env {name}", timeout=90)
+    assert cp.returncode == 0, cp.stderr
+    marker = f"env:{name}="
+    for line in cp.stdout.splitlines():
+        rec = json.loads(line)
+        text = rec["data"].get("text", "") if rec.get("type") == "item" else ""
+        if marker in text:
+            return text.split(marker, 1)[1].strip()
+    raise AssertionError(f"no {marker} in {cp.stdout}")
+
+
+def wait_state(d: Daemon, conv: str, *states: str, timeout: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = one_json(d.agentctl("show", conv, "--json"))
+        if info["record"]["state"] in states:
+            return info
+        assert time.monotonic() < deadline, info
+        time.sleep(0.05)
+
+
+def last_turn(d: Daemon, conv: str) -> dict[str, Any]:
+    turns = [r for r in d.journal(conv) if r["type"] == "turn" and r["data"].get("state") != "working"]
+    return turns[-1]["data"]
+
+
+def test_restart_gives_runtimes_started_afterwards_the_new_config_and_environment_file(daemon: Daemon) -> None:
+    assert agent_env(daemon, "AGENTD_T_CONF") == "one"
+    assert agent_env(daemon, "AGENTD_T_FILE") == "<unset>"
+    daemon.config.write_text(config("two"))
+    env_file = daemon.root / "environment"  # beside agentd.toml: what the systemd units name
+    env_file.write_text("# keys for agentd\nexport AGENTD_T_FILE='from the file'\n")
+    env_file.chmod(0o600)
+    pid = one_json(daemon.agentctl("status", "--json"))["pid"]
+    res = one_json(daemon.agentctl("restart", "--json"))
+    assert res["pid"] == pid  # in place: the same process, connections and conversations kept
+    assert res["env_file"] == str(env_file) and res["env_changed"] == ["AGENTD_T_FILE"]
+    assert res["cancelled"] == [] and {p["name"]: p["available"] for p in res["providers"]}["acp:env"] is True
+    assert agent_env(daemon, "AGENTD_T_CONF") == "two"
+    assert agent_env(daemon, "AGENTD_T_FILE") == "from the file"
+    assert "from the file" not in daemon.log.read_text()  # names only, never values
+    human = daemon.agentctl("restart")
+    assert human.returncode == 0 and human.stdout.startswith(f"restarted agentd (pid {pid})"), human.stderr
+    assert "acp:env: available" in human.stdout
+
+
+def test_restart_waits_for_a_running_turn_and_does_not_cut_it(daemon: Daemon) -> None:
+    conv = one_json(daemon.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "tool.toml"), "--cwd", str(daemon.root),
+                                    "--json"))["id"]
+    run = one_json(daemon.agentctl("send", conv, "go", "--json"))["run"]
+    wait_state(daemon, conv, "requires_action")
+    daemon.config.write_text(config("three"))
+    restart = subprocess.Popen([sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), "restart", "--json"],
+                               env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.0)
+        assert restart.poll() is None, restart.communicate()  # it waits: the turn runs
+        one_json(daemon.agentctl("answer", conv, "--allow", "--json"))
+        out, err = restart.communicate(timeout=60)
+    finally:
+        if restart.poll() is None:
+            restart.kill()
+    assert restart.returncode == 0, err
+    res = json.loads(out)
+    assert res["waited_s"] >= 1.5 and res["cancelled"] == []
+    wait_state(daemon, conv, "idle")
+    assert last_turn(daemon, conv)["state"] == "completed"
+    assert (daemon.root / "agentd-tool.txt").read_text() == "written by agentd\n"
+    assert [r for r in daemon.journal(conv) if r["type"] == "turn"][-1]["run"] == run
+    assert agent_env(daemon, "AGENTD_T_CONF") == "three"
+
+
+def test_restart_now_cancels_the_running_turns_and_says_which(daemon: Daemon) -> None:
+    conv = one_json(daemon.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "wait.toml"), "--cwd", str(daemon.root),
+                                    "--json"))["id"]
+    run = one_json(daemon.agentctl("send", conv, "go", "--json"))["run"]
+    wait_state(daemon, conv, "running")
+    cp = daemon.agentctl("restart", "--now")
+    assert cp.returncode == 0, cp.stderr
+    assert f"cancelled run {run} (--now)" in cp.stderr
+    wait_state(daemon, conv, "idle")
+    assert last_turn(daemon, conv)["state"] == "cancelled"
+    # and the conversation goes on, on the provider declared anew
+    cp = daemon.agentctl("send", conv, "steer me", "--json")
+    assert cp.returncode == 0, cp.stderr
+
+
+def test_a_broken_config_is_refused_with_its_error_and_the_old_one_stays(daemon: Daemon) -> None:
+    daemon.config.write_text(config("bad", extra="[budgets.acp-env]\nmax_cost_usd = 1\n"))
+    cp = daemon.agentctl("restart", "--json")
+    assert cp.returncode == 8 and cp.stdout == ""
+    err = json.loads(cp.stderr)
+    assert err["code"] == "invalid" and err["details"]["key"] == 'budgets.acp-env'
+    assert 'did you mean "acp:env"?' in err["message"] and "keeps the one it had" in err["message"]
+    assert agent_env(daemon, "AGENTD_T_CONF") == "one"  # the config in force stays
+    reload = subprocess.run([sys.executable, "-m", "agentd", "reload"], env=daemon.env, capture_output=True,
+                            text=True, timeout=60)
+    assert reload.returncode == 78, reload.stderr
+    assert "budgets.acp-env" in reload.stderr
+    assert daemon.proc is not None and daemon.proc.poll() is None
+
+
+def test_sighup_reloads_as_restart_does(daemon: Daemon) -> None:
+    assert "acp:second" not in one_json(daemon.agentctl("status", "--json"))["providers"]
+    daemon.config.write_text(config("one", extra=f'[providers.acp.second]\ncommand = [{json.dumps(sys.executable)}, '
+                                                 f'{json.dumps(str(AGENT))}]\n'))
+    assert daemon.proc is not None
+    os.kill(daemon.proc.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while "acp:second" not in one_json(daemon.agentctl("status", "--json"))["providers"]:
+        assert time.monotonic() < deadline, daemon.log.read_text()[-2000:]
+        time.sleep(0.1)
+    assert daemon.proc.poll() is None
+    while '"agentd.reloaded"' not in daemon.log.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    # a broken config on SIGHUP: logged, refused, the daemon goes on with the one it had
+    daemon.config.write_text("[providers]\ndefault = \"nope\"\n")
+    os.kill(daemon.proc.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while '"agentd.reload_refused"' not in daemon.log.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert "acp:second" in one_json(daemon.agentctl("status", "--json"))["providers"]
+
+
+def test_providers_script_env_reaches_the_commands_its_tools_run_and_restart_applies_a_change(tmp_path: Path) -> None:
+    (tmp_path / "env.toml").write_text('model = "env"\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\nkind = "tool"\n'
+                                       'command = "echo script=${AGENTD_T_SCRIPT:-unset}"\n')
+    d = Daemon(tmp_path, '[providers.script.env]\nAGENTD_T_SCRIPT = "first"\n').start()
+    try:
+        def tool_output() -> str:
+            cp = d.agentctl("run", "-p", "script", "-m", str(tmp_path / "env.toml"), "--cwd", str(tmp_path), "--json",
+                            "go")
+            assert cp.returncode == 0, cp.stderr
+            return next(json.loads(line)["data"]["tool"]["output"] for line in cp.stdout.splitlines()
+                        if '"tool"' in line and '"output":"script=' in line).strip()
+
+        assert tool_output() == "script=first"
+        d.config.write_text('[providers.script.env]\nAGENTD_T_SCRIPT = "second"\n')
+        assert one_json(d.agentctl("restart", "--json"))["cancelled"] == []
+        assert tool_output() == "script=second"
+    finally:
+        d.stop()
