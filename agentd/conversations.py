@@ -278,6 +278,10 @@ class ConversationService:
                 with trio.CancelScope(shield=True) as scope:
                     scope.deadline = trio.current_time() + 5
                     for live in list(self._live.values()):
+                        if live.run or live.record.queued:
+                            # The checkpoint catches up with the journal: the records index a clean
+                            # stop writes is then exact, and the next start reads no journal.
+                            self._save_quietly(live.record)
                         if live.conv is not None:
                             try:
                                 await live.conv.close()
@@ -308,12 +312,14 @@ class ConversationService:
         recovered (corrupt journal, write error) is logged and left as it is;
         the daemon serves the others.
         """
+        caught_up = self.store.records_from_index  # a clean stop saved every record it had in flight
         for record in list(self._records.values()):
-            try:
-                self._catch_up(record)
-            except (c.AgentdError, OSError) as exc:
-                log.error("turn.recovery_failed", conversation=record.id, run=record.active_run,
-                          error=getattr(exc, "message", None) or str(exc))
+            if not caught_up:
+                try:
+                    self._catch_up(record)
+                except (c.AgentdError, OSError) as exc:
+                    log.error("turn.recovery_failed", conversation=record.id, run=record.active_run,
+                              error=getattr(exc, "message", None) or str(exc))
             if not record.active_run and not record.queued:
                 continue
             try:

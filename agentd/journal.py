@@ -658,6 +658,8 @@ class JournalStore:
         self._records_exact = True
         #: an index file may be on disk: remove it before any record changes
         self._index_on_disk = True
+        #: read_records() read the index of a clean stop: every record is up to date with its journal
+        self.records_from_index = False
 
     # ------------------------------------------------------------------ group commit
 
@@ -758,6 +760,7 @@ class JournalStore:
         left behind is deleted). Blocking; call once, at start-up.
         """
         records: dict[str, bytes] | None = None
+        self.records_from_index = False
         try:
             data = _fsutil.read_file(self.root / INDEX_FILE)
         except FileNotFoundError:
@@ -767,6 +770,7 @@ class JournalStore:
                 index = _index_decoder.decode(data)
                 if index.version == _INDEX_VERSION:
                     records = {cid: bytes(raw) for cid, raw in index.records.items()}
+                    self.records_from_index = True
             except msgspec.DecodeError as exc:
                 _log().warning("journal.index_unreadable", path=str(self.root / INDEX_FILE), error=str(exc))
             if records is None:
