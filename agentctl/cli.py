@@ -262,6 +262,8 @@ COMMANDS: dict[str, str] = {
     "export": "conversations:export",
     "history": "history:history",
     "set-model": "models:set_model",
+    "fork": "forkrewind:fork",
+    "rewind": "forkrewind:rewind",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

@@ -422,6 +422,8 @@ class Renderer:
             return
         if self.show_seq and rec.seq:
             self._seq_tag = self.style.dim(f"#{rec.seq}") + " "
+        if rec.dropped:  # a turn a rewind dropped, shown because tail/attach --all asked
+            self._seq_tag += self.style.dim("[dropped]") + " "
         try:
             handler(rec, payload)
         finally:
@@ -432,6 +434,8 @@ class Renderer:
         ``seq`` is on; each entry stands alone (no prompt is matched against a user item)."""
         if self.show_seq and entry.seq:
             self._seq_tag = self.style.dim(f"#{entry.seq}") + " "
+        if entry.dropped:
+            self._seq_tag += self.style.dim("[dropped]") + " "
         try:
             self.end_line()
             self._printed.pop((entry.item.agent_id, entry.item.id), None)
@@ -742,6 +746,12 @@ class Renderer:
                                         f"{'' if st.reason == 'budget' else why}"))
         elif st.state is wire.ConversationState.IDLE and st.reason == "continued":
             self.line(self.style.dim(f"{self.g['info']} continued after a budget raise"))
+
+    def _on_forked(self, rec: wire.Record, f: wire.ForkedRecord) -> None:
+        self.line(self.style.dim(f"{self.g['info']} forked from {f.source} at run {f.run} (seq {f.seq})"))
+
+    def _on_rewind(self, rec: wire.Record, r: wire.RewindRecord) -> None:
+        self.line(self.style.dim(f"{self.g['info']} rewound to run {r.kept}: dropped {', '.join(r.dropped)}"))
 
     def _on_compaction(self, rec: wire.Record, c: Any) -> None:
         if isinstance(c, dict) and c.get("compacting"):

@@ -51,6 +51,8 @@ class _Head(msgspec.Struct):
     seq: int = 0
     run: str = ""
     data: msgspec.Raw = msgspec.Raw(b"{}")
+    #: a turn a rewind dropped (agentd.branching.view marks it)
+    dropped: bool = False
 
 
 class _TurnHead(msgspec.Struct):
@@ -86,13 +88,15 @@ def _parse(line: bytes) -> _Rec:
         if item.kind is c.ItemKind.USER and head.run and item.delivery != "steer":
             # The runtime's echo of the run's prompt: the prompt record already holds it.
             return _Rec(head.seq, head.run, None, None)
-        entry = wire.HistoryEntry(seq=head.seq, run=head.run, item=item)
+        entry = wire.HistoryEntry(seq=head.seq, run=head.run, item=item, dropped=head.dropped,
+                                  copied=bytes(head.data).startswith(b'{"copied":'))
         return _Rec(head.seq, head.run, (head.run, item.agent_id, item.id), entry)
     if head.type == "prompt":
         prompt = _prompt.decode(head.data)
         item = c.Item(id=f"prompt-{head.seq}", kind=c.ItemKind.USER, text=prompt.text,
                       attachments=list(prompt.attachments))
-        return _Rec(head.seq, head.run, None, wire.HistoryEntry(seq=head.seq, run=head.run, item=item))
+        return _Rec(head.seq, head.run, None, wire.HistoryEntry(seq=head.seq, run=head.run, item=item, dropped=head.dropped,
+                                                                copied=bytes(head.data).startswith(b'{"copied":')))
     if head.type == "turn" and head.run:
         ends = _turn.decode(head.data).state.terminal
         return _Rec(head.seq, head.run, None, None, ends_run=ends)
