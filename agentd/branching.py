@@ -224,6 +224,8 @@ async def rewind(service: "ConversationService", ref: str, to: str, *, preview: 
         raise c.Closed(f"conversation {cid} is closed")
     if live.run:
         raise c.Busy(f"a turn is running in {cid} (run {live.run}); rewind after it ends (or agentctl cancel {cid})")
+    if not (await service.runtimes.get(record.provider)).capabilities().rewind:
+        raise c.Unsupported(f"provider {record.provider!r} cannot rewind a conversation")
     async with live.send_lock:
         if live.run:
             raise c.Busy(f"a turn is running in {cid} (run {live.run})")
@@ -233,8 +235,6 @@ async def rewind(service: "ConversationService", ref: str, to: str, *, preview: 
         dropped = runs[runs.index(target) + 1:]
         if not dropped:
             raise c.Invalid(f"run {target.run} is the last turn of {cid}: there is nothing to rewind")
-        if not (await service.runtimes.get(record.provider)).capabilities().rewind:
-            raise c.Unsupported(f"provider {record.provider!r} cannot rewind a conversation")
         result = wire.RewindResult(conversation=cid, kept=target.brief(), dropped=[t.brief() for t in dropped],
                                    preview=preview)
         if preview:
