@@ -67,6 +67,7 @@ def test_fork_carries_the_earlier_turn_and_not_the_later(runtime: Runtime, daemo
         refused = daemon.agentctl("fork", cid, "--json")
         assert refused.returncode == 1 and "unsupported" in refused.stderr, refused.stderr
         return
+    runtime.text_only("Noted.")  # the script provider reads its script when the conversation opens
     cid = _new(daemon, runtime, workdir, scenario)
     run1 = _turn(daemon, runtime, cid, FIRST)
     _turn(daemon, runtime, cid, SECOND)
@@ -99,6 +100,7 @@ def test_rewind_drops_the_later_turn_from_the_next_request(runtime: Runtime, dae
         refused = daemon.agentctl("rewind", cid, "--to", "r0", "--json")
         assert refused.returncode == 1 and "unsupported" in refused.stderr, refused.stderr
         return
+    runtime.text_only("Noted.")  # the script provider reads its script when the conversation opens
     cid = _new(daemon, runtime, workdir, scenario)
     run1 = _turn(daemon, runtime, cid, FIRST)
     run2 = _turn(daemon, runtime, cid, SECOND)
