@@ -826,11 +826,14 @@ class JsonRecord(msgspec.Struct):
     ts: str
     run: str
     data: msgspec.Raw
+    #: true on a turn a rewind dropped (tail/attach --all); absent otherwise
+    dropped: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 def json_record(conversation: str, rec: wire.Record) -> bytes:
     return msgspec.json.encode(
-        JsonRecord(type=rec.type, conversation=conversation, seq=rec.seq, ts=rec.ts, run=rec.run, data=rec.data)
+        JsonRecord(type=rec.type, conversation=conversation, seq=rec.seq, ts=rec.ts, run=rec.run, data=rec.data,
+                   dropped=True if rec.dropped else msgspec.UNSET)
     )
 
 
