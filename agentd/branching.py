@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+import structlog
+
 from . import contract as c
 from . import wire
 
@@ -46,6 +48,7 @@ __all__ = ["fork", "rewind", "view", "ViewJournal", "turns"]
 COPIED_TYPES = frozenset({"prompt", "item", "turn", "interaction", "answer", "subagent", "unknown", "model_selection"})
 
 _json = msgspec.json.Encoder()
+log = structlog.get_logger("agentd.branching")
 
 
 class _Head(msgspec.Struct):
@@ -199,11 +202,18 @@ async def fork(service: "ConversationService", ref: str, at: str = "", *, title:
             copies.append(copy)
     forked = wire.ForkedRecord(source=cid, run=target.run, seq=target.end_seq, provider=record.provider,
                                provider_conversation_id=record.provider_conversation_id)
-    new = await service.adopt(
-        provider=record.provider, workdir=record.workdir, title=title or record.title, model=record.model,
-        effort=record.effort, mode=record.mode, budget=record.budget, provider_conversation_id=new_id,
-        forked_from=cid, forked_at=target.run,
-        first=("forked", _json.encode(forked), ""), records=copies)
+    try:
+        new = await service.adopt(
+            provider=record.provider, workdir=record.workdir, title=title or record.title, model=record.model,
+            effort=record.effort, mode=record.mode, budget=record.budget, provider_conversation_id=new_id,
+            forked_from=cid, forked_at=target.run,
+            first=("forked", _json.encode(forked), ""), records=copies)
+    except BaseException as exc:
+        # The runtime's fork exists but agentd keeps no conversation of it: say which, once.
+        log.error("fork.adopt_failed", conversation=cid, run=target.run, provider=record.provider,
+                  provider_conversation_id=new_id, error=getattr(exc, "message", None) or str(exc))
+        raise
+    log.info("fork.made", conversation=cid, run=target.run, fork=new.id, copied=len(copies))
     return wire.ForkResult(conversation=new, source=cid, run=target.run, seq=target.end_seq, copied=len(copies),
                            turns=[t.brief() for t in runs if t.run in kept])
 
@@ -247,6 +257,7 @@ async def rewind(service: "ConversationService", ref: str, to: str, *, preview: 
         service.save_record(record)
         rec = wire.RewindRecord(kept=target.run, seq=target.end_seq, dropped=[t.run for t in dropped])
         seq = await service.journal(live, "rewind", _json.encode(rec))
+        log.info("rewind.made", conversation=cid, kept=target.run, dropped=rec.dropped)
         return msgspec.structs.replace(result, seq=seq)
 
 
