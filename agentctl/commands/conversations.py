@@ -246,6 +246,10 @@ def show(conversation: str, item_id: str | None, agent_id: str, full: bool) -> N
         lines.append(("budget", _budget_text(r)))
     if r.error:
         lines.append(("error", r.error))
+    if r.forked_from:
+        lines.append(("forked", f"from {r.forked_from} at run {r.forked_at}"))
+    if r.dropped:
+        lines.append(("rewound", f"{len(r.dropped)} turn(s) dropped (agentctl history {r.id} --all shows them)"))
     for k, v in lines:
         click.echo(visible(f"{k + ':':<10} {v}"))
     if info.pending:

@@ -77,6 +77,7 @@ def test_rewind_drops_later_turns_from_every_view_and_the_next_turn(daemon: Daem
     assert after[-1]["type"] == "rewind" and after[-1]["data"] == {"kept": r1, "seq": preview["kept"]["seq"],
                                                                    "dropped": [r2, r3]}
     assert d.record(cid)["dropped"] == [r2, r3]
+    assert "2 turn(s) dropped" in _ok(d.agentctl("show", cid))
 
     # history, tail and export show the rewound view; --all shows the dropped part, marked.
     items = _ok(d.agentctl("history", cid, "--json"))["items"]
@@ -152,6 +153,7 @@ def test_fork_copies_the_history_up_to_its_turn_and_goes_its_own_way(daemon: Dae
     assert [e["item"]["text"] for e in shown if e["item"]["kind"] == "user"] == ["alpha"]
     assert all(e.get("copied") for e in shown)
     assert "forked from" in _ok(d.agentctl("tail", fork, "--no-follow"))
+    assert f"from {cid} at run {r1}" in _ok(d.agentctl("show", fork))
 
     # Each goes its own way: the fork's next turn sees alpha only, the source keeps both.
     _turn(d, fork, "gamma")
