@@ -18,12 +18,12 @@ The seed contract's ``Forker`` and ``HistoryRewinder``. Rules kept here:
   marked ``dropped``.
 * A rewind is refused ``busy`` while a turn runs, and holds the conversation's send lock
   while it works, so no prompt starts meanwhile. ``preview`` reads and changes nothing.
-* An outcome the runtime left unknown (``SubmissionUncertain``) is surfaced, never retried,
-  and nothing is recorded for it.
+* An outcome the runtime left unknown (``SubmissionUncertain``) is surfaced, never retried:
+  the conversation's journal gets an ``error`` record (code ``uncertain``) and nothing else.
 
 The conversation service stays the turn state machine: this module reads its records and
 journals through the narrow surface it offers (``reader``, ``live``, ``published_lines``,
-``open_conversation``, ``journal``, ``save_record``, ``adopt``).
+``open_conversation``, ``journal``, ``note``, ``save_record``, ``adopt``).
 """
 
 from __future__ import annotations
@@ -190,7 +190,11 @@ async def fork(service: "ConversationService", ref: str, at: str = "", *, title:
         raise c.Invalid(f"conversation {cid} was never opened on its runtime")
     request = c.OpenRequest(workdir=record.workdir, title=title or record.title, model=record.model,
                             effort=record.effort)
-    new_id = await provider.fork(record.provider_conversation_id, target.marker, request)
+    try:
+        new_id = await provider.fork(record.provider_conversation_id, target.marker, request)
+    except c.SubmissionUncertain as exc:
+        await _uncertain(service, cid, exc)
+        raise
     kept = {t.run for t in runs[: runs.index(target) + 1]}
     copies = []
     for line in lines:
@@ -252,13 +256,26 @@ async def rewind(service: "ConversationService", ref: str, to: str, *, preview: 
         conv = await service.open_conversation(live)
         if not isinstance(conv, c.Rewinder):
             raise c.Unsupported(f"provider {record.provider!r} cannot rewind a conversation")
-        await conv.rewind(target.marker)
+        try:
+            await conv.rewind(target.marker)
+        except c.SubmissionUncertain as exc:
+            await _uncertain(service, cid, exc)
+            raise
         record.dropped = [*record.dropped, *(t.run for t in dropped)]
         service.save_record(record)
         rec = wire.RewindRecord(kept=target.run, seq=target.end_seq, dropped=[t.run for t in dropped])
         seq = await service.journal(live, "rewind", _json.encode(rec))
         log.info("rewind.made", conversation=cid, kept=target.run, dropped=rec.dropped)
         return msgspec.structs.replace(result, seq=seq)
+
+
+async def _uncertain(service: "ConversationService", cid: str, exc: c.SubmissionUncertain) -> None:
+    """Journal that a fork or rewind may or may not have happened (an ``error`` record, code
+    ``uncertain``), as for a prompt: surfaced, never retried."""
+    try:
+        await service.note(cid, "error", _json.encode(wire.ErrorRecord(code=exc.code, message=exc.message)))
+    except c.AgentdError as err:
+        log.error("branching.uncertain_not_journaled", conversation=cid, error=err.message)
 
 
 # --------------------------------------------------------------------------- the rewound view
