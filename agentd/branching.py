@@ -117,7 +117,13 @@ def turns(lines: Iterable[bytes], dropped: Collection[str] = ()) -> list[Turn]:
 
 
 def _find(runs: list[Turn], ref: str, dropped: Collection[str], cid: str) -> Turn:
-    """The run ``ref`` names (an exact run id or a unique prefix), among ``runs``."""
+    """The run ``ref`` names among ``runs``: an exact run id, a unique prefix of one, or a turn
+    number N (the Nth turn of the rewound view, 1 the first; run ids begin with a letter)."""
+    if ref.isdigit():
+        n = int(ref)
+        if not 1 <= n <= len(runs):
+            raise c.NotFound(f"conversation {cid} has {len(runs)} turn(s), no turn {n}")
+        return runs[n - 1]
     exact = [t for t in runs if t.run == ref]
     found = exact or [t for t in runs if t.run.startswith(ref)]
     if not found:

@@ -18,7 +18,8 @@ def _turn(t: wire.BranchRun) -> str:
 @click.command("fork")
 @click.argument("conversation")
 @click.option("--at", "at", default="", metavar="RUN",
-              help="Fork after this turn (a run id or unique prefix; default: the last completed turn).")
+              help="Fork after this turn: a run id, a unique prefix, or a turn number (1 = the first; "
+                   "default: the last completed turn).")
 @click.option("--title", default="", help="Title of the new conversation (default: the source's).")
 @common
 def fork(conversation: str, at: str, title: str) -> None:
@@ -40,7 +41,8 @@ def fork(conversation: str, at: str, title: str) -> None:
 
 @click.command("rewind")
 @click.argument("conversation")
-@click.option("--to", "to", required=True, metavar="RUN", help="The last turn to keep (a run id or unique prefix).")
+@click.option("--to", "to", required=True, metavar="RUN",
+              help="The last turn to keep: a run id, a unique prefix, or a turn number (1 = the first).")
 @click.option("--preview", is_flag=True, help="List what would be dropped; change nothing.")
 @common
 def rewind(conversation: str, to: str, preview: bool) -> None:

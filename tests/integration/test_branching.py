@@ -67,6 +67,8 @@ def test_rewind_drops_later_turns_from_every_view_and_the_next_turn(daemon: Daem
     assert preview["preview"] and preview["kept"]["run"] == r1 and preview["kept"]["prompt"] == "alpha"
     assert [t["run"] for t in preview["dropped"]] == [r2, r3]
     assert d.journal(cid) == journal and not d.record(cid).get("dropped"), "a preview changed something"
+    assert _ok(d.agentctl("rewind", cid, "--to", "1", "--preview", "--json")) == preview  # turn number 1
+    assert d.agentctl("rewind", cid, "--to", "4", "--preview").returncode == 6
     human = _ok(d.agentctl("rewind", cid, "--to", r1[:6], "--preview"))
     assert "would drop 2 turn(s)" in human and "'beta'" in human and "nothing changed" in human
 
@@ -162,8 +164,9 @@ def test_fork_copies_the_history_up_to_its_turn_and_goes_its_own_way(daemon: Dae
     _turn(d, cid, "delta")
     assert "Earlier: alpha | beta" in _last_reply(d, cid)
 
-    # A fork of the fork, at its copied turn, and at its own.
-    again = _ok(d.agentctl("fork", fork, "--at", r1, "--json"))
+    # A fork of the fork, at its copied turn (by number), and at its own.
+    again = _ok(d.agentctl("fork", fork, "--at", "1", "--json"))
+    assert again["run"] == r1
     assert again["source"] == fork and again["copied"] == len(copies)
     human = _ok(d.agentctl("fork", fork))
     assert "forked from " + fork in human
