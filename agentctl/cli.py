@@ -403,6 +403,8 @@ COMMANDS: dict[str, str] = {
     "import": "adopt:import_",
     "completion": "cli:completion",
     "restart": "cli:restart",
+    "fork": "forkrewind:fork",
+    "rewind": "forkrewind:rewind",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

@@ -194,21 +194,25 @@ class Client:
         """Build ``cls(id=<next id>, **fields)`` and :meth:`request` it."""
         return self.request(cls(id=self.next_id(), **fields), result_type)
 
-    def subscribe(self, conversation: str | None, after: int = 0, *, snapshot: bool = True) -> Subscription:
-        """Subscribe to one conversation after ``after`` (or every one, live, when None).
+    def subscribe(self, conversation: str | None, after: int = 0, *, snapshot: bool = True,
+                  dropped: bool = False) -> Subscription:
+        """Subscribe to one conversation after ``after`` (or every one, live, when None);
+        ``dropped`` replays the turns a rewind dropped too (each record marked ``dropped``).
 
         Returns once the daemon confirmed; frames arrive on the returned
         :class:`Subscription`, which also resubscribes transparently after a
         ``lagged`` frame.
         """
         sub = Subscription(self, conversation, snapshot)
+        sub.dropped = dropped
         sub._open(after)
         return sub
 
     def _subscribe_raw(
-        self, conversation: str | None, after: int, snapshot: bool, frames: queue.SimpleQueue[Any]
+        self, conversation: str | None, after: int, snapshot: bool, frames: queue.SimpleQueue[Any], dropped: bool = False
     ) -> tuple[int, wire.SubscribeResult]:
-        req = wire.Subscribe(id=self.next_id(), conversation=conversation, after=after, snapshot=snapshot)
+        req = wire.Subscribe(id=self.next_id(), conversation=conversation, after=after, snapshot=snapshot,
+                             all=dropped)
         with self._lock:
             # Registered before sending: pushed frames may follow the reply at once.
             self._subs[req.id] = frames
@@ -364,9 +368,12 @@ class Subscription:
         self.result: wire.SubscribeResult | None = None
         #: conversation id -> last durable seq delivered
         self.positions: dict[str, int] = {}
+        #: replay the turns a rewind dropped too
+        self.dropped = False
 
     def _open(self, after: int) -> None:
-        self.id, self.result = self._client._subscribe_raw(self.conversation, after, self._snapshot, self._frames)
+        self.id, self.result = self._client._subscribe_raw(self.conversation, after, self._snapshot, self._frames,
+                                                           self.dropped)
 
     def get(self, timeout: float | None = None) -> Any:
         """The next frame, or None after ``timeout`` seconds (None: wait for ever).

@@ -92,6 +92,8 @@ class Follower:
         self.live = live
         #: every renderer used, so a message to stderr first ends their open lines
         self._renderers: list[Renderer] = []
+        #: replay the turns a rewind dropped too (tail/attach --all)
+        self.dropped = False
         self._renderer_for = renderer_for
         self.json_out = json_out
         self.interactive = interactive
@@ -136,7 +138,7 @@ class Follower:
         """
         self._until_idle = until_idle
         self._after = after if conversation is not None and after != FROM_NOW else 0
-        self._sub = self.client.subscribe(conversation, after)
+        self._sub = self.client.subscribe(conversation, after, dropped=self.dropped)
         self.conversation = conversation or ""
         if send is not None:
             # Sent once subscribed, so nothing of the turn is missed: its deltas go out live only,

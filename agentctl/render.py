@@ -615,6 +615,8 @@ class Renderer:
             return
         if self.show_seq and rec.seq:
             self._seq_tag = self.style.dim(f"#{rec.seq}") + " "
+        if rec.dropped:  # a turn a rewind dropped, shown because tail/attach --all asked
+            self._seq_tag += self.style.dim("[dropped]") + " "
         try:
             handler(rec, payload)
         finally:
@@ -628,6 +630,8 @@ class Renderer:
             self._seq_tag = self.style.dim(f"#{entry.seq}") + " "
         if entry.imported:  # one of an adopted session's earlier turns (agentctl import)
             self._seq_tag += self.style.dim("[imported]") + " "
+        if entry.dropped:
+            self._seq_tag += self.style.dim("[dropped]") + " "
         try:
             self.end_line()
             self._printed.pop((entry.item.agent_id, entry.item.id), None)
@@ -993,6 +997,12 @@ class Renderer:
         elif st.state is wire.ConversationState.IDLE and st.reason == "continued":
             self.line(self.style.dim(f"{self.g['info']} continued after a budget raise"))
 
+    def _on_forked(self, rec: wire.Record, f: wire.ForkedRecord) -> None:
+        self.line(self.style.dim(f"{self.g['info']} forked from {f.source} at run {f.run} (seq {f.seq})"))
+
+    def _on_rewind(self, rec: wire.Record, r: wire.RewindRecord) -> None:
+        self.line(self.style.dim(f"{self.g['info']} rewound to run {r.kept}: dropped {', '.join(r.dropped)}"))
+
     def _on_compaction(self, rec: wire.Record, c: Any) -> None:
         if isinstance(c, dict) and c.get("compacting"):
             self.line(self.style.dim(f"{self.g['info']} compacting context{self.g['ellipsis']}"))
@@ -1070,11 +1080,14 @@ class JsonRecord(msgspec.Struct):
     ts: str
     run: str
     data: msgspec.Raw
+    #: true on a turn a rewind dropped (tail/attach --all); absent otherwise
+    dropped: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 def json_record(conversation: str, rec: wire.Record) -> bytes:
     return msgspec.json.encode(
-        JsonRecord(type=rec.type, conversation=conversation, seq=rec.seq, ts=rec.ts, run=rec.run, data=rec.data)
+        JsonRecord(type=rec.type, conversation=conversation, seq=rec.seq, ts=rec.ts, run=rec.run, data=rec.data,
+                   dropped=True if rec.dropped else msgspec.UNSET)
     )
 
 

@@ -171,6 +171,10 @@ class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
     model_endpoint: bool = False
     #: prompts may carry files (``Prompt.attachments``), passed on in a form the runtime takes
     attachments: bool = False
+    #: branch a new conversation off a completed turn, natively (:class:`Forker`)
+    fork: bool = False
+    #: discard the turns after a completed one, natively (:class:`Rewinder`)
+    rewind: bool = False
 
 
 # --------------------------------------------------------------------------- items
@@ -297,6 +301,9 @@ class Turn(msgspec.Struct, frozen=True, omit_defaults=True):
     #: the runtime never reported this end: agentd inferred it (an inactivity deadline, a cancel
     #: the runtime did not confirm, a completion read from the runtime's own record)
     inferred: bool = False
+    #: the runtime's own name for the point this turn ended at (a Claude Code message uuid, a
+    #: Codex turn id), set on a terminal turn the runtime recorded; fork and rewind name it
+    marker: str = ""
 
 
 # --------------------------------------------------------------------------- interactions
@@ -984,6 +991,34 @@ class Provider(Protocol):
         the caller never creates a replacement.
         """
         ...
+
+
+@runtime_checkable
+class Forker(Protocol):
+    """A provider whose ``capabilities().fork`` is True.
+
+    ``fork`` makes a new runtime conversation holding ``source``'s history up to and
+    including the turn that ended at ``marker`` (a terminal ``Turn.marker``), through the
+    runtime's own fork; it sends no prompt. Returns the new conversation's id, which
+    ``open`` then reopens. Raises ConversationNotFound (no ``source``), Invalid (the runtime
+    has no such marker), Unsupported (this runtime cannot fork there), SubmissionUncertain
+    when a fork may exist but its id was lost (never retried).
+    """
+
+    async def fork(self, source: str, marker: str, request: OpenRequest) -> str: ...
+
+
+@runtime_checkable
+class Rewinder(Protocol):
+    """An open conversation whose provider's ``capabilities().rewind`` is True.
+
+    ``rewind`` discards, in the runtime, every turn after the one that ended at ``marker``;
+    the next prompt's model request holds the history up to that turn only. Idle only
+    (Busy while a turn runs). Raises Invalid for a marker the runtime does not hold,
+    SubmissionUncertain when the rewind may or may not have happened (never retried).
+    """
+
+    async def rewind(self, marker: str) -> None: ...
 
 
 @runtime_checkable

@@ -546,6 +546,47 @@ class ConversationService:
             raise
         return record
 
+    async def adopt(
+        self, *, provider: str, workdir: str, title: str, model: str, effort: str, mode: str,
+        budget: wire.Budget | None, provider_conversation_id: str, forked_from: str, forked_at: str,
+        first: tuple[str, bytes, str], records: "list[tuple[str, bytes, str]]",
+    ) -> wire.ConversationRecord:
+        """Register a conversation a runtime already made (a fork, agentd.branching): save its
+        record, journal ``first`` then its ``conversation`` record then ``records`` (each
+        ``(type, payload, run)``), and open it on its runtime. On failure nothing of it is kept
+        here; raises what :meth:`create` raises."""
+        now = _now()
+        record = wire.ConversationRecord(
+            id=new_id("c"), provider=provider, workdir=workdir, created_at=now, updated_at=now, title=title,
+            model=model, effort=effort, mode=mode, budget=budget,  # type: ignore[arg-type]
+            provider_conversation_id=provider_conversation_id, forked_from=forked_from, forked_at=forked_at,
+            title_source="user" if title else "")
+        try:
+            self._save(record)
+        except OSError as exc:
+            raise c.InternalError(f"cannot write the conversation record: {exc.strerror or exc}") from None
+        self._records[record.id] = record
+        try:
+            live = await self._load(record.id)
+            await self._append(live, *first[:2], run=first[2])
+            created = wire.ConversationCreated(provider=provider, workdir=workdir, title=title, model=model, mode=mode)  # type: ignore[arg-type]
+            await self._append(live, "conversation", _json.encode(created))
+            for type_, data, run in records:
+                await self._append(live, type_, data, run=run)
+            record.turn_after = live.published_seq
+            self._save(record)
+            await self._ensure_open(live)
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                try:
+                    await self.delete(record.id)
+                except Exception:
+                    log.exception("conversation.adopt_cleanup_failed", conversation=record.id)
+            if isinstance(exc, OSError):
+                raise c.InternalError(f"cannot write the conversation's journal: {exc.strerror or exc}") from None
+            raise
+        return record
+
     async def _load(self, cid: str) -> _Live:
         """The live side of a conversation, loading it (journal, lease, pump) on first use."""
         live = self._live.get(cid)
@@ -1617,19 +1658,21 @@ class ConversationService:
         self._save_quietly(live.record)
         await self._append(live, "title", _json.encode(title))
 
-    async def export(self, ref: str, fmt: str, *, include_tools: bool = False) -> wire.ExportResult:
+    async def export(self, ref: str, fmt: str, *, include_tools: bool = False, all_: bool = False) -> wire.ExportResult:
         """The transcript from the journal, rendered (:mod:`agentd.export`) in a worker thread.
 
-        Reads the journal as published so far, in chunks. Raises Invalid for
-        an unknown format, the journal's own errors for a damaged one.
+        Reads the journal as published so far, in chunks; turns a rewind dropped are left out
+        unless ``all_`` (agentd.branching.view). Raises Invalid for an unknown format, the
+        journal's own errors for a damaged one.
         """
+        from . import branching as _branching
         from . import export as _export
 
         if fmt not in _export.FORMATS:
             raise c.Invalid(f"unknown export format {fmt!r}; use one of: {', '.join(_export.FORMATS)}")
         live = await self.live(ref)
         record = msgspec.structs.replace(live.record)
-        lines = await self.published_lines(live)
+        lines = _branching.view(await self.published_lines(live), record.dropped, all_)
         whole = functools.partial(self.tool_outputs.read_all, record.id) if include_tools else None
         text = await trio.to_thread.run_sync(
             lambda: _export.render(_export.transcript(record, lines, include_tools=include_tools,

@@ -182,7 +182,7 @@ def transcript(record: wire.ConversationRecord, lines: Iterable[bytes], *, inclu
             p: wire.PromptRecord = payload
             entries.append(Entry(role="user", text=p.text, time=_seconds(rec.ts), run=rec.run,
                                  attachments=list(getattr(p, "attachments", []) or []),
-                                 state="" if p.disposition in ("", "started") else p.disposition))
+                                 state="dropped" if rec.dropped else "" if p.disposition in ("", "started") else p.disposition))
         elif t == "item":
             item: c.Item = payload
             imported = not rec.run and item.id.startswith("import.")  # an adopted session's past (agentd.adopt)

@@ -53,6 +53,8 @@ class _Head(msgspec.Struct):
     seq: int = 0
     run: str = ""
     data: msgspec.Raw = msgspec.Raw(b"{}")
+    #: a turn a rewind dropped (agentd.branching.view marks it)
+    dropped: bool = False
 
 
 class _TurnHead(msgspec.Struct):
@@ -90,13 +92,15 @@ def _parse(line: bytes) -> _Rec:
             return _Rec(head.seq, head.run, None, None)
         # A runtime session's earlier turns, journaled once when it was adopted (agentd.adopt).
         imported = not head.run and item.id.startswith("import.")
-        entry = wire.HistoryEntry(seq=head.seq, run=head.run, item=item, imported=imported)
+        entry = wire.HistoryEntry(seq=head.seq, run=head.run, item=item, imported=imported, dropped=head.dropped,
+                                  copied=bytes(head.data).startswith(b'{"copied":'))
         return _Rec(head.seq, head.run, (head.run, item.agent_id, item.id), entry)
     if head.type == "prompt":
         prompt = _prompt.decode(head.data)
         item = c.Item(id=f"prompt-{head.seq}", kind=c.ItemKind.USER, text=prompt.text,
                       attachments=list(prompt.attachments))
-        return _Rec(head.seq, head.run, None, wire.HistoryEntry(seq=head.seq, run=head.run, item=item))
+        return _Rec(head.seq, head.run, None, wire.HistoryEntry(seq=head.seq, run=head.run, item=item, dropped=head.dropped,
+                                                                copied=bytes(head.data).startswith(b'{"copied":')))
     if head.type == "turn" and head.run:
         ends = _turn.decode(head.data).state.terminal
         return _Rec(head.seq, head.run, None, None, ends_run=ends)

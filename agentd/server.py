@@ -295,6 +295,8 @@ class Server:
             wire.ImportList: self._import_list,
             wire.ImportSession: self._import_session,
             wire.Restart: self._restart,
+            wire.Fork: self._fork,
+            wire.Rewind: self._rewind,
 
             wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
@@ -538,6 +540,15 @@ class Server:
         from . import adopt
 
         return await adopt.adopt(self.service, req.provider, req.session, req.workdir, force=req.force)
+    async def _fork(self, conn: _Connection, req: wire.Fork) -> wire.ForkResult:
+        from . import branching
+
+        return await branching.fork(self.service, req.conversation, req.at, title=req.title)
+
+    async def _rewind(self, conn: _Connection, req: wire.Rewind) -> wire.RewindResult:
+        from . import branching
+
+        return await branching.rewind(self.service, req.conversation, req.to, preview=req.preview)
 
     async def _ls(self, conn: _Connection, req: wire.List) -> list[wire.ConversationRecord]:
         return self.service.list(include_closed=req.all)
@@ -587,13 +598,16 @@ class Server:
         return await self.service.resume(req.conversation)
 
     async def _export(self, conn: _Connection, req: wire.Export) -> wire.ExportResult:
-        return await self.service.export(req.conversation, req.format, include_tools=req.include_tools)
+        return await self.service.export(req.conversation, req.format, include_tools=req.include_tools, all_=req.all)
 
     async def _history(self, conn: _Connection, req: wire.History) -> wire.HistoryPage:
         from . import history
 
+        from . import branching
+
         reader = self.service.reader(req.conversation)  # reading takes no lease and opens no runtime
-        return history.page(reader.journal, reader.record.id, reader.published_seq,
+        journal = branching.ViewJournal(reader.journal, reader.record.dropped, req.all)  # the rewound view
+        return history.page(journal, reader.record.id, reader.published_seq,
                             limit=req.limit, before=req.before, after=req.after)
 
     def _task_service(self) -> Any:
@@ -678,11 +692,17 @@ class Server:
                 raise
             if not lines:
                 break
+            read = len(lines)
+            if live.record.dropped:
+                from . import branching
+
+                lines = branching.view(lines, live.record.dropped, req.all)  # the rewound view
             prefix = sub.prefix(cid)
             # Masked again: a journal written before a secret was known (or by an older agentd).
             mask = masking.mask_json
-            await conn.send_many(b"".join([b"%s%s}\n" % (prefix, mask(line)) for line in lines]), len(lines))
-            sub.cursor += len(lines)
+            if lines:
+                await conn.send_many(b"".join([b"%s%s}\n" % (prefix, mask(line)) for line in lines]), len(lines))
+            sub.cursor += read
             await trio.lowlevel.checkpoint()
         if sub.closed:
             return _NO_REPLY

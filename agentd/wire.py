@@ -189,6 +189,8 @@ class Subscribe(_Request, tag="subscribe"):
     after: int = 0
     #: send a snapshot of the in-flight turn once caught up
     snapshot: bool = True
+    #: also replay the records of turns a rewind dropped (each marked ``dropped``)
+    all: bool = False
 
 
 class Unsubscribe(_Request, tag="unsubscribe"):
@@ -271,6 +273,8 @@ class Export(_Request, tag="export"):
     format: Literal["md", "json", "html"] = "md"
     #: add tool calls and output, permission requests, reasoning and subagents' items
     include_tools: bool = False
+    #: also the turns a rewind dropped (marked as dropped)
+    all: bool = False
 
 
 class SetModel(_Request, tag="set_model"):
@@ -293,6 +297,33 @@ class History(_Request, tag="history"):
     before: Annotated[int, msgspec.Meta(ge=1)] | None = None
     #: the oldest ``limit`` items with seq > after (0: from the first)
     after: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    #: also the turns a rewind dropped (marked ``dropped``)
+    all: bool = False
+
+# ---- forkrewind
+
+
+class Fork(_Request, tag="fork"):
+    """Branch a new conversation off ``conversation`` at turn ``at`` (agentd.branching).
+
+    The new one holds the history up to and including that turn, on the same provider,
+    made by the runtime's own fork; no prompt is sent again.
+    """
+
+    conversation: str
+    #: the run to fork at, "" = the last completed turn
+    at: str = ""
+    title: str = ""
+
+
+class Rewind(_Request, tag="rewind"):
+    """Discard the turns of ``conversation`` after run ``to``, in the runtime and in agentd's view
+    (agentd.branching); refused ``busy`` while a turn runs. ``preview`` changes nothing."""
+
+    conversation: str
+    to: str
+    preview: bool = False
+
 
 class ShowItem(_Request, tag="show_item"):
     """One item of a conversation as last journaled, with a page of its whole tool output when kept.
@@ -449,6 +480,8 @@ Request = Union[
     ImportList,
     ImportSession,
     Restart,
+    Fork,
+    Rewind,
 
     ShowItem,
     Shutdown,
@@ -538,6 +571,11 @@ class ConversationRecord(msgspec.Struct, omit_defaults=True):
     #: agentd.conversations).
     journal_end: int = -1
     journal_seq: int = 0
+    #: runs a rewind discarded (agentd.branching): left out of history, tail, attach and export
+    dropped: list[str] = []
+    #: the conversation and run it was forked from ("" = not a fork)
+    forked_from: str = ""
+    forked_at: str = ""
 
 
 class ConversationInfo(msgspec.Struct, omit_defaults=True):
@@ -726,6 +764,8 @@ class Record(msgspec.Struct, frozen=True, omit_defaults=True):
     data: msgspec.Raw = msgspec.Raw(b"{}")
     seq: int = 0
     run: str = ""
+    #: set on a record of a turn a rewind dropped, when a reader asked for those too (``all``)
+    dropped: bool = False
 
 
 class ConversationCreated(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -778,6 +818,10 @@ class HistoryEntry(msgspec.Struct, frozen=True, omit_defaults=True):
     run: str = ""
     #: one of the runtime's earlier turns, journaled when the conversation adopted its session
     imported: bool = False
+    #: its turn was dropped by a rewind (shown only with ``all``)
+    dropped: bool = False
+    #: copied from the conversation this one was forked from
+    copied: bool = False
 
 
 class HistoryPage(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -799,6 +843,61 @@ class ExportResult(msgspec.Struct, frozen=True, omit_defaults=True):
     #: the rendered transcript
     text: str
     title: str = ""
+
+
+# ---- forkrewind (results and journal records)
+
+
+class BranchRun(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One turn as fork and rewind name it: its run, the seq of its end, how it ended, its prompt."""
+
+    run: str
+    seq: int = 0
+    state: str = ""
+    prompt: str = ""
+
+
+class ForkResult(msgspec.Struct, omit_defaults=True):
+    """``fork``: the new conversation, where it branched off, and how many records were copied."""
+
+    conversation: ConversationRecord
+    source: str
+    run: str
+    seq: int
+    copied: int = 0
+    #: the turns the new conversation holds, oldest first
+    turns: list[BranchRun] = []
+
+
+class RewindResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """``rewind``: the run kept and the runs dropped, newest last; ``preview``: nothing changed.
+    ``seq`` is the ``rewind`` record's (0 in a preview)."""
+
+    conversation: str
+    kept: BranchRun
+    dropped: list[BranchRun] = []
+    preview: bool = False
+    seq: int = 0
+
+
+class ForkedRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A ``forked`` record, the first of a forked conversation's journal: where it came from.
+    ``seq`` is the source's record that ended run ``run``; the copies follow, each with a
+    ``copied`` key ``{conversation, seq}`` naming its original."""
+
+    source: str
+    run: str
+    seq: int
+    provider: str = ""
+    provider_conversation_id: str = ""
+
+
+class RewindRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A ``rewind`` record: the run kept (ending at ``seq``) and the runs discarded after it."""
+
+    kept: str
+    seq: int
+    dropped: list[str] = []
 
 
 class TaskEvent(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -840,6 +939,8 @@ PAYLOADS: dict[str, Any] = {
     "budget": BudgetRecord,
     "task": TaskEvent,
     "import": ImportRecord,
+    "forked": ForkedRecord,
+    "rewind": RewindRecord,
 }
 
 

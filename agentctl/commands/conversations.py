@@ -274,6 +274,10 @@ def show(conversation: str, item_id: str | None, agent_id: str, full: bool) -> N
         lines.append(("budget", _budget_text(r)))
     if r.error:
         lines.append(("error", r.error))
+    if r.forked_from:
+        lines.append(("forked", f"from {r.forked_from} at run {r.forked_at}"))
+    if r.dropped:
+        lines.append(("rewound", f"{len(r.dropped)} turn(s) dropped (agentctl history {r.id} --all shows them)"))
     for k, v in lines:
         click.echo(visible(f"{k + ':':<10} {v}"))
     if info.pending:
@@ -301,6 +305,7 @@ def _follow(
     seq: bool = False,
     send: Any = None,
     verbose: bool = False,
+    dropped: bool = False,
 ) -> int:
     """Follow with the right output (JSON lines or rendered) and Ctrl-C handling.
 
@@ -348,6 +353,7 @@ def _follow(
         notifier=notifier,
         live=live and not all_,
     )
+    follower.dropped = dropped
     try:
         code = follower.follow(None if all_ else conversation, after, run=run, send=send,
                                until_caught_up=until_caught_up, until_idle=until_idle)
@@ -474,7 +480,8 @@ def run(text: str, provider: str, cwd: str, title: str, model: str, effort: str,
 @click.argument("conversation", required=False)
 @click.option("--after", type=int, default=None, metavar="SEQ",
               help="Start after this journal seq (default 0: the whole journal).")
-@click.option("--all", "all_", is_flag=True, help="Every conversation, live only.")
+@click.option("--all", "all_", is_flag=True,
+              help="Every conversation, live only; with CONVERSATION: also the turns a rewind dropped, marked.")
 @click.option("--follow/--no-follow", default=True, show_default=True,
               help="Keep streaming live records, or stop once the journal is printed.")
 @click.option("--seq", "show_seq", is_flag=True,
@@ -497,7 +504,8 @@ def tail(conversation: str | None, after: int | None, all_: bool, follow: bool, 
       agentctl tail --all --json
     """
     if all_ and conversation:
-        raise click.UsageError("give a conversation or --all, not both")
+        # One conversation with --all: its whole journal, the turns a rewind dropped included.
+        _exit(_follow(conversation, after or 0, until_caught_up=not follow, seq=show_seq, dropped=True))
     if not all_ and not conversation:
         raise click.UsageError("give a conversation (or --all)")
     if all_ and not follow:
@@ -514,11 +522,12 @@ def tail(conversation: str | None, after: int | None, all_: bool, follow: bool, 
               help="Replay the journal after SEQ first (default: from now, with the turn in flight).")
 @click.option("--until-idle", is_flag=True,
               help="Stop when the turn in flight ends (exit code from its outcome), at once if none runs.")
+@click.option("--all", "all_", is_flag=True, help="Also replay the turns a rewind dropped, marked [dropped].")
 @_with(_follow_options)
 @_verbose_option
 @common
 def attach(conversation: str, after: int | None, until_idle: bool, no_input: bool, exit_on_action: bool,
-           verbose: bool) -> None:
+           verbose: bool, all_: bool) -> None:
     """Follow a conversation and answer its interactions at the terminal.
 
     Starts with the turn in flight (or after the last one). Ctrl-D at a
@@ -538,7 +547,7 @@ def attach(conversation: str, after: int | None, until_idle: bool, no_input: boo
         how = "answering at the terminal; " if interactive else ""
         click.echo(_style().dim(f"attached to {r.id} ({r.provider}, {r.state.value}); {how}Ctrl-C to detach"))
     _exit(_follow(r.id, r.turn_after if after is None else after, interactive=interactive,
-                  exit_on_action=exit_on_action, yolo=r.mode == "yolo", until_idle=until_idle, verbose=verbose))
+                  exit_on_action=exit_on_action, yolo=r.mode == "yolo", until_idle=until_idle, verbose=verbose, dropped=all_))
 
 
 @click.command()
@@ -747,8 +756,9 @@ def continue_(conversation: str) -> None:
               help="Add tool calls and their output, permission requests, reasoning and subagents' work.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write to FILE instead of stdout.")
+@click.option("--all", "all_", is_flag=True, help="Also the turns a rewind dropped, marked (dropped).")
 @common
-def export(conversation: str, fmt: str, include_tools: bool, output: str | None) -> None:
+def export(conversation: str, fmt: str, include_tools: bool, output: str | None, all_: bool) -> None:
     """Export a conversation's transcript, rendered by agentd from its journal.
 
     --json: {"conversation", "format", "title", "text"}, or with -o
@@ -761,7 +771,7 @@ def export(conversation: str, fmt: str, include_tools: bool, output: str | None)
     """
     o = _opts()
     res = o.client().call(wire.Export, wire.ExportResult, conversation=conversation, format=fmt,
-                          include_tools=include_tools)
+                          include_tools=include_tools, all=all_)
     if output is None:
         if o.json:
             return _json(res)

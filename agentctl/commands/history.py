@@ -19,14 +19,16 @@ from ..cli import _json, _opts, common
               help="The page of items just older than journal seq SEQ.")
 @click.option("--after", type=click.IntRange(min=0), default=None, metavar="SEQ",
               help="The page of items just newer than journal seq SEQ (0: from the start).")
+@click.option("--all", "all_", is_flag=True, help="Also the turns a rewind dropped, marked [dropped].")
 @common
-def history(conversation: str, limit: int, before: int | None, after: int | None) -> None:
+def history(conversation: str, limit: int, before: int | None, after: int | None, all_: bool) -> None:
     """Page through a conversation's items (prompts, messages, tools), newest page first.
 
     Read from agentd's journal: nothing is sent and the conversation is not
     opened on its runtime. Each item appears once, in its latest form, tagged
     with the journal seq of that form; the footer names the cursor of the
-    next page. --json: {"conversation", "items": [{"seq", "run", "item"}],
+    next page. Turns a rewind dropped are left out unless --all. --json:
+    {"conversation", "items": [{"seq", "run", "item", "dropped", "copied"}],
     "before", "after", "start", "end"} (a cursor of 0: no page that way).
 
     \b
@@ -38,7 +40,8 @@ def history(conversation: str, limit: int, before: int | None, after: int | None
         raise click.UsageError("give at most one of --before and --after")
     o = _opts()
     cursor = {"before": before} if before is not None else {"after": after} if after is not None else {}
-    page = o.client().call(wire.History, wire.HistoryPage, conversation=conversation, limit=limit, **cursor)
+    page = o.client().call(wire.History, wire.HistoryPage, conversation=conversation, limit=limit, all=all_,
+                           **cursor)
     if o.json:
         return _json(page)
     from ..render import Renderer

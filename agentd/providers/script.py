@@ -561,6 +561,8 @@ class ScriptProvider:
             subagents=True,
             todos=True,
             attachments=True,
+            fork=True,
+            rewind=True,
         )
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -631,6 +633,22 @@ class ScriptProvider:
         self._open[record.id] = conv
         return conv
 
+    async def fork(self, source: str, marker: str, request: OpenRequest) -> str:
+        """A new conversation whose record holds ``source``'s transcript through its turn number
+        ``marker`` (the ``Turn.marker`` of that turn): the history later turns' ``{history}``
+        sees. Plays nothing. Raises ConversationNotFound, Invalid (no such turn)."""
+        record = await self._read_record(source)
+        n = _turn_no(marker)
+        if n < 1 or n > record.turns:
+            raise Invalid(f"script conversation {source} has no turn {marker!r}")
+        copy = _Record(id=str(uuid.uuid4()), workdir=request.workdir or record.workdir, script=record.script,
+                       title=request.title or record.title, turns=n, items=_through(record.items, n),
+                       subagents=_through(record.subagents, n), allowed_tools=list(record.allowed_tools),
+                       created_at=utcnow())
+        data = _encoder.encode(copy)
+        await trio.to_thread.run_sync(_atomic_write, self.conversation_path(copy.id), data)
+        return copy.id
+
     async def _read_record(self, conversation_id: str) -> _Record:
         if not _ID.fullmatch(conversation_id):
             raise ConversationNotFound(f"no script conversation {conversation_id!r}")
@@ -654,6 +672,15 @@ class ScriptProvider:
         if self._nursery is None:
             raise Closed(f"provider {self.name!r} is not running")
         self._nursery.start_soon(fn, *args)
+
+
+def _turn_no(marker: str) -> int:
+    return int(marker) if marker.isdigit() else 0
+
+
+def _through(entries: list[Any], n: int) -> list[Any]:
+    """The items (or subagents) of turns 1..n: their ids begin with their turn's number."""
+    return [e for e in entries if _turn_no((getattr(e, "parent_tool_call_id", "") or e.id).split("-", 1)[0]) <= n]
 
 
 def _check_workdir(workdir: str) -> None:
@@ -847,6 +874,20 @@ class ScriptConversation:
         pending.done.set()
         await trio.lowlevel.checkpoint()
 
+    async def rewind(self, marker: str) -> None:
+        """Keep the transcript through turn number ``marker``, drop the later turns (their items,
+        subagents and numbers: the next turn is ``marker`` + 1). Raises Busy, Invalid."""
+        self._check_open()
+        if self._turn is not None or self._starting:
+            raise Busy(f"a turn is running in conversation {self.id}")
+        n = _turn_no(marker)
+        if n < 1 or n > self._record.turns:
+            raise Invalid(f"script conversation {self.id} has no turn {marker!r}")
+        self._record.items = _through(self._record.items, n)
+        self._record.subagents = _through(self._record.subagents, n)
+        self._record.turns = n
+        await self._save()
+
     async def history(self) -> HistoryRecord:
         """The recorded transcript (user items and finished items), oldest first."""
         self._check_open()
@@ -986,7 +1027,9 @@ class ScriptConversation:
         for sub in list(turn.subagents.values()):
             self._put_subagent(turn, _end_subagent(sub, status, now, "" if status is SubagentStatus.CANCELLED else why))
         self._turn = None
-        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=turn.script.label)))
+        # Its number is how fork and rewind name the turn (item ids begin with it).
+        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=turn.script.label,
+                                       marker=str(turn.no))))
         turn.done.set()
 
     async def _steps(self, turn: _Turn, steps: list[Any], prefix: str, agent_id: str) -> None:

@@ -194,6 +194,8 @@ class _Turn:
         self.pending: dict[str, _Pending] = {}
         #: the last model call's usage, for the context size
         self.last_usage: dict[str, Any] = {}
+        #: uuid of the turn's last main-chain transcript entry seen: where a fork or rewind resumes
+        self.last_uuid = ""
 
 
 class _Session:
@@ -470,6 +472,28 @@ class ClaudeConversation:
             await self._save_quietly()
         self._emit(ModelSelectionEvent(selection=ModelSelection(model=model, effort=self._record.effort or None)))
 
+    async def rewind(self, marker: str) -> None:
+        """Go back to the transcript entry ``marker`` (a turn's last message uuid): the CLI process
+        is replaced by one resumed at it (``resume_session_at``), so the turns after it are no
+        longer in what the model is sent. The session keeps its id; the record keeps the point
+        (``resume_at``, moved to each later turn's end) so a restart resumes the same branch.
+
+        Raises Busy while a turn runs, Invalid when the transcript has no ``marker``,
+        RuntimeUnavailable when the CLI cannot start again.
+        """
+        self._check_open()
+        if self._turn is not None or self._submitting:
+            raise Busy(f"a turn is running in conversation {self.id}")
+        if not await self._provider.has_entry(self.id, marker):
+            raise Invalid(f"Claude Code session {self.id} has no transcript entry {marker}")
+        self._record.resume_at = marker
+        await self._save()
+        async with self._start_lock:
+            await self._stop_session("restart")
+            self._session = None
+        await self._ensure_session()
+        log.info("claude.rewound", conversation=self.id, at=marker)
+
     async def set_title(self, title: str) -> None:
         """Raises :class:`Unsupported`: agentd keeps the title; Claude Code's session names are not written."""
         self._check_open()
@@ -742,8 +766,10 @@ class ClaudeConversation:
             if msg.parent_tool_use_id is None:
                 self._on_stream(msg.event)
         elif isinstance(msg, lib.AssistantMessage):
+            self._note_uuid(msg)
             self._on_assistant(msg)
         elif isinstance(msg, lib.UserMessage):
+            self._note_uuid(msg)
             agent_id = msg.parent_tool_use_id or ""
             for block in msg.content if isinstance(msg.content, list) else []:
                 if isinstance(block, lib.ToolResultBlock):
@@ -754,6 +780,10 @@ class ClaudeConversation:
             session.cost_seen = 0.0
         elif isinstance(msg, lib.SystemMessage):
             self._on_system(msg.subtype, msg.data)
+
+    def _note_uuid(self, msg: Any) -> None:
+        if self._turn is not None and msg.parent_tool_use_id is None and msg.uuid:
+            self._turn.last_uuid = str(msg.uuid)
 
     def _on_system(self, subtype: str, data: dict[str, Any]) -> None:
         if subtype == "init":
@@ -944,8 +974,12 @@ class ClaudeConversation:
         self._call = None
         if self._turn is turn:
             self._turn = None
+        # The turn's last transcript entry: what a fork or rewind resumes at (resume_session_at).
+        marker = "" if reason in ("runtime_exit", "cancel_timeout") else turn.last_uuid
+        if marker and self._record.resume_at and state is TurnState.COMPLETED:
+            self._record.resume_at = marker  # a rewound session resumes at its newest turn from now on
         self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, inferred=inferred,
-                                       model=self._reported_model or self.model)))
+                                       model=self._reported_model or self.model, marker=marker)))
         turn.done.set()
         if state is TurnState.COMPLETED:
             self._provider._restarts.succeeded(self._restart_key, why="a turn completed")

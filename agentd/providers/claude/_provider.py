@@ -150,6 +150,11 @@ class _Record(msgspec.Struct, omit_defaults=True):
     allowed_tools: list[str] = []
     #: a prompt was handed to the CLI: from then on its transcript must exist for a reopen
     prompted: bool = False
+    #: a fork (agentd.branching): the session it was forked from, until its own transcript exists
+    fork_from: str = ""
+    #: the transcript entry a process resumes at (``resume_session_at``): set by a fork or a
+    #: rewind, then moved to each completed turn's last entry
+    resume_at: str = ""
     created_at: _dt.datetime | None = None
     updated_at: _dt.datetime | None = None
 
@@ -197,6 +202,8 @@ class ClaudeProvider:
             runtime_process=True,
             model_endpoint=True,
             attachments=True,
+            fork=True,
+            rewind=True,
         )
 
     # ------------------------------------------------------------------ configuration
@@ -383,6 +390,46 @@ class ClaudeProvider:
         lines = await trio.to_thread.run_sync(read)
         return None if lines is None else m.transcript_items(lines)
 
+    async def has_entry(self, session_id: str, entry: str) -> bool:
+        """Whether the session's transcript holds an entry with uuid ``entry``."""
+
+        def scan() -> bool:
+            path = self._session_file(session_id)
+            if path is None:
+                return False
+            needle = f'"uuid":"{entry}"'
+            try:
+                with path.open(encoding="utf-8", errors="replace") as f:
+                    return any(needle in line.replace('": "', '":"') for line in f)
+            except FileNotFoundError:
+                return False
+
+        return await trio.to_thread.run_sync(scan)
+
+    async def fork(self, source: str, marker: str, request: OpenRequest) -> str:
+        """A new session id forked off session ``source`` at its transcript entry ``marker``.
+
+        Claude Code makes the fork itself when the new conversation's CLI starts
+        (``--resume SOURCE --fork-session --session-id NEW --resume-session-at MARKER``);
+        until its own transcript exists the record here says where it comes from, so a
+        reopen forks again from the same point. Sends nothing. Raises ConversationNotFound
+        (no ``source`` transcript), Invalid (no entry ``marker`` in it).
+        """
+        sid = _session_id(source)
+        if not await self.session_exists(sid):
+            raise ConversationNotFound(f"Claude Code has no session {sid} (in {self.config_home / 'projects'})")
+        if not await self.has_entry(sid, marker):
+            raise Invalid(f"Claude Code session {sid} has no transcript entry {marker}")
+        src = await self._read_record(sid)
+        record = _Record(id=str(uuid.uuid4()), workdir=request.workdir or (src.workdir if src else ""),
+                         model=request.model or (src.model if src else "") or self.config.model,
+                         effort=request.effort or (src.effort if src else ""),
+                         allowed_tools=list(src.allowed_tools) if src else [],
+                         fork_from=sid, resume_at=marker, created_at=utcnow())
+        await self.save_record(record)
+        log.info("claude.forked", provider=self.name, source=sid, at=marker, conversation=record.id)
+        return record.id
+
     def _record_path(self, session_id: str) -> Path:
         return self.dir / f"{session_id}.json"
 
@@ -431,12 +478,22 @@ class ClaudeProvider:
             system_prompt={"type": "preset", "preset": "claude_code"},
             can_use_tool=conv._can_use_tool,
             include_partial_messages=True,
-            resume=conv.id if resume else None,
-            session_id=None if resume else conv.id,
+            **self._resume_options(conv, resume),
             stderr=session.on_stderr,
             # The SDK's reader stops at 1 MiB by default: one large tool result would end the session.
             max_buffer_size=runtime_output.MAX_MESSAGE_BYTES,
         )
+
+    @staticmethod
+    def _resume_options(conv: ClaudeConversation, resume: bool) -> dict[str, Any]:
+        """``resume`` / ``session_id`` / fork options of a CLI process (see :meth:`fork`)."""
+        record = conv._record
+        if not resume and record.fork_from:
+            return {"resume": record.fork_from, "fork_session": True, "session_id": conv.id,
+                    "resume_session_at": record.resume_at or None}
+        if resume:
+            return {"resume": conv.id, "resume_session_at": record.resume_at or None}
+        return {"session_id": conv.id}
 
     def start_error(self, session: _Session, exc: BaseException | str) -> Exception:
         """The contract error for a CLI process that could not start."""

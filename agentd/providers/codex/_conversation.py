@@ -45,6 +45,7 @@ from ...contract import (
     InteractionGone,
     InteractionKind,
     InteractionState,
+    InternalError,
     Invalid,
     Item,
     ItemEvent,
@@ -340,6 +341,37 @@ class CodexConversation:
                     items.append(item)
         return HistoryRecord(items=items, model=str(thread.get("model") or self._model))
 
+    async def rewind(self, marker: str) -> None:
+        """Drop every turn after Codex turn ``marker`` from the thread (thread/revert before the
+        turn that follows it; nothing follows: nothing to do). Idle only.
+
+        Raises Busy while a turn runs, Invalid when the thread has no turn ``marker``,
+        SubmissionUncertain when thread/revert was sent but its answer was lost.
+        """
+        self._check_open()
+        if self._turn is not None or self._starting:
+            raise Busy(f"a turn is running in thread {self.id}")
+        server = await self._attached()
+        try:
+            raw = await server.request("thread/read", {"threadId": self.id, "includeTurns": True})
+        except BaseException as exc:
+            raise server.error("thread/read", exc) from None
+        ids = [str(t.get("id")) for t in ((raw or {}).get("thread") or {}).get("turns") or [] if isinstance(t, dict)]
+        if marker not in ids:
+            raise Invalid(f"{self._provider.name} thread {self.id} has no turn {marker!r}")
+        after = ids[ids.index(marker) + 1:]
+        if not after:
+            return
+        try:
+            await server.request("thread/revert", {"threadId": self.id, "beforeTurnId": after[0]})
+        except RpcError as exc:
+            raise InternalError(f"{self._provider.name} refused thread/revert: {exc.describe()}") from None
+        except BaseException as exc:
+            if isinstance(exc, trio.Cancelled):
+                raise
+            raise SubmissionUncertain(f"thread/revert of {self.id} may or may not have happened: {exc}") from None
+        log.info("codex.reverted", provider=self._provider.name, conversation=self.id, kept=marker, dropped=len(after))
+
     async def set_model(self, model: str, effort: str = "") -> None:
         """Use ``model`` (and reasoning ``effort``) from the next turn on (turn/start's overrides)."""
         self._check_open()
@@ -563,7 +595,9 @@ class CodexConversation:
             self._tools = {}
             self._expire_pending(why)
             self._turn = None
-        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=turn.model)))
+        # The turn id is what thread/fork and thread/revert name a turn by (agentd.branching).
+        marker = turn.codex_id if reason not in ("cancel_timeout", "runtime_exit") else ""
+        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=turn.model, marker=marker)))
         turn.named.set()
         turn.done.set()
         if state is TurnState.COMPLETED:

@@ -40,11 +40,14 @@ from ...contract import (
     Busy,
     Capabilities,
     Closed,
+    ConversationNotFound,
     EventSink,
+    Invalid,
     Model,
     OpenRequest,
     PreviousConversation,
     RuntimeUnavailable,
+    SubmissionUncertain,
     Unsupported,
 )
 from .._restart import RestartBackoff, RestartPolicy
@@ -178,7 +181,7 @@ class CodexProvider:
         return Capabilities(
             cancel=True, steer=True, permissions=True, questions=True, history=True, reopen=True, models=True,
             titles=True, usage=True, context_size=True, import_=True, runtime_process=True, model_endpoint=True,
-            attachments=True,
+            attachments=True, fork=True, rewind=True,
         )
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -276,6 +279,31 @@ class CodexProvider:
         self._open[conv.id] = conv
         self.restarts.succeeded("", why="a conversation opened")
         return conv
+
+    async def fork(self, source: str, marker: str, request: OpenRequest) -> str:
+        """thread/fork of thread ``source`` through its turn ``marker`` (``lastTurnId``); the new
+        thread's id. Sends no prompt. Raises ConversationNotFound, Invalid (Codex refused the
+        fork: no such turn), SubmissionUncertain (sent, answer lost), RuntimeUnavailable."""
+        server = await self.server()
+        params = {"threadId": source, "lastTurnId": marker, "excludeTurns": True,
+                  **self.thread_params(request.workdir, request.model or self.config.model)}
+        try:
+            raw = await server.request("thread/fork", params, timeout=self.config.startup_timeout_s)
+        except RpcError as exc:
+            text = exc.describe()
+            if any(m in text.lower() for m in ("no rollout", "not found", "invalid thread id")):
+                raise ConversationNotFound(f"{self.name} has no thread {source!r}: {text}") from None
+            raise Invalid(f"{self.name} refused to fork thread {source} at turn {marker}: {text}") from None
+        except BaseException as exc:
+            if isinstance(exc, trio.Cancelled):
+                raise
+            raise SubmissionUncertain(f"thread/fork of {source} may or may not have made a thread: {exc}") from None
+        try:
+            tid = str(raw["thread"]["id"])
+        except (KeyError, TypeError):
+            raise SubmissionUncertain(f"{self.name} answered thread/fork without a thread id") from None
+        log.info("codex.forked", provider=self.name, source=source, turn=marker, thread=tid)
+        return tid
 
     async def previous(self, workdir: str) -> list[PreviousConversation]:
         """Codex's threads whose cwd is ``workdir`` (thread/list), newest first.

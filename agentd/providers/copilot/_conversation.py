@@ -130,6 +130,8 @@ class CopilotConversation:
         self._turn_no = 0
         self._turn_error = ""
         self._aborted = ""
+        #: id of the running turn's root user.message event (its Turn.marker)
+        self._user_event = ""
         self._cancel_requested = False
         self._denied = False
         self._pending: dict[str, _Pending] = {}
@@ -251,6 +253,8 @@ class CopilotConversation:
     def _handle(self, ev: se.SessionEvent) -> None:
         t = ev.type
         main = not ev.agent_id
+        if main and t is T.USER_MESSAGE and not self._user_event and ev.data.delivery is not se.UserMessageDelivery.STEERING:
+            self._user_event = str(ev.id)  # the turn's root user message: fork and rewind name the turn by it
         if main and t in (T.USER_MESSAGE, T.ASSISTANT_TURN_START) and self._phase is not _TurnPhase.RUNNING:
             # The CLI runs a turn we did not see start: an uncertain submission that
             # went through, or work the CLI started by itself. Report it as a turn.
@@ -364,8 +368,11 @@ class CopilotConversation:
             self._emit(out)
         self._expire_all("turn ended")
         self._reset_turn()
+        marker, self._user_event = self._user_event, ""
+        if reason in ("runtime_exit", "cancel_timeout"):
+            marker = ""
         self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, inferred=inferred,
-                                       model=self._mapper.model or self.model)))
+                                       model=self._mapper.model or self.model, marker=marker)))
 
     def _schedule_tail_flush(self) -> None:
         if self._flush_scheduled:
@@ -489,6 +496,7 @@ class CopilotConversation:
             raise Busy("a turn is running in this conversation")
         attachments = _attachments(prompt)
         self._reset_turn()
+        self._user_event = ""
         self._phase = _TurnPhase.SUBMITTING
         try:
             with trio.fail_after(SUBMIT_TIMEOUT_S):
@@ -615,6 +623,47 @@ class CopilotConversation:
             self._close_interaction(pending, InteractionState.EXPIRED, "the runtime no longer waits for it")
             raise InteractionGone("the Copilot CLI no longer waits for this permission")
         self._close_interaction(pending, InteractionState.REJECTED if rejected else InteractionState.ANSWERED, answer.decision)
+
+    async def rewind(self, marker: str) -> None:
+        """Discard the root user turns after the one whose ``user.message`` event is ``marker``
+        (``session.history.rewind``, mode conversation, at the next rewind point; none: nothing
+        to do). Idle only. Raises Busy, Invalid (no such rewind point), SubmissionUncertain
+        (the CLI went away mid-rewind), InternalError (it refused).
+        """
+        self._check_open()
+        if self._phase is not _TurnPhase.IDLE:
+            raise Busy("a turn is running in this conversation")
+        points: list[Any] = []
+        for _ in range(25):  # "session-busy" is transient: the file captures are settling
+            listed = await self._call("the rewind points", self.session.rpc.history.list_rewind_points)
+            reason = listed.unavailable_reason
+            if reason is None:
+                points = [p.event_id for p in listed.points]
+                break
+            if reason.value != "session-busy":
+                raise Invalid(f"the Copilot CLI cannot rewind this session: {reason.value}")
+            await trio.sleep(0.2)
+        else:
+            raise Busy("the Copilot CLI is still settling this session's last turn; try again")
+        if marker not in points:
+            raise Invalid(f"the Copilot CLI has no rewind point {marker!r} in this session")
+        after = points[points.index(marker) + 1:]
+        if not after:
+            return
+        request = _rpc.HistoryRewindRequest(event_id=after[0], mode=_rpc.HistoryRewindMode.CONVERSATION)
+        try:
+            result = await self._call("the rewind", self.session.rpc.history.rewind, request)
+        except JsonRpcError as exc:
+            raise InternalError(f"the Copilot CLI refused the rewind: {exc.message}") from None
+        except (Closed, InternalError) as exc:
+            raise SubmissionUncertain(f"the rewind may or may not have happened: {exc.message}") from None
+        outcome = getattr(result.outcome, "value", str(result.outcome))
+        # The history is truncated in these; only the CLI's own snapshot bookkeeping may have failed.
+        if outcome == "session-busy":
+            raise Busy("the Copilot CLI is busy with this session; nothing was rewound")
+        if outcome not in ("success", "checkpoint-cleanup-failed", "snapshot-prune-failed"):
+            raise InternalError(f"the Copilot CLI did not rewind ({outcome}): {getattr(result, 'error', '') or ''}")
+        log.info("copilot.rewound", conversation=self._id, kept=marker, outcome=outcome)
 
     async def history(self) -> HistoryRecord:
         """The CLI's recorded transcript of this session (its stored events), oldest first."""

@@ -44,10 +44,12 @@ from ...contract import (
     EventSink,
     HistoryRecord,
     InternalError,
+    Invalid,
     Model,
     OpenRequest,
     PreviousConversation,
     RuntimeUnavailable,
+    SubmissionUncertain,
     Unsupported,
 )
 from .._restart import RestartBackoff, RestartPolicy
@@ -213,6 +215,8 @@ class CopilotProvider:
             runtime_process=True,
             model_endpoint=True,
             attachments=True,
+            fork=True,
+            rewind=True,
         )
 
     @property
@@ -601,6 +605,49 @@ class CopilotProvider:
         own = {pid} if (pid := self.runtime_pid) is not None else set()
         ids = [i for i in ids if _SESSION_ID.match(i)]
         return await trio.to_thread.run_sync(lambda: _inuse.copilot(self.copilot_home, ids, own=own))
+
+    async def fork(self, source: str, marker: str, request: OpenRequest) -> str:
+        """A new session forked off session ``source`` through the root user turn whose
+        ``user.message`` event is ``marker`` (``sessions.fork`` up to the next root user turn's
+        event, exclusive; the whole session when none follows). Sends nothing.
+
+        Raises ConversationNotFound, Invalid (no such turn), SubmissionUncertain (the CLI went
+        away mid-fork), InternalError (it refused).
+        """
+        from copilot.generated import rpc as _rpc
+        from copilot.generated import session_events as se
+
+        if not _SESSION_ID.match(source):
+            raise ConversationNotFound(f"no Copilot session {source!r}")
+        path = self.copilot_home / "session-state" / source / "events.jsonl"
+
+        def read() -> list[str] | None:
+            try:
+                with path.open(encoding="utf-8", errors="replace") as f:
+                    return f.readlines()
+            except FileNotFoundError:
+                return None
+
+        lines = await trio.to_thread.run_sync(read)
+        if lines is None:
+            raise ConversationNotFound(f"the Copilot CLI has no session {source!r} (in {self.copilot_home})")
+        roots = [str(ev.id) for ev in m.parse_events_jsonl(lines)
+                 if ev.type is se.SessionEventType.USER_MESSAGE and not ev.agent_id
+                 and ev.data.delivery is not se.UserMessageDelivery.STEERING]
+        if marker not in roots:
+            raise Invalid(f"Copilot session {source} has no user turn {marker!r}")
+        after = roots[roots.index(marker) + 1:]
+        rt = await self._ensure_runtime()
+        params = _rpc.SessionsForkRequest(session_id=source, to_event_id=after[0] if after else None,
+                                          name=clean_title(request.title) or None if request.title else None)
+        try:
+            result = await self._call("the fork", rt.client.rpc.sessions.fork, params)
+        except JsonRpcError as exc:
+            raise InternalError(f"the Copilot CLI refused to fork session {source}: {exc.message}") from None
+        except (Closed, InternalError) as exc:
+            raise SubmissionUncertain(f"the fork of {source} may or may not have made a session: {exc.message}") from None
+        log.info("copilot.forked", provider=self.name, source=source, turn=marker, conversation=result.session_id)
+        return str(result.session_id)
 
     async def history(self, conversation_id: str) -> HistoryRecord:
         """A session's transcript read from the CLI's store, without opening it or starting the CLI.
