@@ -262,6 +262,10 @@ COMMANDS: dict[str, str] = {
     "export": "conversations:export",
     "history": "history:history",
     "set-model": "models:set_model",
+    "commands": "commands:commands",
+    "command": "commands:command",
+    "subagents": "commands:subagents",
+    "subagent": "commands:subagent",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

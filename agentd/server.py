@@ -292,6 +292,11 @@ class Server:
             wire.Export: self._export,
             wire.History: self._history,
             wire.SetModel: self._set_model,
+            wire.ListCommands: self._commands,
+            wire.RunCommand: self._run_command,
+            wire.ListSubagents: self._subagents,
+            wire.CancelSubagent: self._subagent_cancel,
+            wire.PromptSubagent: self._subagent_prompt,
 
             wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
@@ -515,6 +520,31 @@ class Server:
         from . import models
 
         return await models.select(self.service, req.conversation, req.model, req.effort, after_turn=req.after_turn)
+
+    async def _commands(self, conn: _Connection, req: wire.ListCommands) -> wire.CommandList:
+        from . import slash_commands
+
+        return await slash_commands.listing(self.service, req.conversation)
+
+    async def _run_command(self, conn: _Connection, req: wire.RunCommand) -> wire.SendResult:
+        from . import slash_commands
+
+        return await slash_commands.run(self.service, req.conversation, req.name, req.args, if_busy=req.if_busy)
+
+    async def _subagents(self, conn: _Connection, req: wire.ListSubagents) -> wire.SubagentList:
+        from . import subagents
+
+        return await subagents.listing(self.service, req.conversation)
+
+    async def _subagent_cancel(self, conn: _Connection, req: wire.CancelSubagent) -> None:
+        from . import subagents
+
+        await subagents.cancel(self.service, req.conversation, req.agent)
+
+    async def _subagent_prompt(self, conn: _Connection, req: wire.PromptSubagent) -> None:
+        from . import subagents
+
+        await subagents.prompt(self.service, req.conversation, req.agent, req.text)
 
     async def _ls(self, conn: _Connection, req: wire.List) -> list[wire.ConversationRecord]:
         return self.service.list(include_closed=req.all)

@@ -48,6 +48,7 @@ from ..contract import (
     Answer,
     Attachment,
     Capabilities,
+    Command,
     Closed,
     Context,
     ContextEvent,
@@ -345,6 +346,8 @@ class Script(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: str = ""
     chunk: Positive = 16
     delay_ms: NonNegative = 20
+    #: ``[[command]]``: the slash commands a conversation on this script offers (name, kind, ...)
+    command: list[Command] = []
 
 
 class _Loaded:
@@ -561,6 +564,7 @@ class ScriptProvider:
             subagents=True,
             todos=True,
             attachments=True,
+            commands=True,
         )
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -787,6 +791,19 @@ class ScriptConversation:
                 await self._save()
         finally:
             self._starting = False
+
+    async def commands(self) -> list[Command]:
+        """The script's ``[[command]]`` list."""
+        self._check_open()
+        await trio.lowlevel.checkpoint()
+        return list(self._script.script.command)
+
+    async def run_command(self, name: str, args: Prompt) -> None:
+        """Play the turn for the prompt ``/name args`` (as ``send``); Invalid for a name not listed."""
+        if not any(cmd.name == name for cmd in self._script.script.command):
+            raise Invalid(f"the script offers no command /{name}")
+        text = f"/{name} {args.text}" if args.text else f"/{name}"
+        await self.send(Prompt(text=text, attachments=list(args.attachments)))
 
     async def steer(self, prompt: Prompt) -> None:
         """Add ``prompt`` to the running turn as a user item with delivery "steer".
