@@ -995,6 +995,9 @@ class ConversationService:
             raise c.Closed(f"conversation {live.record.id} is closed")
         if live.record.state is _S.BUDGET_PAUSED or self._budget_reached(live):
             raise c.LimitExceeded(self._budget_message(live), details=self._budget_details(live))
+        if if_busy == "steer" and not (await self.runtimes.get(live.record.provider)).capabilities().steer:
+            # Said before anything is stored or sent, turn running or not: a script learns it at once.
+            raise c.Unsupported(f"provider {live.record.provider} cannot steer a running turn (--if-busy steer)")
         await _slash.check(self, live, text)  # a /command the runtime does not offer: Invalid
         stored: list[c.Attachment] = []
         if attachments:

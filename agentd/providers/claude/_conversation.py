@@ -52,6 +52,7 @@ from ...contract import (
     Answer,
     Busy,
     Closed,
+    Command,
     Context,
     ContextEvent,
     Delta,
@@ -282,6 +283,8 @@ class ClaudeConversation:
         self._blocks: dict[str, int] = {}
         self._call: _Call | None = None
         self._reported_model = ""
+        #: the skills among its commands, as its last init message named them
+        self._skills: frozenset[str] = frozenset()
         #: the restart-backoff slot of this conversation's CLI (the provider sets "" for a new one's first start)
         self._restart_key = record.id
 
@@ -371,6 +374,34 @@ class ClaudeConversation:
                 self._provider.spawn(self._save_quietly)
         finally:
             self._submitting = False
+
+    async def commands(self) -> list[Command]:
+        """The user's and the project's commands and skills, as the CLI reports them (its initialize answer).
+
+        Claude Code's built-in commands are left out: their list does not say which become a
+        prompt and which act locally (clear, compact, model ...). Starts the CLI if none runs.
+        Raises RuntimeUnavailable when it cannot start.
+        """
+        self._check_open()
+        session = await self._ensure_session()
+        try:
+            info = await session.client.get_server_info()
+        except Exception as exc:
+            raise InternalError(f"Claude Code did not list its commands: {exc}") from None
+        out: list[Command] = []
+        for entry in (info or {}).get("commands") or []:
+            if not isinstance(entry, dict) or entry.get("builtin") or not isinstance(entry.get("name"), str):
+                continue
+            name = entry["name"]
+            out.append(Command(name=name, kind="skill" if name in self._skills else "command",
+                               description=str(entry.get("description") or ""),
+                               input_hint=str(entry.get("argumentHint") or "")))
+        return out
+
+    async def run_command(self, name: str, args: Prompt) -> None:
+        """Send ``/name args``: Claude Code expands the command (or loads the skill) itself, as typed."""
+        text = f"/{name} {args.text}" if args.text else f"/{name}"
+        await self.send(Prompt(text=text, attachments=list(args.attachments)))
 
     async def steer(self, prompt: Prompt) -> None:
         """Raises :class:`Unsupported`: a prompt sent mid-turn is not delivered into the running turn here."""
@@ -757,6 +788,9 @@ class ClaudeConversation:
 
     def _on_system(self, subtype: str, data: dict[str, Any]) -> None:
         if subtype == "init":
+            skills = data.get("skills")
+            if isinstance(skills, list):
+                self._skills = frozenset(str(n) for n in skills)
             model = str(data.get("model") or "")
             if model and model != self._reported_model:
                 self._reported_model = model

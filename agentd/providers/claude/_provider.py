@@ -186,6 +186,7 @@ class ClaudeProvider:
             usage=True,
             context_size=True,
             account=True,
+            commands=True,
             runtime_process=True,
             model_endpoint=True,
             attachments=True,

@@ -31,6 +31,7 @@ from ...contract import (
     Answer,
     Busy,
     Closed,
+    Command,
     Context,
     ContextEvent,
     ConversationNotFound,
@@ -45,6 +46,7 @@ from ...contract import (
     InteractionGone,
     InteractionKind,
     InteractionState,
+    InternalError,
     Invalid,
     Item,
     ItemEvent,
@@ -202,6 +204,9 @@ class CodexConversation:
         RuntimeUnavailable when the app-server cannot start (or the thread not
         resume). A prompt that cannot be written fails its turn; never resent.
         """
+        await self._start_turn(prompt, prompt.text, [])
+
+    async def _start_turn(self, prompt: Prompt, shown: str, skills: list[dict[str, Any]]) -> None:
         self._check_open()
         if self._turn is not None or self._starting:
             raise Busy(f"a turn is running in conversation {self.id}")
@@ -213,10 +218,10 @@ class CodexConversation:
                 turn = _Turn(self._next_model or self._model)
                 self._turn = turn
                 self._tools = {}
-                self._emit(ItemEvent(item=Item(id=f"{turn.key}-user", kind=ItemKind.USER, text=prompt.text, time=utcnow(),
+                self._emit(ItemEvent(item=Item(id=f"{turn.key}-user", kind=ItemKind.USER, text=shown, time=utcnow(),
                                                attachments=list(prompt.attachments))))
                 self._emit(TurnEvent(turn=Turn(state=TurnState.WORKING, model=turn.model)))
-                params: dict[str, Any] = {"threadId": self.id, "input": _input(prompt)}
+                params: dict[str, Any] = {"threadId": self.id, "input": [*skills, *_input(prompt)]}
                 if self._next_model:
                     params["model"] = self._next_model
                 if self._effort:
@@ -245,6 +250,41 @@ class CodexConversation:
         if isinstance(tid, str) and not turn.codex_id:
             turn.codex_id = tid
             turn.named.set()
+
+    async def _skills(self) -> list[dict[str, Any]]:
+        server = await self._attached()
+        try:
+            raw = await server.request("skills/list", {"cwds": [self.workdir] if self.workdir else []})
+        except RpcError as exc:
+            raise InternalError(f"Codex did not list its skills: {exc.describe()}") from None
+        except ConnectionLost as exc:
+            raise Closed(f"the Codex app-server went away: {exc.reason}") from None
+        out: list[dict[str, Any]] = []
+        for entry in (raw or {}).get("data") or []:
+            for skill in (entry.get("skills") or []) if isinstance(entry, dict) else []:
+                if isinstance(skill, dict) and isinstance(skill.get("name"), str) and skill.get("enabled", True):
+                    out.append(skill)
+        return out
+
+    async def commands(self) -> list[Command]:
+        """The enabled skills Codex finds for this thread's folder (skills/list); Codex's own slash
+        commands act on its terminal interface and are not offered. Raises Closed, RuntimeUnavailable."""
+        self._check_open()
+        return [Command(name=sk["name"], kind="skill",
+                        description=str(sk.get("shortDescription") or sk.get("description") or ""))
+                for sk in await self._skills()]
+
+    async def run_command(self, name: str, args: Prompt) -> None:
+        """Start a turn whose input is the skill (by name and path) and ``args`` as text; the user item
+        shows ``/name args``. Raises Invalid when Codex no longer lists the skill, and what ``send`` raises."""
+        self._check_open()
+        skill = next((sk for sk in await self._skills() if sk["name"] == name), None)
+        if skill is None:
+            raise Invalid(f"Codex lists no skill {name!r}")
+        shown = f"/{name} {args.text}" if args.text else f"/{name}"
+        text = args.text or f"Use the {name} skill."
+        await self._start_turn(Prompt(text=text, attachments=list(args.attachments)), shown,
+                               [{"type": "skill", "name": name, "path": str(skill.get("path") or "")}])
 
     async def steer(self, prompt: Prompt) -> None:
         """Add ``prompt`` to the running turn (turn/steer with the expected turn id).

@@ -44,6 +44,7 @@ from copilot.generated import session_events as se
 from ...contract import (
     Answer,
     Closed,
+    Command,
     Event,
     EventSink,
     ExitEvent,
@@ -169,6 +170,10 @@ class CopilotConversation:
             "streaming": True,
             "working_directory": self.workdir,
             "client_name": "agentd",
+            # Where the CLI finds skills, the same places it looks in a folder it trusts; agentd's
+            # sessions do not discover the folder's other configuration (hooks, MCP servers).
+            "skill_directories": [os.path.join(self.workdir, d, "skills") for d in (".github", ".claude", ".agents")]
+            + [str(self._provider.copilot_home / "skills")],
         }
 
     def _sdk_event(self, event: se.SessionEvent) -> None:
@@ -484,6 +489,9 @@ class CopilotConversation:
         CLI refused the prompt. Cancelling the caller mid-submission leaves
         the outcome uncertain; the turn is reported if the CLI runs it.
         """
+        await self._submit(prompt)
+
+    async def _submit(self, prompt: Prompt, display: str | None = None) -> None:
         self._check_open()
         if self._phase is not _TurnPhase.IDLE:
             raise Busy("a turn is running in this conversation")
@@ -492,7 +500,8 @@ class CopilotConversation:
         self._phase = _TurnPhase.SUBMITTING
         try:
             with trio.fail_after(SUBMIT_TIMEOUT_S):
-                await self._bridge.run(self.session.send, prompt.text, attachments=attachments or None)
+                await self._bridge.run(self.session.send, prompt.text, attachments=attachments or None,
+                                       display_prompt=display)
         except JsonRpcError as exc:
             held, self._held = self._held, []
             self._phase = _TurnPhase.IDLE
@@ -524,6 +533,45 @@ class CopilotConversation:
             if self._closed:
                 return
             self._handle(event)
+
+    async def commands(self) -> list[Command]:
+        """The skills (and SDK-registered commands) the CLI offers in this session.
+
+        The CLI's built-in commands are left out: most act on the CLI itself (model,
+        permissions, share ...), and their list does not say which become a prompt.
+        """
+        self._check_open()
+        listed = await self._call("the command list", self.session.rpc.commands.list,
+                                  _rpc.SessionCommandsListRequest(include_builtins=False, include_client_commands=True,
+                                                                  include_skills=True))
+        out: list[Command] = []
+        for cmd in listed.commands:
+            if cmd.kind is _rpc.SlashCommandKind.BUILTIN:
+                continue
+            hint = cmd.input.hint if cmd.input is not None and isinstance(getattr(cmd.input, "hint", None), str) else ""
+            out.append(Command(name=cmd.name, kind="skill" if cmd.kind is _rpc.SlashCommandKind.SKILL else "command",
+                               description=cmd.description or "", input_hint=hint or ""))
+        return out
+
+    async def run_command(self, name: str, args: Prompt) -> None:
+        """Invoke ``/name args`` in the CLI and send the prompt it makes, shown as ``/name args``.
+
+        Raises Invalid when the CLI refuses the command or it would not become a prompt,
+        and what ``send`` raises.
+        """
+        self._check_open()
+        if self._phase is not _TurnPhase.IDLE:
+            raise Busy("a turn is running in this conversation")
+        try:
+            result = await self._call("the command", self.session.rpc.commands.invoke,
+                                      _rpc.CommandsInvokeRequest(name=name, input=args.text or None))
+        except JsonRpcError as exc:
+            raise Invalid(f"the Copilot CLI refused /{name}: {exc.message}") from None
+        if not isinstance(result, _rpc.SlashCommandAgentPromptResult):
+            raise Invalid(f"/{name} does not become a prompt in the Copilot CLI (it answered {type(result).__name__})")
+        typed = f"/{name} {args.text}" if args.text else f"/{name}"
+        await self._submit(Prompt(text=result.prompt, attachments=list(args.attachments)),
+                           display=result.display_prompt or typed)
 
     async def steer(self, prompt: Prompt) -> None:
         """Add ``prompt`` to the running turn (the CLI delivers it at its next step).

@@ -194,6 +194,7 @@ class CopilotProvider:
         return Capabilities(
             cancel=True,
             steer=True,
+            commands=True,
             permissions=True,
             questions=True,
             plan=True,
