@@ -14,7 +14,6 @@ carries its text. A runtime that cannot steer reports ``steer`` false, and ``sen
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -99,7 +98,7 @@ def test_a_steer_during_a_slow_answer_reaches_the_next_model_request(runtime: Ru
                                   '[[turn.step]]\nkind = "wait"\nuntil = "steer"\n'
                                   '[[turn.step]]\nkind = "text"\ntext = "then {steer}"\n')
     else:
-        runtime.slow_text()
+        _slowish(runtime)
     cid = _new(daemon, runtime, workdir, scenario)
     follower = Follower(daemon, cid, "Tell me a long story")
     follower.wait_for(lambda line: line.get("type") == "delta", timeout=120)
@@ -108,11 +107,35 @@ def test_a_steer_during_a_slow_answer_reaches_the_next_model_request(runtime: Ru
     assert json.loads(steered.stdout)["disposition"] == "steered"
     code = follower.finish(timeout=180)
     assert code == 0, follower.stderr()
-    if runtime.server is None:  # script: the steer is a user item of the running turn
-        items = [r["data"] for r in daemon.journal(cid) if r["type"] == "item"]
-        assert any(i["kind"] == "user" and i.get("delivery") == "steer" and STEER in i["text"] for i in items)
+    assert _steer_outcome(daemon, cid, STEER) == "used"
+    if runtime.server is None:  # script: no model; its turn went on with the steer
         return
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(STEER in json.dumps(r) for r in runtime.server.requests):
-        time.sleep(0.2)
     assert any(STEER in json.dumps(r) for r in runtime.server.requests), f"no model request of {runtime.name} carried the steer"
+    # A steer the turn never gets to use (cancelled right after): a notice says so, or the runtime used it.
+    late = "LATE-STEER-8820"
+    _slowish(runtime)
+    follower = Follower(daemon, cid, "Another long story")
+    follower.wait_for(lambda line: line.get("type") == "delta", timeout=120)
+    assert daemon.agentctl("steer", cid, late).returncode == 0
+    assert daemon.agentctl("cancel", cid).returncode in (0, 9)
+    follower.finish(timeout=60)
+    outcome = _steer_outcome(daemon, cid, late)
+    carried = any(late in json.dumps(r) for r in runtime.server.requests)
+    assert outcome == ("used" if carried else "notice"), (outcome, carried)
+
+
+def _slowish(runtime: Runtime) -> None:
+    """An answer streamed over about 8 s: time to steer, not much longer."""
+    assert runtime.server is not None
+    runtime.server.reset()
+    runtime.server.answer_text_only(" ".join(f"word{i}" for i in range(80)))
+    runtime.server.stream_slowly(0.1)
+
+
+def _steer_outcome(d: Daemon, cid: str, text: str) -> str:
+    """'used' (a user item of delivery steer), 'notice' (a notice item naming it), exactly one of them."""
+    items = [r["data"] for r in d.journal(cid) if r["type"] == "item" and text in r["data"].get("text", "")]
+    used = any(i["kind"] == "user" and i.get("delivery") == "steer" for i in items)
+    notice = any(i["kind"] == "notice" for i in items)
+    assert used != notice, f"steer {text!r}: used={used} notice={notice}: {items}"
+    return "used" if used else "notice"

@@ -63,6 +63,7 @@ from ...contract import (
     utcnow,
     validate_answer,
 )
+from .._common import unused_steer
 from .._jsonrpc import Call, ConnectionLost, RpcError
 from . import _mapping as m
 
@@ -85,7 +86,7 @@ def parse_time(value: Any) -> _dt.datetime | None:
 
 
 class _Turn:
-    __slots__ = ("key", "codex_id", "named", "model", "done", "cancel_requested", "finished", "error")
+    __slots__ = ("key", "codex_id", "named", "model", "done", "cancel_requested", "finished", "error", "steers")
 
     def __init__(self, model: str) -> None:
         self.key = uuid.uuid4().hex[:8]
@@ -98,6 +99,8 @@ class _Turn:
         self.finished = False
         #: the latest error notification Codex will not retry
         self.error = ""
+        #: steers Codex accepted and has not used yet (its userMessage item not seen): (item id, text)
+        self.steers: list[tuple[str, Prompt]] = []
 
 
 class _Pending:
@@ -308,9 +311,8 @@ class CodexConversation:
         except (ConnectionLost, trio.TooSlowError) as exc:
             raise SubmissionUncertain(f"Codex may or may not have received the steering prompt ({exc}); "
                                       "it is not resent") from None
-        self._emit(ItemEvent(item=Item(id=f"{turn.key}-steer-{uuid.uuid4().hex[:6]}", kind=ItemKind.USER,
-                                       text=prompt.text, time=utcnow(), delivery="steer",
-                                       attachments=list(prompt.attachments))))
+        # Its user item comes when Codex uses it (a userMessage item of this turn); see _item.
+        turn.steers.append((f"{turn.key}-steer-{uuid.uuid4().hex[:6]}", prompt))
 
     async def cancel(self) -> None:
         """Interrupt the running turn (turn/interrupt) and return once it ended; no turn: a no-op.
@@ -497,8 +499,12 @@ class CodexConversation:
             self._emit(DeltaEvent(delta=Delta(item_id=iid, kind=kind, text=text)))
 
     def _item(self, raw: Any, *, started: bool) -> None:
-        if not isinstance(raw, dict) or raw.get("type") == "userMessage":
-            return  # the prompt: its user item is agentd's own
+        if isinstance(raw, dict) and raw.get("type") == "userMessage":
+            if not started:
+                self._steer_used(m.user_text(raw.get("content")))
+            return  # the prompt: its user item is agentd's own; a steer's is emitted once Codex used it
+        if not isinstance(raw, dict):
+            return
         kind = raw.get("type")
         if not started and (unknown := m.unknown_item(self._provider.name, raw)) is not None:
             self._emit(unknown)  # an item type of a newer runtime, once, as it completed
@@ -587,6 +593,17 @@ class CodexConversation:
 
     # ------------------------------------------------------------------ ends
 
+    def _steer_used(self, text: str) -> None:
+        turn = self._turn
+        if turn is None:
+            return
+        for n, (iid, prompt) in enumerate(turn.steers):
+            if prompt.text == text or prompt.text in text:
+                del turn.steers[n]
+                self._emit(ItemEvent(item=Item(id=iid, kind=ItemKind.USER, text=prompt.text, time=utcnow(),
+                                               delivery="steer", attachments=list(prompt.attachments))))
+                return
+
     def _finish(self, turn: _Turn, state: TurnState, error: str = "", reason: str = "") -> None:
         """End ``turn`` once: fail its running tools, expire its interactions, emit its terminal TurnEvent."""
         if turn.finished:
@@ -602,6 +619,9 @@ class CodexConversation:
                     self._emit(ItemEvent(item=item))
             self._tools = {}
             self._expire_pending(why)
+            for iid, prompt in turn.steers:
+                self._emit(ItemEvent(item=unused_steer(iid, prompt.text)))
+            turn.steers = []
             self._turn = None
         self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=turn.model)))
         turn.named.set()

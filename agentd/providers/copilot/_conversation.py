@@ -54,6 +54,7 @@ from ...contract import (
     InteractionGone,
     InteractionState,
     InternalError,
+    ItemEvent,
     Invalid,
     Prompt,
     SubmissionUncertain,
@@ -66,6 +67,7 @@ from ...contract import (
     validate_answer,
 )
 from . import _mapping as m
+from .._common import unused_steer
 from ._bridge import BridgeClosed
 
 if TYPE_CHECKING:
@@ -128,6 +130,8 @@ class CopilotConversation:
         self._closed_reason = ""
         self._phase = _TurnPhase.IDLE
         self._held: list[se.SessionEvent] = []
+        #: steers the CLI took and has not delivered yet (no steering user.message came), oldest first
+        self._steers: list[str] = []
         self._turn_no = 0
         self._turn_error = ""
         self._aborted = ""
@@ -263,6 +267,8 @@ class CopilotConversation:
             self._begin_turn()
         for out in self._mapper.map(ev):
             self._emit(out)
+        if main and t is T.USER_MESSAGE and self._steers and ev.data.delivery in m.STEER_DELIVERIES:
+            self._steer_used(ev.data.content or "")
         if self._mapper.flush_pending():
             self._schedule_tail_flush()
         d: Any = ev.data
@@ -361,12 +367,21 @@ class CopilotConversation:
             if self._runtime.alive:  # the CLI works: its restart backoff starts over
                 self._provider._restarts.succeeded(why="a turn completed")
 
+    def _steer_used(self, text: str) -> None:
+        for n, steer in enumerate(self._steers):
+            if steer == text or steer in text:
+                del self._steers[n]
+                return
+
     def _end_turn(self, state: TurnState, *, error: str = "", reason: str = "", inferred: bool = False) -> None:
         """Emit the turn's one terminal event (after closing what it left open)."""
         if self._phase is _TurnPhase.IDLE:
             return
         for out in self._mapper.finish_turn():
             self._emit(out)
+        steers, self._steers = self._steers, []
+        for steer in steers:  # accepted, never delivered (no steering user.message came)
+            self._emit(ItemEvent(item=unused_steer(f"steer-unused-{uuid.uuid4().hex[:8]}", steer)))
         self._expire_all("turn ended")
         self._reset_turn()
         self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, inferred=inferred,
@@ -576,16 +591,22 @@ class CopilotConversation:
     async def steer(self, prompt: Prompt) -> None:
         """Add ``prompt`` to the running turn (the CLI delivers it at its next step).
 
-        Raises :class:`Invalid` when no turn runs, :class:`SubmissionUncertain`
+        The CLI's user message for it (delivery steering) is its user item; a
+        turn that ends before the CLI delivered it ends with a notice item saying
+        so. Raises :class:`Invalid` when no turn runs, :class:`SubmissionUncertain`
         when the CLI died during the submission.
         """
         self._check_open()
         if self._phase is _TurnPhase.IDLE:
             raise Invalid("no turn is running; send the prompt instead")
+        # Noted first: the CLI may deliver it before its answer to the send reaches us.
+        self._steers.append(prompt.text)
         try:
             with trio.fail_after(SUBMIT_TIMEOUT_S):
                 await self._bridge.run(self.session.send, prompt.text, attachments=_attachments(prompt) or None, mode="immediate")
         except JsonRpcError as exc:
+            if prompt.text in self._steers:
+                self._steers.remove(prompt.text)
             raise Invalid(f"the Copilot CLI refused the steering prompt: {exc.message}") from None
         except (ProcessExitedError, BridgeClosed, BrokenPipeError, ConnectionError, trio.TooSlowError) as exc:
             raise SubmissionUncertain(f"the Copilot CLI may or may not have received the steering prompt ({exc}); it is not resent") from None
