@@ -1180,6 +1180,8 @@ class ConversationService:
 
     async def steer(self, ref: str, text: str) -> wire.SendResult:
         live = await self.live(ref)
+        if not (await self.runtimes.get(live.record.provider)).capabilities().steer:
+            raise c.Unsupported(f"provider {live.record.provider} cannot steer a running turn")
         async with live.send_lock:
             if not live.run:
                 raise c.Invalid("no turn is running; use send")

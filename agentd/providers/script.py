@@ -70,6 +70,7 @@ from ..contract import (
     InteractionState,
     Invalid,
     Item,
+    NotFound,
     ItemEvent,
     ItemKind,
     Model,
@@ -565,6 +566,7 @@ class ScriptProvider:
             todos=True,
             attachments=True,
             commands=True,
+            cancel_subagent=True,
         )
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -704,6 +706,8 @@ class _Turn:
         #: items streamed or running, by (agent_id, id): finished on cancel
         self.live: dict[tuple[str, str], Item] = {}
         self.subagents: dict[str, Subagent] = {}
+        #: the cancel scope of each subagent running now (``cancel_subagent`` stops only that one)
+        self.subagent_scopes: dict[str, trio.CancelScope] = {}
         #: why the scope was cancelled: "" (cancel), "closed"; None = shutdown
         self.stop_reason: str | None = None
         #: files sent with the prompt, for {attachments}
@@ -791,6 +795,22 @@ class ScriptConversation:
                 await self._save()
         finally:
             self._starting = False
+
+    async def cancel_subagent(self, agent_id: str) -> None:
+        """Stop only subagent ``agent_id`` of the running turn: it ends cancelled, its ``task`` tool
+        item failed, and the turn's later steps run. Raises NotFound when no such subagent runs."""
+        self._check_open()
+        await trio.lowlevel.checkpoint()
+        turn = self._turn
+        scope = turn.subagent_scopes.get(agent_id) if turn is not None else None
+        if scope is None:
+            raise NotFound(f"no subagent {agent_id!r} is running")
+        scope.cancel()
+
+    async def prompt_subagent(self, agent_id: str, text: str) -> None:
+        """Raises Unsupported: a script's subagents never wait idle for a follow-up."""
+        await trio.lowlevel.checkpoint()
+        raise Unsupported("the script provider's subagents take no follow-up prompts")
 
     async def commands(self) -> list[Command]:
         """The script's ``[[command]]`` list."""
@@ -1245,13 +1265,25 @@ class ScriptConversation:
         steps: list[Any] = list(step.step)
         if step.text:
             steps.append(TextStep(text=step.text))
-        await self._steps(turn, steps, item_id, sub.id)
+        with trio.CancelScope() as scope:
+            turn.subagent_scopes[sub.id] = scope
+            try:
+                await self._steps(turn, steps, item_id, sub.id)
+            finally:
+                turn.subagent_scopes.pop(sub.id, None)
         report = next((i.text for i in reversed(self._record.items)
                        if i.agent_id == sub.id and i.kind is ItemKind.ASSISTANT), "")
         tools = sum(isinstance(s, ToolStep) for s in step.step)
         sub = msgspec.structs.replace(sub, tool_calls=tools)
         now = utcnow()
-        if step.fail:
+        if scope.cancelled_caught:
+            # Only this subagent was stopped: its streamed items end as they are, the turn goes on.
+            for key in [k for k in turn.live if k[0] == sub.id]:
+                item = turn.live.pop(key)
+                self._put(turn, msgspec.structs.replace(item, ended_at=now))
+            self._put_subagent(turn, _end_subagent(sub, SubagentStatus.CANCELLED, now, ""))
+            done = msgspec.structs.replace(call, status=ToolStatus.FAILED, output="the subagent was cancelled")
+        elif step.fail:
             error = turn.render(step.fail)
             self._put_subagent(turn, _end_subagent(sub, SubagentStatus.FAILED, now, error))
             done = msgspec.structs.replace(call, status=ToolStatus.FAILED, output=error)
