@@ -55,6 +55,7 @@ from ...contract import (
     InteractionState,
     InternalError,
     ItemEvent,
+    NotFound,
     Invalid,
     Prompt,
     SubmissionUncertain,
@@ -548,6 +549,41 @@ class CopilotConversation:
             if self._closed:
                 return
             self._handle(event)
+
+    async def _agent_task(self, agent_id: str) -> Any:
+        sub = self._mapper.subagents.get(agent_id)
+        listed = await self._call("the task list", self.session.rpc.tasks.list)
+        for task in getattr(listed, "tasks", []) or []:
+            if not isinstance(task, _rpc.TaskAgentInfo):
+                continue
+            if task.id == agent_id or (sub is not None and sub.parent_tool_call_id and task.tool_call_id == sub.parent_tool_call_id):
+                return task
+        raise NotFound(f"the Copilot CLI runs no agent task for subagent {agent_id!r}")
+
+    async def cancel_subagent(self, agent_id: str) -> None:
+        """Cancel the CLI's agent task behind subagent ``agent_id`` (``session.tasks.cancel``); its end
+        comes as the CLI's subagent event. Raises NotFound (no such task), Invalid (the CLI refused)."""
+        self._check_open()
+        task = await self._agent_task(agent_id)
+        try:
+            done = await self._call("the subagent cancel", self.session.rpc.tasks.cancel, _rpc.TasksCancelRequest(id=task.id))
+        except JsonRpcError as exc:
+            raise Invalid(f"the Copilot CLI refused to cancel subagent {agent_id!r}: {exc.message}") from None
+        if not done.cancelled:
+            raise Invalid(f"the Copilot CLI did not cancel subagent {agent_id!r} (it may have ended)")
+
+    async def prompt_subagent(self, agent_id: str, text: str) -> None:
+        """Send ``text`` to the CLI's idle agent task behind ``agent_id`` (``session.tasks.sendMessage``).
+        Raises NotFound, Invalid (refused or not delivered)."""
+        self._check_open()
+        task = await self._agent_task(agent_id)
+        try:
+            sent = await self._call("the subagent prompt", self.session.rpc.tasks.send_message,
+                                    _rpc.TasksSendMessageRequest(id=task.id, message=text))
+        except JsonRpcError as exc:
+            raise Invalid(f"the Copilot CLI refused the prompt for subagent {agent_id!r}: {exc.message}") from None
+        if not sent.sent:
+            raise Invalid(f"the Copilot CLI did not deliver the prompt to subagent {agent_id!r}: {sent.error or 'no reason given'}")
 
     async def commands(self) -> list[Command]:
         """The skills (and SDK-registered commands) the CLI offers in this session.

@@ -206,6 +206,7 @@ class CopilotProvider:
             usage=True,
             context_size=True,
             subagents=True,
+            cancel_subagent=True,
             todos=True,
             import_=True,
             account=True,
