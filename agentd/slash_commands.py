@@ -107,10 +107,13 @@ async def run(service: "ConversationService", ref: str, name: str, args: str = "
               if_busy: str = "reject") -> wire.SendResult:
     """Run command ``name`` with ``args`` as a turn of ``ref``: ``send`` of ``/name args``.
 
+    ``if_busy`` is reject, queue or interrupt (steer is Invalid: a command is a turn).
     Raises Invalid (not offered: the message lists what is), Unsupported (no
     commands on this provider), and what ``send`` raises.
     """
     name = name.removeprefix("/")
+    if if_busy == "steer":
+        raise c.Invalid("a command runs as a turn of its own; it cannot be steered into the running one")
     if parse(f"/{name}") is None:
         raise c.Invalid(f"{name!r} is not a command name")
     live = await service.live(ref)

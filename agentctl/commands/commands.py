@@ -43,7 +43,7 @@ def commands(conversation: str) -> None:
 @click.argument("conversation")
 @click.argument("name")
 @click.argument("args", nargs=-1)
-@click.option("--if-busy", type=click.Choice(["reject", "queue", "steer", "interrupt"]), default="reject",
+@click.option("--if-busy", type=click.Choice(["reject", "queue", "interrupt"]), default="reject",
               show_default=True, help="What to do when a turn is running (reject exits 7).")
 @click.option("--follow", "-f", is_flag=True, help="Follow the turn until it ends; exit with its outcome.")
 @_with(_follow_options)
