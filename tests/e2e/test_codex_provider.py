@@ -24,7 +24,7 @@ from daemon_harness import Daemon
 from modelserver import DEFAULT_FINAL_TEXT
 from acp_agents import codex_shell_arguments
 from runtimes_e2e import CodexRuntime
-from test_conformance import Follower, _descendants, _json, _pending
+from conformance import Follower, _descendants, _json, _pending
 
 pytestmark = pytest.mark.e2e
 
