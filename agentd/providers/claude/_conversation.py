@@ -441,12 +441,13 @@ class ClaudeConversation:
         if turn is None or not turn.steers:
             return
         content = (data.get("message") or {}).get("content")
-        if isinstance(content, list):
+        blocks = isinstance(content, list)
+        if blocks:  # a steer with attachments: its text, then a note naming the files
             content = "\n".join(str(b.get("text") or "") for b in content if isinstance(b, dict) and b.get("type") == "text")
         if not isinstance(content, str):
             return
         for n, (key, prompt) in enumerate(turn.steers):
-            if prompt.text == content or (prompt.text and prompt.text in content):
+            if prompt.text == content or (blocks and prompt.text and content.startswith(prompt.text)):
                 del turn.steers[n]
                 self._emit(ItemEvent(item=Item(id=key, kind=ItemKind.USER, text=prompt.text, time=utcnow(),
                                                delivery="steer", attachments=list(prompt.attachments))))
