@@ -405,6 +405,10 @@ COMMANDS: dict[str, str] = {
     "restart": "cli:restart",
     "fork": "forkrewind:fork",
     "rewind": "forkrewind:rewind",
+    "commands": "commands:commands",
+    "command": "commands:command",
+    "subagents": "commands:subagents",
+    "subagent": "commands:subagent",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

@@ -147,6 +147,8 @@ class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
 
     cancel: bool = False
     steer: bool = False
+    #: list the runtime's slash commands and skills, and run one as a turn (:class:`CommandRunner`)
+    commands: bool = False
     permissions: bool = False
     questions: bool = False
     plan: bool = False
@@ -161,6 +163,10 @@ class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
     usage: bool = False
     context_size: bool = False
     subagents: bool = False
+    #: stop one subagent instance, the rest going on (:class:`SubagentController`)
+    cancel_subagent: bool = False
+    #: send text to one idle subagent (:class:`SubagentController`)
+    prompt_subagent: bool = False
     todos: bool = False
     #: list the runtime's earlier conversations for a folder
     import_: bool = msgspec.field(default=False, name="import")
@@ -1051,3 +1057,54 @@ class AccountReader(Protocol):
     """A provider whose ``capabilities().account`` is True."""
 
     async def account(self) -> Account: ...
+
+
+# --------------------------------------------------------------------------- commands
+
+
+CommandKind = Literal["skill", "command"]
+
+
+class Command(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One slash command a runtime offers that becomes a prompt: a skill or a prompt command.
+
+    ``name`` has no leading slash; ``input_hint`` says what its arguments are ("" = none
+    described). Runtime commands that act locally (clear, model, config ...) are never listed.
+    """
+
+    name: str
+    kind: CommandKind = "command"
+    description: str = ""
+    input_hint: str = ""
+
+
+@runtime_checkable
+class CommandRunner(Protocol):
+    """A conversation whose provider's ``capabilities().commands`` is True."""
+
+    async def commands(self) -> list[Command]:
+        """The commands offered now, in the runtime's order. Sends no prompt."""
+        ...
+
+    async def run_command(self, name: str, args: Prompt) -> None:
+        """Run command ``name`` (one :meth:`commands` lists) with ``args.text`` as its arguments.
+
+        Starts a turn like ``Conversation.send``, with its outcomes (Busy,
+        SubmissionUncertain, ...); the runtime's record of the user message shows
+        ``/name args``. A command whose result would not start a prompt turn is Invalid.
+        """
+        ...
+
+
+@runtime_checkable
+class SubagentController(Protocol):
+    """A conversation whose provider can stop (``cancel_subagent``) or prompt (``prompt_subagent``) one subagent."""
+
+    async def cancel_subagent(self, agent_id: str) -> None:
+        """Stop only ``agent_id``; its end comes as a SubagentEvent. Raises NotFound, Unsupported."""
+        ...
+
+    async def prompt_subagent(self, agent_id: str, text: str) -> None:
+        """Send ``text`` to idle ``agent_id``; returns once the runtime took it. Raises Invalid,
+        SubmissionUncertain (never resent), Unsupported."""
+        ...

@@ -38,6 +38,7 @@ from . import itemids as _itemids
 from . import masking
 from . import models as _models
 from . import runtime_output
+from . import slash_commands as _slash
 from . import tool_outputs as _tool_outputs
 from . import turnwatch as _turnwatch
 from . import usage as _usage
@@ -1092,6 +1093,10 @@ class ConversationService:
             raise c.Closed(f"conversation {live.record.id} is closed")
         if live.record.state is _S.BUDGET_PAUSED or self._budget_reached(live):
             raise c.LimitExceeded(self._budget_message(live), details=self._budget_details(live))
+        if if_busy == "steer" and not (await self.runtimes.get(live.record.provider)).capabilities().steer:
+            # Said before anything is stored or sent, turn running or not: a script learns it at once.
+            raise c.Unsupported(f"provider {live.record.provider} cannot steer a running turn (--if-busy steer)")
+        await _slash.check(self, live, text)  # a /command the runtime does not offer: Invalid
         stored: list[c.Attachment] = []
         if attachments:
             if live.run and if_busy == "reject":
@@ -1224,7 +1229,7 @@ class ConversationService:
             live.sent_run = run
             live.sink.tagger.begin(run)
             try:
-                await conv.send(c.Prompt(text=text, attachments=list(attachments or [])))
+                await _slash.submit(self, live, conv, c.Prompt(text=text, attachments=list(attachments or [])))
             except BaseException as exc:
                 if not isinstance(exc, c.SubmissionUncertain):
                     live.sink.tagger.open = False  # the provider refused it: no turn of its own runs
@@ -1281,6 +1286,8 @@ class ConversationService:
 
     async def steer(self, ref: str, text: str) -> wire.SendResult:
         live = await self.live(ref)
+        if not (await self.runtimes.get(live.record.provider)).capabilities().steer:
+            raise c.Unsupported(f"provider {live.record.provider} cannot steer a running turn")
         async with live.send_lock:
             if not live.run:
                 raise c.Invalid("no turn is running; use send")

@@ -297,6 +297,11 @@ class Server:
             wire.Restart: self._restart,
             wire.Fork: self._fork,
             wire.Rewind: self._rewind,
+            wire.ListCommands: self._commands,
+            wire.RunCommand: self._run_command,
+            wire.ListSubagents: self._subagents,
+            wire.CancelSubagent: self._subagent_cancel,
+            wire.PromptSubagent: self._subagent_prompt,
 
             wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
@@ -549,6 +554,30 @@ class Server:
         from . import branching
 
         return await branching.rewind(self.service, req.conversation, req.to, preview=req.preview)
+    async def _commands(self, conn: _Connection, req: wire.ListCommands) -> wire.CommandList:
+        from . import slash_commands
+
+        return await slash_commands.listing(self.service, req.conversation)
+
+    async def _run_command(self, conn: _Connection, req: wire.RunCommand) -> wire.SendResult:
+        from . import slash_commands
+
+        return await slash_commands.run(self.service, req.conversation, req.name, req.args, if_busy=req.if_busy)
+
+    async def _subagents(self, conn: _Connection, req: wire.ListSubagents) -> wire.SubagentList:
+        from . import subagents
+
+        return await subagents.listing(self.service, req.conversation)
+
+    async def _subagent_cancel(self, conn: _Connection, req: wire.CancelSubagent) -> None:
+        from . import subagents
+
+        await subagents.cancel(self.service, req.conversation, req.agent)
+
+    async def _subagent_prompt(self, conn: _Connection, req: wire.PromptSubagent) -> None:
+        from . import subagents
+
+        await subagents.prompt(self.service, req.conversation, req.agent, req.text)
 
     async def _ls(self, conn: _Connection, req: wire.List) -> list[wire.ConversationRecord]:
         return self.service.list(include_closed=req.all)

@@ -28,6 +28,7 @@ from .contract import (
     LimitExceeded,
     AnswerRecord,
     Capabilities,
+    Command,
     Context,
     Interaction,
     Item,
@@ -453,6 +454,54 @@ class RestartResult(msgspec.Struct, frozen=True, omit_defaults=True):
     #: seconds spent waiting for running turns to end
     waited_s: float = 0.0
     providers: list["ProviderInfo"] = []
+# ---- commands
+
+
+class ListCommands(_Request, tag="commands"):
+    """The slash commands and skills the conversation's runtime offers (opens it on its runtime)."""
+
+    conversation: str
+
+
+class RunCommand(_Request, tag="command"):
+    """Run one offered command as a turn: the same as ``send`` of ``/name args``."""
+
+    conversation: str
+    name: str
+    args: str = ""
+    if_busy: IfBusy = "reject"
+
+
+class ListSubagents(_Request, tag="subagents"):
+    """The conversation's subagents with their latest status, from its journal."""
+
+    conversation: str
+
+
+class CancelSubagent(_Request, tag="subagent_cancel"):
+    """Stop exactly one subagent instance; its parent and siblings go on."""
+
+    conversation: str
+    agent: str
+
+
+class PromptSubagent(_Request, tag="subagent_prompt"):
+    """Send text to one idle subagent instance; not a turn of the conversation."""
+
+    conversation: str
+    agent: str
+    text: str
+
+
+class CommandList(msgspec.Struct, frozen=True, omit_defaults=True):
+    conversation: str
+    provider: str
+    commands: list[Command] = []
+
+
+class SubagentList(msgspec.Struct, frozen=True, omit_defaults=True):
+    conversation: str
+    subagents: list[Subagent] = []
 
 
 Request = Union[
@@ -482,6 +531,11 @@ Request = Union[
     Restart,
     Fork,
     Rewind,
+    ListCommands,
+    RunCommand,
+    ListSubagents,
+    CancelSubagent,
+    PromptSubagent,
 
     ShowItem,
     Shutdown,

@@ -1,4 +1,4 @@
-"""Small helpers shared by the providers that speak JSON over a runtime's stdio (acp, codex).
+"""Small helpers shared by the providers (most by those speaking JSON over a runtime's stdio: acp, codex).
 
 Import-light and importing no provider: providers are built at once in worker
 threads, and one provider package importing another could see it half-initialized.
@@ -59,3 +59,13 @@ def agentd_version() -> str:
     from agentd import __version__
 
     return __version__
+
+
+def unused_steer(item_id: str, text: str) -> Any:
+    """The notice item saying that a steer the runtime accepted was not used by the turn's end
+    (the contract's rule for ``steer``); ``text`` is the steer, shown cut to 200 characters."""
+    from ..contract import Item, ItemKind, utcnow
+
+    shown = text if len(text) <= 200 else text[:199] + "…"
+    return Item(id=item_id, kind=ItemKind.NOTICE, time=utcnow(),
+                text=f"The turn ended before the runtime used this steer; it was not delivered: {shown}")

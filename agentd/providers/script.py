@@ -48,6 +48,7 @@ from ..contract import (
     Answer,
     Attachment,
     Capabilities,
+    Command,
     Closed,
     Context,
     ContextEvent,
@@ -69,6 +70,7 @@ from ..contract import (
     InteractionState,
     Invalid,
     Item,
+    NotFound,
     ItemEvent,
     ItemKind,
     Model,
@@ -345,6 +347,8 @@ class Script(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: str = ""
     chunk: Positive = 16
     delay_ms: NonNegative = 20
+    #: ``[[command]]``: the slash commands a conversation on this script offers (name, kind, ...)
+    command: list[Command] = []
 
 
 class _Loaded:
@@ -563,6 +567,8 @@ class ScriptProvider:
             attachments=True,
             fork=True,
             rewind=True,
+            commands=True,
+            cancel_subagent=True,
         )
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -727,6 +733,8 @@ class _Turn:
         #: items streamed or running, by (agent_id, id): finished on cancel
         self.live: dict[tuple[str, str], Item] = {}
         self.subagents: dict[str, Subagent] = {}
+        #: the cancel scope of each subagent running now (``cancel_subagent`` stops only that one)
+        self.subagent_scopes: dict[str, trio.CancelScope] = {}
         #: why the scope was cancelled: "" (cancel), "closed"; None = shutdown
         self.stop_reason: str | None = None
         #: files sent with the prompt, for {attachments}
@@ -814,6 +822,35 @@ class ScriptConversation:
                 await self._save()
         finally:
             self._starting = False
+
+    async def cancel_subagent(self, agent_id: str) -> None:
+        """Stop only subagent ``agent_id`` of the running turn: it ends cancelled, its ``task`` tool
+        item failed, and the turn's later steps run. Raises NotFound when no such subagent runs."""
+        self._check_open()
+        await trio.lowlevel.checkpoint()
+        turn = self._turn
+        scope = turn.subagent_scopes.get(agent_id) if turn is not None else None
+        if scope is None:
+            raise NotFound(f"no subagent {agent_id!r} is running")
+        scope.cancel()
+
+    async def prompt_subagent(self, agent_id: str, text: str) -> None:
+        """Raises Unsupported: a script's subagents never wait idle for a follow-up."""
+        await trio.lowlevel.checkpoint()
+        raise Unsupported("the script provider's subagents take no follow-up prompts")
+
+    async def commands(self) -> list[Command]:
+        """The script's ``[[command]]`` list."""
+        self._check_open()
+        await trio.lowlevel.checkpoint()
+        return list(self._script.script.command)
+
+    async def run_command(self, name: str, args: Prompt) -> None:
+        """Play the turn for the prompt ``/name args`` (as ``send``); Invalid for a name not listed."""
+        if not any(cmd.name == name for cmd in self._script.script.command):
+            raise Invalid(f"the script offers no command /{name}")
+        text = f"/{name} {args.text}" if args.text else f"/{name}"
+        await self.send(Prompt(text=text, attachments=list(args.attachments)))
 
     async def steer(self, prompt: Prompt) -> None:
         """Add ``prompt`` to the running turn as a user item with delivery "steer".
@@ -1275,13 +1312,25 @@ class ScriptConversation:
         steps: list[Any] = list(step.step)
         if step.text:
             steps.append(TextStep(text=step.text))
-        await self._steps(turn, steps, item_id, sub.id)
+        with trio.CancelScope() as scope:
+            turn.subagent_scopes[sub.id] = scope
+            try:
+                await self._steps(turn, steps, item_id, sub.id)
+            finally:
+                turn.subagent_scopes.pop(sub.id, None)
         report = next((i.text for i in reversed(self._record.items)
                        if i.agent_id == sub.id and i.kind is ItemKind.ASSISTANT), "")
         tools = sum(isinstance(s, ToolStep) for s in step.step)
         sub = msgspec.structs.replace(sub, tool_calls=tools)
         now = utcnow()
-        if step.fail:
+        if scope.cancelled_caught:
+            # Only this subagent was stopped: its streamed items end as they are, the turn goes on.
+            for key in [k for k in turn.live if k[0] == sub.id]:
+                item = turn.live.pop(key)
+                self._put(turn, msgspec.structs.replace(item, ended_at=now))
+            self._put_subagent(turn, _end_subagent(sub, SubagentStatus.CANCELLED, now, ""))
+            done = msgspec.structs.replace(call, status=ToolStatus.FAILED, output="the subagent was cancelled")
+        elif step.fail:
             error = turn.render(step.fail)
             self._put_subagent(turn, _end_subagent(sub, SubagentStatus.FAILED, now, error))
             done = msgspec.structs.replace(call, status=ToolStatus.FAILED, output=error)

@@ -13,7 +13,7 @@ import msgspec
 
 from ... import runtime_output
 from ..._fsutil import read_file
-from ...contract import Option, Prompt, Todo, TodoList, ToolCall, ToolStatus, TurnState
+from ...contract import Command, Option, Prompt, Todo, TodoList, ToolCall, ToolStatus, TurnState
 from .._common import MAX_TOOL_TEXT, bound, render_input
 from . import _schema as s
 
@@ -169,6 +169,19 @@ def permission_options(options: list[s.PermissionOption]) -> list[Option]:
                allow_once=o.kind == "allow_once", reject=o.kind.startswith("reject"))
         for o in options
     ]
+
+
+def commands(available: list[dict[str, Any]]) -> list[Command]:
+    """An available_commands_update's commands (``{name, description, input: {hint}}``); odd entries skipped."""
+    out: list[Command] = []
+    for entry in available:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name.strip():
+            continue
+        hint = entry.get("input")
+        out.append(Command(name=name.strip().removeprefix("/"), description=str(entry.get("description") or ""),
+                           input_hint=str(hint.get("hint") or "") if isinstance(hint, dict) else ""))
+    return out
 
 
 def todos(plan: s.PlanUpdate) -> TodoList:

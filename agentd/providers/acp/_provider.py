@@ -49,6 +49,7 @@ from ...contract import (
     Answer,
     Busy,
     Capabilities,
+    Command,
     Closed,
     Context,
     ContextEvent,
@@ -115,6 +116,9 @@ LOAD_SETTLE_MAX_S = 3.0
 LOAD_IN_A_LATER_MINUTE = frozenset({"gemini-cli"})
 #: past the minute's turn, for the agent's clock against ours, s
 LOAD_MINUTE_MARGIN_S = 0.5
+#: How long ``commands()`` waits for an agent's first available_commands_update, seconds.
+COMMANDS_WAIT_S = 3.0
+
 
 class _Record(msgspec.Struct, omit_defaults=True):
     """``conversations/<id>.json``: what a reopen needs besides the id."""
@@ -291,6 +295,7 @@ class AcpProvider:
             runtime_process=True,
             model_endpoint=True,
             attachments=True,
+            commands=True,
             history=load,
             reopen=load or sc.resume is not None,
             # listing alone adopts nothing: the session must also load or resume by id
@@ -747,8 +752,10 @@ class AcpConversation:
         self._retiring: _Agent | None = None
         #: trio time of the latest session/update
         self._last_update = 0.0
-        #: the agent's slash commands (available_commands_update), names only
-        self.commands: list[str] = []
+        #: the agent's slash commands (its latest available_commands_update)
+        self._commands: list[Command] = []
+        #: set once the agent sent a list (it may send none)
+        self._commands_seen = trio.Event()
 
     # ------------------------------------------------------------------ properties
 
@@ -817,6 +824,24 @@ class AcpConversation:
                 self._provider._spawn(self._await_turn, turn, call)
         finally:
             self._starting = False
+
+    async def commands(self) -> list[Command]:
+        """The commands of the agent's latest available_commands_update.
+
+        Starts the agent when it does not run; waits up to COMMANDS_WAIT_S for a
+        first list (agents send it after session/new), then an agent that sent
+        none offers none. Raises RuntimeUnavailable, Closed.
+        """
+        self._check_open()
+        await self._ensure_agent()
+        with trio.move_on_after(COMMANDS_WAIT_S):
+            await self._commands_seen.wait()
+        return list(self._commands)
+
+    async def run_command(self, name: str, args: Prompt) -> None:
+        """Send the prompt ``/name args``: an ACP agent runs its commands from the prompt text."""
+        text = f"/{name} {args.text}" if args.text else f"/{name}"
+        await self.send(Prompt(text=text, attachments=list(args.attachments)))
 
     async def steer(self, prompt: Prompt) -> None:
         """Raises Unsupported: ACP has no way to add to a running prompt turn."""
@@ -1222,8 +1247,9 @@ class AcpConversation:
                 self._cost = u.cost.amount
                 self._emit(UsageEvent(usage=Usage(cost_usd=u.cost.amount)))
         elif isinstance(u, s.AvailableCommandsUpdate):
-            self.commands = [str(c.get("name", "")) for c in u.available_commands]
-            log.debug("acp.commands", agent=self._provider.name, conversation=self.id, count=len(self.commands))
+            self._commands = m.commands(u.available_commands)
+            self._commands_seen.set()
+            log.debug("acp.commands", agent=self._provider.name, conversation=self.id, count=len(self._commands))
         elif isinstance(u, s.CurrentModeUpdate):
             if self._modes is not None:
                 self._modes.current_mode_id = u.current_mode_id

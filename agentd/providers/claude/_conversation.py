@@ -52,6 +52,7 @@ from ...contract import (
     Answer,
     Busy,
     Closed,
+    Command,
     Context,
     ContextEvent,
     Delta,
@@ -88,6 +89,7 @@ from ...contract import (
     utcnow,
     validate_answer,
 )
+from .._common import unused_steer
 from . import _mapping as m
 
 if TYPE_CHECKING:
@@ -196,6 +198,8 @@ class _Turn:
         self.last_usage: dict[str, Any] = {}
         #: uuid of the turn's last main-chain transcript entry seen: where a fork or rewind resumes
         self.last_uuid = ""
+        #: steers written to the CLI that it has not taken yet (no echo of them came), oldest first
+        self.steers: list[tuple[str, Prompt]] = []
 
 
 class _Session:
@@ -284,6 +288,8 @@ class ClaudeConversation:
         self._blocks: dict[str, int] = {}
         self._call: _Call | None = None
         self._reported_model = ""
+        #: the skills among its commands, as its last init message named them
+        self._skills: frozenset[str] = frozenset()
         #: the restart-backoff slot of this conversation's CLI (the provider sets "" for a new one's first start)
         self._restart_key = record.id
 
@@ -374,10 +380,80 @@ class ClaudeConversation:
         finally:
             self._submitting = False
 
-    async def steer(self, prompt: Prompt) -> None:
-        """Raises :class:`Unsupported`: a prompt sent mid-turn is not delivered into the running turn here."""
+    async def commands(self) -> list[Command]:
+        """The user's and the project's commands and skills, as the CLI reports them (its initialize answer).
+
+        Claude Code's built-in commands are left out: their list does not say which become a
+        prompt and which act locally (clear, compact, model ...). Starts the CLI if none runs.
+        Raises RuntimeUnavailable when it cannot start.
+        """
         self._check_open()
-        raise Unsupported("the claude provider cannot add a prompt to a running turn; send it after the turn ends")
+        session = await self._ensure_session()
+        try:
+            info = await session.client.get_server_info()
+        except Exception as exc:
+            raise InternalError(f"Claude Code did not list its commands: {exc}") from None
+        out: list[Command] = []
+        for entry in (info or {}).get("commands") or []:
+            if not isinstance(entry, dict) or entry.get("builtin") or not isinstance(entry.get("name"), str):
+                continue
+            name = entry["name"]
+            out.append(Command(name=name, kind="skill" if name in self._skills else "command",
+                               description=str(entry.get("description") or ""),
+                               input_hint=str(entry.get("argumentHint") or "")))
+        return out
+
+    async def run_command(self, name: str, args: Prompt) -> None:
+        """Send ``/name args``: Claude Code expands the command (or loads the skill) itself, as typed."""
+        text = f"/{name} {args.text}" if args.text else f"/{name}"
+        await self.send(Prompt(text=text, attachments=list(args.attachments)))
+
+    async def steer(self, prompt: Prompt) -> None:
+        """Write ``prompt`` to the CLI during the running turn; return once it has it.
+
+        Claude Code takes it at its next step (with the running tool calls' results),
+        or, when the answer has no next step, right after it: the agentd turn then
+        goes on until that is answered too. Its user item (delivery ``steer``) comes
+        when the CLI echoes it as taken; a turn that ends first (a cancel) ends with
+        a notice item saying it was not used. Raises Invalid when no turn runs,
+        SubmissionUncertain when the write failed part-way (never resent).
+        """
+        self._check_open()
+        turn, session = self._turn, self._session
+        if turn is None or turn.ended or turn.cancelling or session is None or not session.alive:
+            raise Invalid("no turn is running; send the prompt instead")
+        content: Any = prompt.text
+        if prompt.attachments:
+            content = await trio.to_thread.run_sync(prompt_content, prompt)
+        mid = str(uuid.uuid4())
+        turn.steers.append((f"steer-{mid}", prompt))  # noted first: the echo may come before the write returns
+        message = {"type": "user", "message": {"role": "user", "content": content}, "parent_tool_use_id": None,
+                   "session_id": self.id, "uuid": mid}
+        with trio.CancelScope(shield=True):
+            try:
+                with trio.fail_after(SUBMIT_TIMEOUT_S):
+                    await session.client.query(_one(message))
+            except (Exception, trio.TooSlowError) as exc:
+                raise SubmissionUncertain(f"the steer may or may not have reached Claude Code ({exc}); "
+                                          "it is not resent") from None
+
+    def _echoed(self, data: dict[str, Any]) -> None:
+        """A user message the CLI took (``--replay-user-messages``): a steer's, when one waits."""
+        turn = self._turn
+        if turn is None or not turn.steers:
+            return
+        content = (data.get("message") or {}).get("content")
+        blocks = isinstance(content, list)
+        if blocks:  # a steer with attachments: its text, then a note naming the files
+            content = "\n".join(str(b.get("text") or "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+        if not isinstance(content, str):
+            return
+        for n, (key, prompt) in enumerate(turn.steers):
+            if prompt.text == content or (blocks and prompt.text and content.startswith(prompt.text)):
+                del turn.steers[n]
+                self._emit(ItemEvent(item=Item(id=key, kind=ItemKind.USER, text=prompt.text, time=utcnow(),
+                                               delivery="steer", attachments=list(prompt.attachments))))
+                return
 
     async def cancel(self) -> None:
         """Interrupt the running turn and wait until it ended ``cancelled``; no turn: a no-op.
@@ -631,6 +707,9 @@ class ClaudeConversation:
                     unknown = m.unknown_message(data, message)  # a type this SDK skips, a new subtype
                     if unknown is not None:
                         self._emit(unknown)
+                    if isinstance(data, dict) and data.get("type") == "user" and data.get("isReplay"):
+                        self._echoed(data)
+                        continue
                     if message is not None:
                         self._dispatch(session, message)
             else:  # pragma: no cover - an SDK without the private query object
@@ -787,6 +866,9 @@ class ClaudeConversation:
 
     def _on_system(self, subtype: str, data: dict[str, Any]) -> None:
         if subtype == "init":
+            skills = data.get("skills")
+            if isinstance(skills, list):
+                self._skills = frozenset(str(n) for n in skills)
             model = str(data.get("model") or "")
             if model and model != self._reported_model:
                 self._reported_model = model
@@ -905,6 +987,10 @@ class ClaudeConversation:
             used = prompt + cached + int(u.get("output_tokens") or 0)
             self._emit(ContextEvent(context=Context(used=used, limit=window, prompt=prompt + cached, cached=cached)))
         aborted = msg.terminal_reason in ("aborted_streaming", "aborted_tools")
+        if turn.steers and not (turn.cancelling or aborted or msg.is_error):
+            # Steers came after the answer's last step: the CLI answers them next, in this turn.
+            log.info("claude.turn_goes_on_for_steers", conversation=self.id, steers=len(turn.steers))
+            return
         if turn.cancelling or aborted:
             self._end_turn(turn, TurnState.CANCELLED)
         elif msg.is_error:
@@ -972,6 +1058,9 @@ class ClaudeConversation:
         self._live.clear()
         self._blocks.clear()
         self._call = None
+        for key, prompt in turn.steers:
+            self._emit(ItemEvent(item=unused_steer(key, prompt.text)))
+        turn.steers = []
         if self._turn is turn:
             self._turn = None
         # The turn's last transcript entry: what a fork or rewind resumes at (resume_session_at).

@@ -190,6 +190,7 @@ class ClaudeProvider:
     def capabilities(self) -> Capabilities:
         return Capabilities(
             cancel=True,
+            steer=True,
             permissions=True,
             questions=True,
             history=True,
@@ -199,6 +200,7 @@ class ClaudeProvider:
             context_size=True,
             account=True,
             import_=True,
+            commands=True,
             runtime_process=True,
             model_endpoint=True,
             attachments=True,
@@ -482,6 +484,8 @@ class ClaudeProvider:
             stderr=session.on_stderr,
             # The SDK's reader stops at 1 MiB by default: one large tool result would end the session.
             max_buffer_size=runtime_output.MAX_MESSAGE_BYTES,
+            # The CLI echoes each user message when it takes it: how a steer is known to be used.
+            extra_args={"replay-user-messages": None},
         )
 
     @staticmethod

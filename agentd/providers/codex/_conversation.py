@@ -31,6 +31,7 @@ from ...contract import (
     Answer,
     Busy,
     Closed,
+    Command,
     Context,
     ContextEvent,
     ConversationNotFound,
@@ -62,6 +63,7 @@ from ...contract import (
     utcnow,
     validate_answer,
 )
+from .._common import unused_steer
 from .._jsonrpc import Call, ConnectionLost, RpcError
 from . import _mapping as m
 
@@ -84,7 +86,7 @@ def parse_time(value: Any) -> _dt.datetime | None:
 
 
 class _Turn:
-    __slots__ = ("key", "codex_id", "named", "model", "done", "cancel_requested", "finished", "error")
+    __slots__ = ("key", "codex_id", "named", "model", "done", "cancel_requested", "finished", "error", "steers")
 
     def __init__(self, model: str) -> None:
         self.key = uuid.uuid4().hex[:8]
@@ -97,6 +99,8 @@ class _Turn:
         self.finished = False
         #: the latest error notification Codex will not retry
         self.error = ""
+        #: steers Codex accepted and has not used yet (its userMessage item not seen): (item id, text)
+        self.steers: list[tuple[str, Prompt]] = []
 
 
 class _Pending:
@@ -203,6 +207,9 @@ class CodexConversation:
         RuntimeUnavailable when the app-server cannot start (or the thread not
         resume). A prompt that cannot be written fails its turn; never resent.
         """
+        await self._start_turn(prompt, prompt.text, [])
+
+    async def _start_turn(self, prompt: Prompt, shown: str, skills: list[dict[str, Any]]) -> None:
         self._check_open()
         if self._turn is not None or self._starting:
             raise Busy(f"a turn is running in conversation {self.id}")
@@ -214,10 +221,10 @@ class CodexConversation:
                 turn = _Turn(self._next_model or self._model)
                 self._turn = turn
                 self._tools = {}
-                self._emit(ItemEvent(item=Item(id=f"{turn.key}-user", kind=ItemKind.USER, text=prompt.text, time=utcnow(),
+                self._emit(ItemEvent(item=Item(id=f"{turn.key}-user", kind=ItemKind.USER, text=shown, time=utcnow(),
                                                attachments=list(prompt.attachments))))
                 self._emit(TurnEvent(turn=Turn(state=TurnState.WORKING, model=turn.model)))
-                params: dict[str, Any] = {"threadId": self.id, "input": _input(prompt)}
+                params: dict[str, Any] = {"threadId": self.id, "input": [*skills, *_input(prompt)]}
                 if self._next_model:
                     params["model"] = self._next_model
                 if self._effort:
@@ -247,6 +254,41 @@ class CodexConversation:
             turn.codex_id = tid
             turn.named.set()
 
+    async def _skills(self) -> list[dict[str, Any]]:
+        server = await self._attached()
+        try:
+            raw = await server.request("skills/list", {"cwds": [self.workdir] if self.workdir else []})
+        except RpcError as exc:
+            raise InternalError(f"Codex did not list its skills: {exc.describe()}") from None
+        except ConnectionLost as exc:
+            raise Closed(f"the Codex app-server went away: {exc.reason}") from None
+        out: list[dict[str, Any]] = []
+        for entry in (raw or {}).get("data") or []:
+            for skill in (entry.get("skills") or []) if isinstance(entry, dict) else []:
+                if isinstance(skill, dict) and isinstance(skill.get("name"), str) and skill.get("enabled", True):
+                    out.append(skill)
+        return out
+
+    async def commands(self) -> list[Command]:
+        """The enabled skills Codex finds for this thread's folder (skills/list); Codex's own slash
+        commands act on its terminal interface and are not offered. Raises Closed, RuntimeUnavailable."""
+        self._check_open()
+        return [Command(name=sk["name"], kind="skill",
+                        description=str(sk.get("shortDescription") or sk.get("description") or ""))
+                for sk in await self._skills()]
+
+    async def run_command(self, name: str, args: Prompt) -> None:
+        """Start a turn whose input is the skill (by name and path) and ``args`` as text; the user item
+        shows ``/name args``. Raises Invalid when Codex no longer lists the skill, and what ``send`` raises."""
+        self._check_open()
+        skill = next((sk for sk in await self._skills() if sk["name"] == name), None)
+        if skill is None:
+            raise Invalid(f"Codex lists no skill {name!r}")
+        shown = f"/{name} {args.text}" if args.text else f"/{name}"
+        text = args.text or f"Use the {name} skill."
+        await self._start_turn(Prompt(text=text, attachments=list(args.attachments)), shown,
+                               [{"type": "skill", "name": name, "path": str(skill.get("path") or "")}])
+
     async def steer(self, prompt: Prompt) -> None:
         """Add ``prompt`` to the running turn (turn/steer with the expected turn id).
 
@@ -269,9 +311,8 @@ class CodexConversation:
         except (ConnectionLost, trio.TooSlowError) as exc:
             raise SubmissionUncertain(f"Codex may or may not have received the steering prompt ({exc}); "
                                       "it is not resent") from None
-        self._emit(ItemEvent(item=Item(id=f"{turn.key}-steer-{uuid.uuid4().hex[:6]}", kind=ItemKind.USER,
-                                       text=prompt.text, time=utcnow(), delivery="steer",
-                                       attachments=list(prompt.attachments))))
+        # Its user item comes when Codex uses it (a userMessage item of this turn); see _item.
+        turn.steers.append((f"{turn.key}-steer-{uuid.uuid4().hex[:6]}", prompt))
 
     async def cancel(self) -> None:
         """Interrupt the running turn (turn/interrupt) and return once it ended; no turn: a no-op.
@@ -489,8 +530,12 @@ class CodexConversation:
             self._emit(DeltaEvent(delta=Delta(item_id=iid, kind=kind, text=text)))
 
     def _item(self, raw: Any, *, started: bool) -> None:
-        if not isinstance(raw, dict) or raw.get("type") == "userMessage":
-            return  # the prompt: its user item is agentd's own
+        if isinstance(raw, dict) and raw.get("type") == "userMessage":
+            if not started:
+                self._steer_used(m.user_text(raw.get("content")))
+            return  # the prompt: its user item is agentd's own; a steer's is emitted once Codex used it
+        if not isinstance(raw, dict):
+            return
         kind = raw.get("type")
         if not started and (unknown := m.unknown_item(self._provider.name, raw)) is not None:
             self._emit(unknown)  # an item type of a newer runtime, once, as it completed
@@ -579,6 +624,17 @@ class CodexConversation:
 
     # ------------------------------------------------------------------ ends
 
+    def _steer_used(self, text: str) -> None:
+        turn = self._turn
+        if turn is None:
+            return
+        for n, (iid, prompt) in enumerate(turn.steers):
+            if prompt.text == text or prompt.text in text:
+                del turn.steers[n]
+                self._emit(ItemEvent(item=Item(id=iid, kind=ItemKind.USER, text=prompt.text, time=utcnow(),
+                                               delivery="steer", attachments=list(prompt.attachments))))
+                return
+
     def _finish(self, turn: _Turn, state: TurnState, error: str = "", reason: str = "") -> None:
         """End ``turn`` once: fail its running tools, expire its interactions, emit its terminal TurnEvent."""
         if turn.finished:
@@ -594,6 +650,9 @@ class CodexConversation:
                     self._emit(ItemEvent(item=item))
             self._tools = {}
             self._expire_pending(why)
+            for iid, prompt in turn.steers:
+                self._emit(ItemEvent(item=unused_steer(iid, prompt.text)))
+            turn.steers = []
             self._turn = None
         # The turn id is what thread/fork and thread/revert name a turn by (agentd.branching).
         marker = turn.codex_id if reason not in ("cancel_timeout", "runtime_exit") else ""

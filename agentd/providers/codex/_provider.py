@@ -179,7 +179,7 @@ class CodexProvider:
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            cancel=True, steer=True, permissions=True, questions=True, history=True, reopen=True, models=True,
+            cancel=True, steer=True, commands=True, permissions=True, questions=True, history=True, reopen=True, models=True,
             titles=True, usage=True, context_size=True, import_=True, runtime_process=True, model_endpoint=True,
             attachments=True, fork=True, rewind=True,
         )

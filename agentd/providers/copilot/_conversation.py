@@ -44,6 +44,7 @@ from copilot.generated import session_events as se
 from ...contract import (
     Answer,
     Closed,
+    Command,
     Event,
     EventSink,
     ExitEvent,
@@ -53,6 +54,8 @@ from ...contract import (
     InteractionGone,
     InteractionState,
     InternalError,
+    ItemEvent,
+    NotFound,
     Invalid,
     Prompt,
     SubmissionUncertain,
@@ -65,6 +68,7 @@ from ...contract import (
     validate_answer,
 )
 from . import _mapping as m
+from .._common import unused_steer
 from ._bridge import BridgeClosed
 
 if TYPE_CHECKING:
@@ -127,6 +131,8 @@ class CopilotConversation:
         self._closed_reason = ""
         self._phase = _TurnPhase.IDLE
         self._held: list[se.SessionEvent] = []
+        #: steers the CLI took and has not delivered yet (no steering user.message came), oldest first
+        self._steers: list[str] = []
         self._turn_no = 0
         self._turn_error = ""
         self._aborted = ""
@@ -171,6 +177,10 @@ class CopilotConversation:
             "streaming": True,
             "working_directory": self.workdir,
             "client_name": "agentd",
+            # Where the CLI finds skills, the same places it looks in a folder it trusts; agentd's
+            # sessions do not discover the folder's other configuration (hooks, MCP servers).
+            "skill_directories": [os.path.join(self.workdir, d, "skills") for d in (".github", ".claude", ".agents")]
+            + [str(self._provider.copilot_home / "skills")],
         }
 
     def _sdk_event(self, event: se.SessionEvent) -> None:
@@ -262,6 +272,8 @@ class CopilotConversation:
             self._begin_turn()
         for out in self._mapper.map(ev):
             self._emit(out)
+        if main and t is T.USER_MESSAGE and self._steers and ev.data.delivery in m.STEER_DELIVERIES:
+            self._steer_used(ev.data.content or "")
         if self._mapper.flush_pending():
             self._schedule_tail_flush()
         d: Any = ev.data
@@ -360,12 +372,21 @@ class CopilotConversation:
             if self._runtime.alive:  # the CLI works: its restart backoff starts over
                 self._provider._restarts.succeeded(why="a turn completed")
 
+    def _steer_used(self, text: str) -> None:
+        for n, steer in enumerate(self._steers):
+            if steer == text or steer in text:
+                del self._steers[n]
+                return
+
     def _end_turn(self, state: TurnState, *, error: str = "", reason: str = "", inferred: bool = False) -> None:
         """Emit the turn's one terminal event (after closing what it left open)."""
         if self._phase is _TurnPhase.IDLE:
             return
         for out in self._mapper.finish_turn():
             self._emit(out)
+        steers, self._steers = self._steers, []
+        for steer in steers:  # accepted, never delivered (no steering user.message came)
+            self._emit(ItemEvent(item=unused_steer(f"steer-unused-{uuid.uuid4().hex[:8]}", steer)))
         self._expire_all("turn ended")
         self._reset_turn()
         marker, self._user_event = self._user_event, ""
@@ -491,6 +512,9 @@ class CopilotConversation:
         CLI refused the prompt. Cancelling the caller mid-submission leaves
         the outcome uncertain; the turn is reported if the CLI runs it.
         """
+        await self._submit(prompt)
+
+    async def _submit(self, prompt: Prompt, display: str | None = None) -> None:
         self._check_open()
         if self._phase is not _TurnPhase.IDLE:
             raise Busy("a turn is running in this conversation")
@@ -500,7 +524,8 @@ class CopilotConversation:
         self._phase = _TurnPhase.SUBMITTING
         try:
             with trio.fail_after(SUBMIT_TIMEOUT_S):
-                await self._bridge.run(self.session.send, prompt.text, attachments=attachments or None)
+                await self._bridge.run(self.session.send, prompt.text, attachments=attachments or None,
+                                       display_prompt=display)
         except JsonRpcError as exc:
             held, self._held = self._held, []
             self._phase = _TurnPhase.IDLE
@@ -533,19 +558,99 @@ class CopilotConversation:
                 return
             self._handle(event)
 
+    async def _agent_task(self, agent_id: str) -> Any:
+        sub = self._mapper.subagents.get(agent_id)
+        listed = await self._call("the task list", self.session.rpc.tasks.list)
+        for task in getattr(listed, "tasks", []) or []:
+            if not isinstance(task, _rpc.TaskAgentInfo):
+                continue
+            if task.id == agent_id or (sub is not None and sub.parent_tool_call_id and task.tool_call_id == sub.parent_tool_call_id):
+                return task
+        raise NotFound(f"the Copilot CLI runs no agent task for subagent {agent_id!r}")
+
+    async def cancel_subagent(self, agent_id: str) -> None:
+        """Cancel the CLI's agent task behind subagent ``agent_id`` (``session.tasks.cancel``); its end
+        comes as the CLI's subagent event. Raises NotFound (no such task), Invalid (the CLI refused)."""
+        self._check_open()
+        task = await self._agent_task(agent_id)
+        try:
+            done = await self._call("the subagent cancel", self.session.rpc.tasks.cancel, _rpc.TasksCancelRequest(id=task.id))
+        except JsonRpcError as exc:
+            raise Invalid(f"the Copilot CLI refused to cancel subagent {agent_id!r}: {exc.message}") from None
+        if not done.cancelled:
+            raise Invalid(f"the Copilot CLI did not cancel subagent {agent_id!r} (it may have ended)")
+
+    async def prompt_subagent(self, agent_id: str, text: str) -> None:
+        """Send ``text`` to the CLI's idle agent task behind ``agent_id`` (``session.tasks.sendMessage``).
+        Raises NotFound, Invalid (refused or not delivered)."""
+        self._check_open()
+        task = await self._agent_task(agent_id)
+        try:
+            sent = await self._call("the subagent prompt", self.session.rpc.tasks.send_message,
+                                    _rpc.TasksSendMessageRequest(id=task.id, message=text))
+        except JsonRpcError as exc:
+            raise Invalid(f"the Copilot CLI refused the prompt for subagent {agent_id!r}: {exc.message}") from None
+        if not sent.sent:
+            raise Invalid(f"the Copilot CLI did not deliver the prompt to subagent {agent_id!r}: {sent.error or 'no reason given'}")
+
+    async def commands(self) -> list[Command]:
+        """The skills (and SDK-registered commands) the CLI offers in this session.
+
+        The CLI's built-in commands are left out: most act on the CLI itself (model,
+        permissions, share ...), and their list does not say which become a prompt.
+        """
+        self._check_open()
+        listed = await self._call("the command list", self.session.rpc.commands.list,
+                                  _rpc.SessionCommandsListRequest(include_builtins=False, include_client_commands=True,
+                                                                  include_skills=True))
+        out: list[Command] = []
+        for cmd in listed.commands:
+            if cmd.kind is _rpc.SlashCommandKind.BUILTIN:
+                continue
+            hint = cmd.input.hint if cmd.input is not None and isinstance(getattr(cmd.input, "hint", None), str) else ""
+            out.append(Command(name=cmd.name, kind="skill" if cmd.kind is _rpc.SlashCommandKind.SKILL else "command",
+                               description=cmd.description or "", input_hint=hint or ""))
+        return out
+
+    async def run_command(self, name: str, args: Prompt) -> None:
+        """Invoke ``/name args`` in the CLI and send the prompt it makes, shown as ``/name args``.
+
+        Raises Invalid when the CLI refuses the command or it would not become a prompt,
+        and what ``send`` raises.
+        """
+        self._check_open()
+        if self._phase is not _TurnPhase.IDLE:
+            raise Busy("a turn is running in this conversation")
+        try:
+            result = await self._call("the command", self.session.rpc.commands.invoke,
+                                      _rpc.CommandsInvokeRequest(name=name, input=args.text or None))
+        except JsonRpcError as exc:
+            raise Invalid(f"the Copilot CLI refused /{name}: {exc.message}") from None
+        if not isinstance(result, _rpc.SlashCommandAgentPromptResult):
+            raise Invalid(f"/{name} does not become a prompt in the Copilot CLI (it answered {type(result).__name__})")
+        typed = f"/{name} {args.text}" if args.text else f"/{name}"
+        await self._submit(Prompt(text=result.prompt, attachments=list(args.attachments)),
+                           display=result.display_prompt or typed)
+
     async def steer(self, prompt: Prompt) -> None:
         """Add ``prompt`` to the running turn (the CLI delivers it at its next step).
 
-        Raises :class:`Invalid` when no turn runs, :class:`SubmissionUncertain`
+        The CLI's user message for it (delivery steering) is its user item; a
+        turn that ends before the CLI delivered it ends with a notice item saying
+        so. Raises :class:`Invalid` when no turn runs, :class:`SubmissionUncertain`
         when the CLI died during the submission.
         """
         self._check_open()
         if self._phase is _TurnPhase.IDLE:
             raise Invalid("no turn is running; send the prompt instead")
+        # Noted first: the CLI may deliver it before its answer to the send reaches us.
+        self._steers.append(prompt.text)
         try:
             with trio.fail_after(SUBMIT_TIMEOUT_S):
                 await self._bridge.run(self.session.send, prompt.text, attachments=_attachments(prompt) or None, mode="immediate")
         except JsonRpcError as exc:
+            if prompt.text in self._steers:
+                self._steers.remove(prompt.text)
             raise Invalid(f"the Copilot CLI refused the steering prompt: {exc.message}") from None
         except (ProcessExitedError, BridgeClosed, BrokenPipeError, ConnectionError, trio.TooSlowError) as exc:
             raise SubmissionUncertain(f"the Copilot CLI may or may not have received the steering prompt ({exc}); it is not resent") from None

@@ -197,6 +197,12 @@ def _exit_code(data: se.ToolExecutionCompleteData) -> int | None:
 # --------------------------------------------------------------------------- the mapper
 
 
+#: How the CLI delivers a steer (``send(mode="immediate")``): at its next step (steering), or,
+#: when its answer had no next step, right after it within the same turn (queued). agentd's own
+#: queued prompts never reach the CLI during a turn, so a queued user message is a steer.
+STEER_DELIVERIES = frozenset({se.UserMessageDelivery.STEERING, se.UserMessageDelivery.QUEUED})
+
+
 @dataclass
 class _Tool:
     item: Item
@@ -299,7 +305,7 @@ class EventMapper:
             return self._delta(d.reasoning_id, ItemKind.REASONING, d.delta_content, agent, ev.timestamp)
         when = utc(ev.timestamp)
         if t is T.USER_MESSAGE:
-            delivery = "steer" if d.delivery is se.UserMessageDelivery.STEERING else ""
+            delivery = "steer" if d.delivery in STEER_DELIVERIES else ""
             return [ItemEvent(item=Item(id=str(ev.id), kind=ItemKind.USER, text=d.content, time=when, agent_id=agent,
                                         delivery=delivery, attachments=user_attachments(d.attachments)))]
         if t is T.ASSISTANT_MESSAGE:

@@ -198,6 +198,7 @@ class CopilotProvider:
         return Capabilities(
             cancel=True,
             steer=True,
+            commands=True,
             permissions=True,
             questions=True,
             plan=True,
@@ -209,6 +210,7 @@ class CopilotProvider:
             usage=True,
             context_size=True,
             subagents=True,
+            cancel_subagent=True,
             todos=True,
             import_=True,
             account=True,

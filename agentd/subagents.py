@@ -1,0 +1,96 @@
+"""Subagents: the agents a conversation's main agent delegated work to, listed and controlled.
+
+Rules (the seed contract's ``Subagent``, ``CancelSubagent`` and ``PromptSubagent``):
+
+* The list is read from the journal, where every ``subagent`` record the provider
+  reported is kept (latest record per agent id wins): it takes no lease, starts no
+  runtime, and shows subagents of earlier turns and of a daemon since restarted.
+* ``cancel`` stops exactly one agent instance; its final status arrives from the
+  provider as a ``subagent`` record. ``prompt`` sends text to one idle instance;
+  it is not a turn, the main agent does not see it.
+* Each is capability-gated (``cancel_subagent``, ``prompt_subagent``): a provider
+  that cannot do it answers ``unsupported`` before anything is sent. An agent id the
+  journal does not know is ``not_found``; prompting an agent that is not idle, or
+  cancelling one that already ended, is ``invalid``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from . import contract as c
+from . import wire
+
+if TYPE_CHECKING:
+    from .conversations import ConversationService
+
+__all__ = ["cancel", "listing", "prompt"]
+
+
+class _Head(msgspec.Struct):
+    type: str
+    data: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+_head = msgspec.json.Decoder(_Head)
+_subagent = msgspec.json.Decoder(c.Subagent)
+
+
+def _known(service: "ConversationService", ref: str) -> tuple[str, list[c.Subagent]]:
+    reader = service.reader(ref)
+    latest: dict[str, c.Subagent] = {}
+    # The whole journal is read: subagent records are few, and nothing else keeps them.
+    for line in reader.journal.read_after(0):
+        head = _head.decode(line)
+        if head.type == "subagent":
+            sub = _subagent.decode(head.data)
+            latest.pop(sub.id, None)  # re-inserted: the list is in order of the latest report
+            latest[sub.id] = sub
+    return reader.record.id, list(latest.values())
+
+
+async def listing(service: "ConversationService", ref: str) -> wire.SubagentList:
+    """The subagents conversation ``ref``'s journal records, each with its latest status.
+
+    Raises NotFound. Sends nothing and opens nothing.
+    """
+    cid, subs = _known(service, ref)
+    return wire.SubagentList(conversation=cid, subagents=subs)
+
+
+async def _target(service: "ConversationService", ref: str, agent: str, capability: str) -> tuple[c.Subagent, c.SubagentController]:
+    cid, subs = _known(service, ref)
+    live = await service.live(cid)
+    if live.record.state is wire.ConversationState.CLOSED:
+        raise c.Closed(f"conversation {cid} is closed")
+    if not getattr((await service.runtimes.get(live.record.provider)).capabilities(), capability):
+        raise c.Unsupported(f"provider {live.record.provider!r} cannot {capability.replace('_', ' ')}")
+    found = next((s for s in subs if s.id == agent), None)
+    if found is None:
+        raise c.NotFound(f"no subagent {agent!r} in conversation {cid}; agentctl subagents {cid} lists them")
+    conv = live.conv
+    if conv is None or not isinstance(conv, c.SubagentController):
+        raise c.Invalid(f"subagent {agent!r} is not running in an open conversation")
+    return found, conv
+
+
+async def cancel(service: "ConversationService", ref: str, agent: str) -> None:
+    """Stop only subagent ``agent`` of ``ref``. Raises NotFound, Unsupported, Closed, Invalid
+    (it already ended)."""
+    sub, conv = await _target(service, ref, agent, "cancel_subagent")
+    if sub.status.terminal:
+        raise c.Invalid(f"subagent {agent!r} already ended ({sub.status.value})")
+    await conv.cancel_subagent(agent)
+
+
+async def prompt(service: "ConversationService", ref: str, agent: str, text: str) -> None:
+    """Send ``text`` to idle subagent ``agent`` of ``ref``. Raises NotFound, Unsupported, Closed,
+    Invalid (empty text, or the subagent is not idle), SubmissionUncertain."""
+    if not text.strip():
+        raise c.Invalid("the prompt is empty")
+    sub, conv = await _target(service, ref, agent, "prompt_subagent")
+    if sub.status is not c.SubagentStatus.IDLE:
+        raise c.Invalid(f"subagent {agent!r} is {sub.status.value}, not idle; only an idle one takes a prompt")
+    await conv.prompt_subagent(agent, text)
