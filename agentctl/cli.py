@@ -242,8 +242,8 @@ def _describe(exc: AgentdError) -> str:
 #: Every command: name -> "module:attribute" in agentctl.commands.
 COMMANDS: dict[str, str] = {
     "status": "daemon:status",
-    "providers": "daemon:providers",
-    "models": "daemon:models",
+    "providers": "accounts:providers",
+    "models": "accounts:models",
     "stop": "daemon:stop",
     "new": "conversations:new",
     "ls": "conversations:ls",
@@ -262,6 +262,10 @@ COMMANDS: dict[str, str] = {
     "export": "conversations:export",
     "history": "history:history",
     "set-model": "models:set_model",
+    "account": "accounts:account",
+    "login": "accounts:login",
+    "logout": "accounts:logout",
+    "quota": "accounts:quota",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

@@ -426,7 +426,7 @@ class ConversationService:
 
     async def create(
         self, *, provider: str, workdir: str, title: str = "", model: str = "", effort: str = "",
-        mode: str = "interactive", budget: wire.Budget | None = None,
+        mode: str = "interactive", budget: wire.Budget | None = None, context_tier: str = "",
     ) -> wire.ConversationRecord:
         """Create a conversation: record, journal, lease, and the provider conversation.
 
@@ -452,6 +452,7 @@ class ConversationService:
             title=title,
             model=model,
             effort=effort,
+            context_tier=context_tier,
             mode=mode,  # type: ignore[arg-type]
         )
         budget_source = "new"
@@ -543,6 +544,7 @@ class ConversationService:
                 title=record.title,
                 model=record.model,
                 effort=record.effort,
+                context_tier=record.context_tier,
             )
             try:
                 conv = await provider.open(request, live.sink)

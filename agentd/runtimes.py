@@ -60,6 +60,8 @@ class Runtimes:
         self.state_dir = state_dir
         #: agent file access: limits and agentd's own paths (None: the defaults, the state dir refused)
         self.files = files
+        #: the agentd.toml loaded (None: the default path), named in fixes (agentd.accounts)
+        self.config_path: Path | None = None
         self._slots: dict[str, _Slot] = {}
         self._declare()
 

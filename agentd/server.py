@@ -292,6 +292,11 @@ class Server:
             wire.Export: self._export,
             wire.History: self._history,
             wire.SetModel: self._set_model,
+            wire.AccountRequest: self._account,
+            wire.Login: self._login,
+            wire.LoginWait: self._login_wait,
+            wire.Logout: self._logout,
+            wire.QuotaRequest: self._quota,
 
             wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
@@ -496,7 +501,9 @@ class Server:
         )
 
     async def _providers(self, conn: _Connection, req: wire.Providers) -> list[wire.ProviderInfo]:
-        return await self.service.runtimes.describe()
+        from . import accounts
+
+        return await accounts.describe(self.service.runtimes, req.provider)
 
     async def _models(self, conn: _Connection, req: wire.Models) -> list[c.Model]:
         return await self.service.runtimes.models(req.provider)
@@ -504,17 +511,45 @@ class Server:
     async def _new(self, conn: _Connection, req: wire.New) -> wire.ConversationRecord:
         from . import models
 
-        if req.model or req.effort:
-            models.check(await models.catalog(self.service.runtimes, req.provider), req.model, req.effort)
+        if req.model or req.effort or req.context_tier:
+            await models.check_choice(self.service.runtimes, req.provider, req.model, req.effort, req.context_tier)
         return await self.service.create(
             provider=req.provider, workdir=req.workdir, title=req.title, model=req.model, effort=req.effort,
-            mode=req.mode, budget=req.budget,
+            mode=req.mode, budget=req.budget, context_tier=req.context_tier,
         )
 
     async def _set_model(self, conn: _Connection, req: wire.SetModel) -> wire.ConversationRecord:
         from . import models
 
-        return await models.select(self.service, req.conversation, req.model, req.effort, after_turn=req.after_turn)
+        return await models.select(self.service, req.conversation, req.model, req.effort, after_turn=req.after_turn,
+                                   context_tier=req.context_tier)
+
+    async def _account(self, conn: _Connection, req: wire.AccountRequest) -> list[wire.AccountInfo]:
+        from . import accounts
+
+        return await accounts.account(self.service.runtimes, req.provider)
+
+    async def _login(self, conn: _Connection, req: wire.Login) -> wire.LoginResult:
+        from . import accounts
+
+        # A device flow lives in the connection's nursery: the client going away cancels it.
+        return await accounts.login(self.service.runtimes, req.provider, token=req.token, device=req.device,
+                                    nursery=conn.nursery)
+
+    async def _login_wait(self, conn: _Connection, req: wire.LoginWait) -> wire.LoginResult:
+        from . import accounts
+
+        return await accounts.login_wait(req.flow, req.timeout_s)
+
+    async def _logout(self, conn: _Connection, req: wire.Logout) -> wire.LoginResult:
+        from . import accounts
+
+        return await accounts.logout(self.service.runtimes, req.provider)
+
+    async def _quota(self, conn: _Connection, req: wire.QuotaRequest) -> list[wire.QuotaInfo]:
+        from . import accounts
+
+        return await accounts.quota(self.service.runtimes, req.provider)
 
     async def _ls(self, conn: _Connection, req: wire.List) -> list[wire.ConversationRecord]:
         return self.service.list(include_closed=req.all)

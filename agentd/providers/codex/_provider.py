@@ -37,9 +37,11 @@ import trio
 from ..._fsutil import make_dirs
 from ...config import CodexConfig
 from ...contract import (
+    Account,
     Busy,
     Capabilities,
     Closed,
+    Invalid,
     EventSink,
     Model,
     OpenRequest,
@@ -177,8 +179,10 @@ class CodexProvider:
     def capabilities(self) -> Capabilities:
         return Capabilities(
             cancel=True, steer=True, permissions=True, questions=True, history=True, reopen=True, models=True,
-            titles=True, usage=True, context_size=True, import_=True, runtime_process=True, model_endpoint=True,
-            attachments=True,
+            set_model=True, titles=True, usage=True, context_size=True, import_=True, runtime_process=True,
+            model_endpoint=True, attachments=True, account=True,
+            # Codex's own sign-in (auth.json in CODEX_HOME); with model_provider the key is an env var
+            sign_in=self.config.model_provider is None, sign_out=self.config.model_provider is None,
         )
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -217,6 +221,60 @@ class CodexProvider:
             raise RuntimeUnavailable(f"{self.name}: {self.cli()!r} is not installed or not executable "
                                      "(npm install -g @openai/codex, or set providers.codex.cli_path)")
         await self.server(wait_limit=0.0)
+
+    async def account(self) -> Account:
+        """How Codex authenticates: with ``model_provider``, its key variable (present or not); else
+        Codex's own sign-in (``account/read``: an API key or a ChatGPT login it stored). Never a key."""
+        mp = self.config.model_provider
+        if mp is not None:
+            var = mp.api_key_env
+            where = f"model provider {mp.id} at {mp.base_url}"
+            if not var:
+                return Account(signed_in=True, source="other", message=f"{where}, which needs no key")
+            present = bool(os.environ.get(var) or self.config.env.get(var))
+            return Account(signed_in=present, source="api_key" if present else "", env_var=var,
+                           message=f"{where}, key in ${var}" + ("" if present else f" ({var} is not set)"))
+        server = await self.server()
+        try:
+            raw = await server.request("account/read", {})
+        except BaseException as exc:
+            raise server.error("account/read", exc) from None
+        acct = (raw or {}).get("account")
+        if not isinstance(acct, dict):
+            if not (raw or {}).get("requiresOpenaiAuth", True):
+                return Account(signed_in=True, source="other", message="Codex needs no OpenAI sign-in")
+            return Account(signed_in=False, message=f"Codex is not signed in (CODEX_HOME {self.home})")
+        if acct.get("type") == "apiKey":
+            return Account(signed_in=True, source="stored", message=f"API key stored by Codex in {self.home}")
+        plan = str(acct.get("planType") or "")
+        return Account(signed_in=True, source="stored", login=str(acct.get("email") or ""),
+                       message=f"ChatGPT sign-in{' (' + plan + ')' if plan else ''} stored by Codex")
+
+    async def sign_in(self, token: str) -> Account:
+        """Hand the OpenAI API key ``token`` to Codex (``account/login/start``), which stores it in its
+        CODEX_HOME. Raises Unsupported with model_provider (its key is an env var), Invalid when refused."""
+        if self.config.model_provider is not None:
+            raise Unsupported(f"with providers.codex.model_provider the key is ${self.config.model_provider.api_key_env}")
+        server = await self.server()
+        try:
+            await server.request("account/login/start", {"type": "apiKey", "apiKey": token})
+        except RpcError as exc:
+            raise Invalid(f"Codex refused the key: {exc.describe()}") from None
+        except BaseException as exc:
+            raise server.error("account/login/start", exc) from None
+        return await self.account()
+
+    async def sign_out(self) -> Account:
+        """Remove Codex's stored sign-in (``account/logout``). Unsupported with model_provider."""
+        if self.config.model_provider is not None:
+            raise Unsupported(f"with providers.codex.model_provider the key is ${self.config.model_provider.api_key_env}; "
+                              "unset it in agentd's environment")
+        server = await self.server()
+        try:
+            await server.request("account/logout", None)
+        except BaseException as exc:
+            raise server.error("account/logout", exc) from None
+        return await self.account()
 
     async def models(self) -> list[Model]:
         """Codex's model catalog (model/list, every page)."""
