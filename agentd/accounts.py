@@ -270,7 +270,7 @@ def _login_command(runtimes: "Runtimes", name: str, provider: Any) -> str:
 
 
 async def login(runtimes: "Runtimes", name: str, *, token: str = "", device: bool = False,
-                nursery: trio.Nursery | None = None) -> wire.LoginResult:
+                nursery: trio.Nursery | None = None, store_plaintext: bool = False) -> wire.LoginResult:
     """Sign provider ``name`` in.
 
     ``token``: handed to the runtime (SignInManager), which validates and stores it; the
@@ -294,7 +294,7 @@ async def login(runtimes: "Runtimes", name: str, *, token: str = "", device: boo
         log.info("accounts.signed_in", provider=name, source=acct.source)
         return wire.LoginResult(provider=name, done=True, account=acct)
     if device and caps.device_sign_in and isinstance(provider, c.DeviceSignInManager) and nursery is not None:
-        return await _start_flow(name, provider, nursery)
+        return await _start_flow(name, provider, nursery, store_plaintext)
     if device:
         command = _login_command(runtimes, name, provider)
         if not command:
@@ -302,7 +302,7 @@ async def login(runtimes: "Runtimes", name: str, *, token: str = "", device: boo
         return wire.LoginResult(provider=name, command=command,
                                 message=f"{name} signs in through its own command; run it in a terminal")
     if caps.device_sign_in and isinstance(provider, c.DeviceSignInManager) and nursery is not None:
-        return await _start_flow(name, provider, nursery)
+        return await _start_flow(name, provider, nursery, store_plaintext)
     command = _login_command(runtimes, name, provider)
     if not command:
         raise c.Unsupported(f"provider {name!r} has no sign-in agentd knows of")
@@ -328,7 +328,7 @@ def _or_run(runtimes: "Runtimes", name: str, provider: Any) -> str:
     return f"; run `{command}` instead" if command else ""
 
 
-async def _start_flow(name: str, provider: Any, nursery: trio.Nursery) -> wire.LoginResult:
+async def _start_flow(name: str, provider: Any, nursery: trio.Nursery, store_plaintext: bool) -> wire.LoginResult:
     flow = _Flow(name)
     _flows[flow.id] = flow
 
@@ -339,7 +339,7 @@ async def _start_flow(name: str, provider: Any, nursery: trio.Nursery) -> wire.L
     async def run() -> None:
         try:
             with flow.scope:
-                acct = await provider.device_sign_in(show)
+                acct = await provider.device_sign_in(show, store_plaintext=store_plaintext)
                 flow.result = wire.LoginResult(provider=name, done=True, account=acct)
                 log.info("accounts.device_signed_in", provider=name, source=acct.source)
         except c.AgentdError as exc:

@@ -1099,8 +1099,9 @@ class SignOutManager(Protocol):
 class DeviceSignInManager(Protocol):
     """A provider whose ``capabilities().device_sign_in`` is True."""
 
-    async def device_sign_in(self, show: Any) -> Account:
+    async def device_sign_in(self, show: Any, *, store_plaintext: bool = False) -> Account:
         """Start the device flow, call ``show(DeviceCode)`` (synchronously, never blocking) once the
-        code is known, and return once the sign-in is approved and in effect. Cancelling the call
-        cancels the flow. Raises Invalid when refused or expired, RuntimeUnavailable."""
+        code is known, and return once the sign-in is approved and in effect. ``store_plaintext``:
+        the person agreed that the runtime keep the token in a plain file when it has no keychain.
+        Cancelling the call cancels the flow. Raises Invalid when refused or expired, RuntimeUnavailable."""
         ...

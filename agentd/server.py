@@ -534,7 +534,7 @@ class Server:
 
         # A device flow lives in the connection's nursery: the client going away cancels it.
         return await accounts.login(self.service.runtimes, req.provider, token=req.token, device=req.device,
-                                    nursery=conn.nursery)
+                                    nursery=conn.nursery, store_plaintext=req.store_plaintext)
 
     async def _login_wait(self, conn: _Connection, req: wire.LoginWait) -> wire.LoginResult:
         from . import accounts

@@ -338,6 +338,8 @@ class Login(_Request, tag="login"):
     provider: str
     device: bool = False
     token: str = ""
+    #: the person agrees that the runtime keep the token in a plain file when it has no keychain
+    store_plaintext: bool = False
 
 
 class LoginWait(_Request, tag="login_wait"):

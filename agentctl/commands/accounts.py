@@ -187,8 +187,10 @@ def account(provider: str) -> None:
 @click.argument("provider")
 @click.option("--device", is_flag=True, help="Sign in through the device flow: enter a code in a browser anywhere.")
 @click.option("--with-token", is_flag=True, help="Read a token from standard input and hand it to the runtime.")
+@click.option("--store-plaintext", is_flag=True,
+              help="Without a system keychain, let the runtime keep the token in its config file (Copilot asks).")
 @common
-def login(provider: str, device: bool, with_token: bool) -> None:
+def login(provider: str, device: bool, with_token: bool, store_plaintext: bool) -> None:
     """Sign PROVIDER's runtime in, where it supports it.
 
     \b
@@ -219,7 +221,8 @@ def login(provider: str, device: bool, with_token: bool) -> None:
             raise click.UsageError("no token on standard input")
     o = _opts()
     client = o.client()
-    res = client.call(wire.Login, wire.LoginResult, provider=provider, device=device, token=token)
+    res = client.call(wire.Login, wire.LoginResult, provider=provider, device=device, token=token,
+                      store_plaintext=store_plaintext)
     if res.device is not None:
         if o.json:
             _json(res)

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 import trio
 from copilot import CopilotClient, RuntimeConnection, SessionListFilter
@@ -118,7 +119,7 @@ _AUTH_SOURCES = {"user": "stored", "env": "env", "gh-cli": "gh-cli", "api-key": 
 #: The variables the Copilot CLI reads a token from, in its order of precedence.
 _TOKEN_VARS = ("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN")
 _CODE = re.compile(r"\b([A-Z0-9]{4}-[A-Z0-9]{4})\b")
-_URL = re.compile(r"https?://[^\s'\")]+")
+_URL = re.compile(r"https?://[^\s'\")\x1b]+")
 
 
 def _model(info: Any) -> Model:
@@ -134,28 +135,48 @@ def _model(info: Any) -> Model:
                  context_tiers=tiers, cost_tier=cost)
 
 
-async def device_flow(argv: list[str], env: dict[str, str], show: Any, timeout_s: float = 900.0) -> str:
-    """Run a device-flow login command; call ``show(DeviceCode)`` once its output names a code and a URL.
+_ANSI = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]")
+#: the CLI's question when it has no keychain to keep the token in
+_PLAINTEXT_QUESTION = re.compile(r"store token in plaintext[^\n]*\(y/n\)", re.IGNORECASE)
 
-    Returns its output once it exited 0. Raises Invalid when it exits otherwise (its last output
+
+async def device_flow(argv: list[str], env: dict[str, str], show: Any, *, store_plaintext: bool = False,
+                      timeout_s: float = 900.0) -> str:
+    """Run a device-flow login command on a pseudo-terminal (the CLI asks its questions only on
+    one); call ``show(DeviceCode)`` once its output names a code and a URL.
+
+    The one question answered is the CLI's "store token in plaintext config file? (y/N)", and
+    only as the person asked with ``store_plaintext`` (else "n"). Returns the output (escape
+    sequences removed) once it exited 0. Raises Invalid when it exits otherwise (its last output
     quoted) or takes over ``timeout_s``; cancelling kills it.
     """
-    import subprocess
-
-    proc = await trio.lowlevel.open_process(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                            stderr=subprocess.STDOUT)
+    master, slave = os.openpty()
+    try:
+        proc = await trio.lowlevel.open_process(argv, env=env, stdin=slave, stdout=slave, stderr=slave,
+                                                start_new_session=True)
+    finally:
+        os.close(slave)
+    stream = trio.lowlevel.FdStream(master)
     text = ""
-    shown = False
+    shown = answered = False
     try:
         with trio.move_on_after(timeout_s) as scope:
-            assert proc.stdout is not None
-            async for chunk in proc.stdout:
-                text += chunk.decode("utf-8", "replace")
+            while True:
+                try:
+                    chunk = await stream.receive_some(4096)
+                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                    break  # EIO: the terminal's last writer exited
+                if not chunk:
+                    break
+                text += _ANSI.sub("", chunk.decode("utf-8", "replace"))
                 if not shown:
                     code, url = _CODE.search(text), _URL.search(text)
                     if code and url:
                         show(DeviceCode(url=url.group(0).rstrip(".,"), code=code.group(1)))
                         shown = True
+                if not answered and _PLAINTEXT_QUESTION.search(text):
+                    answered = True
+                    await stream.send_all(b"y\r" if store_plaintext else b"n\r")
             await proc.wait()
         if scope.cancelled_caught:
             raise Invalid(f"the device sign-in did not complete within {timeout_s:g} s")
@@ -164,6 +185,8 @@ async def device_flow(argv: list[str], env: dict[str, str], show: Any, timeout_s
             proc.kill()
             with trio.CancelScope(shield=True):
                 await proc.wait()
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
     if proc.returncode != 0:
         raise Invalid(f"the device sign-in failed (exit {proc.returncode}): {text.strip()[-400:]}")
     return text
@@ -662,13 +685,28 @@ class CopilotProvider:
             result = await self._call("the quota", rt.client.rpc.account.get_quota, AccountGetQuotaRequest())
         except JsonRpcError as exc:
             raise RuntimeUnavailable(f"the Copilot CLI cannot read the quota: {exc.message}") from None
+        try:  # the plan and reset date the CLI keeps for the account, where it has them
+            user = ((await self._active_user(rt)).get("authInfo") or {}).get("copilotUser") or {}
+        except (JsonRpcError, Closed, InternalError):
+            user = {}
+        plan, reset = str(user.get("copilot_plan") or ""), str(user.get("quota_reset_date") or "")
         out = []
         for kind, snap in sorted((result.quota_snapshots or {}).items()):
             unlimited = bool(snap.is_unlimited_entitlement)
             out.append(Quota(type=kind, used=snap.used_requests, entitlement=0 if unlimited else snap.entitlement_requests,
                              unlimited=unlimited, remaining_percent=snap.remaining_percentage, overage=snap.overage,
-                             reset_at=snap.reset_date or "", unit="requests"))
+                             reset_at=snap.reset_date or reset, unit="requests", plan=plan))
         return out
+
+    async def _active_user(self, rt: Any) -> dict[str, Any]:
+        """The signed-in account as ``account.getAllUsers`` lists it (its token stays here), or {}."""
+        users = await self._call("the account list", rt.client.rpc.account.get_all_users)
+        status = await self._call("the sign-in status", rt.client.get_auth_status)
+        for u in users or []:
+            info = (u or {}).get("authInfo") or {}
+            if info.get("login") == status.login and (not status.host or info.get("host") == status.host):
+                return u
+        return (users or [{}])[0] or {}
 
     async def sign_in(self, token: str) -> Account:
         """Hand ``token`` (a GitHub token Copilot takes) to the CLI's ``account.login``, which validates
@@ -678,12 +716,17 @@ class CopilotProvider:
         from copilot.generated.rpc import AccountLoginRequest
 
         rt = await self._ensure_runtime()
+        host = (self.config.env or {}).get("COPILOT_GH_HOST") or "https://github.com"
         try:
-            await self._call("the sign-in", rt.client.rpc.account.login,
-                             AccountLoginRequest(host="https://github.com", token=token))
+            result = await self._call("the sign-in", rt.client.rpc.account.login,
+                                      AccountLoginRequest(host=host, token=token))
         except JsonRpcError as exc:
             raise Invalid(f"the Copilot CLI refused the token: {exc.message}") from None
-        return await self.account()
+        acct = await self.account()
+        if acct.signed_in and not result.stored_in_vault:  # no keychain: it lasts until the CLI stops
+            acct = msgspec.structs.replace(acct, message=(acct.message + "; " if acct.message else "")
+                                           + "not stored (no system keychain): lasts until the Copilot CLI stops")
+        return acct
 
     async def sign_out(self) -> Account:
         """Remove the CLI's stored sign-in (``account.logout``). Raises Invalid while a token in the
@@ -698,18 +741,24 @@ class CopilotProvider:
                           "unset it in agentd's environment to sign out")
         rt = await self._ensure_runtime()
         try:
-            await self._call("the sign-out", rt.client.rpc.account.logout, AccountLogoutRequest())
+            active = await self._active_user(rt)
+            # The CLI logs out one account: the one signed in (its opaque selection id).
+            await self._call("the sign-out", rt.client.rpc.account.logout,
+                             AccountLogoutRequest(selection_id=str(active.get("selectionId") or "") or None))
         except JsonRpcError as exc:
             raise Invalid(f"the Copilot CLI could not sign out: {exc.message}") from None
         return await self.account()
 
-    async def device_sign_in(self, show: Any) -> Account:
+    async def device_sign_in(self, show: Any, *, store_plaintext: bool = False) -> Account:
         """GitHub's device flow through the CLI's own ``copilot login --device-code``: the code and
         URL it prints go to ``show``; returns once it exited 0 and the runtime reports the sign-in.
 
-        The login process runs with the CLI's environment (its ``COPILOT_HOME``); a runtime already
-        running is restarted afterwards so it reads the new sign-in. Cancelling stops the process.
-        Raises Invalid when the flow fails or expires, RuntimeUnavailable when the CLI is missing.
+        The login runs with the CLI's environment (its ``COPILOT_HOME``; ``COPILOT_GH_HOST``, when
+        the config's env sets it, is passed as ``--host``: GitHub Enterprise, or a local stand-in);
+        without a system keychain the CLI keeps the token in its config file only with
+        ``store_plaintext``. A runtime already running is restarted so it reads the new sign-in.
+        Cancelling stops the login. Raises Invalid when the flow fails, expires, or leaves no
+        sign-in (the CLI's reason quoted), RuntimeUnavailable when the CLI is missing.
         """
         if self.byok is not None:
             raise Unsupported("with bring-your-own-key there is no GitHub account to sign in")
@@ -717,17 +766,26 @@ class CopilotProvider:
         env = self._cli_env()
         if self.config.copilot_home:
             env["COPILOT_HOME"] = os.path.expanduser(self.config.copilot_home)
+        env.setdefault("TERM", "dumb")
         argv = [cli, "login", "--device-code"]
-        host = (self.config.env or {}).get("AGENTD_COPILOT_LOGIN_HOST") or os.environ.get("AGENTD_COPILOT_LOGIN_HOST")
-        if host:  # a GitHub Enterprise host (or a local stand-in of GitHub's device-flow endpoints)
+        host = (self.config.env or {}).get("COPILOT_GH_HOST", "")
+        if host:
             argv += ["--host", host]
-        out = await device_flow(argv, env, show)
+        hint = " (agentctl login copilot --device --store-plaintext lets it keep the token in its config file)"
+        try:
+            out = await device_flow(argv, env, show, store_plaintext=store_plaintext)
+        except Invalid as exc:
+            if store_plaintext or "plaintext" not in exc.message.lower():
+                raise
+            raise Invalid(exc.message + hint) from None
         rt, self._runtime = self._runtime, None
         if rt is not None:
             await self._stop_runtime(rt)
         acct = await self.account()
         if not acct.signed_in:
-            raise Invalid(f"copilot login ended, yet the CLI reports no sign-in: {acct.message or out[-300:]}")
+            why = out.strip().splitlines()[-1] if out.strip() else acct.message
+            raise Invalid(f"copilot login ended, yet the CLI reports no sign-in: {why}"
+                          + ("" if store_plaintext or "plaintext" not in out.lower() else hint))
         return acct
 
     async def previous(self, workdir: str) -> list[PreviousConversation]:
