@@ -16,9 +16,10 @@ Rules (the seed contract's ``Account``, ``AccountManager``, ``DeviceSignInManage
   (:class:`~agentd.contract.DeviceSignInManager`) that lives as long as the client's
   connection, so a client that goes away (Ctrl-C) cancels it. Where agentd cannot sign in
   for the runtime (a browser flow), the answer is the exact command a person runs.
-* Quota is what the runtime reports: asked of the account where it can be
-  (:class:`~agentd.contract.QuotaReporter`), else the last rate-limit report a turn
-  carried (:func:`note_turn_quota`, kept in memory per provider).
+* Quota is what the runtime reports, asked of it now (:class:`~agentd.contract.QuotaReporter`):
+  Copilot's account quota; Codex's rate-limit windows (asked, else the last ones a turn
+  brought). A snapshot a runtime sends during a turn also rides on the conversation's
+  ``usage`` record (``Usage.quota``).
 
 Nothing here is the turn state machine's: the server calls these functions directly.
 """
@@ -39,7 +40,7 @@ from . import wire
 if TYPE_CHECKING:
     from .runtimes import Runtimes
 
-__all__ = ["account", "describe", "login", "login_wait", "logout", "note_turn_quota", "quota"]
+__all__ = ["account", "describe", "login", "login_wait", "logout", "quota"]
 
 log = structlog.get_logger("agentd.accounts")
 
@@ -394,21 +395,10 @@ async def logout(runtimes: "Runtimes", name: str) -> wire.LoginResult:
 
 # --------------------------------------------------------------------------- quota
 
-#: provider -> (when, quotas) of the last rate-limit report a turn carried
-_turn_quota: dict[str, tuple[str, list[c.Quota]]] = {}
-
-
-def note_turn_quota(provider: str, quotas: list[c.Quota]) -> None:
-    """Keep the quota snapshot a runtime sent during a turn (for ``quota``). Never blocks."""
-    if quotas:
-        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-        _turn_quota[provider] = (now, list(quotas))
-
-
 async def quota(runtimes: "Runtimes", name: str = "") -> list[wire.QuotaInfo]:
-    """The quotas of ``name`` (or of every provider that reports any): asked of the account where the
-    runtime can (QuotaReporter), else the last report a turn carried. Raises NotFound; for one named
-    provider Unsupported when it reports none."""
+    """The quotas of ``name`` (or of every provider that reports any), as its runtime reports them
+    now (QuotaReporter: Copilot's account quota; Codex's rate-limit windows). Raises NotFound; for
+    one named provider Unsupported when it reports none, RuntimeUnavailable when it cannot say."""
     out: list[wire.QuotaInfo] = []
     for n in _reporters(runtimes, name, "quota"):
         try:
@@ -417,17 +407,17 @@ async def quota(runtimes: "Runtimes", name: str = "") -> list[wire.QuotaInfo]:
             if name:
                 raise
             continue
-        if provider.capabilities().quota and isinstance(provider, c.QuotaReporter):
-            try:
-                quotas = await _bounded(provider.quota, ACCOUNT_TIMEOUT_S, "the quota")
-                out.append(wire.QuotaInfo(provider=n, quotas=sorted(quotas, key=lambda q: q.type), source="account"))
-            except c.AgentdError as exc:
-                out.append(wire.QuotaInfo(provider=n, error=exc.message))
+        if not (provider.capabilities().quota and isinstance(provider, c.QuotaReporter)):
+            if name:
+                raise c.Unsupported(f"provider {n!r} reports no quota (its capability quota is false)")
             continue
-        seen = _turn_quota.get(n)
-        if seen is not None:
-            out.append(wire.QuotaInfo(provider=n, quotas=seen[1], source="turn", at=seen[0]))
-        elif name:
-            raise c.Unsupported(f"provider {n!r} reports no quota (capability quota is false) and no turn "
-                                "has reported a rate limit yet")
+        try:
+            quotas = await _bounded(provider.quota, ACCOUNT_TIMEOUT_S, "the quota")
+        except c.AgentdError as exc:
+            if name:
+                raise
+            out.append(wire.QuotaInfo(provider=n, error=exc.message))
+            continue
+        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        out.append(wire.QuotaInfo(provider=n, quotas=sorted(quotas, key=lambda q: q.type), source="account", at=now))
     return out

@@ -671,6 +671,9 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
     output_tokens: int = 0
     cached_tokens: int = 0
     estimated: bool = False
+    #: the account's quota or rate-limit snapshot, as the runtime last sent it during a turn
+    #: (empty: none sent); a report carrying one replaces the total's
+    quota: list["Quota"] = []
 
 
 class TokenUsage(msgspec.Struct, frozen=True, omit_defaults=True):

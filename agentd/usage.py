@@ -94,7 +94,7 @@ def add_report(total: Usage | None, report: Usage) -> Usage:
     """``total`` after the provider's own running total ``report``.
 
     Its AI units and its cost (when it reports one) replace ours; its token
-    totals replace ours when it reports any.
+    totals replace ours when it reports any; so does its quota snapshot.
     """
     total = total or Usage()
     changes: dict[str, Any] = {}
@@ -103,6 +103,8 @@ def add_report(total: Usage | None, report: Usage) -> Usage:
     if report.cost_usd is not None and math.isfinite(report.cost_usd):
         changes["cost_usd"] = report.cost_usd
         changes["estimated"] = False
+    if report.quota:
+        changes["quota"] = list(report.quota)
     if report.input_tokens or report.output_tokens or report.cached_tokens:
         changes.update(input_tokens=report.input_tokens, output_tokens=report.output_tokens,
                        cached_tokens=report.cached_tokens)

@@ -388,8 +388,9 @@ class QuotaInfo(msgspec.Struct, frozen=True, omit_defaults=True):
 
     provider: str
     quotas: list[Quota] = []
-    #: where the figures come from: "account" (asked now) or "turn" (the last report a turn carried)
+    #: where the figures come from: "account" (the runtime, asked now)
     source: str = ""
+    #: when they were asked for (UTC, RFC 3339)
     at: str = ""
     error: str = ""
 

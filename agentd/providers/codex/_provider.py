@@ -25,6 +25,7 @@ conversation starts the backoff over.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import os
 import shutil
@@ -46,6 +47,7 @@ from ...contract import (
     Model,
     OpenRequest,
     PreviousConversation,
+    Quota,
     RuntimeUnavailable,
     Unsupported,
 )
@@ -113,6 +115,13 @@ class AppServer:
     def _on_notification(self, method: str, params: Any) -> None:
         if not isinstance(params, dict):
             return
+        if method == "account/rateLimits/updated":  # the account's, not a thread's: every running turn gets it
+            quotas = rate_limit_quotas(params.get("rateLimits"))
+            if quotas:
+                self.provider.rate_limits = quotas
+                for conv in list(self.threads.values()):
+                    conv.note_quota(quotas)
+            return
         tid = params.get("threadId")
         if not isinstance(tid, str):
             thread = params.get("thread")
@@ -138,6 +147,28 @@ class AppServer:
             conv._runtime_exited(self, reason)
         self.threads.clear()
         self.provider._server_gone(self)
+
+
+def rate_limit_quotas(raw: Any) -> list[Quota]:
+    """Codex's rate-limit snapshot (``account/rateLimits/updated``, ``account/rateLimits/read``) as
+    quotas: one per window (``primary``, ``secondary``), in percent of the window used."""
+    if not isinstance(raw, dict):
+        return []
+    out: list[Quota] = []
+    plan = str(raw.get("planType") or "")
+    for key in ("primary", "secondary"):
+        w = raw.get(key)
+        if not isinstance(w, dict) or not isinstance(w.get("usedPercent"), (int, float)):
+            continue
+        used = float(w["usedPercent"])
+        mins = w.get("windowDurationMins")
+        reset = w.get("resetsAt")
+        out.append(Quota(
+            type=f"{key}" + (f" ({int(mins)} min window)" if isinstance(mins, (int, float)) else ""),
+            used=used, entitlement=100, remaining_percent=max(0.0, 100 - used), unit="percent",
+            reset_at=_dt.datetime.fromtimestamp(reset, _dt.timezone.utc).isoformat().replace("+00:00", "Z")
+            if isinstance(reset, (int, float)) else "", plan=plan))
+    return out
 
 
 def _toml(value: Any) -> str:
@@ -168,6 +199,8 @@ class CodexProvider:
         self._server_lock = trio.Lock()
         self._stopping = False
         self._open: dict[str, CodexConversation] = {}
+        #: the rate-limit windows Codex last reported (account/rateLimits/updated), newest
+        self.rate_limits: list[Quota] = []
         key_env = config.model_provider.api_key_env if config.model_provider else ""
         if key_env:
             from ...logs import register_secret
@@ -180,7 +213,7 @@ class CodexProvider:
         return Capabilities(
             cancel=True, steer=True, permissions=True, questions=True, history=True, reopen=True, models=True,
             set_model=True, titles=True, usage=True, context_size=True, import_=True, runtime_process=True,
-            model_endpoint=True, attachments=True, account=True,
+            model_endpoint=True, attachments=True, account=True, quota=True,
             # Codex's own sign-in (auth.json in CODEX_HOME); with model_provider the key is an env var
             sign_in=self.config.model_provider is None, sign_out=self.config.model_provider is None,
         )
@@ -249,6 +282,25 @@ class CodexProvider:
         plan = str(acct.get("planType") or "")
         return Account(signed_in=True, source="stored", login=str(acct.get("email") or ""),
                        message=f"ChatGPT sign-in{' (' + plan + ')' if plan else ''} stored by Codex")
+
+    async def quota(self) -> list[Quota]:
+        """The account's rate-limit windows: ``account/rateLimits/read`` (a ChatGPT sign-in), else
+        the windows Codex last reported during a turn (from the endpoint's rate-limit headers).
+        Raises RuntimeUnavailable when it has neither."""
+        server = await self.server()
+        try:
+            raw = await server.request("account/rateLimits/read", None)
+            quotas = rate_limit_quotas((raw or {}).get("rateLimits"))
+            if quotas:
+                return quotas
+        except RpcError as exc:
+            if not self.rate_limits:
+                raise RuntimeUnavailable(f"Codex reports no rate limits yet: {exc.describe()}") from None
+        except BaseException as exc:
+            raise server.error("account/rateLimits/read", exc) from None
+        if not self.rate_limits:
+            raise RuntimeUnavailable("Codex reports no rate limits yet (none came with a turn)")
+        return list(self.rate_limits)
 
     async def sign_in(self, token: str) -> Account:
         """Hand the OpenAI API key ``token`` to Codex (``account/login/start``), which stores it in its
