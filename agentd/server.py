@@ -584,10 +584,14 @@ class Server:
         await self.service.set_title(req.conversation, req.title)
 
     async def _budget(self, conn: _Connection, req: wire.SetBudget) -> wire.ConversationRecord:
-        return await self.service.set_budget(req.conversation, req.budget, by=conn.peer)
+        from . import usage
+
+        return await usage.set_budget(self.service, req.conversation, req.budget, by=conn.peer)
 
     async def _continue(self, conn: _Connection, req: wire.Continue) -> wire.ConversationRecord:
-        return await self.service.resume(req.conversation)
+        from . import usage
+
+        return await usage.resume(self.service, req.conversation)
 
     async def _export(self, conn: _Connection, req: wire.Export) -> wire.ExportResult:
         return await self.service.export(req.conversation, req.format, include_tools=req.include_tools)
