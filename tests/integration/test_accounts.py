@@ -112,7 +112,7 @@ def test_codex_signs_in_with_an_api_key_and_out_through_the_real_app_server(tmp_
     home = tmp_path / "codex-home"
     home.mkdir()
     config = ("[providers.copilot]\nenabled = false\n[providers.claude]\nenabled = false\n"
-              f"[providers.codex]\ncli_path = {q(_codex_cli())}\ncodex_home = {q(str(home))}\n")
+              f"[providers.codex]\ncli_path = {q(_codex_cli())}\ncodex_home = {q(str(home))}\nmodel = \"my-endpoint-model\"\n")
     d = Daemon(tmp_path, config).start()
     try:
         before = json.loads(d.agentctl("providers", "show", "codex", "--json").stdout)
@@ -128,6 +128,9 @@ def test_codex_signs_in_with_an_api_key_and_out_through_the_real_app_server(tmp_
         out = d.agentctl("logout", "codex")
         assert out.returncode == 0 and "signed out" in out.stdout, out.stderr
         assert d.agentctl("account", "codex").returncode == 4
+        listed = json.loads(d.agentctl("--json", "models", "codex").stdout)["models"]
+        assert listed[-1]["id"] == "my-endpoint-model" and len(listed) > 1  # model/list's, then the configured one
+        assert all(m["efforts"] for m in listed[:-1])
     finally:
         d.stop()
 

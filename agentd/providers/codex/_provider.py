@@ -329,7 +329,8 @@ class CodexProvider:
         return await self.account()
 
     async def models(self) -> list[Model]:
-        """Codex's model catalog (model/list, every page)."""
+        """Codex's model catalog (model/list, every page, with its reasoning efforts), then the
+        configured ``model`` when Codex does not list it."""
         server = await self.server()
         out: list[Model] = []
         cursor: str | None = None
@@ -348,6 +349,9 @@ class CodexProvider:
             cursor = (page or {}).get("nextCursor")
             if not cursor:
                 break
+        if self.config.model and all(m.id != self.config.model for m in out):
+            # the configured model (a custom endpoint's, say) is selectable though Codex does not list it
+            out.append(Model(id=self.config.model, name="configured"))
         if not out:
             raise Unsupported(f"{self.name} lists no models")
         return out
