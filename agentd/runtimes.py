@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("agentd.runtimes")
 
-#: How long ``providers`` waits for one provider's check, seconds.
-CHECK_TIMEOUT_S = 45.0
 #: How long a request waits for a provider that is still being built, seconds.
 LOAD_TIMEOUT_S = 60.0
 
@@ -198,42 +196,10 @@ class Runtimes:
                 slot.loaded.set()
 
     async def describe(self) -> list[wire.ProviderInfo]:
-        """Every provider with its capabilities and whether its runtime is usable now.
+        """Every provider with its state, fix, capabilities and account (see agentd.accounts.describe)."""
+        from .accounts import describe
 
-        Checks run concurrently, each bounded by CHECK_TIMEOUT_S (a first check
-        may start the runtime to learn what it advertises).
-        """
-        results: dict[str, wire.ProviderInfo] = {}
-
-        async def one(name: str) -> None:
-            try:
-                provider = await self.get(name)
-            except c.AgentdError as exc:
-                results[name] = wire.ProviderInfo(name=name, display_name=name, capabilities=c.Capabilities(),
-                                                  available=False, error=exc.message)
-                return
-            error = ""
-            with trio.move_on_after(CHECK_TIMEOUT_S) as scope:
-                try:
-                    await provider.check()
-                except c.AgentdError as exc:
-                    error = exc.message
-                except Exception as exc:  # a provider bug must not break `providers`
-                    error = f"{type(exc).__name__}: {exc}"
-            if scope.cancelled_caught:
-                error = f"the runtime did not answer within {CHECK_TIMEOUT_S:g} s"
-            results[name] = wire.ProviderInfo(
-                name=name,
-                display_name=provider.display_name,
-                capabilities=provider.capabilities(),
-                available=not error,
-                error=error,
-            )
-
-        async with trio.open_nursery() as nursery:
-            for name in self.names():
-                nursery.start_soon(one, name)
-        return [results[name] for name in self.names()]
+        return await describe(self)
 
     async def models(self, name: str) -> list[c.Model]:
         provider = await self.get(name)
