@@ -18,6 +18,22 @@ from typing import Any
 CODE = "ABCD-1234"
 TOKEN = "gho_agentd_standin_token_0123456789"
 LOGIN = "standin-user"
+#: the catalog the stand-in's Copilot API serves, in its shape
+MODELS = [
+    {"id": "standin-large", "name": "Stand-in Large", "object": "model", "vendor": "agentd", "version": "1",
+     "model_picker_enabled": True, "preview": False,
+     "capabilities": {"family": "standin", "type": "chat", "object": "model_capabilities",
+                      "limits": {"max_context_window_tokens": 400000, "max_prompt_tokens": 272000, "max_output_tokens": 32000},
+                      "supports": {"streaming": True, "tool_calls": True, "parallel_tool_calls": True,
+                                   "reasoning_effort": ["low", "medium", "high"]}},
+     "policy": {"state": "enabled", "terms": ""}, "billing": {"is_premium": True, "multiplier": 3}},
+    {"id": "standin-small", "name": "Stand-in Small", "object": "model", "vendor": "agentd", "version": "1",
+     "model_picker_enabled": True, "preview": False,
+     "capabilities": {"family": "standin-small", "type": "chat", "object": "model_capabilities",
+                      "limits": {"max_context_window_tokens": 128000, "max_prompt_tokens": 64000, "max_output_tokens": 16000},
+                      "supports": {"streaming": True, "tool_calls": True}},
+     "policy": {"state": "enabled", "terms": ""}, "billing": {"is_premium": False, "multiplier": 0}},
+]
 
 
 class GitHubStandIn:
@@ -54,8 +70,11 @@ class GitHubStandIn:
                 elif path.endswith("/login/oauth/access_token"):
                     body = ({"access_token": TOKEN, "token_type": "bearer", "scope": "read:user"} if owner.approved.is_set()
                             else {"error": "authorization_pending"})
+                elif path.endswith("/models"):  # Copilot's API (the user's endpoints.api): the model catalog
+                    body = {"data": MODELS, "object": "list"}
                 elif path.endswith(("/copilot_internal/user", "/user")):
                     body = {"login": LOGIN, "copilot_plan": "individual", "quota_reset_date": "2027-01-01",
+                            "endpoints": {"api": owner.url},
                             "quota_snapshots": {"premium_interactions": {
                                 "entitlement": 300, "remaining": 240, "percent_remaining": 80.0, "unlimited": False,
                                 "overage_count": 0, "overage_permitted": False, "quota_id": "premium_interactions"}}}

@@ -68,6 +68,17 @@ def test_device_sign_in_shows_the_code_waits_for_approval_and_signs_the_runtime_
         assert TOKEN not in acct.stdout and TOKEN not in d.log.read_text()
         shown = json.loads(d.agentctl("providers", "show", "copilot", "--json", timeout=120).stdout)
         assert shown["state"] == "available", shown
+        # The signed-in catalog, as the CLI fetched it from the account's Copilot API (the stand-in's).
+        listed = d.agentctl("--json", "models", "copilot", timeout=120)
+        assert listed.returncode == 0, listed.stderr
+        by = {m["id"]: m for m in json.loads(listed.stdout)["models"]}
+        assert by["standin-large"] == {"id": "standin-large", "name": "Stand-in Large", "efforts": ["low", "medium", "high"],
+                                       "context_tiers": [{"id": "default", "tokens": 400000}], "cost_tier": "high"}
+        assert by["standin-small"]["cost_tier"] == "low" and by["standin-small"]["context_tiers"][0]["tokens"] == 128000
+        work = tmp_path / "work"
+        work.mkdir()
+        refused = d.agentctl("new", "-p", "copilot", "-m", "standin-large", "--effort", "max", "--cwd", str(work))
+        assert refused.returncode == 8 and "low, medium, high" in refused.stderr, refused.stderr
         # The account's quota, as the CLI reads it from GitHub (here: the stand-in's snapshot).
         quota = d.agentctl("--json", "quota", "copilot", timeout=120)
         assert quota.returncode == 0, quota.stderr
