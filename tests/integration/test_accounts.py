@@ -117,7 +117,11 @@ def test_codex_signs_in_with_an_api_key_and_out_through_the_real_app_server(tmp_
     try:
         before = json.loads(d.agentctl("providers", "show", "codex", "--json").stdout)
         assert before["state"] == "needs_sign_in" and before["fix"] == "agentctl login codex", before
-        assert before["capabilities"]["sign_in"] is True
+        assert before["capabilities"]["sign_in"] is True and before["capabilities"]["device_sign_in"] is True
+        # ChatGPT's device sign-in needs OpenAI's server, which Codex cannot be pointed at: offline the
+        # app-server refuses to start it, and agentd reports its reason (the command path, no stand-in).
+        device = d.agentctl("login", "codex", "--device")
+        assert device.returncode == 8 and "device code" in device.stderr, (device.stdout, device.stderr)
         signed = d.agentctl("--json", "login", "codex", "--with-token", input="sk-agentd-test-codex-key\n")
         assert signed.returncode == 0, signed.stderr
         assert json.loads(signed.stdout)["account"] == {"signed_in": True, "login": "", "source": "stored",

@@ -42,6 +42,7 @@ from ...contract import (
     Busy,
     Capabilities,
     Closed,
+    DeviceCode,
     Invalid,
     EventSink,
     Model,
@@ -114,6 +115,12 @@ class AppServer:
 
     def _on_notification(self, method: str, params: Any) -> None:
         if not isinstance(params, dict):
+            return
+        if method == "account/login/completed":  # a device sign-in ended (agentd.accounts waits on it)
+            waiter = self.provider.login_waiters.get(str(params.get("loginId") or ""))
+            if waiter is not None:
+                waiter[1].update(params)
+                waiter[0].set()
             return
         if method == "account/rateLimits/updated":  # the account's, not a thread's: every running turn gets it
             quotas = rate_limit_quotas(params.get("rateLimits"))
@@ -201,6 +208,8 @@ class CodexProvider:
         self._open: dict[str, CodexConversation] = {}
         #: the rate-limit windows Codex last reported (account/rateLimits/updated), newest
         self.rate_limits: list[Quota] = []
+        #: device sign-ins in progress: loginId -> (ended, the account/login/completed params)
+        self.login_waiters: dict[str, tuple[trio.Event, dict[str, Any]]] = {}
         key_env = config.model_provider.api_key_env if config.model_provider else ""
         if key_env:
             from ...logs import register_secret
@@ -216,6 +225,7 @@ class CodexProvider:
             model_endpoint=True, attachments=True, account=True, quota=True,
             # Codex's own sign-in (auth.json in CODEX_HOME); with model_provider the key is an env var
             sign_in=self.config.model_provider is None, sign_out=self.config.model_provider is None,
+            device_sign_in=self.config.model_provider is None,
         )
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -314,6 +324,41 @@ class CodexProvider:
             raise Invalid(f"Codex refused the key: {exc.describe()}") from None
         except BaseException as exc:
             raise server.error("account/login/start", exc) from None
+        return await self.account()
+
+    async def device_sign_in(self, show: Any, *, store_plaintext: bool = False) -> Account:
+        """ChatGPT's device sign-in through the app-server (``account/login/start`` with
+        ``chatgptDeviceCode``): its code and URL go to ``show``; returns once Codex reports the
+        sign-in completed (``account/login/completed``). Cancelling sends ``account/login/cancel``.
+        Raises Unsupported with model_provider, Invalid when Codex refuses or the sign-in fails."""
+        if self.config.model_provider is not None:
+            raise Unsupported(f"with providers.codex.model_provider the key is ${self.config.model_provider.api_key_env}")
+        server = await self.server()
+        try:
+            raw = await server.request("account/login/start", {"type": "chatgptDeviceCode"})
+        except RpcError as exc:
+            raise Invalid(f"Codex could not start the device sign-in: {exc.describe()}") from None
+        except BaseException as exc:
+            raise server.error("account/login/start", exc) from None
+        login_id = str((raw or {}).get("loginId") or "")
+        url, code = str((raw or {}).get("verificationUrl") or ""), str((raw or {}).get("userCode") or "")
+        if not (login_id and url and code):
+            raise Invalid(f"Codex answered the device sign-in without a code: {sorted((raw or {}).keys())}")
+        ended, result = self.login_waiters.setdefault(login_id, (trio.Event(), {}))
+        try:
+            show(DeviceCode(url=url, code=code))
+            await ended.wait()
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                try:
+                    await server.request("account/login/cancel", {"loginId": login_id})
+                except BaseException:  # noqa: BLE001 - the flow ends either way
+                    pass
+            raise
+        finally:
+            self.login_waiters.pop(login_id, None)
+        if not result.get("success"):
+            raise Invalid(f"the Codex sign-in failed: {result.get('error') or 'no reason given'}")
         return await self.account()
 
     async def sign_out(self) -> Account:
