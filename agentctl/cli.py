@@ -380,8 +380,8 @@ def _describe(exc: AgentdError) -> str:
 #: Every command: name -> "module:attribute" in agentctl.commands.
 COMMANDS: dict[str, str] = {
     "status": "daemon:status",
-    "providers": "daemon:providers",
-    "models": "daemon:models",
+    "providers": "accounts:providers",
+    "models": "accounts:models",
     "stop": "daemon:stop",
     "new": "conversations:new",
     "ls": "conversations:ls",
@@ -409,6 +409,10 @@ COMMANDS: dict[str, str] = {
     "command": "commands:command",
     "subagents": "commands:subagents",
     "subagent": "commands:subagent",
+    "account": "accounts:account",
+    "login": "accounts:login",
+    "logout": "accounts:logout",
+    "quota": "accounts:quota",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

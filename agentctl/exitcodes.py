@@ -49,7 +49,7 @@ Exit codes:
   2  usage error
   3  the turn was cancelled
   4  needs action: an interaction is pending and agentctl may not answer it
-     (--exit-on-action)
+     (--exit-on-action); account: a provider needs a sign-in
   5  agentd unreachable
   6  not found (conversation, interaction)
   7  busy: a turn is running (send --if-busy reject)

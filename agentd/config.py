@@ -378,6 +378,8 @@ class ByokConfig(_Section, kw_only=True):
     api_key_env: Annotated[str, msgspec.Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")] = ""
     wire_api: Literal["completions", "responses"] = "completions"
     model: Annotated[str, msgspec.Meta(min_length=1)]
+    #: more model names the endpoint serves, offered by `agentctl models copilot` besides ``model``
+    models: list[Annotated[str, msgspec.Meta(min_length=1)]] = []
 
 
 class CopilotConfig(_Section):
@@ -403,6 +405,8 @@ class ClaudeConfig(_Section):
     cli_path: str = ""
     #: default model for new conversations; "" = the runtime's default
     model: str = ""
+    #: more model names to offer besides Claude Code's aliases (full names, e.g. "claude-sonnet-4-5-20250929")
+    models: list[Annotated[str, msgspec.Meta(min_length=1)]] = []
     #: extra environment for the CLI process
     env: Environment = {}
     #: NAME of the environment variable holding the Anthropic API key ("" = none: the CLI's own login);

@@ -171,6 +171,14 @@ class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
     #: list the runtime's earlier conversations for a folder
     import_: bool = msgspec.field(default=False, name="import")
     account: bool = False
+    #: sign in with a token through agentd (``agentctl login --with-token``: :class:`SignInManager`)
+    sign_in: bool = False
+    #: remove the runtime's stored sign-in (``agentctl logout``: :class:`SignOutManager`)
+    sign_out: bool = False
+    #: sign in through GitHub's device flow (``agentctl login --device``: :class:`DeviceSignInManager`)
+    device_sign_in: bool = False
+    #: report the account's quota (``agentctl quota``: :class:`QuotaReporter`)
+    quota: bool = False
     #: the runtime is a process of its own, which can die apart from agentd
     runtime_process: bool = False
     #: turns call a model endpoint, which can fail apart from the runtime
@@ -676,6 +684,9 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
     output_tokens: int = 0
     cached_tokens: int = 0
     estimated: bool = False
+    #: the account's quota or rate-limit snapshot, as the runtime last sent it during a turn
+    #: (empty: none sent); a report carrying one replaces the total's
+    quota: list["Quota"] = []
 
 
 class TokenUsage(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -722,15 +733,30 @@ class ModelSelection(msgspec.Struct, frozen=True, omit_defaults=True):
     effort: str | None = None
     source: str = ""
     queued: bool = False
+    context_tier: str | None = None
+
+
+class ContextTier(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A selectable context-window size of a model: its id and its prompt budget in tokens (0: not said)."""
+
+    id: str
+    tokens: int = 0
+
+
+#: Relative model cost tiers, cheapest first (``Model.cost_tier``; "" = not reported).
+COST_TIERS = ("low", "medium", "high", "very_high")
 
 
 class Model(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One model a provider offers: its id, display name and the effort levels it takes
-    (empty: none listed)."""
+    """One model a provider offers: its id, display name, the effort levels and context tiers
+    it takes (empty: none listed; the first tier is the default) and its relative cost tier
+    (one of :data:`COST_TIERS`, "" when the provider reports none)."""
 
     id: str
     name: str = ""
     efforts: list[str] = []
+    context_tiers: list[ContextTier] = []
+    cost_tier: str = ""
 
 
 # --------------------------------------------------------------------------- events
@@ -892,6 +918,8 @@ class OpenRequest(msgspec.Struct, frozen=True, omit_defaults=True):
     title: str = ""
     model: str = ""
     effort: str = ""
+    #: a context tier the model lists (``Model.context_tiers``); "" = the default
+    context_tier: str = ""
 
 
 class HistoryRecord(msgspec.Struct, omit_defaults=True):
@@ -1043,13 +1071,21 @@ class Importer(Protocol):
 
 
 class Account(msgspec.Struct, frozen=True, omit_defaults=True):
-    """A runtime's sign-in; never carries a credential."""
+    """A runtime's sign-in; never carries a credential.
+
+    ``source`` says where the credential comes from: ``stored`` (a sign-in the runtime
+    keeps), ``env`` (a token in the environment variable ``env_var``), ``gh-cli`` (the
+    GitHub CLI's sign-in), ``api_key`` (an API key in ``env_var``), ``byok`` (a model
+    provider of the user's own, key in ``env_var``), or another name the runtime reports;
+    "" while signed out.
+    """
 
     signed_in: bool
     login: str = ""
     source: str = ""
     env_var: str = ""
     message: str = ""
+    host: str = ""
 
 
 @runtime_checkable
@@ -1093,6 +1129,46 @@ class CommandRunner(Protocol):
         SubmissionUncertain, ...); the runtime's record of the user message shows
         ``/name args``. A command whose result would not start a prompt turn is Invalid.
         """
+class Quota(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One account quota as the runtime reported it (Copilot's ``premium_interactions``, a
+    rate-limit window). ``used`` / ``entitlement`` count ``unit`` (``requests``,
+    ``ai_credits``, ``percent``; "" = not said); ``entitlement`` 0 with ``unlimited``;
+    ``remaining_percent`` None when not said; ``reset_at`` RFC 3339, "" when not said."""
+
+    type: str
+    used: float = 0
+    entitlement: float = 0
+    unlimited: bool = False
+    remaining_percent: float | None = None
+    overage: float = 0
+    reset_at: str = ""
+    unit: str = ""
+    plan: str = ""
+
+
+@runtime_checkable
+class QuotaReporter(Protocol):
+    """A provider whose ``capabilities().quota`` is True."""
+
+    async def quota(self) -> list[Quota]:
+        """The signed-in account's quotas, sorted by type. Raises RuntimeUnavailable."""
+        ...
+
+
+class DeviceCode(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a person enters at ``url`` to approve a device sign-in."""
+
+    url: str
+    code: str
+    notice: str = ""
+
+
+@runtime_checkable
+class SignInManager(Protocol):
+    """A provider whose ``capabilities().sign_in`` is True. A change applies to the whole runtime."""
+
+    async def sign_in(self, token: str) -> Account:
+        """Validate and store ``token`` (never logged or kept by agentd). Raises Invalid when refused."""
         ...
 
 
@@ -1107,4 +1183,21 @@ class SubagentController(Protocol):
     async def prompt_subagent(self, agent_id: str, text: str) -> None:
         """Send ``text`` to idle ``agent_id``; returns once the runtime took it. Raises Invalid,
         SubmissionUncertain (never resent), Unsupported."""
+class SignOutManager(Protocol):
+    """A provider whose ``capabilities().sign_out`` is True."""
+
+    async def sign_out(self) -> Account:
+        """Remove the stored sign-in. Raises Invalid while a token in the environment takes precedence."""
+        ...
+
+
+@runtime_checkable
+class DeviceSignInManager(Protocol):
+    """A provider whose ``capabilities().device_sign_in`` is True."""
+
+    async def device_sign_in(self, show: Any, *, store_plaintext: bool = False) -> Account:
+        """Start the device flow, call ``show(DeviceCode)`` (synchronously, never blocking) once the
+        code is known, and return once the sign-in is approved and in effect. ``store_plaintext``:
+        the person agreed that the runtime keep the token in a plain file when it has no keychain.
+        Cancelling the call cancels the flow. Raises Invalid when refused or expired, RuntimeUnavailable."""
         ...

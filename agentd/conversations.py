@@ -480,6 +480,7 @@ class ConversationService:
     async def create(
         self, *, provider: str, workdir: str, title: str = "", model: str = "", effort: str = "",
         mode: str = "interactive", budget: wire.Budget | None = None, provider_conversation_id: str = "",
+        context_tier: str = "",
     ) -> wire.ConversationRecord:
         """Create a conversation: record, journal, lease, and the provider conversation.
 
@@ -508,15 +509,11 @@ class ConversationService:
             title=title,
             model=model,
             effort=effort,
+            context_tier=context_tier,
             mode=mode,  # type: ignore[arg-type]
             provider_conversation_id=provider_conversation_id,
         )
-        budget_source = "new"
-        if budget is None and provider in self.budgets:
-            default = self.budgets[provider]
-            budget, budget_source = wire.Budget(max_cost_usd=default.max_cost_usd, on_reach=default.on_reach), "config"
-        if budget is not None and budget.max_cost_usd is not None:
-            record.budget = budget
+        record.budget, budget_source = _usage.initial_budget(budget, provider, self.budgets)
         if title:
             record.title_source = "user"
         try:
@@ -641,6 +638,7 @@ class ConversationService:
                 title=record.title,
                 model=record.model,
                 effort=record.effort,
+                context_tier=record.context_tier,
             )
             try:
                 conv = await provider.open(request, live.sink)
@@ -847,11 +845,11 @@ class ConversationService:
                 live.items[item.id] = (item.kind.value, item.agent_id, [item.text])
         elif isinstance(event, c.UsageEvent):
             # The journal's ``usage`` records are the daemon's running totals (see agentd.usage).
-            await self._account_usage(live, run, report=event.usage)
+            await _usage.account(self, live, run, report=event.usage)
             return
         elif isinstance(event, c.TokensEvent):
             await self._append(live, type_, data, run=run)
-            await self._account_usage(live, run, tokens=event.tokens)
+            await _usage.account(self, live, run, tokens=event.tokens)
             return
         elif isinstance(event, c.TitleEvent):
             if event.title == live.record.title:
@@ -922,10 +920,7 @@ class ConversationService:
             return
         if run in live.record.queued:
             live.record.queued.remove(run)  # a queued run ended before its start (cancelled, say)
-        if live.budget_cut:
-            live.budget_cut = False
-            if turn.state is c.TurnState.CANCELLED:
-                turn = msgspec.structs.replace(turn, reason="budget", error=self._budget_cut_text(live))
+        turn = _usage.cut_short_turn(live, turn)
         holding = live.held is None
         if holding:
             live.held = []
@@ -954,8 +949,8 @@ class ConversationService:
         # harmless, as recovery sees the run's terminal record in the journal and adds none.
         self._spawn(self._save_after_end, live)
         live.turn_done.set()
-        if live.record.state is not _S.CLOSED and self._budget_reached(live):
-            await self._budget_turn_ended(live)
+        if live.record.state is not _S.CLOSED and _usage.reached(live):
+            await _usage.turn_ended(self, live)
             return
         if live.queue and live.record.state is not _S.CLOSED and not live.interrupting:
             next_run, text = live.queue.popleft()
@@ -1091,8 +1086,7 @@ class ConversationService:
         live = await self.live(ref)
         if live.record.state is _S.CLOSED:
             raise c.Closed(f"conversation {live.record.id} is closed")
-        if live.record.state is _S.BUDGET_PAUSED or self._budget_reached(live):
-            raise c.LimitExceeded(self._budget_message(live), details=self._budget_details(live))
+        _usage.refuse_at_budget(live)
         if if_busy == "steer" and not (await self.runtimes.get(live.record.provider)).capabilities().steer:
             # Said before anything is stored or sent, turn running or not: a script learns it at once.
             raise c.Unsupported(f"provider {live.record.provider} cannot steer a running turn (--if-busy steer)")
@@ -1464,149 +1458,6 @@ class ConversationService:
         """
         live = await self.live(ref)
         return await self._append(live, type_, data)
-
-    # ------------------------------------------------------------------ usage and budgets
-
-    async def _account_usage(
-        self, live: _Live, run: str, *, tokens: c.TokenUsage | None = None, report: c.Usage | None = None
-    ) -> None:
-        """Fold one model call (``tokens``) or the provider's running total (``report``) into the
-        conversation's total; journal the new total as a ``usage`` record, then apply the budget."""
-        before = live.record.usage
-        after = _usage.add_tokens(before, tokens, self.pricing) if tokens is not None else _usage.add_report(
-            before, report or c.Usage())
-        live.usage = after
-        if after == before:
-            return
-        live.record.usage = after
-        if not live.run:
-            self._save_quietly(live.record)
-        # else the record is saved when the turn ends, not now: a save is two fsyncs on the trio
-        # thread, which would stall the turn (and every conversation) mid-stream for each model
-        # call. Until then the journal's ``usage`` record holds the total; crash recovery takes it.
-        await self._append(live, "usage", _json.encode(after), run=run)
-        await self._check_budget(live)
-
-    def _budget_limit(self, live: _Live) -> float | None:
-        budget = live.record.budget
-        return None if budget is None else budget.max_cost_usd
-
-    def _budget_reached(self, live: _Live) -> bool:
-        return _usage.budget_reached(live.record.usage, self._budget_limit(live))
-
-    def _budget_details(self, live: _Live) -> dict[str, Any]:
-        usage = live.record.usage
-        return {"state": live.record.state.value, "max_cost_usd": self._budget_limit(live),
-                "cost_usd": None if usage is None else usage.cost_usd}
-
-    def _budget_message(self, live: _Live) -> str:
-        cid = live.record.id
-        if self._budget_reached(live):
-            return (f"conversation {cid} reached its budget: spent {_usage.spent_text(live.record.usage)} of "
-                    f"${self._budget_limit(live):.4f}; raise it (agentctl budget {cid} --max-cost-usd N), "
-                    f"then resume it (agentctl continue {cid})")
-        return f"conversation {cid} is paused on its budget; resume it with agentctl continue {cid}"
-
-    def _budget_cut_text(self, live: _Live) -> str:
-        limit = self._budget_limit(live)
-        of = f" of ${limit:.4f}" if limit is not None else ""
-        return f"cut short: the conversation reached its budget (spent {_usage.spent_text(live.record.usage)}{of})"
-
-    async def _check_budget(self, live: _Live) -> None:
-        """Apply the budget once spend reached it: a running turn is cut short (cancelled, recorded
-        with reason ``budget``); an idle conversation pauses (``budget_paused``) or, with on_reach
-        stop, is closed. Never waits for a turn to end: the pump calls this."""
-        if live.record.state is _S.CLOSED or live.budget_closing or not self._budget_reached(live):
-            return
-        if live.run:
-            if not live.budget_cut:
-                live.budget_cut = True
-                log.info("budget.reached", conversation=live.record.id, run=live.run,
-                         cost_usd=live.record.usage.cost_usd if live.record.usage else None,
-                         max_cost_usd=self._budget_limit(live))
-                self._spawn(self._budget_cut_short, live)
-            return
-        await self._budget_pause_or_stop(live)
-
-    async def _budget_cut_short(self, live: _Live) -> None:
-        budget = live.record.budget
-        try:
-            if budget is not None and budget.on_reach == "stop":
-                live.budget_closing = True
-                await self.close(live.record.id, reason="budget")
-            else:
-                await self._cancel(live)
-        except c.AgentdError as exc:
-            log.warning("budget.cut_short_failed", conversation=live.record.id, error=exc.message)
-
-    async def _budget_turn_ended(self, live: _Live) -> None:
-        """The turn ended at or over the budget: queued prompts end unsent, then pause or stop."""
-        queued, live.queue = list(live.queue), deque()
-        live.record.queued = []
-        live.queued_attachments.clear()
-        for run, _text in queued:
-            turn = c.Turn(state=c.TurnState.CANCELLED, reason="budget",
-                          error="the conversation reached its budget before this queued prompt was sent; it was not sent")
-            await self._append_or_publish(live, "turn", _json.encode(turn), run=run)
-        await self._budget_pause_or_stop(live)
-
-    async def _budget_pause_or_stop(self, live: _Live) -> None:
-        budget = live.record.budget
-        if budget is not None and budget.on_reach == "stop":
-            if not live.budget_closing:
-                live.budget_closing = True
-                self._spawn(self._budget_close, live)
-            return
-        if live.record.state is _S.BUDGET_PAUSED:
-            return
-        live.record.state = _S.BUDGET_PAUSED
-        self._save_quietly(live.record)
-        log.info("budget.paused", conversation=live.record.id)
-        state = wire.StateRecord(state=_S.BUDGET_PAUSED, reason="budget")
-        await self._append_or_publish(live, "state", _json.encode(state), run="")
-
-    async def _budget_close(self, live: _Live) -> None:
-        try:
-            await self.close(live.record.id, reason="budget")
-        except c.AgentdError as exc:
-            log.warning("budget.close_failed", conversation=live.record.id, error=exc.message)
-
-    async def set_budget(self, ref: str, budget: wire.Budget, *, by: str = "") -> wire.ConversationRecord:
-        """Set, raise, lower or (``max_cost_usd`` None) remove the budget; journaled as a ``budget`` record.
-
-        A conversation paused on its budget stays paused until :meth:`resume`.
-        A budget already reached applies at once (as :meth:`_check_budget`).
-        Raises Closed for a closed conversation.
-        """
-        live = await self.live(ref)
-        if live.record.state is _S.CLOSED:
-            raise c.Closed(f"conversation {live.record.id} is closed")
-        live.record.budget = budget if budget.max_cost_usd is not None else None
-        self._save(live.record)
-        change = wire.BudgetRecord(budget=budget, source="command", by=by)
-        await self._append(live, "budget", _json.encode(change), run=live.run)
-        if live.record.state is not _S.BUDGET_PAUSED:
-            await self._check_budget(live)
-        return live.record
-
-    async def resume(self, ref: str) -> wire.ConversationRecord:
-        """``continue``: a conversation paused on its budget goes idle again, once under its budget.
-
-        Never resends anything: a turn that was cut short stays as it ended.
-        Raises Invalid when the conversation is not ``budget_paused``,
-        LimitExceeded while it is still at its budget.
-        """
-        live = await self.live(ref)
-        record = live.record
-        if record.state is not _S.BUDGET_PAUSED:
-            raise c.Invalid(f"conversation {record.id} is {record.state.value}, not paused on its budget; "
-                            "there is nothing to continue")
-        if self._budget_reached(live):
-            raise c.LimitExceeded(self._budget_message(live), details=self._budget_details(live))
-        record.state = _S.IDLE
-        self._save(record)
-        await self._append(live, "state", _json.encode(wire.StateRecord(state=_S.IDLE, reason="continued")))
-        return record
 
     # ------------------------------------------------------------------ attachments, titles, export
 

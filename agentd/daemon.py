@@ -58,6 +58,7 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
     leases = FileLeaseStore(conversations_dir, owner=owner, ttl_s=config.leases.ttl_s, exclusive=True)
     hub = Hub()
     runtimes = Runtimes(config, paths.state_dir, files=_agent_files(config, paths, config_path))
+    runtimes.config_path = config_path  # named in the fixes `providers` prints (agentd.accounts)
     service = ConversationService(
         store=store,
         leases=leases,

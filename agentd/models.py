@@ -50,30 +50,53 @@ async def catalog(runtimes: "Runtimes", provider: str) -> list[c.Model] | None:
         return None
 
 
-def check(models: list[c.Model] | None, model: str, effort: str) -> None:
-    """Raise Invalid unless ``model`` (and ``effort``, when given) is in ``models``.
+def check(models: list[c.Model] | None, model: str, effort: str, context_tier: str = "", *,
+          open_catalog: bool = False) -> None:
+    """Raise Invalid unless ``model`` (and ``effort``, ``context_tier``, when given) is in ``models``.
 
-    ``model`` "" keeps the current model (only ``effort`` is checked, against every listed
-    model's levels). ``models`` None checks nothing (see the module docstring).
+    ``model`` "" keeps the current model (``effort`` and ``context_tier`` are checked against
+    every listed model's). ``models`` None checks nothing (see the module docstring).
+    ``open_catalog``: a model not listed is left to the provider (the script provider takes
+    any script path); a listed one is checked as usual. A context tier is refused unless the
+    model lists it: a provider that lists none takes none.
     """
     if models is None:
+        if context_tier:
+            raise c.Invalid(f"unknown context tier {context_tier!r}: this provider lists no context tiers",
+                            details={"context_tiers": []})
         return
-    if model:
-        found = next((m for m in models if m.id == model), None)
-        if found is None:
-            raise c.Invalid(f"unknown model {model!r}; this provider offers: {', '.join(m.id for m in models) or 'none'}",
-                            details={"models": [m.id for m in models]})
-        levels = found.efforts
+    found = next((m for m in models if m.id == model), None) if model else None
+    if model and found is None:
+        if open_catalog:
+            if context_tier:
+                raise c.Invalid(f"unknown context tier {context_tier!r}: {model!r} lists no context tiers",
+                                details={"context_tiers": []})
+            return
+        raise c.Invalid(f"unknown model {model!r}; this provider offers: {', '.join(m.id for m in models) or 'none'}",
+                        details={"models": [m.id for m in models]})
+    if found is not None:
+        levels, tiers = list(found.efforts), [t.id for t in found.context_tiers]
     else:
         levels = sorted({e for m in models for e in m.efforts})
+        tiers = sorted({t.id for m in models for t in m.context_tiers})
+    what = f"model {model!r}" if model else "this provider"
     if effort and levels and effort not in levels:
-        what = f"model {model!r}" if model else "this provider"
         raise c.Invalid(f"unknown effort {effort!r} for {what}; allowed: {', '.join(levels)}",
                         details={"efforts": list(levels)})
+    if context_tier and context_tier not in tiers:
+        raise c.Invalid(f"unknown context tier {context_tier!r} for {what}; allowed: {', '.join(tiers) or 'none'}",
+                        details={"context_tiers": tiers})
+
+
+async def check_choice(runtimes: "Runtimes", provider: str, model: str, effort: str, context_tier: str = "") -> None:
+    """:func:`check` against ``provider``'s catalog (NotFound for an unknown provider)."""
+    prov = await runtimes.get(provider)
+    check(await catalog(runtimes, provider), model, effort, context_tier,
+          open_catalog=bool(getattr(prov, "open_catalog", False)))
 
 
 async def select(service: "ConversationService", ref: str, model: str, effort: str = "", *,
-                 after_turn: bool = False) -> wire.ConversationRecord:
+                 after_turn: bool = False, context_tier: str = "") -> wire.ConversationRecord:
     """Choose ``model`` / ``effort`` for conversation ``ref`` from its next turn on.
 
     Idle: the conversation is opened on its runtime (if it is not) and the provider applies
@@ -85,16 +108,16 @@ async def select(service: "ConversationService", ref: str, model: str, effort: s
     refusal), Unsupported when the provider cannot change models, InternalError when the
     record cannot be written.
     """
-    if not model and not effort:
-        raise c.Invalid("give a model, an effort, or both")
+    if not model and not effort and not context_tier:
+        raise c.Invalid("give a model, an effort, a context tier, or several")
     live = await service.live(ref)
     record = live.record
     if record.state is wire.ConversationState.CLOSED:
         raise c.Closed(f"conversation {record.id} is closed")
     if not (await service.runtimes.get(record.provider)).capabilities().set_model:
         raise c.Unsupported(f"provider {record.provider!r} cannot change a conversation's model")
-    check(await catalog(service.runtimes, record.provider), model, effort)
-    choice = wire.ModelChoice(model=model or record.model, effort=effort)
+    await check_choice(service.runtimes, record.provider, model or record.model, effort, context_tier)
+    choice = wire.ModelChoice(model=model or record.model, effort=effort, context_tier=context_tier)
     if live.run:
         if not after_turn:
             raise c.Busy(f"a turn is running in {record.id} (run {live.run}); "
@@ -102,7 +125,8 @@ async def select(service: "ConversationService", ref: str, model: str, effort: s
         record.next_model = choice
         service.save_record(record)
         await service.journal(live, "model_selection", _json.encode(
-            c.ModelSelection(model=choice.model, effort=choice.effort or None, source="user", queued=True)))
+            c.ModelSelection(model=choice.model, effort=choice.effort or None, source="user", queued=True,
+                             context_tier=choice.context_tier or None)))
         return record
     await _apply(service, live, choice)
     return record
@@ -126,9 +150,14 @@ async def _apply(service: "ConversationService", live: "_Live", choice: wire.Mod
         conv = await service.open_conversation(live)
     # Journaled first: the provider's confirmation (its own model_selection) comes after it.
     await service.journal(live, "model_selection", _json.encode(
-        c.ModelSelection(model=choice.model, effort=choice.effort or None, source="user")))
-    await conv.set_model(choice.model, choice.effort)
+        c.ModelSelection(model=choice.model, effort=choice.effort or None, source="user",
+                         context_tier=choice.context_tier or None)))
+    if choice.context_tier:  # only providers whose catalog lists tiers take one (check refused the rest)
+        await conv.set_model(choice.model, choice.effort, context_tier=choice.context_tier)  # type: ignore[call-arg]
+    else:
+        await conv.set_model(choice.model, choice.effort)
     record.model = choice.model
     record.effort = choice.effort
+    record.context_tier = choice.context_tier
     record.next_model = None
     service.save_record(record)

@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("agentd.runtimes")
 
-#: How long ``providers`` waits for one provider's check, seconds.
-CHECK_TIMEOUT_S = 45.0
 #: How long a request waits for a provider that is still being built, seconds.
 LOAD_TIMEOUT_S = 60.0
 
@@ -63,6 +61,8 @@ class Runtimes:
         self.state_dir = state_dir
         #: agent file access: limits and agentd's own paths (None: the defaults, the state dir refused)
         self.files = files
+        #: the agentd.toml loaded (None: the default path), named in fixes (agentd.accounts)
+        self.config_path: Path | None = None
         self._slots: dict[str, _Slot] = {}
         self._nursery: trio.Nursery | None = None
         self._declare()
@@ -246,59 +246,25 @@ class Runtimes:
                 slot.loaded.set()
 
     async def can_run(self, name: str) -> None:
-        """Return when provider ``name`` can run a turn now: its runtime is there (its check passes)
-        and, where it reports a sign-in, it is signed in (or has its key).
+        """Return when provider ``name`` can run a turn now: its state is ``available`` (its runtime
+        is there and it is signed in or has its key; agentd.accounts decides).
 
-        Raises NotFound (not configured), RuntimeUnavailable with the provider's own message, which
-        says what to install, set or run (the check is bounded by CHECK_TIMEOUT_S).
+        Raises NotFound (not configured), RuntimeUnavailable naming the state and the command that
+        fixes it (the checks are bounded by agentd.accounts.CHECK_TIMEOUT_S).
         """
-        provider = await self.get(name)
-        with trio.move_on_after(CHECK_TIMEOUT_S) as scope:
-            await provider.check()
-            if provider.capabilities().account and hasattr(provider, "account"):
-                account = await provider.account()
-                if not account.signed_in:
-                    raise c.RuntimeUnavailable(f"provider {name} cannot run a turn: {account.message}")
-        if scope.cancelled_caught:
-            raise c.RuntimeUnavailable(f"provider {name} did not answer its check within {CHECK_TIMEOUT_S:g} s")
+        from .accounts import describe
+
+        info = (await describe(self, name))[0]
+        if info.state != "available":
+            why = f": {info.error}" if info.error else ""
+            fix = f"; fix: {info.fix}" if info.fix else ""
+            raise c.RuntimeUnavailable(f"provider {name} cannot run a turn ({info.state}){why}{fix}")
 
     async def describe(self) -> list[wire.ProviderInfo]:
-        """Every provider with its capabilities and whether its runtime is usable now.
+        """Every provider with its state, fix, capabilities and account (see agentd.accounts.describe)."""
+        from .accounts import describe
 
-        Checks run concurrently, each bounded by CHECK_TIMEOUT_S (a first check
-        may start the runtime to learn what it advertises).
-        """
-        results: dict[str, wire.ProviderInfo] = {}
-
-        async def one(name: str) -> None:
-            try:
-                provider = await self.get(name)
-            except c.AgentdError as exc:
-                results[name] = wire.ProviderInfo(name=name, display_name=name, capabilities=c.Capabilities(),
-                                                  available=False, error=exc.message)
-                return
-            error = ""
-            with trio.move_on_after(CHECK_TIMEOUT_S) as scope:
-                try:
-                    await provider.check()
-                except c.AgentdError as exc:
-                    error = exc.message
-                except Exception as exc:  # a provider bug must not break `providers`
-                    error = f"{type(exc).__name__}: {exc}"
-            if scope.cancelled_caught:
-                error = f"the runtime did not answer within {CHECK_TIMEOUT_S:g} s"
-            results[name] = wire.ProviderInfo(
-                name=name,
-                display_name=provider.display_name,
-                capabilities=provider.capabilities(),
-                available=not error,
-                error=error,
-            )
-
-        async with trio.open_nursery() as nursery:
-            for name in self.names():
-                nursery.start_soon(one, name)
-        return [results[name] for name in self.names()]
+        return await describe(self)
 
     async def models(self, name: str) -> list[c.Model]:
         provider = await self.get(name)

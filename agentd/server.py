@@ -302,6 +302,11 @@ class Server:
             wire.ListSubagents: self._subagents,
             wire.CancelSubagent: self._subagent_cancel,
             wire.PromptSubagent: self._subagent_prompt,
+            wire.AccountRequest: self._account,
+            wire.Login: self._login,
+            wire.LoginWait: self._login_wait,
+            wire.Logout: self._logout,
+            wire.QuotaRequest: self._quota,
 
             wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
@@ -508,7 +513,9 @@ class Server:
         )
 
     async def _providers(self, conn: _Connection, req: wire.Providers) -> list[wire.ProviderInfo]:
-        return await self.service.runtimes.describe()
+        from . import accounts
+
+        return await accounts.describe(self.service.runtimes, req.provider)
 
     async def _models(self, conn: _Connection, req: wire.Models) -> list[c.Model]:
         return await self.service.runtimes.models(req.provider)
@@ -517,11 +524,11 @@ class Server:
         from . import models
 
         provider = self.service.runtimes.pick(req.provider)
-        if req.model or req.effort:
-            models.check(await models.catalog(self.service.runtimes, provider), req.model, req.effort)
+        if req.model or req.effort or req.context_tier:
+            await models.check_choice(self.service.runtimes, provider, req.model, req.effort, req.context_tier)
         return await self.service.create(
             provider=provider, workdir=req.workdir, title=req.title, model=req.model, effort=req.effort,
-            mode=req.mode, budget=req.budget,
+            mode=req.mode, budget=req.budget, context_tier=req.context_tier,
         )
 
     async def _restart(self, conn: _Connection, req: wire.Restart) -> wire.RestartResult:
@@ -534,7 +541,35 @@ class Server:
     async def _set_model(self, conn: _Connection, req: wire.SetModel) -> wire.ConversationRecord:
         from . import models
 
-        return await models.select(self.service, req.conversation, req.model, req.effort, after_turn=req.after_turn)
+        return await models.select(self.service, req.conversation, req.model, req.effort, after_turn=req.after_turn,
+                                   context_tier=req.context_tier)
+
+    async def _account(self, conn: _Connection, req: wire.AccountRequest) -> list[wire.AccountInfo]:
+        from . import accounts
+
+        return await accounts.account(self.service.runtimes, req.provider)
+
+    async def _login(self, conn: _Connection, req: wire.Login) -> wire.LoginResult:
+        from . import accounts
+
+        # A device flow lives in the connection's nursery: the client going away cancels it.
+        return await accounts.login(self.service.runtimes, req.provider, token=req.token, device=req.device,
+                                    nursery=conn.nursery, store_plaintext=req.store_plaintext)
+
+    async def _login_wait(self, conn: _Connection, req: wire.LoginWait) -> wire.LoginResult:
+        from . import accounts
+
+        return await accounts.login_wait(req.flow, req.timeout_s)
+
+    async def _logout(self, conn: _Connection, req: wire.Logout) -> wire.LoginResult:
+        from . import accounts
+
+        return await accounts.logout(self.service.runtimes, req.provider)
+
+    async def _quota(self, conn: _Connection, req: wire.QuotaRequest) -> list[wire.QuotaInfo]:
+        from . import accounts
+
+        return await accounts.quota(self.service.runtimes, req.provider)
 
     async def _import_list(self, conn: _Connection, req: wire.ImportList) -> wire.ImportListResult:
         from . import adopt
@@ -621,10 +656,14 @@ class Server:
         return {"conversation": cid}
 
     async def _budget(self, conn: _Connection, req: wire.SetBudget) -> wire.ConversationRecord:
-        return await self.service.set_budget(req.conversation, req.budget, by=conn.peer)
+        from . import usage
+
+        return await usage.set_budget(self.service, req.conversation, req.budget, by=conn.peer)
 
     async def _continue(self, conn: _Connection, req: wire.Continue) -> wire.ConversationRecord:
-        return await self.service.resume(req.conversation)
+        from . import usage
+
+        return await usage.resume(self.service, req.conversation)
 
     async def _export(self, conn: _Connection, req: wire.Export) -> wire.ExportResult:
         return await self.service.export(req.conversation, req.format, include_tools=req.include_tools, all_=req.all)

@@ -33,6 +33,9 @@ from .contract import (
     Interaction,
     Item,
     Model,
+    Account,
+    DeviceCode,
+    Quota,
     Subagent,
     TodoList,
     TokenUsage,
@@ -105,7 +108,8 @@ class Status(_Request, tag="status"):
 
 
 class Providers(_Request, tag="providers"):
-    pass
+    #: "" = every provider; else only this one
+    provider: str = ""
 
 
 class Models(_Request, tag="models"):
@@ -121,6 +125,8 @@ class New(_Request, tag="new"):
     model: str = ""
     #: an effort level the model lists ("" = the runtime's default)
     effort: str = ""
+    #: a context tier the model lists ("" = the default)
+    context_tier: str = ""
     mode: Mode = "interactive"
     #: None = the provider's default budget from the config ([budgets.<provider>]), if any
     budget: Budget | None = None
@@ -286,6 +292,7 @@ class SetModel(_Request, tag="set_model"):
     model: str = ""
     effort: str = ""
     after_turn: bool = False
+    context_tier: str = ""
 
 
 class History(_Request, tag="history"):
@@ -502,6 +509,83 @@ class CommandList(msgspec.Struct, frozen=True, omit_defaults=True):
 class SubagentList(msgspec.Struct, frozen=True, omit_defaults=True):
     conversation: str
     subagents: list[Subagent] = []
+# ---- accounts
+# Account, sign-in and quota of each provider's runtime (agentd.accounts).
+
+#: A provider's state for ``providers``: available = a turn can run now (installed, and signed in or
+#: a key present); needs_sign_in; not_installed; misconfigured (the config or environment is wrong).
+ProviderState = Literal["available", "needs_sign_in", "not_installed", "misconfigured"]
+
+
+class AccountRequest(_Request, tag="account"):
+    """The sign-in of ``provider`` ("" = every provider that reports one): ``list[AccountInfo]``."""
+
+    provider: str = ""
+
+
+class Login(_Request, tag="login"):
+    """Sign ``provider``'s runtime in: with ``token`` (handed to the runtime, never kept or logged),
+    with the device flow (``device``: answers ``LoginResult`` with the code and a ``flow`` to wait on
+    with ``login_wait``), or, where agentd cannot do it, the answer names the command to run."""
+
+    provider: str
+    device: bool = False
+    token: str = ""
+    #: the person agrees that the runtime keep the token in a plain file when it has no keychain
+    store_plaintext: bool = False
+
+
+class LoginWait(_Request, tag="login_wait"):
+    """Wait until the device flow ``flow`` ends: ``LoginResult`` (``done``). Closing the connection
+    (Ctrl-C) or ``timeout_s`` cancels the flow."""
+
+    flow: str
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 900.0
+
+
+class Logout(_Request, tag="logout"):
+    """Remove the runtime's stored sign-in: ``LoginResult``."""
+
+    provider: str
+
+
+class QuotaRequest(_Request, tag="quota"):
+    """The account quota of ``provider`` ("" = every provider that reports one): ``list[QuotaInfo]``."""
+
+    provider: str = ""
+
+
+class AccountInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One provider's sign-in (never a credential) and, when signed out, the command that signs it in."""
+
+    provider: str
+    account: Account
+    fix: str = ""
+
+
+class LoginResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """``login`` / ``login_wait`` / ``logout``. ``done``: the account after it. Else ``device``
+    holds the code to enter (wait on ``flow``), or ``command`` the exact command a person runs."""
+
+    provider: str
+    done: bool = False
+    account: Account | None = None
+    device: DeviceCode | None = None
+    flow: str = ""
+    command: str = ""
+    message: str = ""
+
+
+class QuotaInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One provider's quotas as its runtime last reported them; ``error`` when it could not say."""
+
+    provider: str
+    quotas: list[Quota] = []
+    #: where the figures come from: "account" (the runtime, asked now)
+    source: str = ""
+    #: when they were asked for (UTC, RFC 3339)
+    at: str = ""
+    error: str = ""
 
 
 Request = Union[
@@ -536,6 +620,11 @@ Request = Union[
     ListSubagents,
     CancelSubagent,
     PromptSubagent,
+    AccountRequest,
+    Login,
+    LoginWait,
+    Logout,
+    QuotaRequest,
 
     ShowItem,
     Shutdown,
@@ -559,6 +648,12 @@ class ProviderInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     available: bool = True
     #: why the provider is not available
     error: str = ""
+    #: available (a turn can run now), needs_sign_in, not_installed, misconfigured (agentd.accounts)
+    state: ProviderState = "available"
+    #: the exact command that fixes ``state`` ("" when available)
+    fix: str = ""
+    #: its sign-in, when it reports one (never a credential)
+    account: Account | None = None
 
 
 class StatusResult(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -584,6 +679,7 @@ class ModelChoice(msgspec.Struct, frozen=True, omit_defaults=True):
 
     model: str = ""
     effort: str = ""
+    context_tier: str = ""
 
 
 class ConversationRecord(msgspec.Struct, omit_defaults=True):
@@ -598,6 +694,8 @@ class ConversationRecord(msgspec.Struct, omit_defaults=True):
     model: str = ""
     #: the effort level asked for ("" = the runtime's default)
     effort: str = ""
+    #: the context tier asked for ("" = the model's default)
+    context_tier: str = ""
     #: a set-model queued behind the running turn (``--after-turn``), applied before the next prompt
     next_model: ModelChoice | None = None
     mode: Mode = "interactive"

@@ -20,6 +20,9 @@ from ..cli import Fail, _err, _exit, _interactive, _json, _ok_json, _opts, _styl
 def _new_options(f: Any) -> Any:
     f = click.option("--yolo", is_flag=True, help="Let agentd answer permission requests (allow once).")(f)
     f = click.option("--effort", default="", help="Effort level the model lists (agentctl models PROVIDER).")(f)
+    f = click.option("--context-tier", default="", metavar="TIER", expose_value=False,
+                     callback=lambda ctx, param, value: ctx.meta.__setitem__("agentctl.context_tier", value),
+                     help="Context tier the model lists (agentctl models PROVIDER), e.g. 1m.")(f)
     f = click.option("--model", "-m", default="", help="Model id (for the script provider: the script's path).")(f)
     f = click.option("--title", default="", help="Conversation title.")(f)
     f = click.option(
@@ -120,6 +123,7 @@ def _create(provider: str, cwd: str, title: str, model: str, effort: str, yolo: 
     return _opts().client().call(
         wire.New, wire.ConversationRecord,
         provider=provider, workdir=cwd, title=title, model=model, effort=effort,
+        context_tier=click.get_current_context().meta.get("agentctl.context_tier", ""),
         mode="yolo" if yolo else "interactive", budget=budget,
     )
 

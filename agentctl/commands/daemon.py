@@ -1,16 +1,15 @@
-"""agentctl status, providers, models, stop: the daemon, what it offers, and stopping it."""
+"""agentctl status, stop: the daemon, and stopping it (providers and models: agentctl.commands.accounts)."""
 
 from __future__ import annotations
 
 import os
 
 import click
-import msgspec
 
 from agentd import wire
 
 from .. import exitcodes
-from ..cli import Fail, _json, _opts, _style, common
+from ..cli import Fail, _json, _opts, common
 
 #: ``agentctl stop --timeout`` default, seconds: what agentd needs to close its provider
 #: conversations (5 s at most) and stop its runtimes, with room to spare.
@@ -45,56 +44,6 @@ def status() -> None:
     click.echo(f"state dir:     {r.state_dir}")
     click.echo(f"conversations: {r.conversations} ({r.running} running)")
     click.echo(f"providers:     {', '.join(r.providers) or '-'}")
-
-
-@click.command()
-@common
-def providers() -> None:
-    """List providers, whether each is available, and what it supports.
-
-    --json: {"providers": [ProviderInfo, ...]}.
-
-    \b
-    Examples:
-      agentctl providers
-      agentctl providers --json | jq '.providers[] | {name, available}'
-    """
-    o = _opts()
-    infos = o.client().call(wire.Providers, list[wire.ProviderInfo])
-    if o.json:
-        return _json({"providers": infos})
-    from ..render import table
-
-    rows = []
-    for p in infos:
-        caps = msgspec.structs.asdict(p.capabilities)
-        supported = ", ".join(k.rstrip("_") for k, v in caps.items() if v) or "-"
-        state = "available" if p.available else f"unavailable: {p.error}" if p.error else "unavailable"
-        rows.append([p.name, state, supported])
-    click.echo(table(rows, ["NAME", "STATUS", "SUPPORTS"], _style()))
-
-
-@click.command()
-@click.argument("provider")
-@common
-def models(provider: str) -> None:
-    """List the models PROVIDER offers.
-
-    --json: {"provider": PROVIDER, "models": [Model, ...]}.
-
-    \b
-    Examples:
-      agentctl models copilot
-      agentctl models claude --json | jq -r '.models[].id'
-    """
-    o = _opts()
-    ms = o.client().call(wire.Models, list[wire.Model], provider=provider)
-    if o.json:
-        return _json({"provider": provider, "models": ms})
-    from ..render import table
-
-    rows = [[m.id, m.name, ", ".join(m.efforts)] for m in ms]
-    click.echo(table(rows, ["ID", "NAME", "EFFORTS"], _style()))
 
 
 @click.command()

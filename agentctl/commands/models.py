@@ -13,13 +13,15 @@ from ..cli import _json, _opts, common
 @click.argument("conversation")
 @click.argument("model", required=False, default="")
 @click.option("--effort", default="", help="Effort level the model lists (agentctl models PROVIDER).")
+@click.option("--context-tier", default="", metavar="TIER", help="Context tier the model lists (agentctl models PROVIDER).")
 @click.option("--after-turn", is_flag=True, help="While a turn runs, apply it before the next prompt instead of failing busy.")
 @common
-def set_model(conversation: str, model: str, effort: str, after_turn: bool) -> None:
+def set_model(conversation: str, model: str, effort: str, context_tier: str, after_turn: bool) -> None:
     """Choose the model (and effort) of CONVERSATION's next turns.
 
     Checked against the provider's model list first (agentctl models
-    PROVIDER): an unknown model or effort exits 8, naming what is allowed.
+    PROVIDER): an unknown model, effort or context tier exits 8, naming
+    what is allowed.
     While a turn runs it exits 7 (busy) unless --after-turn. Journaled, and
     kept across daemon restarts. --json: the conversation record.
 
@@ -28,11 +30,11 @@ def set_model(conversation: str, model: str, effort: str, after_turn: bool) -> N
       agentctl set-model c3f9 gpt-5 --effort high
       agentctl set-model c3f9 sonnet --after-turn
     """
-    if not model and not effort:
-        raise click.UsageError("give MODEL, --effort, or both")
+    if not model and not effort and not context_tier:
+        raise click.UsageError("give MODEL, --effort, --context-tier, or several")
     o = _opts()
     rec = o.client().call(wire.SetModel, wire.ConversationRecord, conversation=conversation, model=model,
-                          effort=effort, after_turn=after_turn)
+                          effort=effort, after_turn=after_turn, context_tier=context_tier)
     if o.json:
         return _json(rec)
     if rec.next_model is not None:
@@ -40,4 +42,4 @@ def set_model(conversation: str, model: str, effort: str, after_turn: bool) -> N
                    f"{', effort ' + rec.next_model.effort if rec.next_model.effort else ''} after the running turn")
     else:
         click.echo(f"{rec.id}: {rec.model or 'model unchanged'}{', effort ' + rec.effort if rec.effort else ''}"
-                   " from the next turn on")
+                   f"{', context ' + rec.context_tier if rec.context_tier else ''} from the next turn on")

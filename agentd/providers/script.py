@@ -68,6 +68,7 @@ from ..contract import (
     InteractionGone,
     InteractionKind,
     InteractionState,
+    ContextTier,
     Invalid,
     Item,
     NotFound,
@@ -338,13 +339,27 @@ class TurnSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     step: list[Step] = []
 
 
+class ScriptModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[[models]]``: a model the script answers as (``agentctl set-model CONV ID``), with the
+    effort levels and context tiers it takes; the turn reports it as its model, and
+    ``received.jsonl`` records it with each prompt."""
+
+    id: Annotated[str, msgspec.Meta(min_length=1)]
+    name: str = ""
+    efforts: list[str] = []
+    context_tiers: list[ContextTier] = []
+    cost_tier: Literal["", "low", "medium", "high", "very_high"] = ""
+
+
 class Script(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A whole script file. ``chunk``/``delay_ms`` are defaults for streamed text."""
 
     turn: Annotated[list[TurnSpec], msgspec.Meta(min_length=1)]
     description: str = ""
-    #: reported as the turn's model; default: the file's stem
+    #: reported as the turn's model; default: the first of ``models``, else the file's stem
     model: str = ""
+    #: the models it declares (``agentctl models script`` lists those of the scripts in scripts_dir)
+    models: list[ScriptModel] = []
     chunk: Positive = 16
     delay_ms: NonNegative = 20
     #: ``[[command]]``: the slash commands a conversation on this script offers (name, kind, ...)
@@ -359,7 +374,7 @@ class _Loaded:
     def __init__(self, path: Path | None, script: Script) -> None:
         self.path = path
         self.script = script
-        self.label = script.model or (path.stem if path else "echo")
+        self.label = script.model or (script.models[0].id if script.models else path.stem if path else "echo")
         self.patterns = [re.compile(t.match) if t.match else None for t in script.turn]
 
     def select(self, prompt: str, turn_no: int) -> TurnSpec:
@@ -472,6 +487,10 @@ class _Record(msgspec.Struct, omit_defaults=True):
     script: str = ""
     title: str = ""
     turns: int = 0
+    #: a model the script declares, chosen with set_model ("" = the script's own label), and its settings
+    model: str = ""
+    effort: str = ""
+    context_tier: str = ""
     items: list[Item] = []
     subagents: list[Subagent] = []
     usage: Usage | None = None
@@ -544,9 +563,23 @@ class ScriptProvider:
         return self.dir / f"{conversation_id}.json"
 
     def resolve(self, model: str, workdir: str) -> Path | None:
-        """The script for ``model`` (see :func:`resolve_script`); None = built-in echo."""
-        return resolve_script(model, workdir=workdir, scripts_dir=self.scripts_dir,
-                              default_script=self.config.default_script)
+        """The script for ``model`` (see :func:`resolve_script`), else the script in ``scripts_dir``
+        that declares ``model`` in its ``[[models]]``; None = built-in echo. Raises Invalid."""
+        try:
+            return resolve_script(model, workdir=workdir, scripts_dir=self.scripts_dir,
+                                  default_script=self.config.default_script)
+        except Invalid:
+            try:
+                paths = sorted(self.scripts_dir.glob("*.toml"))
+            except OSError:
+                raise
+            for path in paths:
+                try:
+                    if any(m.id == model for m in _load(path).script.models):
+                        return path.resolve()
+                except Invalid:
+                    continue
+            raise
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -557,7 +590,7 @@ class ScriptProvider:
             plan=True,
             history=True,
             reopen=True,
-            models=False,
+            models=True,
             set_model=True,
             titles=True,
             usage=True,
@@ -599,9 +632,34 @@ class ScriptProvider:
         if self.config.scripts_dir and not Path(self.config.scripts_dir).expanduser().is_dir():
             raise RuntimeUnavailable(f"scripts_dir {self.config.scripts_dir!r} is not a directory")
 
+    #: any script path is a model too: the daemon leaves a model not listed to :meth:`open` and set_model
+    open_catalog = True
+
     async def models(self) -> list[Model]:
-        """Raises Unsupported: a script is chosen by path, there is no model list."""
-        raise Unsupported("the script provider has no model list; pass a script path as the model")
+        """The models the scripts in ``scripts_dir`` declare (``[[models]]``), then one per script
+        there that declares none (its bare name). Unsupported when there are none."""
+
+        def scan() -> list[Model]:
+            out: list[Model] = []
+            try:
+                paths = sorted(self.scripts_dir.glob("*.toml"))
+            except OSError:
+                return out
+            for path in paths:
+                try:
+                    loaded = _load(path)
+                except Invalid:
+                    continue
+                if not loaded.script.models:
+                    out.append(Model(id=path.stem, name=loaded.script.description or loaded.label))
+                out += [Model(id=m.id, name=m.name, efforts=list(m.efforts), context_tiers=list(m.context_tiers),
+                              cost_tier=m.cost_tier) for m in loaded.script.models]
+            return out
+
+        found = await trio.to_thread.run_sync(scan)
+        if not found:
+            raise Unsupported(f"no script in {self.scripts_dir} declares a model; pass a script path as the model")
+        return found
 
     async def open(self, request: OpenRequest, sink: EventSink) -> ScriptConversation:
         """Create a conversation (empty ``conversation_id``) or reopen exactly that id.
@@ -626,12 +684,17 @@ class ScriptProvider:
             path = self.resolve(request.model, request.workdir)
             script = _load(path)
             now = utcnow()
+            chosen = next((m for m in script.script.models if m.id == request.model), None)
             record = _Record(
                 id=str(uuid.uuid4()),
                 workdir=request.workdir,
                 script=str(path or ""),
                 title=request.title,
                 created_at=now,
+                model=chosen.id if chosen else "",
+                effort=request.effort if chosen and request.effort in chosen.efforts else "",
+                context_tier=request.context_tier
+                if chosen and request.context_tier in [t.id for t in chosen.context_tiers] else "",
             )
         conv = ScriptConversation(self, record, script, sink)
         if not request.conversation_id:
@@ -668,9 +731,13 @@ class ScriptProvider:
         except msgspec.DecodeError as exc:
             raise Invalid(f"conversation record {path} is damaged: {exc}") from None
 
-    async def _account(self, conversation_id: str, text: str, delivery: str) -> None:
-        """Append and fsync one ``received.jsonl`` line; runs before a prompt is accepted."""
-        line = _encoder.encode({"conversation": conversation_id, "text": text, "ts": utcnow(), "delivery": delivery})
+    async def _account(self, conversation_id: str, text: str, delivery: str, selection: dict[str, str] | None = None) -> None:
+        """Append and fsync one ``received.jsonl`` line; runs before a prompt is accepted.
+
+        ``selection`` (the model, effort and context tier in effect) goes in the line too: the
+        script's stand-in for the model request a runtime sends."""
+        line = _encoder.encode({"conversation": conversation_id, "text": text, "ts": utcnow(), "delivery": delivery,
+                                **(selection or {})})
         async with self._received_lock:
             await trio.to_thread.run_sync(_append_fsync, self.received_path, line + b"\n")
 
@@ -807,7 +874,7 @@ class ScriptConversation:
         self._starting = True
         try:
             with trio.CancelScope(shield=True):
-                await self._provider._account(self.id, prompt.text, "send")
+                await self._provider._account(self.id, prompt.text, "send", self._selection())
                 self._check_open()
                 history = " | ".join(i.text for i in self._record.items if i.kind is ItemKind.USER and not i.agent_id)
                 turn = _Turn(no, prompt.text, history, spec, self._script)
@@ -818,7 +885,7 @@ class ScriptConversation:
                 self._turn = turn
                 self._put(turn, Item(id=f"{no}-0", kind=ItemKind.USER, text=prompt.text, time=utcnow(),
                                      attachments=list(prompt.attachments)))
-                self._emit(TurnEvent(turn=Turn(state=TurnState.WORKING, model=self._script.label)))
+                self._emit(TurnEvent(turn=Turn(state=TurnState.WORKING, model=self.model)))
                 await self._save()
         finally:
             self._starting = False
@@ -863,7 +930,7 @@ class ScriptConversation:
         if turn is None:
             raise Invalid("no turn is running")
         with trio.CancelScope(shield=True):
-            await self._provider._account(self.id, prompt.text, "steer")
+            await self._provider._account(self.id, prompt.text, "steer", self._selection())
             # Accounted means accepted: recorded even if the turn ended meanwhile.
             turn.steers.append(prompt.text)
             self._put(turn, Item(id=f"{turn.no}-steer{len(turn.steers)}", kind=ItemKind.USER, text=prompt.text,
@@ -930,22 +997,58 @@ class ScriptConversation:
         self._check_open()
         await trio.lowlevel.checkpoint()
         r = self._record
-        return HistoryRecord(items=list(r.items), subagents=list(r.subagents), usage=r.usage, model=self._script.label)
+        return HistoryRecord(items=list(r.items), subagents=list(r.subagents), usage=r.usage, model=self.model)
 
-    async def set_model(self, model: str, effort: str = "") -> None:
-        """Switch to the script named by ``model`` from the next turn on.
+    @property
+    def model(self) -> str:
+        """The model turns report: the declared model chosen, else the script's label."""
+        return self._record.model or self._script.label
 
-        Raises Invalid for a missing or invalid script, Unsupported for an effort.
+    def _selection(self) -> dict[str, str]:
+        out = {"model": self.model}
+        if self._record.effort:
+            out["effort"] = self._record.effort
+        if self._record.context_tier:
+            out["context_tier"] = self._record.context_tier
+        return out
+
+    async def set_model(self, model: str, effort: str = "", context_tier: str = "") -> None:
+        """Switch to ``model`` from the next turn on: a model the current script declares (with an
+        effort and context tier it lists), else the script ``model`` names (or one in scripts_dir that
+        declares it), whose first declared model, if any, becomes the model.
+
+        Raises Invalid for a missing or invalid script, or an effort / tier the model does not list;
+        Unsupported for an effort or tier when the model declares none.
         """
         self._check_open()
-        if effort:
-            raise Unsupported("scripts have no effort levels")
-        path = self._provider.resolve(model, self.workdir)
-        self._script = _load(path)
+        declared = {m.id: m for m in self._script.script.models}
+        if model and model not in declared or not declared:
+            path = self._provider.resolve(model, self.workdir) if model else (
+                Path(self._record.script) if self._record.script else None)
+            script = _load(path)
+            declared = {m.id: m for m in script.script.models}
+            chosen = declared.get(model) or (script.script.models[0] if script.script.models else None)
+        else:
+            path, script = (Path(self._record.script) if self._record.script else None), self._script
+            chosen = declared.get(model or self.model)
+        for what, value, allowed in (("effort", effort, chosen.efforts if chosen else []),
+                                     ("context tier", context_tier, [t.id for t in chosen.context_tiers] if chosen else [])):
+            if value and not allowed:
+                raise Unsupported(f"script model {chosen.id if chosen else script.label!r} declares no {what}s"
+                                  if chosen else f"scripts without [[models]] have no {what}s")
+            if value and value not in allowed:
+                raise Invalid(f"unknown {what} {value!r} for model {chosen.id!r}; allowed: {', '.join(allowed)}")
+        self._script = script
         self._record.script = str(path or "")
+        self._record.model = chosen.id if chosen else ""
+        if effort or chosen is None or model:
+            self._record.effort = effort
+        if context_tier or chosen is None or model:
+            self._record.context_tier = context_tier
         with trio.CancelScope(shield=True):
             await self._save()
-        self._emit(ModelSelectionEvent(selection=ModelSelection(model=self._script.label)))
+        self._emit(ModelSelectionEvent(selection=ModelSelection(
+            model=self.model, effort=self._record.effort or None, context_tier=self._record.context_tier or None)))
 
     async def set_title(self, title: str) -> None:
         """Record the title and emit a TitleEvent."""
@@ -1065,7 +1168,7 @@ class ScriptConversation:
             self._put_subagent(turn, _end_subagent(sub, status, now, "" if status is SubagentStatus.CANCELLED else why))
         self._turn = None
         # Its number is how fork and rewind name the turn (item ids begin with it).
-        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=turn.script.label,
+        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, model=self.model,
                                        marker=str(turn.no))))
         turn.done.set()
 
@@ -1341,7 +1444,7 @@ class ScriptConversation:
 
     def _usage(self, step: UsageStep) -> None:
         self._emit(TokensEvent(tokens=TokenUsage(
-            model=step.model or self._script.label, input=step.input, output=step.output, cache_read=step.cache_read,
+            model=step.model or self.model, input=step.input, output=step.output, cache_read=step.cache_read,
             cache_write=step.cache_write, duration_ms=step.duration_ms, cost_usd=step.cost_usd)))
         old = self._record.usage or Usage()
         cost = old.cost_usd

@@ -155,6 +155,7 @@ class CopilotRuntime(Runtime):
             f"cli_path = {q(str(cli))}\ncopilot_home = {q(str(home))}\n"
             "[providers.copilot.byok]\n"
             f'type = "openai"\nbase_url = {q(self.server.url)}\napi_key_env = {q(KEY_ENV)}\nmodel = {q(MODEL)}\n'
+            f'models = {q([MODEL + "-b"])}\n'  # a second model the endpoint serves (set_model)
         )
 
     def check_unknown_mapping(self) -> None:

@@ -602,15 +602,22 @@ class AcpProvider:
             self._shared = None
 
     def _learn(self, setup: s.SessionSetup) -> None:
-        """Remember the model list a session offered (for ``models()`` and capabilities)."""
+        """Remember the model list a session offered (for ``models()`` and capabilities): its models
+        (session/set_model's, else the ``model`` config option's), each with the values of the
+        ``thought_level`` config option as its effort levels."""
+        efforts: list[str] = []
+        for opt in setup.config_options or []:
+            if opt.category == "thought_level" and opt.options:
+                efforts = opt.values()
         if setup.models is not None and setup.models.available_models:
-            self._models = [Model(id=mi.model_id, name=mi.name) for mi in setup.models.available_models]
+            self._models = [Model(id=mi.model_id, name=mi.name, efforts=list(efforts))
+                            for mi in setup.models.available_models]
             self._seen.add("models")
             return
         for opt in setup.config_options or []:
             if opt.category == "model" and opt.options:
                 names = {str(o.get("value")): str(o.get("name", "")) for o in opt.options if "value" in o}
-                self._models = [Model(id=v, name=names.get(v, "")) for v in opt.values()]
+                self._models = [Model(id=v, name=names.get(v, ""), efforts=list(efforts)) for v in opt.values()]
                 self._seen.add("models")
                 return
 

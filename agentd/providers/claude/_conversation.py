@@ -519,8 +519,8 @@ class ClaudeConversation:
         items = await self._provider.transcript(self.id)
         return HistoryRecord(items=items or [], usage=self._usage(), model=self.model)
 
-    async def set_model(self, model: str, effort: str = "") -> None:
-        """Use ``model`` (and ``effort``, when given) from the next turn on.
+    async def set_model(self, model: str, effort: str = "", context_tier: str = "") -> None:
+        """Use ``model`` (and ``effort``, ``context_tier``, when given) from the next turn on.
 
         A model change reaches a running CLI at once; an effort change
         replaces the CLI process before the next turn (same session). Raises
@@ -532,6 +532,10 @@ class ClaudeConversation:
             raise Busy("the model cannot change while a turn runs")
         if effort and effort not in EFFORTS:
             raise Invalid(f"unknown effort {effort!r}; Claude Code takes one of: {', '.join(EFFORTS)}")
+        if context_tier:
+            from ._provider import model_for_tier
+
+            model = model_for_tier(model or self._record.model, context_tier)
         session = self._session
         if model != self._record.model and session is not None and session.alive:
             try:

@@ -51,6 +51,7 @@ from ..._fsutil import atomic_write, make_dirs, read_file
 from ...contract import (
     Account,
     Capabilities,
+    ContextTier,
     Closed,
     ConversationNotFound,
     EventSink,
@@ -61,7 +62,6 @@ from ...contract import (
     OpenRequest,
     PreviousConversation,
     RuntimeUnavailable,
-    Unsupported,
     Usage,
     utcnow,
 )
@@ -127,6 +127,23 @@ def resolve_cli_path(cli_path: str, env: dict[str, str] | None = None) -> str:
 
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+#: The model aliases Claude Code takes (``claude --help``: "an alias for the latest model"), with
+#: the context tiers it offers for them (``<alias>[1m]`` selects the 1M-token window) and their
+#: relative cost. A full model name works too: name it in providers.claude.models.
+ALIASES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "default": ("Default (the account's recommended model)", (), ""),
+    "sonnet": ("Claude Sonnet, latest", ("200k", "1m"), "medium"),
+    "opus": ("Claude Opus, latest", ("200k", "1m"), "high"),
+    "haiku": ("Claude Haiku, latest", ("200k",), "low"),
+    "opusplan": ("Opus in plan mode, else Sonnet", (), "high"),
+}
+_TIER_TOKENS = {"200k": 200_000, "1m": 1_000_000}
+
+
+def model_for_tier(model: str, tier: str) -> str:
+    """The model name Claude Code takes for ``model`` at context tier ``tier`` (``sonnet[1m]``)."""
+    base = model.removesuffix("[1m]")
+    return f"{base}[1m]" if tier == "1m" else base
 
 
 def _session_id(value: str) -> str:
@@ -195,12 +212,14 @@ class ClaudeProvider:
             questions=True,
             history=True,
             reopen=True,
+            models=True,
             set_model=True,
             usage=True,
             context_size=True,
             account=True,
             import_=True,
             commands=True,
+            sign_out=True,
             runtime_process=True,
             model_endpoint=True,
             attachments=True,
@@ -297,11 +316,83 @@ class ClaudeProvider:
         await trio.to_thread.run_sync(resolve_cli_path, self.config.cli_path, self.config.env or {})
 
     async def models(self) -> list[Model]:
-        """Raises :class:`Unsupported`: Claude Code has no model list offline; any name its endpoint accepts works."""
-        raise Unsupported("Claude Code does not list models; set a model name (e.g. sonnet, opus) in the config or on open")
+        """The model aliases Claude Code takes (:data:`ALIASES`), each with its effort levels, context
+        tiers and cost tier, then the models the config names (``model``, ``models``) in that order.
+
+        Claude Code lists no models of its own offline; a full model name is selectable once the
+        config names it.
+        """
+        await trio.lowlevel.checkpoint()
+        out = [Model(id=alias, name=name, efforts=list(EFFORTS),
+                     context_tiers=[ContextTier(id=t, tokens=_TIER_TOKENS[t]) for t in tiers], cost_tier=cost)
+               for alias, (name, tiers, cost) in ALIASES.items()]
+        for extra in [self.config.model, *self.config.models]:
+            if extra and all(m.id != extra for m in out):
+                out.append(Model(id=extra, name="configured", efforts=list(EFFORTS)))
+        return out
+
+    async def _auth_status(self) -> dict[str, Any] | None:
+        """``claude auth status --json`` as the CLI answers it, or None when it cannot (offline, it needs no network)."""
+        import json
+        import subprocess
+
+        try:
+            cli = await trio.to_thread.run_sync(resolve_cli_path, self.config.cli_path, self.config.env or {})
+        except RuntimeUnavailable:
+            return None
+        env = {**os.environ, **self.cli_env()}
+        for name, value in list(env.items()):
+            if value == "":  # withheld: blanked for the CLI as the SDK does
+                env.pop(name)
+        try:
+            with trio.fail_after(15):
+                done = await trio.run_process([cli, "auth", "status", "--json"], env=env, capture_stdout=True,
+                                              capture_stderr=True, check=False, stdin=subprocess.DEVNULL)
+            data = json.loads(done.stdout.decode("utf-8", "replace"))
+        except (OSError, ValueError, trio.TooSlowError):
+            return None
+        return data if isinstance(data, dict) else None
 
     async def account(self) -> Account:
-        """How the CLI authenticates: the API key variable, or the CLI's own login; never the key itself."""
+        """How the CLI authenticates, as ``claude auth status`` says (an API key in the variable it
+        names, or the CLI's stored login); never the key itself. Without an answer from the CLI:
+        read from agentd's environment and the CLI's credentials file."""
+        status = await self._auth_status()
+        if status is not None:
+            name = self.config.api_key_env
+            if status.get("loggedIn"):
+                method = str(status.get("authMethod") or "")
+                var = str(status.get("apiKeySource") or "")
+                if method == "api_key" or var:
+                    var = name if var == "ANTHROPIC_API_KEY" and name and os.environ.get(name) else var
+                    return Account(signed_in=True, source="api_key", env_var=var,
+                                   message=f"API key from ${var}" if var else "API key")
+                return Account(signed_in=True, source="stored", login=str(status.get("email") or ""),
+                               message=f"Claude Code login ({method or 'stored'}) in {self.config_home}")
+            hint = f"set ${name}" if name else "set providers.claude.api_key_env"
+            return Account(signed_in=False, env_var=name,
+                           message=f"no API key and no Claude Code login: {hint} or run `claude auth login`")
+        return await self._account_from_files()
+
+    async def sign_out(self) -> Account:
+        """``claude auth logout``: remove the CLI's stored login. Invalid while an API key signs it in
+        (the key is agentd's environment's, not the CLI's to forget)."""
+        current = await self.account()
+        if current.signed_in and current.source == "api_key":
+            raise Invalid(f"Claude Code uses the API key in ${current.env_var or 'ANTHROPIC_API_KEY'}; "
+                          "unset it in agentd's environment to sign out")
+        cli = await trio.to_thread.run_sync(resolve_cli_path, self.config.cli_path, self.config.env or {})
+        env = {k: v for k, v in {**os.environ, **self.cli_env()}.items() if v != ""}
+        import subprocess
+
+        with trio.fail_after(30):
+            done = await trio.run_process([cli, "auth", "logout"], env=env, capture_stdout=True, capture_stderr=True,
+                                          check=False, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise Invalid(f"claude auth logout failed: {done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+        return await self.account()
+
+    async def _account_from_files(self) -> Account:
         name = self.config.api_key_env
         key_set = bool(name and os.environ.get(name))
         creds = await trio.to_thread.run_sync((self.config_home / ".credentials.json").is_file)
@@ -538,14 +629,16 @@ class ClaudeProvider:
             if request.workdir:
                 record.workdir = request.workdir
             if request.model:
-                record.model = request.model
+                record.model = model_for_tier(request.model, request.context_tier)
             if request.effort:
                 record.effort = request.effort
             old = self._open.pop(sid, None)
             if old is not None:
                 await old.detach("the conversation was reopened")
         else:
-            record = _Record(id=str(uuid.uuid4()), workdir=request.workdir, model=request.model or self.config.model,
+            record = _Record(id=str(uuid.uuid4()), workdir=request.workdir,
+                             model=model_for_tier(request.model or self.config.model, request.context_tier)
+                             if request.context_tier else request.model or self.config.model,
                              effort=request.effort, created_at=utcnow())
         if not record.workdir or not await trio.to_thread.run_sync(os.path.isdir, record.workdir):
             raise Invalid(f"workdir {record.workdir!r} is not a directory")

@@ -60,6 +60,8 @@ from ...contract import (
     Turn,
     TurnEvent,
     TurnState,
+    Usage,
+    UsageEvent,
     utcnow,
     validate_answer,
 )
@@ -465,6 +467,11 @@ class CodexConversation:
         self._provider._forget(self)
 
     # ------------------------------------------------------------------ notifications
+
+    def note_quota(self, quotas: list[Any]) -> None:
+        """The account's rate-limit snapshot arrived: a running turn's usage carries it."""
+        if self._turn is not None and not self._closed:
+            self._emit(UsageEvent(usage=Usage(quota=list(quotas))))
 
     def _on_notification(self, server: AppServer, method: str, p: dict[str, Any]) -> None:
         if server is not self._server:

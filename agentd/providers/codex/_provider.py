@@ -25,6 +25,7 @@ conversation starts the backoff over.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import os
 import shutil
@@ -37,15 +38,18 @@ import trio
 from ..._fsutil import make_dirs
 from ...config import CodexConfig
 from ...contract import (
+    Account,
     Busy,
     Capabilities,
     Closed,
     ConversationNotFound,
+    DeviceCode,
     EventSink,
     Invalid,
     Model,
     OpenRequest,
     PreviousConversation,
+    Quota,
     RuntimeUnavailable,
     SubmissionUncertain,
     Unsupported,
@@ -114,6 +118,19 @@ class AppServer:
     def _on_notification(self, method: str, params: Any) -> None:
         if not isinstance(params, dict):
             return
+        if method == "account/login/completed":  # a device sign-in ended (agentd.accounts waits on it)
+            waiter = self.provider.login_waiters.get(str(params.get("loginId") or ""))
+            if waiter is not None:
+                waiter[1].update(params)
+                waiter[0].set()
+            return
+        if method == "account/rateLimits/updated":  # the account's, not a thread's: every running turn gets it
+            quotas = rate_limit_quotas(params.get("rateLimits"))
+            if quotas:
+                self.provider.rate_limits = quotas
+                for conv in list(self.threads.values()):
+                    conv.note_quota(quotas)
+            return
         tid = params.get("threadId")
         if not isinstance(tid, str):
             thread = params.get("thread")
@@ -139,6 +156,28 @@ class AppServer:
             conv._runtime_exited(self, reason)
         self.threads.clear()
         self.provider._server_gone(self)
+
+
+def rate_limit_quotas(raw: Any) -> list[Quota]:
+    """Codex's rate-limit snapshot (``account/rateLimits/updated``, ``account/rateLimits/read``) as
+    quotas: one per window (``primary``, ``secondary``), in percent of the window used."""
+    if not isinstance(raw, dict):
+        return []
+    out: list[Quota] = []
+    plan = str(raw.get("planType") or "")
+    for key in ("primary", "secondary"):
+        w = raw.get(key)
+        if not isinstance(w, dict) or not isinstance(w.get("usedPercent"), (int, float)):
+            continue
+        used = float(w["usedPercent"])
+        mins = w.get("windowDurationMins")
+        reset = w.get("resetsAt")
+        out.append(Quota(
+            type=f"{key}" + (f" ({int(mins)} min window)" if isinstance(mins, (int, float)) else ""),
+            used=used, entitlement=100, remaining_percent=max(0.0, 100 - used), unit="percent",
+            reset_at=_dt.datetime.fromtimestamp(reset, _dt.timezone.utc).isoformat().replace("+00:00", "Z")
+            if isinstance(reset, (int, float)) else "", plan=plan))
+    return out
 
 
 def _toml(value: Any) -> str:
@@ -169,6 +208,10 @@ class CodexProvider:
         self._server_lock = trio.Lock()
         self._stopping = False
         self._open: dict[str, CodexConversation] = {}
+        #: the rate-limit windows Codex last reported (account/rateLimits/updated), newest
+        self.rate_limits: list[Quota] = []
+        #: device sign-ins in progress: loginId -> (ended, the account/login/completed params)
+        self.login_waiters: dict[str, tuple[trio.Event, dict[str, Any]]] = {}
         key_env = config.model_provider.api_key_env if config.model_provider else ""
         if key_env:
             from ...logs import register_secret
@@ -179,9 +222,13 @@ class CodexProvider:
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            cancel=True, steer=True, commands=True, permissions=True, questions=True, history=True, reopen=True, models=True,
-            titles=True, usage=True, context_size=True, import_=True, runtime_process=True, model_endpoint=True,
-            attachments=True, fork=True, rewind=True,
+            cancel=True, steer=True, commands=True, permissions=True, questions=True, history=True, reopen=True,
+            models=True, set_model=True, titles=True, usage=True, context_size=True, import_=True,
+            runtime_process=True, model_endpoint=True, attachments=True, fork=True, rewind=True, account=True,
+            quota=True,
+            # Codex's own sign-in (auth.json in CODEX_HOME); with model_provider the key is an env var
+            sign_in=self.config.model_provider is None, sign_out=self.config.model_provider is None,
+            device_sign_in=self.config.model_provider is None,
         )
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -221,8 +268,117 @@ class CodexProvider:
                                      "(npm install -g @openai/codex, or set providers.codex.cli_path)")
         await self.server(wait_limit=0.0)
 
+    async def account(self) -> Account:
+        """How Codex authenticates: with ``model_provider``, its key variable (present or not); else
+        Codex's own sign-in (``account/read``: an API key or a ChatGPT login it stored). Never a key."""
+        mp = self.config.model_provider
+        if mp is not None:
+            var = mp.api_key_env
+            where = f"model provider {mp.id} at {mp.base_url}"
+            if not var:
+                return Account(signed_in=True, source="other", message=f"{where}, which needs no key")
+            present = bool(os.environ.get(var) or self.config.env.get(var))
+            return Account(signed_in=present, source="api_key" if present else "", env_var=var,
+                           message=f"{where}, key in ${var}" + ("" if present else f" ({var} is not set)"))
+        server = await self.server()
+        try:
+            raw = await server.request("account/read", {})
+        except BaseException as exc:
+            raise server.error("account/read", exc) from None
+        acct = (raw or {}).get("account")
+        if not isinstance(acct, dict):
+            if not (raw or {}).get("requiresOpenaiAuth", True):
+                return Account(signed_in=True, source="other", message="Codex needs no OpenAI sign-in")
+            return Account(signed_in=False, message=f"Codex is not signed in (CODEX_HOME {self.home})")
+        if acct.get("type") == "apiKey":
+            return Account(signed_in=True, source="stored", message=f"API key stored by Codex in {self.home}")
+        plan = str(acct.get("planType") or "")
+        return Account(signed_in=True, source="stored", login=str(acct.get("email") or ""),
+                       message=f"ChatGPT sign-in{' (' + plan + ')' if plan else ''} stored by Codex")
+
+    async def quota(self) -> list[Quota]:
+        """The account's rate-limit windows: ``account/rateLimits/read`` (a ChatGPT sign-in), else
+        the windows Codex last reported during a turn (from the endpoint's rate-limit headers).
+        Raises RuntimeUnavailable when it has neither."""
+        server = await self.server()
+        try:
+            raw = await server.request("account/rateLimits/read", None)
+            quotas = rate_limit_quotas((raw or {}).get("rateLimits"))
+            if quotas:
+                return quotas
+        except RpcError as exc:
+            if not self.rate_limits:
+                raise RuntimeUnavailable(f"Codex reports no rate limits yet: {exc.describe()}") from None
+        except BaseException as exc:
+            raise server.error("account/rateLimits/read", exc) from None
+        if not self.rate_limits:
+            raise RuntimeUnavailable("Codex reports no rate limits yet (none came with a turn)")
+        return list(self.rate_limits)
+
+    async def sign_in(self, token: str) -> Account:
+        """Hand the OpenAI API key ``token`` to Codex (``account/login/start``), which stores it in its
+        CODEX_HOME. Raises Unsupported with model_provider (its key is an env var), Invalid when refused."""
+        if self.config.model_provider is not None:
+            raise Unsupported(f"with providers.codex.model_provider the key is ${self.config.model_provider.api_key_env}")
+        server = await self.server()
+        try:
+            await server.request("account/login/start", {"type": "apiKey", "apiKey": token})
+        except RpcError as exc:
+            raise Invalid(f"Codex refused the key: {exc.describe()}") from None
+        except BaseException as exc:
+            raise server.error("account/login/start", exc) from None
+        return await self.account()
+
+    async def device_sign_in(self, show: Any, *, store_plaintext: bool = False) -> Account:
+        """ChatGPT's device sign-in through the app-server (``account/login/start`` with
+        ``chatgptDeviceCode``): its code and URL go to ``show``; returns once Codex reports the
+        sign-in completed (``account/login/completed``). Cancelling sends ``account/login/cancel``.
+        Raises Unsupported with model_provider, Invalid when Codex refuses or the sign-in fails."""
+        if self.config.model_provider is not None:
+            raise Unsupported(f"with providers.codex.model_provider the key is ${self.config.model_provider.api_key_env}")
+        server = await self.server()
+        try:
+            raw = await server.request("account/login/start", {"type": "chatgptDeviceCode"})
+        except RpcError as exc:
+            raise Invalid(f"Codex could not start the device sign-in: {exc.describe()}") from None
+        except BaseException as exc:
+            raise server.error("account/login/start", exc) from None
+        login_id = str((raw or {}).get("loginId") or "")
+        url, code = str((raw or {}).get("verificationUrl") or ""), str((raw or {}).get("userCode") or "")
+        if not (login_id and url and code):
+            raise Invalid(f"Codex answered the device sign-in without a code: {sorted((raw or {}).keys())}")
+        ended, result = self.login_waiters.setdefault(login_id, (trio.Event(), {}))
+        try:
+            show(DeviceCode(url=url, code=code))
+            await ended.wait()
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                try:
+                    await server.request("account/login/cancel", {"loginId": login_id})
+                except BaseException:  # noqa: BLE001 - the flow ends either way
+                    pass
+            raise
+        finally:
+            self.login_waiters.pop(login_id, None)
+        if not result.get("success"):
+            raise Invalid(f"the Codex sign-in failed: {result.get('error') or 'no reason given'}")
+        return await self.account()
+
+    async def sign_out(self) -> Account:
+        """Remove Codex's stored sign-in (``account/logout``). Unsupported with model_provider."""
+        if self.config.model_provider is not None:
+            raise Unsupported(f"with providers.codex.model_provider the key is ${self.config.model_provider.api_key_env}; "
+                              "unset it in agentd's environment")
+        server = await self.server()
+        try:
+            await server.request("account/logout", None)
+        except BaseException as exc:
+            raise server.error("account/logout", exc) from None
+        return await self.account()
+
     async def models(self) -> list[Model]:
-        """Codex's model catalog (model/list, every page)."""
+        """Codex's model catalog (model/list, every page, with its reasoning efforts), then the
+        configured ``model`` when Codex does not list it."""
         server = await self.server()
         out: list[Model] = []
         cursor: str | None = None
@@ -241,6 +397,9 @@ class CodexProvider:
             cursor = (page or {}).get("nextCursor")
             if not cursor:
                 break
+        if self.config.model and all(m.id != self.config.model for m in out):
+            # the configured model (a custom endpoint's, say) is selectable though Codex does not list it
+            out.append(Model(id=self.config.model, name="configured"))
         if not out:
             raise Unsupported(f"{self.name} lists no models")
         return out

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 import trio
 from copilot import CopilotClient, RuntimeConnection, SessionListFilter
@@ -39,6 +40,9 @@ from ... import _fsutil, procs
 from ...contract import (
     Account,
     Capabilities,
+    ContextTier,
+    DeviceCode,
+    Quota,
     Closed,
     ConversationNotFound,
     EventSink,
@@ -108,6 +112,85 @@ def resolve_cli_path(cli_path: str, env: dict[str, str] | None = None) -> str:
     if not os.access(real, os.X_OK) and not real.endswith(".js"):
         raise RuntimeUnavailable(f"{candidate} is not executable; {NOT_FOUND_MESSAGE}")
     return candidate
+
+
+#: The CLI's auth types (``auth.getStatus``) as the account sources agentd names.
+_AUTH_SOURCES = {"user": "stored", "env": "env", "gh-cli": "gh-cli", "api-key": "api_key", "hmac": "other",
+                 "token": "stored"}
+#: The variables the Copilot CLI reads a token from, in its order of precedence.
+_TOKEN_VARS = ("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN")
+_CODE = re.compile(r"\b([A-Z0-9]{4}-[A-Z0-9]{4})\b")
+_URL = re.compile(r"https?://[^\s'\")\x1b]+")
+
+
+def _model(info: Any) -> Model:
+    """A catalog entry of the Copilot CLI as a contract Model."""
+    tiers: list[ContextTier] = []
+    limits = getattr(getattr(info, "capabilities", None), "limits", None)
+    window = getattr(limits, "max_context_window_tokens", None) or getattr(limits, "max_prompt_tokens", None)
+    if window:
+        tiers.append(ContextTier(id="default", tokens=int(window)))
+    mult = getattr(getattr(info, "billing", None), "multiplier", None)
+    cost = "" if mult is None else "low" if mult < 0.5 else "medium" if mult <= 1 else "high" if mult <= 3 else "very_high"
+    return Model(id=info.id, name=info.name, efforts=list(info.supported_reasoning_efforts or []),
+                 context_tiers=tiers, cost_tier=cost)
+
+
+_ANSI = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]")
+#: the CLI's question when it has no keychain to keep the token in
+_PLAINTEXT_QUESTION = re.compile(r"store token in plaintext[^\n]*\(y/n\)", re.IGNORECASE)
+
+
+async def device_flow(argv: list[str], env: dict[str, str], show: Any, *, store_plaintext: bool = False,
+                      timeout_s: float = 900.0) -> str:
+    """Run a device-flow login command on a pseudo-terminal (the CLI asks its questions only on
+    one); call ``show(DeviceCode)`` once its output names a code and a URL.
+
+    The one question answered is the CLI's "store token in plaintext config file? (y/N)", and
+    only as the person asked with ``store_plaintext`` (else "n"). Returns the output (escape
+    sequences removed) once it exited 0. Raises Invalid when it exits otherwise (its last output
+    quoted) or takes over ``timeout_s``; cancelling kills it.
+    """
+    master, slave = os.openpty()
+    try:
+        proc = await trio.lowlevel.open_process(argv, env=env, stdin=slave, stdout=slave, stderr=slave,
+                                                start_new_session=True)
+    finally:
+        os.close(slave)
+    stream = trio.lowlevel.FdStream(master)
+    text = ""
+    shown = answered = False
+    try:
+        with trio.move_on_after(timeout_s) as scope:
+            while True:
+                try:
+                    chunk = await stream.receive_some(4096)
+                except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                    break  # EIO: the terminal's last writer exited
+                if not chunk:
+                    break
+                text += _ANSI.sub("", chunk.decode("utf-8", "replace"))
+                if not shown:
+                    code, url = _CODE.search(text), _URL.search(text)
+                    if code and url:
+                        show(DeviceCode(url=url.group(0).rstrip(".,"), code=code.group(1)))
+                        shown = True
+                if not answered and _PLAINTEXT_QUESTION.search(text):
+                    answered = True
+                    await stream.send_all(b"y\r" if store_plaintext else b"n\r")
+            await proc.wait()
+        if scope.cancelled_caught:
+            raise Invalid(f"the device sign-in did not complete within {timeout_s:g} s")
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+    if proc.returncode != 0:
+        raise Invalid(f"the device sign-in failed (exit {proc.returncode}): {text.strip()[-400:]}")
+    return text
 
 
 def _native_binary(package_dir: Path) -> str:
@@ -204,7 +287,7 @@ class CopilotProvider:
             plan=True,
             history=True,
             reopen=True,
-            models=self.byok is None,
+            models=True,
             set_model=True,
             titles=True,
             usage=True,
@@ -214,6 +297,11 @@ class CopilotProvider:
             todos=True,
             import_=True,
             account=True,
+            # signed-in only: with bring-your-own-key there is no GitHub account to sign in or out
+            sign_in=self.byok is None,
+            sign_out=self.byok is None,
+            device_sign_in=self.byok is None,
+            quota=self.byok is None,
             runtime_process=True,
             model_endpoint=True,
             attachments=True,
@@ -542,23 +630,28 @@ class CopilotProvider:
         return conv
 
     async def models(self) -> list[Model]:
-        """The models the signed-in account may use.
+        """The models the signed-in account may use (the CLI's ``models.list``), each with its
+        reasoning efforts, its context window as one tier and a cost tier from its premium
+        multiplier; with bring-your-own-key, the models the config names (``byok.model``,
+        ``byok.models``, ``model``).
 
-        Raises :class:`Unsupported` with bring-your-own-key (the model is the
-        configured one; any name the endpoint accepts works with set_model),
-        :class:`RuntimeUnavailable` when not signed in.
+        Raises :class:`RuntimeUnavailable` when not signed in.
         """
-        if self.byok is not None:
-            raise Unsupported(
-                "with bring-your-own-key the model is set in providers.copilot.byok.model; "
-                "the endpoint's model names are not listed"
-            )
+        byok = self.byok
+        if byok is not None:
+            names = [byok.model, *getattr(byok, "models", []), self.config.model]
+            out: list[Model] = []
+            for n in names:
+                if n and all(m.id != n for m in out):
+                    out.append(Model(id=n, name=f"{byok.type} at {byok.base_url}"))
+            return out
         rt = await self._ensure_runtime()
         try:
             infos = await self._call("the model list", rt.client.list_models)
         except JsonRpcError as exc:
-            raise RuntimeUnavailable(f"the Copilot CLI cannot list models: {exc.message} (sign in with `copilot login`)") from None
-        return [Model(id=i.id, name=i.name, efforts=list(i.supported_reasoning_efforts or [])) for i in infos]
+            raise RuntimeUnavailable(f"the Copilot CLI cannot list models: {exc.message} (sign in with "
+                                     f"`agentctl login {self.name} --device`)", details={"state": "needs_sign_in"}) from None
+        return [_model(i) for i in infos]
 
     async def account(self) -> Account:
         """The CLI's sign-in (never a credential); with BYOK, which key variable is used."""
@@ -574,12 +667,133 @@ class CopilotProvider:
             )
         rt = await self._ensure_runtime()
         status = await self._call("the sign-in status", rt.client.get_auth_status)
+        kind = status.authType or ""
+        var = next((v for v in _TOKEN_VARS if os.environ.get(v) or (self.config.env or {}).get(v)), "") if kind == "env" else ""
         return Account(
             signed_in=status.isAuthenticated,
             login=status.login or "",
-            source=status.authType or "",
+            source=_AUTH_SOURCES.get(kind, kind) if status.isAuthenticated else "",
+            env_var=var,
+            host=status.host or "",
             message=status.statusMessage or "",
         )
+
+    async def quota(self) -> list[Quota]:
+        """The signed-in account's Copilot quotas (``account.getQuota``), sorted by type.
+
+        Raises :class:`Unsupported` with bring-your-own-key, :class:`RuntimeUnavailable` when the
+        CLI cannot say (not signed in, offline)."""
+        if self.byok is not None:
+            raise Unsupported("with bring-your-own-key there is no Copilot account quota")
+        from copilot.generated.rpc import AccountGetQuotaRequest
+
+        rt = await self._ensure_runtime()
+        try:
+            result = await self._call("the quota", rt.client.rpc.account.get_quota, AccountGetQuotaRequest())
+        except JsonRpcError as exc:
+            raise RuntimeUnavailable(f"the Copilot CLI cannot read the quota: {exc.message}") from None
+        try:  # the plan and reset date the CLI keeps for the account, where it has them
+            user = ((await self._active_user(rt)).get("authInfo") or {}).get("copilotUser") or {}
+        except (JsonRpcError, Closed, InternalError):
+            user = {}
+        plan, reset = str(user.get("copilot_plan") or ""), str(user.get("quota_reset_date") or "")
+        out = []
+        for kind, snap in sorted((result.quota_snapshots or {}).items()):
+            unlimited = bool(snap.is_unlimited_entitlement)
+            out.append(Quota(type=kind, used=snap.used_requests, entitlement=0 if unlimited else snap.entitlement_requests,
+                             unlimited=unlimited, remaining_percent=snap.remaining_percentage, overage=snap.overage,
+                             reset_at=snap.reset_date or reset, unit="requests", plan=plan))
+        return out
+
+    async def _active_user(self, rt: Any) -> dict[str, Any]:
+        """The signed-in account as ``account.getAllUsers`` lists it (its token stays here), or {}."""
+        users = await self._call("the account list", rt.client.rpc.account.get_all_users)
+        status = await self._call("the sign-in status", rt.client.get_auth_status)
+        for u in users or []:
+            info = (u or {}).get("authInfo") or {}
+            if info.get("login") == status.login and (not status.host or info.get("host") == status.host):
+                return u
+        return (users or [{}])[0] or {}
+
+    async def sign_in(self, token: str) -> Account:
+        """Hand ``token`` (a GitHub token Copilot takes) to the CLI's ``account.login``, which validates
+        and stores it. Raises Unsupported with BYOK, Invalid when the CLI refuses it."""
+        if self.byok is not None:
+            raise Unsupported("with bring-your-own-key there is no GitHub account to sign in")
+        from copilot.generated.rpc import AccountLoginRequest
+
+        rt = await self._ensure_runtime()
+        host = (self.config.env or {}).get("COPILOT_GH_HOST") or "https://github.com"
+        try:
+            result = await self._call("the sign-in", rt.client.rpc.account.login,
+                                      AccountLoginRequest(host=host, token=token))
+        except JsonRpcError as exc:
+            raise Invalid(f"the Copilot CLI refused the token: {exc.message}") from None
+        acct = await self.account()
+        if acct.signed_in and not result.stored_in_vault:  # no keychain: it lasts until the CLI stops
+            acct = msgspec.structs.replace(acct, message=(acct.message + "; " if acct.message else "")
+                                           + "not stored (no system keychain): lasts until the Copilot CLI stops")
+        return acct
+
+    async def sign_out(self) -> Account:
+        """Remove the CLI's stored sign-in (``account.logout``). Raises Invalid while a token in the
+        environment signs it in (that token is not the CLI's to forget)."""
+        if self.byok is not None:
+            raise Unsupported("with bring-your-own-key there is no GitHub account to sign out")
+        from copilot.generated.rpc import AccountLogoutRequest
+
+        current = await self.account()
+        if current.source == "env":
+            raise Invalid(f"a token in ${current.env_var or 'GH_TOKEN'} signs the Copilot CLI in; "
+                          "unset it in agentd's environment to sign out")
+        rt = await self._ensure_runtime()
+        try:
+            active = await self._active_user(rt)
+            # The CLI logs out one account: the one signed in (its opaque selection id).
+            await self._call("the sign-out", rt.client.rpc.account.logout,
+                             AccountLogoutRequest(selection_id=str(active.get("selectionId") or "") or None))
+        except JsonRpcError as exc:
+            raise Invalid(f"the Copilot CLI could not sign out: {exc.message}") from None
+        return await self.account()
+
+    async def device_sign_in(self, show: Any, *, store_plaintext: bool = False) -> Account:
+        """GitHub's device flow through the CLI's own ``copilot login --device-code``: the code and
+        URL it prints go to ``show``; returns once it exited 0 and the runtime reports the sign-in.
+
+        The login runs with the CLI's environment (its ``COPILOT_HOME``; ``COPILOT_GH_HOST``, when
+        the config's env sets it, is passed as ``--host``: GitHub Enterprise, or a local stand-in);
+        without a system keychain the CLI keeps the token in its config file only with
+        ``store_plaintext``. A runtime already running is restarted so it reads the new sign-in.
+        Cancelling stops the login. Raises Invalid when the flow fails, expires, or leaves no
+        sign-in (the CLI's reason quoted), RuntimeUnavailable when the CLI is missing.
+        """
+        if self.byok is not None:
+            raise Unsupported("with bring-your-own-key there is no GitHub account to sign in")
+        cli = resolve_cli_path(self.config.cli_path, self.config.env or {})
+        env = self._cli_env()
+        if self.config.copilot_home:
+            env["COPILOT_HOME"] = os.path.expanduser(self.config.copilot_home)
+        env.setdefault("TERM", "dumb")
+        argv = [cli, "login", "--device-code"]
+        host = (self.config.env or {}).get("COPILOT_GH_HOST", "")
+        if host:
+            argv += ["--host", host]
+        hint = " (agentctl login copilot --device --store-plaintext lets it keep the token in its config file)"
+        try:
+            out = await device_flow(argv, env, show, store_plaintext=store_plaintext)
+        except Invalid as exc:
+            if store_plaintext or "plaintext" not in exc.message.lower():
+                raise
+            raise Invalid(exc.message + hint) from None
+        rt, self._runtime = self._runtime, None
+        if rt is not None:
+            await self._stop_runtime(rt)
+        acct = await self.account()
+        if not acct.signed_in:
+            why = out.strip().splitlines()[-1] if out.strip() else acct.message
+            raise Invalid(f"copilot login ended, yet the CLI reports no sign-in: {why}"
+                          + ("" if store_plaintext or "plaintext" not in out.lower() else hint))
+        return acct
 
     async def previous(self, workdir: str) -> list[PreviousConversation]:
         """The CLI's sessions started in ``workdir``, newest first."""

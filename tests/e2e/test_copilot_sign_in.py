@@ -1,0 +1,138 @@
+"""``agentctl login copilot --device``, ``account``, ``quota`` and ``logout`` through a real
+daemon and the real Copilot CLI, against a local stand-in of GitHub's device-flow endpoints
+(the CLI takes ``--host``; agentd passes the config's ``COPILOT_GH_HOST``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conformance import _descendants
+from daemon_harness import Daemon
+from github_standin import CODE, LOGIN, TOKEN, GitHubStandIn
+
+pytestmark = pytest.mark.e2e
+q = json.dumps
+
+
+@pytest.fixture
+def standin():
+    gh = GitHubStandIn().start()
+    try:
+        yield gh
+    finally:
+        gh.stop()
+
+
+def _daemon(tmp_path: Path, cli: str, gh: GitHubStandIn, home: Path) -> Daemon:
+    home.mkdir()
+    config = ("[providers.claude]\nenabled = false\n[providers.codex]\nenabled = false\n"
+              f"[providers.copilot]\ncli_path = {q(cli)}\ncopilot_home = {q(str(home))}\n"
+              f"[providers.copilot.env]\nCOPILOT_GH_HOST = {q(gh.url)}\n")
+    env = {v: "" for v in ("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN")}
+    return Daemon(tmp_path, config, env=env).start()
+
+
+def _login_lines(d: Daemon, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "agentctl", "--socket", str(d.socket), "--json", "login", "copilot",
+                             "--device", *args], env=d.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_device_sign_in_shows_the_code_waits_for_approval_and_signs_the_runtime_in(
+        tmp_path: Path, copilot_cli: str, standin: GitHubStandIn) -> None:
+    d = _daemon(tmp_path, copilot_cli, standin, tmp_path / "copilot-home")
+    try:
+        before = json.loads(d.agentctl("providers", "show", "copilot", "--json", timeout=120).stdout)
+        assert before["state"] == "needs_sign_in" and before["fix"] == "agentctl login copilot --device", before
+        assert before["capabilities"]["device_sign_in"] is True and before["capabilities"]["quota"] is True
+        proc = _login_lines(d, "--store-plaintext")
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        assert first["device"] == {"url": f"{standin.url}/login/device", "code": CODE, "notice": ""}, first
+        assert proc.poll() is None  # waits for the person
+        standin.approve()
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        done = json.loads(out)
+        assert done["done"] is True and done["account"]["login"] == LOGIN and done["account"]["signed_in"] is True
+        acct = d.agentctl("--json", "account", "copilot", timeout=120)
+        assert acct.returncode == 0, acct.stderr
+        assert json.loads(acct.stdout)["accounts"][0]["account"]["source"] == "stored"
+        assert TOKEN not in acct.stdout and TOKEN not in d.log.read_text()
+        shown = json.loads(d.agentctl("providers", "show", "copilot", "--json", timeout=120).stdout)
+        assert shown["state"] == "available", shown
+        # The signed-in catalog, as the CLI fetched it from the account's Copilot API (the stand-in's).
+        listed = d.agentctl("--json", "models", "copilot", timeout=120)
+        assert listed.returncode == 0, listed.stderr
+        by = {m["id"]: m for m in json.loads(listed.stdout)["models"]}
+        assert by["standin-large"] == {"id": "standin-large", "name": "Stand-in Large", "efforts": ["low", "medium", "high"],
+                                       "context_tiers": [{"id": "default", "tokens": 400000}], "cost_tier": "high"}
+        assert by["standin-small"]["cost_tier"] == "low" and by["standin-small"]["context_tiers"][0]["tokens"] == 128000
+        work = tmp_path / "work"
+        work.mkdir()
+        refused = d.agentctl("new", "-p", "copilot", "-m", "standin-large", "--effort", "max", "--cwd", str(work))
+        assert refused.returncode == 8 and "low, medium, high" in refused.stderr, refused.stderr
+        # The account's quota, as the CLI reads it from GitHub (here: the stand-in's snapshot).
+        quota = d.agentctl("--json", "quota", "copilot", timeout=120)
+        assert quota.returncode == 0, quota.stderr
+        (info,) = json.loads(quota.stdout)["quotas"]
+        assert info["source"] == "account" and info["quotas"] == [{
+            "type": "premium_interactions", "used": 60.0, "entitlement": 300.0, "unlimited": False,
+            "remaining_percent": 80.0, "overage": 0.0, "reset_at": "2027-01-01", "unit": "requests", "plan": "individual"}]
+        assert "premium_interactions" in d.agentctl("quota", timeout=120).stdout
+        # Copilot CLI 1.0.102 removes a sign-in from the system keychain only; one it kept in its
+        # config file (no keychain here) it cannot remove: agentd reports its refusal as it is.
+        out = d.agentctl("logout", "copilot", timeout=120)
+        assert out.returncode == 8 and "Keychain" in out.stderr, (out.returncode, out.stderr)
+        assert d.agentctl("account", "copilot", timeout=120).returncode == 0
+        assert TOKEN not in d.log.read_text()
+    finally:
+        d.stop()
+
+
+def test_device_sign_in_without_a_keychain_asks_before_a_plain_file_and_ctrl_c_cancels_it(
+        tmp_path: Path, copilot_cli: str, standin: GitHubStandIn) -> None:
+    d = _daemon(tmp_path, copilot_cli, standin, tmp_path / "copilot-home")
+    try:
+        # Ctrl-C while waiting: agentctl exits 130 and the daemon ends the CLI's login process.
+        proc = _login_lines(d)
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["device"]["code"] == CODE
+        logins = [p for p in _descendants(d.proc.pid) if b"login" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert logins, "no copilot login process runs under the daemon"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+        deadline = time.monotonic() + 15
+        while any(os.path.exists(f"/proc/{p}") and b"login" in Path(f"/proc/{p}/cmdline").read_bytes()
+                  for p in logins if os.path.exists(f"/proc/{p}")):
+            assert time.monotonic() < deadline, "the login process outlived the cancelled flow"
+            time.sleep(0.1)
+        # Approved, but no consent to a plain file: no sign-in, and the message says how.
+        standin.approve()
+        refused = d.agentctl("login", "copilot", "--device", timeout=120)
+        assert refused.returncode == 8, (refused.stdout, refused.stderr)
+        assert CODE in refused.stdout and "--store-plaintext" in refused.stderr
+        assert d.agentctl("account", "copilot", timeout=120).returncode == 4
+    finally:
+        d.stop()
+
+
+def test_token_sign_in_hands_the_token_to_the_cli_which_checks_it_with_github(
+        tmp_path: Path, copilot_cli: str, standin: GitHubStandIn) -> None:
+    d = _daemon(tmp_path, copilot_cli, standin, tmp_path / "copilot-home")
+    try:
+        out = d.agentctl("--json", "login", "copilot", "--with-token", input=TOKEN + "\n", timeout=120)
+        assert out.returncode == 0, out.stderr
+        acct = json.loads(out.stdout)["account"]
+        assert acct["signed_in"] is True and acct["login"] == LOGIN and "not stored" in acct["message"]
+        assert ("GET", "/copilot_internal/user") in standin.requests
+        assert TOKEN not in out.stdout and TOKEN not in d.log.read_text()
+    finally:
+        d.stop()
