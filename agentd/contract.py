@@ -1129,6 +1129,9 @@ class CommandRunner(Protocol):
         SubmissionUncertain, ...); the runtime's record of the user message shows
         ``/name args``. A command whose result would not start a prompt turn is Invalid.
         """
+        ...
+
+
 class Quota(msgspec.Struct, frozen=True, omit_defaults=True):
     """One account quota as the runtime reported it (Copilot's ``premium_interactions``, a
     rate-limit window). ``used`` / ``entitlement`` count ``unit`` (``requests``,
@@ -1183,6 +1186,10 @@ class SubagentController(Protocol):
     async def prompt_subagent(self, agent_id: str, text: str) -> None:
         """Send ``text`` to idle ``agent_id``; returns once the runtime took it. Raises Invalid,
         SubmissionUncertain (never resent), Unsupported."""
+        ...
+
+
+@runtime_checkable
 class SignOutManager(Protocol):
     """A provider whose ``capabilities().sign_out`` is True."""
 

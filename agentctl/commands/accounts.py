@@ -100,6 +100,11 @@ def providers_show(name: str) -> None:
       agentctl providers show claude
 
     Exits 6 for an unknown provider. --json: the ProviderInfo.
+
+    \b
+    Examples:
+      agentctl providers show claude
+      agentctl providers show copilot --json
     """
     o = _opts()
     infos = o.client().call(wire.Providers, list[wire.ProviderInfo], provider=name)
@@ -132,6 +137,11 @@ def models(provider: str) -> None:
       agentctl new -p claude -m sonnet --effort high --context-tier 1m
 
     --json: {"provider": PROVIDER, "models": [Model, ...]}.
+
+    \b
+    Examples:
+      agentctl models claude
+      agentctl models copilot --json | jq -r '.models[].id'
     """
     o = _opts()
     ms = o.client().call(wire.Models, list[wire.Model], provider=provider)
@@ -256,6 +266,10 @@ def logout(provider: str) -> None:
     Exits 0 when signed out, 8 when a token or key in agentd's environment
     signs it in (unset it there instead), 1 when the provider cannot sign
     out (unsupported). --json: the LoginResult (its account after it).
+
+    \b
+    Examples:
+      agentctl logout copilot
     """
     o = _opts()
     res = o.client().call(wire.Logout, wire.LoginResult, provider=provider)
@@ -281,6 +295,11 @@ def quota(provider: str) -> None:
 
     Exits 1 when PROVIDER reports no quota (unsupported). --json:
     {"quotas": [QuotaInfo, ...]}.
+
+    \b
+    Examples:
+      agentctl quota
+      agentctl quota copilot --json
     """
     o = _opts()
     infos = o.client().call(wire.QuotaRequest, list[wire.QuotaInfo], provider=provider)

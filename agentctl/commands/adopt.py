@@ -32,6 +32,11 @@ def import_(session: str | None, provider: str, workdir: str | None, force: bool
     continues the session. Nothing is sent. A session in use is refused (exit 7)
     unless --force; a session that is gone is not found (exit 6). --json:
     {"conversation": record, "session", "in_use", "items", "history"}.
+
+    \b
+    Examples:
+      agentctl import -p claude --cwd ~/src/app
+      agentctl import -p claude --cwd ~/src/app 5f0c2d1e-... --force
     """
     o = _opts()
     workdir = workdir or os.getcwd()

@@ -24,6 +24,11 @@ def commands(conversation: str) -> None:
     is not. --json: {"conversation", "provider", "commands": [{"name", "kind",
     "description", "input_hint"}]}. Exits 1 (unsupported) on a provider without
     commands.
+
+    \b
+    Examples:
+      agentctl commands c3f9
+      agentctl commands c3f9 --json | jq -r '.commands[].name'
     """
     from ..render import shorten, table
 
@@ -56,6 +61,11 @@ def command(conversation: str, name: str, args: tuple[str, ...], if_busy: str, f
     commands CONVERSATION). Without --follow it returns once agentd took it
     (--json: run, disposition, after); with --follow it streams the turn and
     exits 0 completed, 1 failed, 3 cancelled.
+
+    \b
+    Examples:
+      agentctl command c3f9 review the tests
+      agentctl command c3f9 init --follow
     """
     o = _opts()
     text = " ".join(args)
@@ -83,6 +93,11 @@ def subagents(conversation: str) -> None:
     """List CONVERSATION's subagents with their status (from its journal; starts no runtime).
 
     --json: {"conversation", "subagents": [{"id", "name", "status", ...}]}.
+
+    \b
+    Examples:
+      agentctl subagents c3f9
+      agentctl subagents c3f9 --json
     """
     from ..render import shorten, table
 
@@ -112,6 +127,10 @@ def subagent_cancel(conversation: str, agent: str) -> None:
 
     Exits 6 when no such subagent is known, 1 (unsupported) when the runtime
     cannot stop one subagent. --json: {"ok", "conversation", "agent"}.
+
+    \b
+    Examples:
+      agentctl subagent cancel c3f9 agent-1
     """
     o = _opts()
     o.client().call(wire.CancelSubagent, Any, conversation=conversation, agent=agent)
@@ -130,6 +149,11 @@ def subagent_prompt(conversation: str, agent: str, text: str) -> None:
 
     Exits 6 when no such subagent is known, 8 when it is not idle, 1
     (unsupported) when the runtime cannot talk to a subagent.
+
+    \b
+    Examples:
+      agentctl subagent prompt c3f9 agent-1 "also check the docs"
+      echo 'go on' | agentctl subagent prompt c3f9 agent-1 -
     """
     o = _opts()
     o.client().call(wire.PromptSubagent, Any, conversation=conversation, agent=agent, text=_text_arg(text))

@@ -30,6 +30,11 @@ def fork(conversation: str, at: str, title: str) -> None:
     copied records. Exits 1 (unsupported) where the provider cannot fork, 6 (not
     found) for an unknown run, 8 (invalid) for a turn its runtime never recorded.
     --json: {"conversation": record, "source", "run", "seq", "copied", "turns"}.
+
+    \b
+    Examples:
+      agentctl fork c3f9
+      agentctl fork c3f9 --at 2 --title 'try another way'
     """
     o = _opts()
     res = o.client().call(wire.Fork, wire.ForkResult, conversation=conversation, at=at, title=title)
@@ -53,6 +58,11 @@ def rewind(conversation: str, to: str, preview: bool) -> None:
     (--all shows them, marked). Exits 7 (busy) while a turn runs, 1 (unsupported)
     where the provider cannot rewind, 8 (invalid) when nothing follows RUN.
     --json: {"conversation", "kept", "dropped", "preview", "seq"}.
+
+    \b
+    Examples:
+      agentctl rewind c3f9 --to 1 --preview
+      agentctl rewind c3f9 --to r1a2b3c --json
     """
     o = _opts()
     res = o.client().call(wire.Rewind, wire.RewindResult, conversation=conversation, to=to, preview=preview)
