@@ -262,6 +262,8 @@ COMMANDS: dict[str, str] = {
     "export": "conversations:export",
     "history": "history:history",
     "set-model": "models:set_model",
+    "diff": "checkpoints:diff",
+    "revert": "checkpoints:revert",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

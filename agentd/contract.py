@@ -171,6 +171,9 @@ class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
     model_endpoint: bool = False
     #: prompts may carry files (``Prompt.attachments``), passed on in a form the runtime takes
     attachments: bool = False
+    #: agentd's own per-turn file checkpoints (diff, revert): agentd-side, so the same for every
+    #: provider, true while ``[checkpoints]`` is on
+    checkpoints: bool = False
 
 
 # --------------------------------------------------------------------------- items

@@ -257,6 +257,8 @@ class ConversationService:
         self._records: dict[str, wire.ConversationRecord] = {}
         self._live: dict[str, _Live] = {}
         self._nursery: trio.Nursery | None = None
+        #: agentd.checkpoints.Checkpoints, set by the daemon (None: no checkpoints are taken)
+        self.checkpoints: Any = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -560,8 +562,8 @@ class ConversationService:
     async def open_conversation(self, live: _Live) -> c.Conversation:
         return await self._ensure_open(live)
 
-    async def journal(self, live: _Live, type_: str, data: bytes) -> int:
-        return await self._append(live, type_, data, run=live.run)
+    async def journal(self, live: _Live, type_: str, data: bytes, *, run: str | None = None) -> int:
+        return await self._append(live, type_, data, run=live.run if run is None else run)
 
     def save_record(self, record: wire.ConversationRecord) -> None:
         self._save(record)
@@ -854,6 +856,8 @@ class ConversationService:
         # The end goes out first, the record (two fsyncs) follows: a crash in between is
         # harmless, as recovery sees the run's terminal record in the journal and adds none.
         self._spawn(self._save_after_end, live)
+        if self.checkpoints is not None:
+            self.checkpoints.turn_ended(self, live, run)  # returns at once
         live.turn_done.set()
         if live.record.state is not _S.CLOSED and self._budget_reached(live):
             await self._budget_turn_ended(live)
@@ -1115,6 +1119,11 @@ class ConversationService:
                 await self._abandoned_open(live, run)
                 return after
             await _models.apply_queued(self, live, conv)  # a set-model --after-turn
+            if self.checkpoints is not None:
+                await self.checkpoints.before_turn(self, live, run)  # bounded; never raises
+                if live.run != run:
+                    await self._abandoned_open(live, run)
+                    return after
             live.sent_run = run
             live.sink.tagger.begin(run)
             try:

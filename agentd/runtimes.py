@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import structlog
 import trio
 
@@ -223,7 +224,9 @@ class Runtimes:
             results[name] = wire.ProviderInfo(
                 name=name,
                 display_name=provider.display_name,
-                capabilities=provider.capabilities(),
+                # agentd's own checkpoints work alike on every provider
+                capabilities=msgspec.structs.replace(provider.capabilities(),
+                                                     checkpoints=self.config.checkpoints.enabled),
                 available=not error,
                 error=error,
             )

@@ -292,6 +292,8 @@ class Server:
             wire.Export: self._export,
             wire.History: self._history,
             wire.SetModel: self._set_model,
+            wire.Diff: self._diff,
+            wire.Revert: self._revert,
 
             wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
@@ -515,6 +517,18 @@ class Server:
         from . import models
 
         return await models.select(self.service, req.conversation, req.model, req.effort, after_turn=req.after_turn)
+
+    async def _diff(self, conn: _Connection, req: wire.Diff) -> wire.DiffResult:
+        return await self._checkpoints().diff(self.service, req.conversation, req.run, stat=req.stat)
+
+    async def _revert(self, conn: _Connection, req: wire.Revert) -> wire.RevertResult:
+        return await self._checkpoints().revert(self.service, req.conversation, req.run, dry_run=req.dry_run,
+                                                by=conn.peer)
+
+    def _checkpoints(self) -> Any:
+        if self.service.checkpoints is None:
+            raise c.Unsupported("this agentd takes no checkpoints")
+        return self.service.checkpoints
 
     async def _ls(self, conn: _Connection, req: wire.List) -> list[wire.ConversationRecord]:
         return self.service.list(include_closed=req.all)
