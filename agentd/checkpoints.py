@@ -61,6 +61,7 @@ log = structlog.get_logger("agentd.checkpoints")
 _json = msgspec.json.Encoder()
 _checkpoint = msgspec.json.Decoder(wire.CheckpointRecord)
 _revert = msgspec.json.Decoder(wire.RevertRecord)
+_turn_diff = msgspec.json.Decoder(c.TurnDiff)
 
 #: Most bytes of unified diff one answer carries; files past it are listed without hunks.
 MAX_PATCH_BYTES = 4 << 20
@@ -481,7 +482,8 @@ class Checkpoints:
             raise c.InternalError(str(exc)) from None
         return wire.DiffResult(conversation=record.id, run=step, kind=steps[step].kind,  # type: ignore[arg-type]
                                after=source, files=files, patch=patch,  # type: ignore[arg-type]
-                               truncated=truncated, too_large=left_out)
+                               truncated=truncated, too_large=left_out,
+                               runtime_diff=_runtime_diff(reader.journal, step) if not stat else "")
 
     # ------------------------------------------------------------------ revert
 
@@ -538,6 +540,18 @@ class Checkpoints:
                     await after.done.wait()
                 await self._journal(service, live, self._rec(vid, "after", after, 0), run="")
             return wire.RevertResult(conversation=record.id, run=step, files=todo, revert=vid)
+
+
+def _runtime_diff(journal: Any, run: str) -> str:
+    """The last diff the runtime itself reported for ``run`` (``turn_diff`` records), or ""."""
+    last = ""
+    tag = f'"run":"{run}"'.encode()
+    for line in journal.read_after(0):
+        if b'"turn_diff"' in line and tag in line:
+            head = _head.decode(line)
+            if head.type == "turn_diff" and head.run == run:
+                last = _turn_diff.decode(head.data).diff
+    return last
 
 
 def _note(steps: dict[str, _Step], type_: str, run: str, rec: Any) -> None:

@@ -36,6 +36,7 @@ from .contract import (
     TodoList,
     TokenUsage,
     Turn,
+    TurnDiff,
     Unknown,
     Usage,
     ModelSelection,
@@ -738,7 +739,6 @@ PAYLOADS: dict[str, Any] = {
 
 # ---- checkpoints
 
-
 class CheckpointRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     """A ``checkpoint`` record: the working directory recorded before or after a step (a turn,
     whose run the record carries, or a revert), as a tree in agentd's shadow git repository.
@@ -836,6 +836,7 @@ class RevertResult(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 PAYLOADS["checkpoint"] = CheckpointRecord
+PAYLOADS["turn_diff"] = TurnDiff
 PAYLOADS["revert"] = RevertRecord
 
 

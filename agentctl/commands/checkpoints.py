@@ -31,7 +31,8 @@ def diff(conversation: str, run: str, stat: bool) -> None:
     is not found. --json: {"conversation", "run", "kind", "after", "files":
     [{"path", "status", "old_mode", "new_mode", "binary", "additions",
     "deletions", "hunks": [{"old_start", "old_lines", "new_start",
-    "new_lines", "section", "lines"}]}], "patch", "truncated", "too_large"}.
+    "new_lines", "section", "lines"}]}], "patch", "truncated", "too_large",
+    "runtime_diff"} (runtime_diff: the diff the runtime itself reported, if any).
     """
     o = _opts()
     res = o.client().call(wire.Diff, wire.DiffResult, conversation=conversation, run=run, stat=stat)
@@ -69,6 +70,9 @@ def diff(conversation: str, run: str, stat: bool) -> None:
     if res.truncated:
         click.echo(estyle.yellow("the diff is too big to show whole: later files are listed without hunks "
                                  "(agentctl diff --stat)"), err=True)
+    if res.runtime_diff:
+        click.echo(estyle.dim("the runtime reported its own diff of this turn too (agentctl diff --json: runtime_diff)"),
+                   err=True)
     if res.too_large:
         click.echo(estyle.dim("not recorded (too big, or a nested repository): "
                               + ", ".join(visible(p) for p in res.too_large)), err=True)
