@@ -337,7 +337,11 @@ class Checkpoints:
         if not self.config.enabled:
             return
         self._began.add((live.record.id, run))
-        rec = await self._wait(live.record, run, "before", self.config.timeout_s)
+        try:
+            rec = await self._wait(live.record, run, "before", self.config.timeout_s)
+        except Exception as exc:  # a bug here must never keep a prompt from its provider
+            log.exception("checkpoint.before_failed", conversation=live.record.id, run=run)
+            rec = wire.CheckpointRecord(step=run, phase="before", skipped="error", error=str(exc))
         await self._journal(service, live, rec, run=run)
 
     def turn_ended(self, service: "ConversationService", live: "_Live", run: str) -> None:
@@ -346,14 +350,20 @@ class Checkpoints:
         if (cid, run) not in self._began:
             return  # its prompt was never sent (or checkpoints are off)
         self._began.discard((cid, run))
-        shadow = self._shadow(live.record.workdir)
+        try:
+            shadow = self._shadow(live.record.workdir)
+        except OSError:
+            shadow = None
         if shadow is None:
             return  # its before-record already said no_workdir
 
         async def journal(job: _Job) -> None:
             await self._journal(service, live, self._rec(run, "after", job, 0), run=run)
 
-        self._last[cid] = shadow.submit(_Job(cid, f"{cid}/{run}/after", journal))
+        try:
+            self._last[cid] = shadow.submit(_Job(cid, f"{cid}/{run}/after", journal))
+        except Exception:  # the turn's end goes on regardless
+            log.exception("checkpoint.after_failed", conversation=cid, run=run)
 
     async def _wait(self, record: wire.ConversationRecord, step: str, phase: str, timeout: float) -> wire.CheckpointRecord:
         t0 = time.monotonic()
