@@ -127,6 +127,9 @@ class _Shadow:
         self.jobs_in, self.jobs_out = trio.open_memory_channel[_Job](math.inf)
         #: jobs asked for and not finished, oldest first
         self.pending: list[_Job] = []
+        #: the tree of the index as the last recording left it ("" = unknown); only this
+        #: shadow's worker writes the index
+        self.last_tree = ""
         self._env: dict[str, str] | None = None
 
     # ------------------------------------------------------------------ git
@@ -200,7 +203,10 @@ class _Shadow:
             await self.git("update-index", "-z", "--force-remove", "--stdin", stdin=b"\0".join(force) + b"\0")
         if update:
             await self.git("update-index", "-z", "--add", "--remove", "--stdin", stdin=b"\0".join(update) + b"\0")
-        job.tree = (await self.git("write-tree")).strip().decode()
+        if update or force or not self.last_tree:
+            self.last_tree = ""  # until write-tree says what the index holds now
+            self.last_tree = (await self.git("write-tree")).strip().decode()
+        job.tree = self.last_tree  # nothing changed: the index, so its tree, is what it was
         if job.ref:
             self._keep(job.ref, job.tree)
 

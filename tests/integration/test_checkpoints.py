@@ -292,3 +292,27 @@ def test_checkpoints_off_takes_none_and_reports_the_capability_false(tmp_path: P
         assert caps["script"]["checkpoints"] is True
     finally:
         d.stop()
+
+
+def test_revert_at_a_terminal_shows_what_it_changes_and_asks_first(tmp_path: Path) -> None:
+    import sys
+
+    from daemon_harness import drive_pty
+
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "edit.toml"
+    script.write_text(SCRIPT)
+    d = Daemon(tmp_path).start()
+    try:
+        cid = _new(d, work, script)
+        run = _turn(d, cid, "second")  # creates new.txt
+        argv = [sys.executable, "-m", "agentctl", "--socket", str(d.socket), "revert", cid, "--run", run]
+        code, out = drive_pty(argv, d.env, d.root, [("Go on?", "n")])
+        assert code == 1 and "delete  new.txt" in out and "nothing changed" in out, out
+        assert (work / "new.txt").exists()
+        code, out = drive_pty(argv, d.env, d.root, [("Go on?", "y")])
+        assert code == 0 and f"reverted {run} as v" in out, out
+        assert not (work / "new.txt").exists()
+    finally:
+        d.stop()
