@@ -109,7 +109,7 @@ class _Job:
 
 
 class _Step(msgspec.Struct):
-    kind: str
+    kind: str  # turn, revert
     before: wire.CheckpointRecord | None = None
     after: wire.CheckpointRecord | None = None
 
@@ -350,11 +350,28 @@ class Checkpoints:
             rec = wire.CheckpointRecord(step=run, phase="before", skipped="error", error=str(exc))
         await self._journal(service, live, rec, run=run)
 
-    def turn_ended(self, service: "ConversationService", live: "_Live", run: str) -> None:
-        """Ask for ``run``'s after-state; it is journaled once recorded. Returns at once."""
+    async def after_turn(self, service: "ConversationService", live: "_Live", run: str) -> None:
+        """Record ``run``'s after-state as the provider reports its end, before the end is
+        journaled, and journal it (tagged with the run). Waits at most ``timeout_s``; never
+        raises but Cancelled."""
         cid = live.record.id
         if (cid, run) not in self._began:
-            return  # its prompt was never sent (or checkpoints are off)
+            return
+        self._began.discard((cid, run))
+        try:
+            rec = await self._wait(live.record, run, "after", self.config.timeout_s)
+        except Exception as exc:
+            log.exception("checkpoint.after_failed", conversation=cid, run=run)
+            rec = wire.CheckpointRecord(step=run, phase="after", skipped="error", error=str(exc))
+        await self._journal(service, live, rec, run=run)
+
+    def turn_ended(self, service: "ConversationService", live: "_Live", run: str) -> None:
+        """Ask for the after-state of a turn that ended without :meth:`after_turn` (agentd ended
+        it: a cancel not confirmed, a runtime that died or hung); it is journaled once recorded,
+        after the end, without the run's tag (nothing of a run follows its end). Returns at once."""
+        cid = live.record.id
+        if (cid, run) not in self._began:
+            return  # its prompt was never sent, checkpoints are off, or after_turn took it
         self._began.discard((cid, run))
         try:
             shadow = self._shadow(live.record.workdir)
@@ -364,7 +381,8 @@ class Checkpoints:
             return  # its before-record already said no_workdir
 
         async def journal(job: _Job) -> None:
-            await self._journal(service, live, self._rec(run, "after", job, 0), run=run)
+            # Not tagged with the run: nothing of a run follows its terminal turn record.
+            await self._journal(service, live, self._rec(run, "after", job, 0), run="")
 
         try:
             self._last[cid] = shadow.submit(_Job(cid, f"{cid}/{run}/after", journal))
@@ -576,7 +594,7 @@ def _note(steps: dict[str, _Step], type_: str, run: str, rec: Any) -> None:
         s = steps.setdefault(rec.id, _Step(kind="revert"))
         s.kind = "revert"
         return
-    s = steps.setdefault(rec.step, _Step(kind="turn" if run == rec.step else "revert"))
+    s = steps.setdefault(rec.step, _Step(kind="turn"))  # a revert's own record says it is one
     if rec.phase == "before":
         s.before = rec
     else:

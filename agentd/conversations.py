@@ -712,6 +712,11 @@ class ConversationService:
         if type(event) is _turnwatch.End:
             if _turnwatch.late_end(live, event):
                 return  # its run already ended here: never a second terminal record
+            if self.checkpoints is not None and run and event.run == run:
+                # The after-state is journaled before the end (bounded): the end stays the run's last record.
+                await self.checkpoints.after_turn(self, live, run)
+                if _turnwatch.late_end(live, event):
+                    return  # ended meanwhile (a cancel that stopped waiting for the provider)
             event = event.event
         else:
             event = live.item_ids.scope(event, run or live.last_run)
@@ -857,7 +862,7 @@ class ConversationService:
         # harmless, as recovery sees the run's terminal record in the journal and adds none.
         self._spawn(self._save_after_end, live)
         if self.checkpoints is not None:
-            self.checkpoints.turn_ended(self, live, run)  # returns at once
+            self.checkpoints.turn_ended(self, live, run)  # an end agentd decided: after it, returns at once
         live.turn_done.set()
         if live.record.state is not _S.CLOSED and self._budget_reached(live):
             await self._budget_turn_ended(live)

@@ -741,7 +741,10 @@ PAYLOADS: dict[str, Any] = {
 
 class CheckpointRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     """A ``checkpoint`` record: the working directory recorded before or after a step (a turn,
-    whose run the record carries, or a revert), as a tree in agentd's shadow git repository.
+    named by its run, or a revert, by its id), as a tree in agentd's shadow git repository. A
+    turn's records carry its run, the after-record right before its terminal ``turn`` record;
+    when agentd itself ended the turn (a cancel not confirmed, a runtime that died), the
+    after-record follows the end and carries no run (nothing of a run follows its end).
 
     ``tree`` is "" when the checkpoint was skipped; ``skipped`` then says why: ``timeout``
     (past ``[checkpoints] timeout_s``), ``no_workdir``, ``error`` (``error`` says what).

@@ -137,6 +137,8 @@ def test_diff_and_revert_of_a_turn_honour_gitignore_and_never_touch_the_users_gi
         # Typed records, one before and one after the turn, both with a tree.
         cps = _checkpoints(d, cid)
         assert [(r, c.step, c.phase) for r, c in cps] == [(run, run, "before"), (run, run, "after")]
+        kinds = [r["type"] for r in d.journal(cid)]
+        assert kinds[-2:] == ["checkpoint", "turn"]  # the turn's end stays its last record
         assert all(len(c.tree) == 40 and not c.skipped for _, c in cps)
         assert res["run"] == run and res["kind"] == "turn" and res["after"] == "checkpoint"
         status = {f["path"]: f["status"] for f in res["files"]}
