@@ -169,7 +169,8 @@ class _Shadow:
         """Create the shadow repository on first use (0700, its own config and excludes)."""
         if (self.git_dir / "HEAD").exists():
             return
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # <state_dir>/checkpoints: private
+        self.dir.mkdir(mode=0o700, exist_ok=True)
         proc = await trio.run_process(["git", "init", "-q", str(self.git_dir)], capture_stdout=True,
                                       capture_stderr=True, check=False,
                                       env={**self.env(), "GIT_DIR": str(self.git_dir)}, cwd=str(self.dir))
