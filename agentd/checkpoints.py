@@ -48,6 +48,7 @@ import msgspec
 import structlog
 import trio
 
+from . import _fsutil
 from . import contract as c
 from . import wire
 
@@ -145,9 +146,11 @@ class _Shadow:
             self._env = env
         return {**self._env, "GIT_INDEX_FILE": str(index or self.index)}
 
-    async def git(self, *args: str, stdin: bytes = b"", index: Path | None = None) -> bytes:
+    async def git(self, *args: str, stdin: bytes = b"", index: Path | None = None, private: bool = True) -> bytes:
         """Run ``git args`` in the working directory against the shadow repository; its stdout.
 
+        ``private``: what git creates (objects, index, refs) is the owner's only (umask 077),
+        whatever agentd's umask; off only where git writes the user's own files back.
         Raises GitFailed when it exits non-zero, OSError when git cannot be run. Cancelling
         kills it (trio.run_process).
         """
@@ -158,7 +161,7 @@ class _Shadow:
             cmd += ["-c", f"core.excludesFile={exclude}"]  # the user's own excludes, read only
         proc = await trio.run_process(
             [*cmd, *args], stdin=stdin, capture_stdout=True, capture_stderr=True, check=False,
-            env=self.env(index), cwd=self.workdir,
+            env=self.env(index), cwd=self.workdir, **({"umask": 0o077} if private else {}),
         )
         if proc.returncode != 0:
             err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
@@ -169,16 +172,15 @@ class _Shadow:
         """Create the shadow repository on first use (0700, its own config and excludes)."""
         if (self.git_dir / "HEAD").exists():
             return
-        self.dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # <state_dir>/checkpoints: private
-        self.dir.mkdir(mode=0o700, exist_ok=True)
+        _fsutil.make_dirs(self.dir)  # 0700, <state_dir>/checkpoints included, whatever the umask
         proc = await trio.run_process(["git", "init", "-q", str(self.git_dir)], capture_stdout=True,
-                                      capture_stderr=True, check=False,
+                                      capture_stderr=True, check=False, umask=0o077,
                                       env={**self.env(), "GIT_DIR": str(self.git_dir)}, cwd=str(self.dir))
         if proc.returncode != 0:
             raise GitFailed("git init: " + proc.stderr.decode("utf-8", "replace").strip())
         with open(self.git_dir / "config", "a") as f:
             f.write("[core]\n\tuntrackedCache = true\n\tsymlinks = true\n[gc]\n\tauto = 0\n")
-        (self.dir / "workdir").write_text(self.workdir + "\n")
+        _write_private(self.dir / "workdir", self.workdir + "\n")
         excludes = ["# agentd's own state, when it lies in this working directory"]
         try:
             rel = self.state_dir.resolve().relative_to(Path(self.workdir).resolve())
@@ -186,8 +188,8 @@ class _Shadow:
         except ValueError:
             pass
         info = self.git_dir / "info"
-        info.mkdir(exist_ok=True)
-        (info / "exclude").write_text("\n".join(excludes) + "\n")
+        _fsutil.make_dirs(info)
+        _write_private(info / "exclude", "\n".join(excludes) + "\n")
 
     # ------------------------------------------------------------------ recording
 
@@ -249,9 +251,9 @@ class _Shadow:
     def _keep(self, ref: str, tree: str) -> None:
         """Point refs/agentd/<ref> at ``tree``, so a gc would never drop it (a loose ref file)."""
         path = self.git_dir / "refs" / "agentd" / ref
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _fsutil.make_dirs(path.parent)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(tree + "\n")
+        _write_private(tmp, tree + "\n")
         os.replace(tmp, path)
 
     async def worker(self) -> None:
@@ -589,6 +591,12 @@ def _runtime_diff(journal: Any, run: str) -> str:
     return last
 
 
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def _note(steps: dict[str, _Step], type_: str, run: str, rec: Any) -> None:
     """Fold one ``checkpoint`` / ``revert`` record into ``steps``."""
     if type_ == "revert":
@@ -643,7 +651,7 @@ async def _apply(shadow: _Shadow, target: str, files: list[wire.RevertedFile]) -
         index = shadow.dir / f"revert-{secrets.token_hex(4)}.index"
         try:
             await shadow.git("read-tree", target, index=index)
-            await shadow.git("checkout-index", "-f", "-z", "--stdin", index=index,
+            await shadow.git("checkout-index", "-f", "-z", "--stdin", index=index, private=False,  # the user's files
                              stdin=b"\0".join(p.encode() for p in write) + b"\0")
         finally:
             index.unlink(missing_ok=True)

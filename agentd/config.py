@@ -320,9 +320,10 @@ class CheckpointsConfig(_Section):
     enabled: bool = True
     #: largest file recorded, bytes; a bigger one is left out (and named in the checkpoint record)
     max_file_bytes: Annotated[int, msgspec.Meta(ge=1)] = 10 << 20
-    #: longest a turn waits for its checkpoint, seconds; past it the checkpoint is skipped (the
-    #: journal says so) and the turn goes on, while the recording finishes in the background
-    timeout_s: PosFloat = 1.0
+    #: longest a turn waits for each of its checkpoints (before, after), seconds; past it the
+    #: checkpoint is skipped (the journal says so) and the turn goes on, while the recording
+    #: finishes in the background
+    timeout_s: PosFloat = 0.15
     #: longest one recording may run at all, seconds (a first checkpoint of a big tree, a revert,
     #: a diff of a running turn); past it the git process is stopped
     max_run_s: PosFloat = 120.0

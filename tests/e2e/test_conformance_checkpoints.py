@@ -8,6 +8,7 @@ the capability is true on every runtime while ``[checkpoints]`` is on.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,18 @@ pytestmark = pytest.mark.e2e
 SCENARIOS: dict[str, tuple[str, ...]] = {
     "checkpoint": ("checkpoints", "permissions"),
 }
+
+@pytest.fixture
+def daemon(runtime: Runtime, tmp_path: Path) -> Iterator[Daemon]:
+    """conftest's daemon, with a checkpoint time bound a loaded test machine never reaches (the
+    default, 0.15 s, is what a turn may wait; past it a checkpoint is skipped, which
+    tests/integration/test_checkpoints.py covers)."""
+    d = Daemon(tmp_path, runtime.config_toml + "\n[checkpoints]\ntimeout_s = 30\n", env=runtime.env).start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
 
 FILE = "checkpoint.txt"
 COMMAND = f"echo written by a turn > {FILE}"

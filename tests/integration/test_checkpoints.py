@@ -62,6 +62,10 @@ text = "no files"
 '''
 
 
+#: a time bound a loaded test machine never reaches (the default is 0.15 s)
+ROOMY = "[checkpoints]\ntimeout_s = 30\n"
+
+
 def _git(repo: Path, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
@@ -129,7 +133,7 @@ def test_diff_and_revert_of_a_turn_honour_gitignore_and_never_touch_the_users_gi
     script = tmp_path / "edit.toml"
     script.write_text(SCRIPT)
     git_before = _tree_state(work / ".git")
-    d = Daemon(tmp_path).start()
+    d = Daemon(tmp_path, ROOMY).start()
     try:
         cid = _new(d, work, script)
         run = _turn(d, cid, "first")
@@ -200,7 +204,7 @@ def test_a_file_over_the_size_bound_is_left_out_and_left_alone(tmp_path: Path) -
     work.mkdir()
     script = tmp_path / "edit.toml"
     script.write_text(SCRIPT)
-    d = Daemon(tmp_path, "[checkpoints]\nmax_file_bytes = 1000\n").start()
+    d = Daemon(tmp_path, ROOMY + "max_file_bytes = 1000\n").start()
     try:
         cid = _new(d, work, script)
         run = _turn(d, cid, "big")
@@ -222,7 +226,7 @@ def test_revert_is_refused_busy_while_a_turn_runs_and_diff_shows_its_changes_so_
     work.mkdir()
     script = tmp_path / "edit.toml"
     script.write_text(SCRIPT)
-    d = Daemon(tmp_path).start()
+    d = Daemon(tmp_path, ROOMY).start()
     try:
         cid = _new(d, work, script)
         first = _turn(d, cid, "first")
@@ -288,7 +292,7 @@ def test_checkpoints_off_takes_none_and_reports_the_capability_false(tmp_path: P
         assert d.agentctl("revert", cid, "--run", run, "--yes").returncode == 1
     finally:
         d.stop()
-    d = Daemon(tmp_path, "").start()
+    d = Daemon(tmp_path, ROOMY).start()
     try:
         caps = {p["name"]: p["capabilities"] for p in _json(d.agentctl("--json", "providers"))["providers"]}
         assert caps["script"]["checkpoints"] is True
@@ -305,7 +309,7 @@ def test_revert_at_a_terminal_shows_what_it_changes_and_asks_first(tmp_path: Pat
     work.mkdir()
     script = tmp_path / "edit.toml"
     script.write_text(SCRIPT)
-    d = Daemon(tmp_path).start()
+    d = Daemon(tmp_path, ROOMY).start()
     try:
         cid = _new(d, work, script)
         run = _turn(d, cid, "second")  # creates new.txt
