@@ -308,7 +308,7 @@ class Checkpoints:
         self._shadows: dict[str, _Shadow] = {}
         #: conversation -> its steps in order, read from its journal on first use
         self._steps: dict[str, dict[str, _Step]] = {}
-        #: conversation -> its last job (a diff waits for it)
+        #: conversation -> its last job whose record is journaled once it is done (a diff waits for it)
         self._last: dict[str, _Job] = {}
         #: (conversation, run) whose before-state was asked for: only those get an after-state
         self._began: set[tuple[str, str]] = set()
@@ -399,7 +399,6 @@ class Checkpoints:
             return wire.CheckpointRecord(step=step, phase=phase, skipped="no_workdir",  # type: ignore[arg-type]
                                          error=f"{record.workdir!r} is not a directory")
         job = shadow.submit(_Job(record.id, f"{record.id}/{step}/{phase}"))
-        self._last[record.id] = job
         with trio.move_on_after(timeout):
             await job.done.wait()
         ms = int((time.monotonic() - t0) * 1000)
