@@ -413,6 +413,8 @@ COMMANDS: dict[str, str] = {
     "login": "accounts:login",
     "logout": "accounts:logout",
     "quota": "accounts:quota",
+    "diff": "checkpoints:diff",
+    "revert": "checkpoints:revert",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

@@ -31,6 +31,7 @@ import itertools
 import shlex
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import structlog
 import trio
 
@@ -168,6 +169,8 @@ async def _one(runtimes: "Runtimes", name: str) -> wire.ProviderInfo:
     except c.AgentdError as exc:
         error, state = exc.message, _state_of(exc)
     caps = provider.capabilities()  # a first check may have taught it what the runtime advertises
+    # agentd's own checkpoints work alike on every provider
+    caps = msgspec.structs.replace(caps, checkpoints=runtimes.config.checkpoints.enabled)
     return wire.ProviderInfo(name=name, display_name=provider.display_name, capabilities=caps,
                              available=state == "available", error=error, state=state,  # type: ignore[arg-type]
                              fix=_fix(runtimes, name, state, error, acct), account=acct)

@@ -327,6 +327,23 @@ class AgentFilesConfig(_Section):
     threads: Annotated[int, msgspec.Meta(ge=1, le=256)] = 4
 
 
+class CheckpointsConfig(_Section):
+    """[checkpoints]: agentd's own record of a conversation's working directory around each turn
+    (agentd.checkpoints), on every provider: ``agentctl diff`` and ``agentctl revert``."""
+
+    #: record the working directory before and after each turn
+    enabled: bool = True
+    #: largest file recorded, bytes; a bigger one is left out (and named in the checkpoint record)
+    max_file_bytes: Annotated[int, msgspec.Meta(ge=1)] = 10 << 20
+    #: longest a turn waits for each of its checkpoints (before, after), seconds; past it the
+    #: checkpoint is skipped (the journal says so) and the turn goes on, while the recording
+    #: finishes in the background
+    timeout_s: PosFloat = 0.15
+    #: longest one recording may run at all, seconds (a first checkpoint of a big tree, a revert,
+    #: a diff of a running turn); past it the git process is stopped
+    max_run_s: PosFloat = 120.0
+
+
 class PricingConfig(_Section, kw_only=True):
     """[pricing."<model>"]: USD per million tokens, for providers that report no cost.
 
@@ -553,6 +570,7 @@ class Config(_Section):
     providers: ProvidersConfig = msgspec.field(default_factory=ProvidersConfig)
     attachments: AttachmentsConfig = msgspec.field(default_factory=AttachmentsConfig)
     agent_files: AgentFilesConfig = msgspec.field(default_factory=AgentFilesConfig)
+    checkpoints: CheckpointsConfig = msgspec.field(default_factory=CheckpointsConfig)
     pricing: dict[Annotated[str, msgspec.Meta(min_length=1)], PricingConfig] = {}
     budgets: dict[Annotated[str, msgspec.Meta(min_length=1)], BudgetConfig] = {}
     agentctl: AgentctlConfig = msgspec.field(default_factory=AgentctlConfig)

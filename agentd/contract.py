@@ -189,6 +189,9 @@ class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
     fork: bool = False
     #: discard the turns after a completed one, natively (:class:`Rewinder`)
     rewind: bool = False
+    #: agentd's own per-turn file checkpoints (diff, revert): agentd-side, so the same for every
+    #: provider, true while ``[checkpoints]`` is on
+    checkpoints: bool = False
 
 
 # --------------------------------------------------------------------------- items
@@ -858,6 +861,18 @@ class UnknownEvent(_Event, tag="unknown"):
     unknown: Unknown
 
 
+class TurnDiff(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What the runtime itself reports the running turn changed so far, as a unified diff it
+    sends (Codex's ``turn/diff/updated``); each report replaces the one before. Kept beside
+    agentd's own checkpoints (agentd.checkpoints), which ``agentctl diff`` shows."""
+
+    diff: str
+
+
+class TurnDiffEvent(_Event, tag="turn_diff"):
+    turn_diff: TurnDiff
+
+
 class ToolOutputEvent(_Event, tag="tool_output"):
     """The whole output of a tool item whose ``output`` is a display cut (``ToolCall.cut``).
 
@@ -889,6 +904,7 @@ Event = Union[
     ModelSelectionEvent,
     UnknownEvent,
     ToolOutputEvent,
+    TurnDiffEvent,
 ]
 """One adapter notification; the ``type`` tag names the kind and the one payload it carries."""
 

@@ -258,6 +258,8 @@ class ConversationService:
         self._records: dict[str, wire.ConversationRecord] = {}
         self._live: dict[str, _Live] = {}
         self._nursery: trio.Nursery | None = None
+        #: agentd.checkpoints.Checkpoints, set by the daemon (None: no checkpoints are taken)
+        self.checkpoints: Any = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -657,8 +659,8 @@ class ConversationService:
     async def open_conversation(self, live: _Live) -> c.Conversation:
         return await self._ensure_open(live)
 
-    async def journal(self, live: _Live, type_: str, data: bytes) -> int:
-        return await self._append(live, type_, data, run=live.run)
+    async def journal(self, live: _Live, type_: str, data: bytes, *, run: str | None = None) -> int:
+        return await self._append(live, type_, data, run=live.run if run is None else run)
 
     def save_record(self, record: wire.ConversationRecord) -> None:
         self._save(record)
@@ -807,6 +809,11 @@ class ConversationService:
         if type(event) is _turnwatch.End:
             if _turnwatch.late_end(live, event):
                 return  # its run already ended here: never a second terminal record
+            if self.checkpoints is not None and run and event.run == run:
+                # The after-state is journaled before the end (bounded): the end stays the run's last record.
+                await self.checkpoints.after_turn(self, live, run)
+                if _turnwatch.late_end(live, event):
+                    return  # ended meanwhile (a cancel that stopped waiting for the provider)
             event = event.event
         else:
             event = live.item_ids.scope(event, run or live.last_run)
@@ -948,6 +955,8 @@ class ConversationService:
         # The end goes out first, the record (two fsyncs) follows: a crash in between is
         # harmless, as recovery sees the run's terminal record in the journal and adds none.
         self._spawn(self._save_after_end, live)
+        if self.checkpoints is not None:
+            self.checkpoints.turn_ended(self, live, run)  # an end agentd decided: after it, returns at once
         live.turn_done.set()
         if live.record.state is not _S.CLOSED and _usage.reached(live):
             await _usage.turn_ended(self, live)
@@ -1220,6 +1229,11 @@ class ConversationService:
                 await self._abandoned_open(live, run)
                 return after
             await _models.apply_queued(self, live, conv)  # a set-model --after-turn
+            if self.checkpoints is not None:
+                await self.checkpoints.before_turn(self, live, run)  # bounded; never raises
+                if live.run != run:
+                    await self._abandoned_open(live, run)
+                    return after
             live.sent_run = run
             live.sink.tagger.begin(run)
             try:

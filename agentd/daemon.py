@@ -88,6 +88,9 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
         state_dir=paths.state_dir,
         socket_path=paths.socket,
     )
+    from .checkpoints import Checkpoints
+
+    service.checkpoints = Checkpoints(config.checkpoints, paths.state_dir / "checkpoints", paths.state_dir)
     tasks = TaskService(service, hub, config.tasks, paths.state_dir / "tasks")
     server.tasks = tasks
     server.reloader = reloader = reload.Reloader(service, tasks, config, config_path)
@@ -108,6 +111,7 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
                 async with trio.open_nursery() as rt:
                     await rt.start(runtimes.run)
                     async with trio.open_nursery() as front:
+                        await front.start(service.checkpoints.run)
                         await front.start(service.run)
                         await front.start(tasks.run)
                         await front.start(idle_release.run, service, config.runtimes.idle_release_s)

@@ -307,6 +307,8 @@ class Server:
             wire.LoginWait: self._login_wait,
             wire.Logout: self._logout,
             wire.QuotaRequest: self._quota,
+            wire.Diff: self._diff,
+            wire.Revert: self._revert,
 
             wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
@@ -613,6 +615,18 @@ class Server:
         from . import subagents
 
         await subagents.prompt(self.service, req.conversation, req.agent, req.text)
+
+    async def _diff(self, conn: _Connection, req: wire.Diff) -> wire.DiffResult:
+        return await self._checkpoints().diff(self.service, req.conversation, req.run, stat=req.stat)
+
+    async def _revert(self, conn: _Connection, req: wire.Revert) -> wire.RevertResult:
+        return await self._checkpoints().revert(self.service, req.conversation, req.run, dry_run=req.dry_run,
+                                                by=conn.peer)
+
+    def _checkpoints(self) -> Any:
+        if self.service.checkpoints is None:
+            raise c.Unsupported("this agentd takes no checkpoints")
+        return self.service.checkpoints
 
     async def _ls(self, conn: _Connection, req: wire.List) -> list[wire.ConversationRecord]:
         return self.service.list(include_closed=req.all)

@@ -40,6 +40,7 @@ from .contract import (
     TodoList,
     TokenUsage,
     Turn,
+    TurnDiff,
     Unknown,
     Usage,
     ModelSelection,
@@ -331,6 +332,28 @@ class Rewind(_Request, tag="rewind"):
     conversation: str
     to: str
     preview: bool = False
+
+
+# ---- checkpoints
+
+
+class Diff(_Request, tag="diff"):
+    """What one step of a conversation changed in its working directory (agentd.checkpoints):
+    a turn (its run id) or a revert (its id); "" = the last step. ``stat``: files and line
+    counts only, no hunks and no patch."""
+
+    conversation: str
+    run: str = ""
+    stat: bool = False
+
+
+class Revert(_Request, tag="revert"):
+    """Restore the files step ``run`` changed to how they were before it (agentd.checkpoints);
+    ``dry_run`` says what would change and changes nothing. Refused ``busy`` while a turn runs."""
+
+    conversation: str
+    run: str
+    dry_run: bool = False
 
 
 class ShowItem(_Request, tag="show_item"):
@@ -625,6 +648,8 @@ Request = Union[
     LoginWait,
     Logout,
     QuotaRequest,
+    Diff,
+    Revert,
 
     ShowItem,
     Shutdown,
@@ -1094,6 +1119,112 @@ PAYLOADS: dict[str, Any] = {
     "forked": ForkedRecord,
     "rewind": RewindRecord,
 }
+
+
+# ---- checkpoints
+
+class CheckpointRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A ``checkpoint`` record: the working directory recorded before or after a step (a turn,
+    named by its run, or a revert, by its id), as a tree in agentd's shadow git repository. A
+    turn's records carry its run, the after-record right before its terminal ``turn`` record;
+    when agentd itself ended the turn (a cancel not confirmed, a runtime that died), the
+    after-record follows the end and carries no run (nothing of a run follows its end).
+
+    ``tree`` is "" when the checkpoint was skipped; ``skipped`` then says why: ``timeout``
+    (past ``[checkpoints] timeout_s``), ``no_workdir``, ``error`` (``error`` says what).
+    """
+
+    step: str
+    phase: Literal["before", "after"]
+    tree: str = ""
+    skipped: str = ""
+    error: str = ""
+    #: milliseconds the turn (or op) waited for it
+    ms: int = 0
+    #: files left out, bigger than [checkpoints] max_file_bytes (workdir-relative paths)
+    too_large: list[str] = []
+    #: nested git repositories left out (workdir-relative, ending in /)
+    nested: list[str] = []
+
+
+class RevertedFile(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One file a revert writes back (``restore``: content and mode as before the step;
+    ``create``: it did not exist now) or removes (``delete``: it did not exist before)."""
+
+    path: str
+    action: Literal["restore", "create", "delete"]
+
+
+class RevertRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A ``revert`` record: step ``id`` restored the files step ``of`` changed. A revert is a
+    step of its own, with its own before/after checkpoints, so it can be reverted in turn."""
+
+    id: str
+    of: str
+    files: list[RevertedFile] = []
+    by: str = ""
+
+
+class DiffHunk(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One ``@@ -old_start,old_lines +new_start,new_lines @@ section`` hunk; ``lines`` keep
+    their first character (`` ``, ``+``, ``-``, ``\\``) and lose their newline."""
+
+    old_start: int
+    old_lines: int
+    new_start: int
+    new_lines: int
+    section: str = ""
+    lines: list[str] = []
+
+
+class DiffFile(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One file a step changed. ``status``: added, modified, deleted, type_changed (a file
+    became a symlink or back). Modes are git's (``100644``, ``100755``, ``120000``)."""
+
+    path: str
+    status: Literal["added", "modified", "deleted", "type_changed"]
+    old_mode: str = ""
+    new_mode: str = ""
+    binary: bool = False
+    additions: int = 0
+    deletions: int = 0
+    hunks: list[DiffHunk] = []
+
+
+class DiffResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What step ``run`` changed. ``kind``: turn or revert. ``after``: where its after-state
+    came from: ``checkpoint`` (recorded as it ended), ``next`` (the next step's before-state),
+    ``now`` (the working directory now: the turn is running, or its end was not recorded).
+    ``patch`` is the unified diff ("" with ``stat``); ``truncated``: files past the size a
+    diff may carry are listed without hunks and left out of the patch."""
+
+    conversation: str
+    run: str
+    kind: Literal["turn", "revert"] = "turn"
+    after: Literal["checkpoint", "next", "now"] = "checkpoint"
+    files: list[DiffFile] = []
+    patch: str = ""
+    truncated: bool = False
+    #: files left out of either checkpoint (too big): not diffed
+    too_large: list[str] = []
+    #: what the runtime itself reported of the turn's changes, verbatim, when it reports any
+    runtime_diff: str = ""
+
+
+class RevertResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a revert of step ``run`` changed (or, with ``dry_run``, would change). ``revert`` is
+    the new step's id ("" for a dry run or when nothing differs); revert it to undo this one."""
+
+    conversation: str
+    run: str
+    files: list[RevertedFile] = []
+    revert: str = ""
+    dry_run: bool = False
+
+
+PAYLOADS["checkpoint"] = CheckpointRecord
+PAYLOADS["turn_diff"] = TurnDiff
+PAYLOADS["revert"] = RevertRecord
 
 
 def decode_payload(record: Record) -> Any:

@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, str] = {
     "copilot": "bench_copilot:bench_copilot",
     "codex": "bench_codex:bench_codex",
     "masking": "bench_masking:bench_masking",
+    "checkpoints": "bench_checkpoints:bench_checkpoints",
 }
 
 

@@ -72,3 +72,23 @@ def test_token_usage_reports_the_last_model_call_and_the_context() -> None:
         "modelContextWindow": 258400}}, "m")
     assert tokens is not None and (tokens.input, tokens.output, tokens.cache_read, tokens.model) == (100, 10, 40, "m")
     assert context == (110, 258400)
+
+
+def test_the_runtimes_own_turn_diff_is_kept_as_a_turn_diff_event() -> None:
+    # Codex's aggregated diff of the running turn (turn/diff/updated) is the runtime's own record
+    # of what the turn changed: kept beside agentd's checkpoints, never dropped.
+    from types import SimpleNamespace
+
+    from agentd.contract import TurnDiffEvent
+    from agentd.providers.codex._conversation import CodexConversation, _Turn
+    from provider_sinks import ListSink
+
+    sink = ListSink()
+    conv = CodexConversation(SimpleNamespace(name="codex"), "thread-1", "/tmp", sink)  # type: ignore[arg-type]
+    server = object()
+    conv._server = server  # type: ignore[assignment]
+    conv._turn = _Turn("m")
+    diff = "diff --git a/x.txt b/x.txt\nnew file mode 100644\n--- /dev/null\n+++ b/x.txt\n@@ -0,0 +1 @@\n+hi\n"
+    conv._on_notification(server, "turn/diff/updated", {"threadId": "thread-1", "turnId": "t1", "diff": diff})  # type: ignore[arg-type]
+    events = [e for e in sink.events if isinstance(e, TurnDiffEvent)]
+    assert [e.turn_diff.diff for e in events] == [diff]

@@ -58,6 +58,8 @@ from ...contract import (
     TitleEvent,
     TokensEvent,
     Turn,
+    TurnDiff,
+    TurnDiffEvent,
     TurnEvent,
     TurnState,
     Usage,
@@ -506,6 +508,9 @@ class CodexConversation:
             self._item(p.get("item"), started=False)
         elif method == "item/commandExecution/outputDelta":
             self._output(p)
+        elif method == "turn/diff/updated":
+            if isinstance(p.get("diff"), str):  # the runtime's own record of the turn's changes: kept
+                self._emit(TurnDiffEvent(turn_diff=TurnDiff(diff=p["diff"])))
         elif method == "thread/tokenUsage/updated":
             tokens, context = m.token_usage(p, turn.model or self._model)
             if tokens is not None:

@@ -53,7 +53,7 @@ INERT_ITEM_TYPES = frozenset({
 HANDLED_NOTIFICATIONS = frozenset({
     "thread/name/updated", "turn/started", "item/agentMessage/delta", "item/reasoning/summaryTextDelta",
     "item/reasoning/textDelta", "item/started", "item/completed", "item/commandExecution/outputDelta",
-    "thread/tokenUsage/updated", "error", "turn/completed",
+    "thread/tokenUsage/updated", "error", "turn/completed", "turn/diff/updated",
 })
 
 #: The rest of 0.171.0's server notifications: known, and deliberately not journaled (thread
@@ -65,7 +65,7 @@ INERT_NOTIFICATIONS = frozenset({
     "thread/attachment/updated", "thread/goal/updated", "thread/prediction/updated", "thread/goal/cleared",
     "thread/queue/changed", "project/changed", "thread/project/updated", "thread/environment/connected",
     "thread/environment/disconnected", "thread/settings/updated", "hook/started", "hook/completed",
-    "turn/diff/updated", "turn/plan/updated", "item/autoApprovalReview/started",
+    "turn/plan/updated", "item/autoApprovalReview/started",
     "item/autoApprovalReview/completed", "autoApprovalReview/strictReviewRequired", "item/plan/delta",
     "command/exec/outputDelta", "process/outputDelta", "thread/search/partial", "process/exited",
     "item/commandExecution/terminalInteraction", "item/fileChange/outputDelta", "item/fileChange/patchUpdated",

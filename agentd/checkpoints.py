@@ -1,0 +1,739 @@
+"""Per-turn file checkpoints: what each turn changed in a conversation's working directory,
+and putting it back (``agentctl diff``, ``agentctl revert``), on every provider.
+
+agentd does this itself, not the runtime, so the script provider has it as much as Copilot.
+Rules kept here:
+
+* Before a turn's prompt reaches the provider, and again once the turn ended, the working
+  directory is recorded as a tree in a **shadow git repository** under
+  ``<state_dir>/checkpoints/<key>/`` (one per working directory, its objects shared by the
+  conversations there). The real ``git`` program does the work, with its own ``GIT_DIR``,
+  ``GIT_WORK_TREE`` and ``GIT_INDEX_FILE``, no system or global config, a ``HOME`` of its own
+  and hooks off. The user's own ``.git`` is never written: git never enters a directory named
+  ``.git``, and the shadow repository's refs, index and objects live under agentd's state.
+  Their ``.git/info/exclude`` is read (as an excludes file), never written.
+* What is recorded: tracked and untracked files, as ``git ls-files --others --modified
+  --exclude-standard`` sees them (``.gitignore`` honoured), regular files and symlinks. A file
+  over ``max_file_bytes`` is left out and named in the record (``too_large``); a nested git
+  repository is left out and named (``nested``). Diff and revert leave both alone.
+* A turn never waits longer than ``timeout_s``: past it the checkpoint record says
+  ``skipped: timeout`` and the turn goes on; the recording finishes in the background (up to
+  ``max_run_s``), so git's index is warm for the next one. Recordings of one working
+  directory run one at a time, in the order they were asked for; when a turn stops waiting,
+  every recording queued before it is marked late too (its after-state may mix in the new
+  turn's writes), and its record says ``timeout``.
+* Every checkpoint is journaled (``checkpoint``, :class:`~agentd.wire.CheckpointRecord`),
+  and so is every revert (``revert``, :class:`~agentd.wire.RevertRecord`). A revert is a step
+  of its own with before/after checkpoints, so it can be diffed and reverted in turn.
+* A revert is refused ``busy`` while a turn runs or is queued, and holds the conversation's
+  send lock, so no turn starts while files are being written back.
+
+The conversation service calls :meth:`Checkpoints.before_turn` right before it sends a
+prompt and :meth:`Checkpoints.turn_ended` when a turn ended; nothing else here is its code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import secrets
+import stat as _stat
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import msgspec
+import structlog
+import trio
+
+from . import _fsutil
+from . import contract as c
+from . import wire
+
+if TYPE_CHECKING:
+    from .config import CheckpointsConfig
+    from .conversations import ConversationService, _Live
+
+__all__ = ["Checkpoints", "MAX_PATCH_BYTES"]
+
+log = structlog.get_logger("agentd.checkpoints")
+_json = msgspec.json.Encoder()
+_checkpoint = msgspec.json.Decoder(wire.CheckpointRecord)
+_revert = msgspec.json.Decoder(wire.RevertRecord)
+_turn_diff = msgspec.json.Decoder(c.TurnDiff)
+
+#: Most bytes of unified diff one answer carries; files past it are listed without hunks.
+MAX_PATCH_BYTES = 4 << 20
+#: Above this many changed paths, sorting them out (lstat) runs in a worker thread.
+_THREAD_PATHS = 256
+
+_HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@ ?(.*)$")
+_STATUS = {"A": "added", "M": "modified", "D": "deleted", "T": "type_changed"}
+
+
+class _Head(msgspec.Struct):
+    type: str
+    run: str = ""
+    data: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+_head = msgspec.json.Decoder(_Head)
+
+
+class GitFailed(Exception):
+    """A git command exited non-zero; the message is its stderr (last line)."""
+
+
+class _Job:
+    """One recording of a working directory, run by its worker in the order asked."""
+
+    __slots__ = ("done", "tree", "too_large", "nested", "error", "late", "started", "on_done", "recorded", "conv",
+                 "ref")
+
+    def __init__(self, conv: str, ref: str, on_done: Callable[["_Job"], Awaitable[None]] | None = None) -> None:
+        self.done = trio.Event()
+        #: set once ``on_done`` ran (its record is journaled)
+        self.recorded = trio.Event()
+        self.tree = ""
+        self.too_large: list[str] = []
+        self.nested: list[str] = []
+        self.error = ""
+        #: nobody waits for its result any more (see the module docstring)
+        self.late = False
+        self.started = False
+        self.on_done = on_done
+        self.conv = conv
+        #: the ref under refs/agentd/ that keeps its tree, "" = none
+        self.ref = ref
+
+
+class _Step(msgspec.Struct):
+    kind: str  # turn, revert
+    before: wire.CheckpointRecord | None = None
+    after: wire.CheckpointRecord | None = None
+
+
+class _Shadow:
+    """The shadow repository of one working directory and the worker that records it."""
+
+    def __init__(self, root: Path, workdir: str, config: "CheckpointsConfig", state_dir: Path) -> None:
+        self.workdir = workdir
+        self.config = config
+        self.state_dir = state_dir
+        self.dir = root / hashlib.sha256(workdir.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+        self.git_dir = self.dir / "git"
+        self.index = self.dir / "index"
+        self.jobs_in, self.jobs_out = trio.open_memory_channel[_Job](math.inf)
+        #: jobs asked for and not finished, oldest first
+        self.pending: list[_Job] = []
+        #: the tree of the index as the last recording left it ("" = unknown); only this
+        #: shadow's worker writes the index
+        self.last_tree = ""
+        self._env: dict[str, str] | None = None
+
+    # ------------------------------------------------------------------ git
+
+    def env(self, index: Path | None = None) -> dict[str, str]:
+        if self._env is None:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+            env.update(
+                GIT_DIR=str(self.git_dir), GIT_WORK_TREE=self.workdir, GIT_CONFIG_NOSYSTEM="1",
+                GIT_CONFIG_GLOBAL=os.devnull, HOME=str(self.dir), XDG_CONFIG_HOME=str(self.dir),
+                GIT_TERMINAL_PROMPT="0", LC_ALL="C", LANG="C",
+            )
+            self._env = env
+        return {**self._env, "GIT_INDEX_FILE": str(index or self.index)}
+
+    async def git(self, *args: str, stdin: bytes = b"", index: Path | None = None, private: bool = True) -> bytes:
+        """Run ``git args`` in the working directory against the shadow repository; its stdout.
+
+        ``private``: what git creates (objects, index, refs) is the owner's only (umask 077),
+        whatever agentd's umask; off only where git writes the user's own files back.
+        Raises GitFailed when it exits non-zero, OSError when git cannot be run. Cancelling
+        kills it (trio.run_process).
+        """
+        cmd = ["git", "-c", "core.hooksPath=" + os.devnull, "-c", "core.fsmonitor=false",
+               "-c", "core.quotepath=false", "-c", "core.autocrlf=false", "-c", "core.safecrlf=false"]
+        exclude = Path(self.workdir, ".git", "info", "exclude")
+        if exclude.is_file():
+            cmd += ["-c", f"core.excludesFile={exclude}"]  # the user's own excludes, read only
+        proc = await trio.run_process(
+            [*cmd, *args], stdin=stdin, capture_stdout=True, capture_stderr=True, check=False,
+            env=self.env(index), cwd=self.workdir, **({"umask": 0o077} if private else {}),
+        )
+        if proc.returncode != 0:
+            err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise GitFailed(f"git {args[0]}: {err[-1] if err else f'exit {proc.returncode}'}")
+        return proc.stdout
+
+    async def ensure(self) -> None:
+        """Create the shadow repository on first use (0700, its own config and excludes)."""
+        if (self.git_dir / "HEAD").exists():
+            return
+        _fsutil.make_dirs(self.dir)  # 0700, <state_dir>/checkpoints included, whatever the umask
+        proc = await trio.run_process(["git", "init", "-q", str(self.git_dir)], capture_stdout=True,
+                                      capture_stderr=True, check=False, umask=0o077,
+                                      env={**self.env(), "GIT_DIR": str(self.git_dir)}, cwd=str(self.dir))
+        if proc.returncode != 0:
+            raise GitFailed("git init: " + proc.stderr.decode("utf-8", "replace").strip())
+        with open(self.git_dir / "config", "a") as f:
+            f.write("[core]\n\tuntrackedCache = true\n\tsymlinks = true\n[gc]\n\tauto = 0\n")
+        _write_private(self.dir / "workdir", self.workdir + "\n")
+        excludes = ["# agentd's own state, when it lies in this working directory"]
+        try:
+            rel = self.state_dir.resolve().relative_to(Path(self.workdir).resolve())
+            excludes.append("/" + rel.as_posix() + "/")
+        except ValueError:
+            pass
+        info = self.git_dir / "info"
+        _fsutil.make_dirs(info)
+        _write_private(info / "exclude", "\n".join(excludes) + "\n")
+
+    # ------------------------------------------------------------------ recording
+
+    async def record(self, job: _Job) -> None:
+        """Bring the shadow index up to the working directory and write its tree (``job.tree``)."""
+        await self.ensure()
+        out = await self.git("ls-files", "-z", "-t", "--others", "--modified", "--exclude-standard")
+        entries = [e for e in out.split(b"\0") if e]
+        if len(entries) > _THREAD_PATHS:
+            update, force, job.too_large, job.nested = await trio.to_thread.run_sync(self._sort, entries)
+        else:
+            update, force, job.too_large, job.nested = self._sort(entries)
+        if force:
+            await self.git("update-index", "-z", "--force-remove", "--stdin", stdin=b"\0".join(force) + b"\0")
+        if update:
+            await self.git("update-index", "-z", "--add", "--remove", "--stdin", stdin=b"\0".join(update) + b"\0")
+        if update or force or not self.last_tree:
+            self.last_tree = ""  # until write-tree says what the index holds now
+            self.last_tree = (await self.git("write-tree")).strip().decode()
+        job.tree = self.last_tree  # nothing changed: the index, so its tree, is what it was
+        if job.ref:
+            self._keep(job.ref, job.tree)
+
+    def _sort(self, entries: list[bytes]) -> tuple[list[bytes], list[bytes], list[str], list[str]]:
+        """(paths to add or remove, paths to drop from the index, too large, nested repositories)."""
+        update: dict[bytes, None] = {}
+        force: dict[bytes, None] = {}
+        too_large: list[str] = []
+        nested: list[str] = []
+        limit = self.config.max_file_bytes
+        base = os.fsencode(self.workdir)
+        for entry in entries:
+            tag, path = entry[:1], entry[2:]
+            if path in update or path in force:
+                continue  # modified and deleted both list a deleted file
+            if path.endswith(b"/"):
+                nested.append(path.decode("utf-8", "replace"))
+                continue
+            try:
+                st = os.lstat(os.path.join(base, path))
+            except FileNotFoundError:
+                update[path] = None
+                continue
+            except OSError:
+                continue  # unreadable now: the index keeps what it had
+            if _stat.S_ISREG(st.st_mode):
+                if st.st_size > limit:
+                    too_large.append(path.decode("utf-8", "replace"))
+                    if tag != b"?":
+                        force[path] = None
+                else:
+                    update[path] = None
+            elif _stat.S_ISLNK(st.st_mode):
+                update[path] = None
+            elif tag != b"?":
+                force[path] = None  # a tracked file became a directory, a fifo, ...
+        return list(update), list(force), too_large, nested
+
+    def _keep(self, ref: str, tree: str) -> None:
+        """Point refs/agentd/<ref> at ``tree``, so a gc would never drop it (a loose ref file)."""
+        path = self.git_dir / "refs" / "agentd" / ref
+        _fsutil.make_dirs(path.parent)
+        tmp = path.with_name(path.name + ".tmp")
+        _write_private(tmp, tree + "\n")
+        os.replace(tmp, path)
+
+    async def worker(self) -> None:
+        async for job in self.jobs_out:
+            if job.late and self.jobs_out.statistics().current_buffer_used:
+                job.error = "timeout"  # nobody waits for it and a later one warms the index
+            else:
+                job.started = True
+                with trio.move_on_after(self.config.max_run_s) as scope:
+                    try:
+                        await self.record(job)
+                    except (GitFailed, OSError) as exc:
+                        job.error = str(exc)
+                        log.warning("checkpoint.failed", workdir=self.workdir, error=job.error)
+                if scope.cancelled_caught:
+                    job.error = "timeout"
+                    job.tree = ""
+            if job in self.pending:
+                self.pending.remove(job)
+            job.done.set()
+            if job.on_done is not None:
+                try:
+                    await job.on_done(job)
+                except Exception:
+                    log.exception("checkpoint.record_failed", workdir=self.workdir)
+            job.recorded.set()
+
+    def submit(self, job: _Job) -> _Job:
+        self.pending.append(job)
+        self.jobs_in.send_nowait(job)
+        return job
+
+    def give_up(self, job: _Job) -> None:
+        """Nobody waits for ``job`` any more: it and every job before it are late."""
+        for j in self.pending:
+            j.late = True
+            if j is job:
+                break
+
+
+class Checkpoints:
+    """The checkpoints of every conversation: recording (the service's hooks), diff and revert.
+
+    ``root`` is ``<state_dir>/checkpoints``. :meth:`run` must be running (in the daemon's
+    nursery) for anything to be recorded.
+    """
+
+    def __init__(self, config: "CheckpointsConfig", root: Path, state_dir: Path) -> None:
+        self.config = config
+        self.root = root
+        self.state_dir = state_dir
+        self._shadows: dict[str, _Shadow] = {}
+        #: conversation -> its steps in order, read from its journal on first use
+        self._steps: dict[str, dict[str, _Step]] = {}
+        #: conversation -> its last job whose record is journaled once it is done (a diff waits for it)
+        self._last: dict[str, _Job] = {}
+        #: (conversation, run) whose before-state was asked for: only those get an after-state
+        self._began: set[tuple[str, str]] = set()
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the working directories' workers until cancelled (a git process then is killed)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def _shadow(self, workdir: str) -> _Shadow | None:
+        if not workdir or not os.path.isdir(workdir):
+            return None
+        shadow = self._shadows.get(workdir)
+        if shadow is None:
+            assert self._nursery is not None, "Checkpoints.run() is not running"
+            shadow = self._shadows[workdir] = _Shadow(self.root, workdir, self.config, self.state_dir)
+            self._nursery.start_soon(shadow.worker)
+        return shadow
+
+    # ------------------------------------------------------------------ the service's hooks
+
+    async def before_turn(self, service: "ConversationService", live: "_Live", run: str) -> None:
+        """Record ``live``'s working directory before ``run``'s prompt is sent, and journal it.
+
+        Waits at most ``timeout_s``; never raises but Cancelled (a failure is journaled as the
+        checkpoint's ``skipped: error``, or logged when the journal refuses it).
+        """
+        if not self.config.enabled:
+            return
+        self._began.add((live.record.id, run))
+        try:
+            rec = await self._wait(live.record, run, "before", self.config.timeout_s)
+        except Exception as exc:  # a bug here must never keep a prompt from its provider
+            log.exception("checkpoint.before_failed", conversation=live.record.id, run=run)
+            rec = wire.CheckpointRecord(step=run, phase="before", skipped="error", error=str(exc))
+        await self._journal(service, live, rec, run=run)
+
+    async def after_turn(self, service: "ConversationService", live: "_Live", run: str) -> None:
+        """Record ``run``'s after-state as the provider reports its end, before the end is
+        journaled, and journal it (tagged with the run). Waits at most ``timeout_s``; never
+        raises but Cancelled."""
+        cid = live.record.id
+        if (cid, run) not in self._began:
+            return
+        self._began.discard((cid, run))
+        try:
+            rec = await self._wait(live.record, run, "after", self.config.timeout_s)
+        except Exception as exc:
+            log.exception("checkpoint.after_failed", conversation=cid, run=run)
+            rec = wire.CheckpointRecord(step=run, phase="after", skipped="error", error=str(exc))
+        await self._journal(service, live, rec, run=run)
+
+    def turn_ended(self, service: "ConversationService", live: "_Live", run: str) -> None:
+        """Ask for the after-state of a turn that ended without :meth:`after_turn` (agentd ended
+        it: a cancel not confirmed, a runtime that died or hung); it is journaled once recorded,
+        after the end, without the run's tag (nothing of a run follows its end). Returns at once."""
+        cid = live.record.id
+        if (cid, run) not in self._began:
+            return  # its prompt was never sent, checkpoints are off, or after_turn took it
+        self._began.discard((cid, run))
+        try:
+            shadow = self._shadow(live.record.workdir)
+        except OSError:
+            shadow = None
+        if shadow is None:
+            return  # its before-record already said no_workdir
+
+        async def journal(job: _Job) -> None:
+            # Not tagged with the run: nothing of a run follows its terminal turn record.
+            await self._journal(service, live, self._rec(run, "after", job, 0), run="")
+
+        try:
+            self._last[cid] = shadow.submit(_Job(cid, f"{cid}/{run}/after", journal))
+        except Exception:  # the turn's end goes on regardless
+            log.exception("checkpoint.after_failed", conversation=cid, run=run)
+
+    async def _wait(self, record: wire.ConversationRecord, step: str, phase: str, timeout: float) -> wire.CheckpointRecord:
+        t0 = time.monotonic()
+        shadow = self._shadow(record.workdir)
+        if shadow is None:
+            return wire.CheckpointRecord(step=step, phase=phase, skipped="no_workdir",  # type: ignore[arg-type]
+                                         error=f"{record.workdir!r} is not a directory")
+        job = shadow.submit(_Job(record.id, f"{record.id}/{step}/{phase}"))
+        with trio.move_on_after(timeout):
+            await job.done.wait()
+        ms = int((time.monotonic() - t0) * 1000)
+        if not job.done.is_set():
+            shadow.give_up(job)
+            log.info("checkpoint.skipped", conversation=record.id, step=step, phase=phase, waited_ms=ms)
+        return self._rec(step, phase, job, ms)
+
+    @staticmethod
+    def _rec(step: str, phase: str, job: _Job, ms: int) -> wire.CheckpointRecord:
+        if job.late or not job.done.is_set():
+            return wire.CheckpointRecord(step=step, phase=phase, skipped="timeout", ms=ms)  # type: ignore[arg-type]
+        if job.error:
+            return wire.CheckpointRecord(step=step, phase=phase, ms=ms,  # type: ignore[arg-type]
+                                         skipped="timeout" if job.error == "timeout" else "error",
+                                         error="" if job.error == "timeout" else job.error)
+        return wire.CheckpointRecord(step=step, phase=phase, tree=job.tree, ms=ms,  # type: ignore[arg-type]
+                                     too_large=job.too_large, nested=job.nested)
+
+    async def _journal(self, service: "ConversationService", live: "_Live", rec: wire.CheckpointRecord | wire.RevertRecord,
+                       *, run: str) -> None:
+        try:
+            await service.journal(live, "checkpoint" if isinstance(rec, wire.CheckpointRecord) else "revert",
+                                  _json.encode(rec), run=run)
+        except c.AgentdError as exc:
+            log.error("checkpoint.journal_failed", conversation=live.record.id, error=exc.message)
+            return
+        steps = self._steps.get(live.record.id)
+        if steps is not None:
+            _note(steps, "checkpoint" if isinstance(rec, wire.CheckpointRecord) else "revert", run, rec)
+
+    # ------------------------------------------------------------------ reading steps
+
+    def _read_steps(self, cid: str, journal: Any) -> dict[str, _Step]:
+        steps = self._steps.get(cid)
+        if steps is None:
+            steps = {}
+            for line in journal.read_after(0):
+                if b'"checkpoint"' not in line and b'"revert"' not in line:
+                    continue
+                head = _head.decode(line)
+                if head.type == "checkpoint":
+                    _note(steps, head.type, head.run, _checkpoint.decode(head.data))
+                elif head.type == "revert":
+                    _note(steps, head.type, head.run, _revert.decode(head.data))
+            self._steps[cid] = steps
+        return steps
+
+    async def _settle(self, cid: str) -> None:
+        """Wait until the conversation's last recording is journaled (at most max_run_s)."""
+        job = self._last.get(cid)
+        if job is not None:
+            with trio.move_on_after(self.config.max_run_s):
+                await job.recorded.wait()
+
+    def _pick(self, cid: str, steps: dict[str, _Step], run: str) -> str:
+        if not steps:
+            why = "" if self.config.enabled else " ([checkpoints] enabled = false)"
+            raise c.NotFound(f"conversation {cid} has no checkpoints{why}")
+        if not run:
+            return next(reversed(steps))
+        if run not in steps:
+            raise c.NotFound(f"conversation {cid} has no step {run!r} (a turn's run id, or a revert's id)",
+                             details={"steps": list(steps)[-20:]})
+        return run
+
+    async def _trees(self, record: wire.ConversationRecord, steps: dict[str, _Step], step: str,
+                     ) -> tuple[_Shadow, wire.CheckpointRecord, str, str, list[str]]:
+        """(shadow, before record, before tree, after tree, the after-state's source) of ``step``."""
+        s = steps[step]
+        before = s.before
+        if before is None or not before.tree:
+            why = f" (skipped: {before.skipped}{', ' + before.error if before.error else ''})" if before else ""
+            raise c.NotFound(f"{step} has no checkpoint from before it{why}")
+        shadow = self._shadow(record.workdir)
+        if shadow is None:
+            raise c.NotFound(f"the working directory {record.workdir!r} is gone")
+        if s.after is not None and s.after.tree:
+            return shadow, before, before.tree, s.after.tree, ["checkpoint", *s.after.too_large, *s.after.nested]
+        order = list(steps)
+        i = order.index(step)
+        if i + 1 < len(order):
+            nxt = steps[order[i + 1]].before
+            if nxt is None or not nxt.tree:
+                raise c.NotFound(f"the state after {step} was not recorded")
+            return shadow, before, before.tree, nxt.tree, ["next", *nxt.too_large, *nxt.nested]
+        job = await self._now(record, shadow)
+        return shadow, before, before.tree, job.tree, ["now", *job.too_large, *job.nested]
+
+    async def _now(self, record: wire.ConversationRecord, shadow: _Shadow) -> _Job:
+        job = shadow.submit(_Job(record.id, ""))
+        with trio.move_on_after(self.config.max_run_s):
+            await job.done.wait()
+        if not job.done.is_set() or job.error or not job.tree:
+            raise c.InternalError(f"cannot record {record.workdir}: {job.error or 'timeout'}")
+        return job
+
+    # ------------------------------------------------------------------ diff
+
+    async def diff(self, service: "ConversationService", ref: str, run: str = "", *, stat: bool = False) -> wire.DiffResult:
+        """What step ``run`` ("" = the last) of conversation ``ref`` changed.
+
+        Reading takes no lease and opens no runtime. Waits for a recording still under way.
+        Raises NotFound (no such conversation or step, or its before-state was not recorded),
+        InternalError when git fails.
+        """
+        reader = service.reader(ref)
+        record = reader.record
+        await self._settle(record.id)
+        steps = self._read_steps(record.id, reader.journal)
+        step = self._pick(record.id, steps, run)
+        shadow, before, b, a, extra = await self._trees(record, steps, step)
+        source, left_out = extra[0], sorted({*before.too_large, *before.nested, *extra[1:]})
+        try:
+            files, patch, truncated = await _diff(shadow, b, a, set(left_out), stat=stat)
+        except GitFailed as exc:
+            raise c.InternalError(str(exc)) from None
+        return wire.DiffResult(conversation=record.id, run=step, kind=steps[step].kind,  # type: ignore[arg-type]
+                               after=source, files=files, patch=patch,  # type: ignore[arg-type]
+                               truncated=truncated, too_large=left_out,
+                               runtime_diff=_runtime_diff(reader.journal, step) if not stat else "")
+
+    # ------------------------------------------------------------------ revert
+
+    async def revert(self, service: "ConversationService", ref: str, run: str, *, dry_run: bool = False,
+                     by: str = "") -> wire.RevertResult:
+        """Restore the files step ``run`` changed to how they were before it.
+
+        Only the paths that step changed are touched: each is written back as it was before
+        it (content and mode), or removed when it did not exist then; paths already so are
+        left alone. ``dry_run`` answers what would change and changes nothing. Otherwise the
+        revert becomes a step of its own (id ``v…``, journaled with its before/after
+        checkpoints and a ``revert`` record), unless nothing differs.
+
+        Raises NotFound (conversation, step, or its checkpoints), Busy while a turn runs or
+        is queued, Unsupported when checkpoints are off, InternalError when git fails.
+        """
+        if not self.config.enabled:
+            raise c.Unsupported("checkpoints are off ([checkpoints] enabled = false)")
+        if not run:
+            raise c.Invalid("name the step to revert (--run RUN)")
+        live = await service.live(ref)
+        record = live.record
+        async with live.send_lock:
+            if live.run or record.queued:
+                raise c.Busy(f"a turn is running in {record.id} (run {live.run or record.queued[0]}); "
+                             "revert after it ended")
+            await self._settle(record.id)
+            steps = self._read_steps(record.id, live.journal)
+            step = self._pick(record.id, steps, run)
+            shadow, before, b, a, extra = await self._trees(record, steps, step)
+            left_out = {*before.too_large, *before.nested, *extra[1:]}
+            try:
+                changed = {p for p in await _names(shadow, b, a) if p not in left_out}
+                now = await self._now(record, shadow)
+                todo = [f for f in await _plan(shadow, now.tree, b) if f.path in changed]
+            except GitFailed as exc:
+                raise c.InternalError(str(exc)) from None
+            if dry_run or not todo:
+                return wire.RevertResult(conversation=record.id, run=step, files=todo, dry_run=dry_run)
+            vid = "v" + secrets.token_hex(6)
+            shadow._keep(f"{record.id}/{vid}/before", now.tree)
+            await self._journal(service, live, wire.CheckpointRecord(step=vid, phase="before", tree=now.tree,
+                                                                     too_large=now.too_large, nested=now.nested),
+                                run="")
+            try:
+                await _apply(shadow, b, todo)
+            except (GitFailed, OSError) as exc:
+                log.error("checkpoint.revert_failed", conversation=record.id, step=step, error=str(exc))
+                raise c.InternalError(f"revert of {step} failed part way: {exc}") from None
+            finally:
+                await self._journal(service, live, wire.RevertRecord(id=vid, of=step, files=todo, by=by), run="")
+                after = shadow.submit(_Job(record.id, f"{record.id}/{vid}/after"))
+                with trio.move_on_after(self.config.max_run_s):
+                    await after.done.wait()
+                await self._journal(service, live, self._rec(vid, "after", after, 0), run="")
+            return wire.RevertResult(conversation=record.id, run=step, files=todo, revert=vid)
+
+
+def _runtime_diff(journal: Any, run: str) -> str:
+    """The last diff the runtime itself reported for ``run`` (``turn_diff`` records), or ""."""
+    last = ""
+    tag = f'"run":"{run}"'.encode()
+    for line in journal.read_after(0):
+        if b'"turn_diff"' in line and tag in line:
+            head = _head.decode(line)
+            if head.type == "turn_diff" and head.run == run:
+                last = _turn_diff.decode(head.data).diff
+    return last
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _note(steps: dict[str, _Step], type_: str, run: str, rec: Any) -> None:
+    """Fold one ``checkpoint`` / ``revert`` record into ``steps``."""
+    if type_ == "revert":
+        s = steps.setdefault(rec.id, _Step(kind="revert"))
+        s.kind = "revert"
+        return
+    s = steps.setdefault(rec.step, _Step(kind="turn"))  # a revert's own record says it is one
+    if rec.phase == "before":
+        s.before = rec
+    else:
+        s.after = rec
+
+
+# ---------------------------------------------------------------------- git plumbing
+
+
+def _raw(out: bytes) -> list[tuple[str, str, str, str]]:
+    """``git diff-tree -r -z --raw`` -> [(status, path, old mode, new mode)]."""
+    parts = out.split(b"\0")
+    rows = []
+    i = 0
+    while i + 1 < len(parts):
+        meta = parts[i]
+        if not meta.startswith(b":"):
+            i += 1
+            continue
+        fields = meta[1:].split(b" ")
+        rows.append((fields[4][:1].decode(), parts[i + 1].decode("utf-8", "replace"),
+                     fields[0].decode(), fields[1].decode()))
+        i += 2
+    return rows
+
+
+async def _names(shadow: _Shadow, a: str, b: str) -> list[str]:
+    out = await shadow.git("diff-tree", "-r", "-z", "--no-renames", "--raw", a, b)
+    return [row[1] for row in _raw(out)]
+
+
+async def _plan(shadow: _Shadow, now: str, target: str) -> list[wire.RevertedFile]:
+    """What brings the tree ``now`` to ``target``, file by file."""
+    out = await shadow.git("diff-tree", "-r", "-z", "--no-renames", "--raw", now, target)
+    action = {"A": "create", "D": "delete"}
+    return [wire.RevertedFile(path=path, action=action.get(st, "restore"))  # type: ignore[arg-type]
+            for st, path, _, _ in _raw(out)]
+
+
+async def _apply(shadow: _Shadow, target: str, files: list[wire.RevertedFile]) -> None:
+    """Write ``files`` back as they are in ``target``: git writes the files (never through a
+    symlink, never into a .git), Python removes the deleted ones and their emptied folders."""
+    write = [f.path for f in files if f.action != "delete"]
+    if write:
+        index = shadow.dir / f"revert-{secrets.token_hex(4)}.index"
+        try:
+            await shadow.git("read-tree", target, index=index)
+            await shadow.git("checkout-index", "-f", "-z", "--stdin", index=index, private=False,  # the user's files
+                             stdin=b"\0".join(p.encode() for p in write) + b"\0")
+        finally:
+            index.unlink(missing_ok=True)
+    base = os.path.realpath(shadow.workdir)
+    for f in files:
+        if f.action != "delete":
+            continue
+        path = os.path.join(base, f.path)
+        parent = os.path.dirname(path)
+        if os.path.realpath(parent) != parent or not parent.startswith(base):
+            continue  # a folder on the way became a symlink: nothing beyond it is ours to remove
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        while parent != base:
+            try:
+                os.rmdir(parent)
+            except OSError:
+                break
+            parent = os.path.dirname(parent)
+
+
+async def _diff(shadow: _Shadow, a: str, b: str, left_out: set[str], *, stat: bool,
+                ) -> tuple[list[wire.DiffFile], str, bool]:
+    """(files, unified diff, truncated) from tree ``a`` to tree ``b``, without ``left_out``."""
+    raw = _raw(await shadow.git("diff-tree", "-r", "-z", "--no-renames", "--raw", a, b))
+    num = (await shadow.git("diff-tree", "-r", "-z", "--no-renames", "--numstat", a, b)).split(b"\0")
+    counts: dict[str, tuple[int, int, bool]] = {}
+    i = 0
+    while i < len(num):
+        if num[i].count(b"\t") >= 2:
+            add, dele, path = num[i].split(b"\t", 2)
+            binary = add == b"-"
+            counts[path.decode("utf-8", "replace")] = (0 if binary else int(add), 0 if binary else int(dele), binary)
+        i += 1
+    sections: list[bytes] = []
+    if not stat:
+        patch = await shadow.git("diff-tree", "-r", "-p", "--no-renames", "--no-color", "--no-ext-diff",
+                                 "--no-textconv", a, b)
+        sections = [s if k == 0 else b"diff --git " + s
+                    for k, s in enumerate(patch.split(b"\ndiff --git ")) if s]
+        if sections:
+            sections = [s if s.endswith(b"\n") else s + b"\n" for s in sections]
+    files: list[wire.DiffFile] = []
+    kept: list[bytes] = []
+    size = 0
+    truncated = False
+    for k, (st, path, old_mode, new_mode) in enumerate(raw):
+        if path in left_out:
+            continue
+        add, dele, binary = counts.get(path, (0, 0, False))
+        hunks: list[wire.DiffHunk] = []
+        if k < len(sections):
+            section = sections[k]
+            if size + len(section) > MAX_PATCH_BYTES:
+                truncated = True
+            else:
+                size += len(section)
+                kept.append(section)
+                hunks = _hunks(section)
+        files.append(wire.DiffFile(path=path, status=_STATUS.get(st, "modified"),  # type: ignore[arg-type]
+                                   old_mode="" if old_mode == "000000" else old_mode,
+                                   new_mode="" if new_mode == "000000" else new_mode,
+                                   binary=binary, additions=add, deletions=dele, hunks=hunks))
+    return files, b"".join(kept).decode("utf-8", "replace"), truncated
+
+
+def _hunks(section: bytes) -> list[wire.DiffHunk]:
+    hunks: list[wire.DiffHunk] = []
+    cur: list[str] | None = None
+    head: tuple[int, int, int, int, str] | None = None
+    for line in section.split(b"\n"):
+        m = _HUNK.match(line)
+        if m:
+            if head is not None and cur is not None:
+                hunks.append(wire.DiffHunk(*head[:4], section=head[4], lines=cur))
+            g = m.groups()
+            head = (int(g[0]), int(g[1] if g[1] is not None else 1), int(g[2]), int(g[3] if g[3] is not None else 1),
+                    g[4].decode("utf-8", "replace"))
+            cur = []
+        elif cur is not None and line[:1] in (b" ", b"+", b"-", b"\\"):
+            cur.append(line.decode("utf-8", "replace"))
+    if head is not None and cur is not None:
+        hunks.append(wire.DiffHunk(*head[:4], section=head[4], lines=cur))
+    return hunks

@@ -1,0 +1,324 @@
+"""agentd's per-turn file checkpoints through a real daemon and the script provider (whose tools
+really run ``bash -c`` in the workdir): ``agentctl diff`` shows what a turn changed, ``agentctl
+revert`` puts it back, and the user's own git repository is never written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agentd import wire
+from daemon_harness import Daemon
+
+SCRIPT = '''
+model = "edit"
+delay_ms = 0
+
+[[turn]]
+match = "first"
+[[turn.step]]
+kind = "tool"
+name = "bash"
+command = "echo new > new.txt && echo changed >> tracked.txt && rm gone.txt && echo junk > build.log && mkdir -p sub/deep && echo x > sub/deep/f.txt && echo done"
+[[turn.step]]
+kind = "text"
+text = "done"
+
+[[turn]]
+match = "second"
+[[turn.step]]
+kind = "tool"
+name = "bash"
+command = "echo again >> new.txt && echo done"
+
+[[turn]]
+match = "big"
+[[turn.step]]
+kind = "tool"
+name = "bash"
+command = "head -c 5000 /dev/zero | tr '\\\\0' a > big.txt && echo small > small.txt && echo done"
+
+[[turn]]
+match = "hold"
+[[turn.step]]
+kind = "tool"
+name = "bash"
+command = "echo partial > partial.txt && echo done"
+[[turn.step]]
+kind = "wait"
+until = "steer"
+
+[[turn]]
+match = "nothing"
+[[turn.step]]
+kind = "text"
+text = "no files"
+'''
+
+
+#: a time bound a loaded test machine never reaches (the default is 0.15 s)
+ROOMY = "[checkpoints]\ntimeout_s = 30\n"
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def _user_repo(work: Path) -> None:
+    """A user's repository: a commit, an ignored pattern, a hook, a stash, a branch."""
+    _git(work, "init", "-q", "-b", "main")
+    (work / "tracked.txt").write_text("tracked\n")
+    (work / "gone.txt").write_text("to be removed\n")
+    (work / ".gitignore").write_text("*.log\n")
+    _git(work, "add", "-A")
+    _git(work, "commit", "-q", "-m", "one")
+    (work / "tracked.txt").write_text("tracked\nstashed\n")
+    _git(work, "stash", "-q")
+    _git(work, "branch", "side")
+    hook = work / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+
+
+def _tree_state(root: Path) -> dict[str, tuple[int, int, str]]:
+    """Every file under ``root``: (mode, mtime_ns, sha256) — any write shows."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath, name)
+            st = p.lstat()
+            digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink() else ""
+            out[str(p.relative_to(root))] = (st.st_mode, st.st_mtime_ns if digest else 0, digest)
+    return out
+
+
+def _new(d: Daemon, work: Path, script: Path) -> str:
+    out = d.agentctl("--json", "new", "-p", "script", "-m", str(script), "--cwd", str(work))
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["id"]
+
+
+def _turn(d: Daemon, cid: str, text: str) -> str:
+    """Run one turn to its end; its run id."""
+    out = d.agentctl("--json", "send", cid, text, "--follow")
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    return next(line["run"] for line in lines if line.get("run"))
+
+
+def _json(proc: subprocess.CompletedProcess[str]) -> Any:
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr}"
+    return json.loads(proc.stdout)
+
+
+def _checkpoints(d: Daemon, cid: str) -> list[tuple[str, wire.CheckpointRecord]]:
+    return [(r["run"] if "run" in r else "", msgspec.convert(r["data"], wire.CheckpointRecord))
+            for r in d.journal(cid) if r["type"] == "checkpoint"]
+
+
+def test_diff_and_revert_of_a_turn_honour_gitignore_and_never_touch_the_users_git(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    _user_repo(work)
+    (work / "untracked-before.txt").write_text("the user's own untracked file\n")
+    script = tmp_path / "edit.toml"
+    script.write_text(SCRIPT)
+    git_before = _tree_state(work / ".git")
+    d = Daemon(tmp_path, ROOMY).start()
+    try:
+        cid = _new(d, work, script)
+        run = _turn(d, cid, "first")
+        res = _json(d.agentctl("--json", "diff", cid))  # waits for the after-state being recorded
+        # Typed records, one before and one after the turn, both with a tree.
+        cps = _checkpoints(d, cid)
+        assert [(r, c.step, c.phase) for r, c in cps] == [(run, run, "before"), (run, run, "after")]
+        kinds = [r["type"] for r in d.journal(cid)]
+        assert kinds[-2:] == ["checkpoint", "turn"]  # the turn's end stays its last record
+        assert all(len(c.tree) == 40 and not c.skipped for _, c in cps)
+        assert res["run"] == run and res["kind"] == "turn" and res["after"] == "checkpoint"
+        status = {f["path"]: f["status"] for f in res["files"]}
+        # build.log is ignored by the user's .gitignore; their untracked file was already there.
+        assert status == {"new.txt": "added", "tracked.txt": "modified", "gone.txt": "deleted",
+                          "sub/deep/f.txt": "added"}
+        tracked = next(f for f in res["files"] if f["path"] == "tracked.txt")
+        assert tracked["additions"] == 1 and tracked["hunks"][0]["lines"] == [" tracked", "+changed"]
+        assert "+new" in res["patch"] and "diff --git a/gone.txt b/gone.txt" in res["patch"]
+        human = d.agentctl("diff", cid, "--run", run)
+        assert human.returncode == 0 and "+changed" in human.stdout and "4 files changed" in human.stderr
+        stat = d.agentctl("diff", cid, "--stat")
+        assert stat.returncode == 0 and " A new.txt " in stat.stdout and "+++" not in stat.stdout
+
+        # Without a terminal, revert wants --yes; --dry-run says what it would do.
+        assert d.agentctl("revert", cid, "--run", run).returncode == 2
+        plan = _json(d.agentctl("--json", "revert", cid, "--run", run, "--dry-run"))
+        assert plan["dry_run"] and {f["path"]: f["action"] for f in plan["files"]} == {
+            "new.txt": "delete", "tracked.txt": "restore", "gone.txt": "create", "sub/deep/f.txt": "delete"}
+        assert (work / "new.txt").exists()
+
+        rev = _json(d.agentctl("--json", "revert", cid, "--run", run, "--yes"))
+        vid = rev["revert"]
+        assert vid.startswith("v")
+        assert not (work / "new.txt").exists() and not (work / "sub").exists()
+        assert (work / "tracked.txt").read_text() == "tracked\n"
+        assert (work / "gone.txt").read_text() == "to be removed\n"
+        assert (work / "build.log").read_text() == "junk\n"  # ignored: never recorded, left alone
+        assert (work / "untracked-before.txt").exists()
+        kinds = [r["type"] for r in d.journal(cid)][-3:]
+        assert kinds == ["checkpoint", "revert", "checkpoint"]
+        assert _json(d.agentctl("--json", "diff", cid))["kind"] == "revert"
+
+        # A revert is revertable: the turn's changes come back.
+        again = _json(d.agentctl("--json", "revert", cid, "--run", vid, "--yes"))
+        assert again["revert"] and again["revert"] != vid
+        assert (work / "new.txt").read_text() == "new\n" and (work / "sub/deep/f.txt").read_text() == "x\n"
+        assert (work / "tracked.txt").read_text() == "tracked\nchanged\n" and not (work / "gone.txt").exists()
+
+        # The next turn's diff is that turn's alone.
+        run2 = _turn(d, cid, "second")
+        res2 = _json(d.agentctl("--json", "diff", cid))
+        assert res2["run"] == run2 and [f["path"] for f in res2["files"]] == ["new.txt"]
+        nothing = _json(d.agentctl("--json", "revert", cid, "--run", run2, "--yes"))
+        assert nothing["revert"] and (work / "new.txt").read_text() == "new\n"
+        assert _json(d.agentctl("--json", "revert", cid, "--run", run2, "--yes"))["files"] == []
+
+        assert d.agentctl("diff", cid, "--run", "r000000000000").returncode == 6
+    finally:
+        d.stop()
+    # Not one byte of the user's .git changed: refs, index, stash, hooks, config, objects.
+    assert _tree_state(work / ".git") == git_before
+    assert _git(work, "stash", "list").count("\n") == 1
+    assert _git(work, "status", "--porcelain", "--untracked-files=no") == " D gone.txt\n M tracked.txt\n"
+
+
+def test_a_file_over_the_size_bound_is_left_out_and_left_alone(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "edit.toml"
+    script.write_text(SCRIPT)
+    d = Daemon(tmp_path, ROOMY + "max_file_bytes = 1000\n").start()
+    try:
+        cid = _new(d, work, script)
+        run = _turn(d, cid, "big")
+        assert d.agentctl("diff", cid).returncode == 0
+        after = [c for _, c in _checkpoints(d, cid) if c.phase == "after"][0]
+        assert after.too_large == ["big.txt"]
+        res = _json(d.agentctl("--json", "diff", cid))
+        assert [f["path"] for f in res["files"]] == ["small.txt"] and res["too_large"] == ["big.txt"]
+        assert "big.txt" in d.agentctl("diff", cid).stderr
+        rev = _json(d.agentctl("--json", "revert", cid, "--run", run, "--yes"))
+        assert [f["path"] for f in rev["files"]] == ["small.txt"]
+        assert not (work / "small.txt").exists() and (work / "big.txt").stat().st_size == 5000
+    finally:
+        d.stop()
+
+
+def test_revert_is_refused_busy_while_a_turn_runs_and_diff_shows_its_changes_so_far(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "edit.toml"
+    script.write_text(SCRIPT)
+    d = Daemon(tmp_path, ROOMY).start()
+    try:
+        cid = _new(d, work, script)
+        first = _turn(d, cid, "first")
+        with d.client() as client:
+            client.subscribe(cid, after=d.journal(cid)[-1]["seq"])
+            run = client.request(wire.Send, conversation=cid, text="hold on")["run"]
+            for _ in range(400):
+                if (work / "partial.txt").exists():
+                    break
+                import time
+
+                time.sleep(0.05)
+            busy = d.agentctl("revert", cid, "--run", first, "--yes")
+            assert busy.returncode == 7, busy.stderr
+            assert "running" in busy.stderr
+            assert (work / "new.txt").exists()  # nothing was reverted
+            now = _json(d.agentctl("--json", "diff", cid))
+            assert now["run"] == run and now["after"] == "now"
+            assert [f["path"] for f in now["files"]] == ["partial.txt"]
+            client.request(wire.Steer, conversation=cid, text="go on")
+            client.follow(run)
+        done = _json(d.agentctl("--json", "diff", cid))
+        assert done["after"] == "checkpoint" and [f["path"] for f in done["files"]] == ["partial.txt"]
+        assert _json(d.agentctl("--json", "revert", cid, "--run", first, "--yes"))["revert"]
+    finally:
+        d.stop()
+
+
+def test_a_checkpoint_past_its_time_bound_is_skipped_and_the_turn_goes_on(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    for i in range(300):
+        (work / f"f{i}.txt").write_text(f"{i}\n")
+    script = tmp_path / "edit.toml"
+    script.write_text(SCRIPT)
+    d = Daemon(tmp_path, "[checkpoints]\ntimeout_s = 0.000001\n").start()
+    try:
+        cid = _new(d, work, script)
+        run = _turn(d, cid, "nothing")
+        ends = [r for r in d.journal(cid) if r["type"] == "turn" and r["data"]["state"] == "completed"]
+        assert len(ends) == 1
+        before = [c for _, c in _checkpoints(d, cid) if c.phase == "before"]
+        assert before and before[0].skipped == "timeout" and not before[0].tree
+        missing = d.agentctl("diff", cid, "--run", run)
+        assert missing.returncode == 6 and "skipped: timeout" in missing.stderr
+    finally:
+        d.stop()
+
+
+def test_checkpoints_off_takes_none_and_reports_the_capability_false(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "edit.toml"
+    script.write_text(SCRIPT)
+    d = Daemon(tmp_path, "[checkpoints]\nenabled = false\n").start()
+    try:
+        caps = {p["name"]: p["capabilities"] for p in _json(d.agentctl("--json", "providers"))["providers"]}
+        assert caps["script"].get("checkpoints", False) is False
+        cid = _new(d, work, script)
+        run = _turn(d, cid, "first")
+        assert not _checkpoints(d, cid)
+        assert d.agentctl("diff", cid).returncode == 6
+        assert d.agentctl("revert", cid, "--run", run, "--yes").returncode == 1
+    finally:
+        d.stop()
+    d = Daemon(tmp_path, ROOMY).start()
+    try:
+        caps = {p["name"]: p["capabilities"] for p in _json(d.agentctl("--json", "providers"))["providers"]}
+        assert caps["script"]["checkpoints"] is True
+    finally:
+        d.stop()
+
+
+def test_revert_at_a_terminal_shows_what_it_changes_and_asks_first(tmp_path: Path) -> None:
+    import sys
+
+    from daemon_harness import drive_pty
+
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "edit.toml"
+    script.write_text(SCRIPT)
+    d = Daemon(tmp_path, ROOMY).start()
+    try:
+        cid = _new(d, work, script)
+        run = _turn(d, cid, "second")  # creates new.txt
+        argv = [sys.executable, "-m", "agentctl", "--socket", str(d.socket), "revert", cid, "--run", run]
+        code, out = drive_pty(argv, d.env, d.root, [("Go on?", "n")])
+        assert code == 1 and "delete  new.txt" in out and "nothing changed" in out, out
+        assert (work / "new.txt").exists()
+        code, out = drive_pty(argv, d.env, d.root, [("Go on?", "y")])
+        assert code == 0 and f"reverted {run} as v" in out, out
+        assert not (work / "new.txt").exists()
+    finally:
+        d.stop()

@@ -1,0 +1,93 @@
+"""agentd.checkpoints' recording and diff plumbing against the real git program: a shadow
+repository of a working directory, its trees, the diff between them and a revert plan."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import trio
+
+from agentd import checkpoints as cp
+from agentd.config import CheckpointsConfig
+from agentd.journal import FsyncPolicy, JournalStore
+
+
+def _shadow(tmp_path: Path, **config: object) -> tuple[cp._Shadow, Path]:
+    work = tmp_path / "work"
+    work.mkdir()
+    return cp._Shadow(tmp_path / "state" / "checkpoints", str(work), CheckpointsConfig(**config), tmp_path / "state"), work
+
+
+async def _record(shadow: cp._Shadow) -> cp._Job:
+    job = cp._Job("c1", "c1/r1/before")
+    await shadow.record(job)
+    assert len(job.tree) == 40, job.error
+    return job
+
+
+def test_a_diff_lists_added_modified_deleted_and_symlinked_files_with_their_hunks(tmp_path: Path) -> None:
+    shadow, work = _shadow(tmp_path)
+    (work / "keep.txt").write_text("one\ntwo\nthree\n")
+    (work / "gone.txt").write_text("bye\n")
+    (work / "blob.bin").write_bytes(b"\0\1\2")
+
+    async def main() -> None:
+        a = await _record(shadow)
+        (work / "keep.txt").write_text("one\n2\nthree\n")
+        (work / "gone.txt").unlink()
+        (work / "new dir").mkdir()
+        (work / "new dir" / "ünï.txt").write_text("hi\n")
+        (work / "blob.bin").write_bytes(b"\0\1\3")
+        os.symlink("keep.txt", work / "link")
+        b = await _record(shadow)
+        files, patch, truncated = await cp._diff(shadow, a.tree, b.tree, set(), stat=False)
+        by = {f.path: f for f in files}
+        assert {p: f.status for p, f in by.items()} == {
+            "keep.txt": "modified", "gone.txt": "deleted", "new dir/ünï.txt": "added", "blob.bin": "modified",
+            "link": "added"}
+        assert by["keep.txt"].hunks[0].lines == [" one", "-two", "+2", " three"]
+        assert (by["keep.txt"].additions, by["keep.txt"].deletions) == (1, 1)
+        assert by["blob.bin"].binary and by["link"].new_mode == "120000"
+        assert not truncated and "+2" in patch
+        plan = await cp._plan(shadow, b.tree, a.tree)
+        assert {f.path: f.action for f in plan} == {
+            "keep.txt": "restore", "gone.txt": "create", "new dir/ünï.txt": "delete", "blob.bin": "restore",
+            "link": "delete"}
+        await cp._apply(shadow, a.tree, plan)
+        assert (work / "keep.txt").read_text() == "one\ntwo\nthree\n" and (work / "gone.txt").exists()
+        assert not (work / "new dir").exists() and not (work / "link").is_symlink()
+        assert (await _record(shadow)).tree == a.tree
+
+    trio.run(main)
+
+
+def test_a_big_file_and_a_nested_repository_are_left_out(tmp_path: Path) -> None:
+    shadow, work = _shadow(tmp_path, max_file_bytes=10)
+    (work / "big.txt").write_text("x" * 11)
+    (work / "small.txt").write_text("x")
+    (work / "inner").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    subprocess.run(["git", "init", "-q"], cwd=work / "inner", env=env, check=True)
+    (work / "inner" / "file.txt").write_text("the nested repository's\n")
+
+    async def main() -> None:
+        job = await _record(shadow)
+        assert job.too_large == ["big.txt"]
+        assert job.nested == ["inner/"]
+        out = await shadow.git("ls-tree", "-r", "--name-only", job.tree)
+        assert out.split() == [b"small.txt"]
+
+    trio.run(main)
+
+
+def test_the_runtimes_own_turn_diff_is_its_last_report_for_the_run(tmp_path: Path) -> None:
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.NEVER)
+    journal = store.open("c1")
+    journal.append("turn_diff", b'{"diff":"first"}', run="r1")
+    journal.append("turn_diff", b'{"diff":"second"}', run="r1")
+    journal.append("turn_diff", b'{"diff":"other run"}', run="r2")
+    assert cp._runtime_diff(journal, "r1") == "second"
+    assert cp._runtime_diff(journal, "r3") == ""
+    journal.close()
