@@ -262,6 +262,7 @@ COMMANDS: dict[str, str] = {
     "export": "conversations:export",
     "history": "history:history",
     "set-model": "models:set_model",
+    "mcp": "mcp:mcp",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

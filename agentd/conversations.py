@@ -25,7 +25,7 @@ import math
 import secrets
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -254,6 +254,8 @@ class ConversationService:
         self.attachments = attachments or AttachmentsConfig()
         #: whole tool outputs whose records carry a display cut (agentd.tool_outputs)
         self.tool_outputs = _tool_outputs.ToolOutputs(store.root, tool_output_quota_bytes)
+        #: record -> the MCP servers its runtime gets at open (the daemon sets agentd.mcp's)
+        self.mcp_servers: Callable[[wire.ConversationRecord], list[c.McpServer]] = lambda record: []
         self._records: dict[str, wire.ConversationRecord] = {}
         self._live: dict[str, _Live] = {}
         self._nursery: trio.Nursery | None = None
@@ -426,7 +428,7 @@ class ConversationService:
 
     async def create(
         self, *, provider: str, workdir: str, title: str = "", model: str = "", effort: str = "",
-        mode: str = "interactive", budget: wire.Budget | None = None,
+        mode: str = "interactive", budget: wire.Budget | None = None, mcp: list[str] | None = None,
     ) -> wire.ConversationRecord:
         """Create a conversation: record, journal, lease, and the provider conversation.
 
@@ -453,6 +455,7 @@ class ConversationService:
             model=model,
             effort=effort,
             mode=mode,  # type: ignore[arg-type]
+            mcp=mcp,
         )
         budget_source = "new"
         if budget is None and provider in self.budgets:
@@ -543,6 +546,7 @@ class ConversationService:
                 title=record.title,
                 model=record.model,
                 effort=record.effort,
+                mcp_servers=self.mcp_servers(record),
             )
             try:
                 conv = await provider.open(request, live.sink)

@@ -85,6 +85,10 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
     )
     tasks = TaskService(service, hub, config.tasks, paths.state_dir / "tasks")
     server.tasks = tasks
+    from .mcp import McpRoom
+
+    server.mcp = McpRoom(config.mcp)  # registers the MCP servers' secrets with masking
+    service.mcp_servers = server.mcp.servers_for
     activated = systemd.listen_fds()
     if activated:
         listener = trio.socket.from_stdlib_socket(activated[0])

@@ -292,6 +292,8 @@ class Server:
             wire.Export: self._export,
             wire.History: self._history,
             wire.SetModel: self._set_model,
+            wire.McpList: self._mcp_ls,
+            wire.McpStatus: self._mcp_status,
 
             wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
@@ -303,6 +305,8 @@ class Server:
         }
         #: the daemon's TaskService (set by the daemon; None = task ops answer unsupported)
         self.tasks: Any = None
+        #: the daemon's agentd.mcp.McpRoom (set by the daemon; None = no MCP servers)
+        self.mcp: Any = None
         #: set once a client asked the daemon to stop (``shutdown``), after its answer was sent;
         #: the daemon then stops as on SIGTERM (see agentd.daemon)
         self.stop_requested = trio.Event()
@@ -506,10 +510,26 @@ class Server:
 
         if req.model or req.effort:
             models.check(await models.catalog(self.service.runtimes, req.provider), req.model, req.effort)
+        mcp = None
+        if self.mcp is not None:
+            caps = (await self.service.runtimes.get(req.provider)).capabilities()
+            mcp = self.mcp.choose(req.provider, caps, req.mcp)
+        elif req.mcp:
+            raise c.Invalid("no MCP servers are configured")
         return await self.service.create(
             provider=req.provider, workdir=req.workdir, title=req.title, model=req.model, effort=req.effort,
-            mode=req.mode, budget=req.budget,
+            mode=req.mode, budget=req.budget, mcp=mcp,
         )
+
+    async def _mcp_ls(self, conn: _Connection, req: wire.McpList) -> wire.McpListResult:
+        if self.mcp is None:
+            return wire.McpListResult()
+        return self.mcp.listing(self.service.runtimes.names())
+
+    async def _mcp_status(self, conn: _Connection, req: wire.McpStatus) -> wire.McpStatusResult:
+        if self.mcp is None:
+            raise c.Unsupported("MCP is not set up in this daemon")
+        return await self.mcp.status(self.service, req.conversation)
 
     async def _set_model(self, conn: _Connection, req: wire.SetModel) -> wire.ConversationRecord:
         from . import models

@@ -40,6 +40,7 @@ from .contract import (
     Usage,
     ModelSelection,
     Delta,
+    McpServerState,
 )
 
 #: Bumped on any incompatible change to the frames below.
@@ -121,6 +122,8 @@ class New(_Request, tag="new"):
     mode: Mode = "interactive"
     #: None = the provider's default budget from the config ([budgets.<provider>]), if any
     budget: Budget | None = None
+    #: MCP servers by name ([mcp.servers.<name>]); None = the provider's defaults, [] = none (agentd.mcp)
+    mcp: list[str] | None = None
 
 
 class List(_Request, tag="ls"):
@@ -309,6 +312,47 @@ class Shutdown(_Request, tag="shutdown"):
     pid: Annotated[int, msgspec.Meta(gt=0)]
 
 
+# ---- mcp
+
+
+class McpList(_Request, tag="mcp_ls"):
+    """The configured MCP servers (agentd.mcp), without a secret."""
+
+
+class McpStatus(_Request, tag="mcp_status"):
+    """Each MCP server of a conversation as its runtime reports it; opens the conversation."""
+
+    conversation: str
+
+
+class McpServerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One ``[mcp.servers.<name>]``: ``env`` and ``headers`` are the names only, never values."""
+
+    name: str
+    transport: Literal["stdio", "http"]
+    command: str = ""
+    args: list[str] = []
+    url: str = ""
+    env: list[str] = []
+    headers: list[str] = []
+    #: the daemon's providers whose new conversations get it by default
+    default_for: list[str] = []
+
+
+class McpListResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    servers: list[McpServerInfo] = []
+    host_tool_timeout_s: float = 0.0
+
+
+class McpStatusResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """``reported`` false: the runtime does not report its servers, each is ``unknown``."""
+
+    conversation: str
+    provider: str
+    servers: list[McpServerState] = []
+    reported: bool = False
+
+
 Request = Union[
     Hello,
     Status,
@@ -331,6 +375,8 @@ Request = Union[
     Export,
     History,
     SetModel,
+    McpList,
+    McpStatus,
 
     ShowItem,
     Shutdown,
@@ -414,6 +460,8 @@ class ConversationRecord(msgspec.Struct, omit_defaults=True):
     usage: Usage | None = None
     #: its spend limit; None = none
     budget: Budget | None = None
+    #: its MCP servers by name, chosen at creation; None = the provider's defaults of the day (agentd.mcp)
+    mcp: list[str] | None = None
 
 
 class ConversationInfo(msgspec.Struct, omit_defaults=True):

@@ -1,0 +1,116 @@
+"""Conformance columns ``mcp`` and ``host_tool``: MCP servers and host tools on every runtime.
+
+``mcp``: a real MCP server (tests/e2e/mcp_marker_server.py, built with the ``mcp`` package, on
+stdio) is configured as ``[mcp.servers.marker]``; the scripted model calls its one tool, by the
+name the runtime offers it under (``mcp__marker__write_marker`` for Claude Code, ...); the tool
+writes the marker file, and the journal holds the tool item. A runtime whose capability ``mcp``
+is false is ``unsupported``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance import Follower, _json, _new, _supported, _turn_ends
+from daemon_harness import Daemon
+from runtimes_e2e import Runtime
+
+pytestmark = pytest.mark.e2e
+
+HERE = Path(__file__).resolve().parent
+MARKER_SERVER = HERE / "mcp_marker_server.py"
+
+#: scenario -> the capabilities it needs
+SCENARIOS: dict[str, tuple[str, ...]] = {
+    "mcp": ("mcp",),
+}
+
+
+def mcp_toml(marker: Path, name: str = "marker", command: str = "") -> str:
+    q = json.dumps
+    cmd = command or sys.executable
+    args = [] if command else [str(MARKER_SERVER), str(marker)]
+    return (f"[mcp.servers.{name}]\ncommand = {q(cmd)}\nargs = {q(args)}\n"
+            f"env = {{ MARKER_API_KEY = {q('sk-marker-secret-value-1234')} }}\n")
+
+
+def runtime_toml(runtime: Runtime) -> str:
+    """The runtime's agentd.toml, with Claude Code's tool search off: with it on, Claude Code lists
+    MCP tools to the model by name only, to be fetched with ToolSearch first, which the scripted
+    model does not do (a real model does)."""
+    text = runtime.config_toml
+    for table in ("[providers.claude.env]\n", "[providers.acp.claude.env]\n"):
+        text = text.replace(table, table + 'ENABLE_TOOL_SEARCH = "false"\n')
+    return text
+
+
+@pytest.fixture
+def daemon(runtime: Runtime, tmp_path: Path) -> Iterator[Daemon]:
+    """The conformance daemon, with the marker MCP server configured."""
+    d = Daemon(tmp_path, runtime_toml(runtime) + mcp_toml(tmp_path / "marker.txt"), env=runtime.env).start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def call_tool_ending_in(runtime: Runtime, suffix: str, arguments: dict[str, Any]) -> list[str]:
+    """Make the scripted model call the offered tool whose name ends in ``suffix``; returns the names
+    it called (appended as it calls them). Falls back to the server's usual answers otherwise."""
+    server = runtime.server
+    assert server is not None
+    server.reset()
+    called: list[str] = []
+    plain = type(server).decide
+
+    def decide(tools: list[dict[str, Any]], last_is_tool_result: bool) -> tuple[str, Any]:
+        from modelserver import _tool_name
+
+        names = [_tool_name(t) for t in tools]
+        match = [n for n in names if n.endswith(suffix)]
+        if match and not last_is_tool_result:
+            called.append(match[0])
+            return "tool", (match[0], arguments)
+        return plain(server, tools, last_is_tool_result)
+
+    server.decide = decide  # type: ignore[method-assign]
+    return called
+
+
+@pytest.mark.parametrize("scenario", ["mcp"])
+def test_mcp_server_tool_is_called_and_journaled(runtime: Runtime, daemon: Daemon, workdir: Path, tmp_path: Path,
+                                                 scenario: str, request: pytest.FixtureRequest) -> None:
+    if not _supported(daemon, runtime, scenario, request):
+        return
+    marker = tmp_path / "marker.txt"
+    called = call_tool_ending_in(runtime, "write_marker", {"text": "from-the-model"})
+    cid = _new(daemon, runtime, workdir, scenario, "--yolo")
+    assert _json(daemon.agentctl("show", cid, "--json"))["record"]["mcp"] == ["marker"]
+    follower = Follower(daemon, cid, "Write the marker")
+    assert follower.finish(180) == 0, follower.stderr()
+    assert called, "the runtime offered the model no tool named *write_marker"
+    request.node.user_properties.append(("note", f"tool {called[0]}"))
+    assert "marker" in called[0], called
+    assert marker.read_text().strip() == "from-the-model"
+    tools = [r["data"] for r in daemon.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "tool"]
+    assert any("write_marker" in json.dumps(t) for t in tools), tools
+    assert _turn_ends(daemon, cid)[-1]["data"]["state"] == "completed"
+    # The configured secret never reaches the journal, and `mcp ls` shows the env name only.
+    journal_text = (daemon.state_dir / "conversations" / cid / "events.jsonl").read_text()
+    assert "sk-marker-secret-value-1234" not in journal_text
+    listed = _json(daemon.agentctl("mcp", "ls", "--json"))
+    assert listed["servers"][0]["env"] == ["MARKER_API_KEY"]
+    assert "sk-marker-secret" not in json.dumps(listed)
+    status = _json(daemon.agentctl("mcp", "status", cid, "--json"))
+    (server,) = status["servers"]
+    assert server["name"] == "marker"
+    if status["reported"]:
+        assert server["state"] == "connected", server
+    else:
+        assert server["state"] == "unknown"
