@@ -482,6 +482,10 @@ class AcpAgentConfig(_Section):
     mode: str = ""
     #: model for new conversations when the open request names none; "" = the agent's default
     model: str = ""
+    #: the agent takes stdio MCP servers, as ACP says every agent must; false for one that refuses them
+    #: (copilot --acp 1.0.102 takes only HTTP and SSE): its conversations then get HTTP servers only
+    #: (where it advertises mcpCapabilities.http), and capability mcp is false
+    mcp_stdio: bool = True
 
 
 class ProvidersConfig(_Section):

@@ -70,11 +70,12 @@ def call_tool_ending_in(runtime: Runtime, suffix: str, arguments: dict[str, Any]
     plain = type(server).decide
 
     def decide(tools: list[dict[str, Any]], last_is_tool_result: bool) -> tuple[str, Any]:
-        from modelserver import _tool_name
+        from modelserver import _tool_names
 
-        names = [_tool_name(t) for t in tools]
+        names = _tool_names(tools)
         match = [n for n in names if n.endswith(suffix)]
         if match and not last_is_tool_result:
+            server.tool = match[0]  # the Gemini flavour calls its shell tool unless it is this one
             called.append(match[0])
             return "tool", (match[0], arguments)
         return plain(server, tools, last_is_tool_result)
