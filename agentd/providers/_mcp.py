@@ -62,5 +62,10 @@ class McpStates:
         if old is not None:
             self._states[name] = McpServerState(name=name, state=old.state, error=old.error, tools=list(tools))
 
+    def starting(self, *, unknown_too: bool = False) -> bool:
+        """Whether a server is still starting (``pending``; with ``unknown_too``, not reported yet either)."""
+        waiting = ("pending", "unknown") if unknown_too else ("pending",)
+        return any(s.state in waiting for s in self._states.values())
+
     def states(self) -> list[McpServerState]:
         return [self._states[s.name] for s in self.servers]
