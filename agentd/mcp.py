@@ -99,7 +99,7 @@ class McpRoom:
     # ------------------------------------------------------------------ ops
 
     def listing(self, providers: list[str]) -> wire.McpListResult:
-        """``mcp_ls``: every configured server, without a secret; ``providers``: the daemon's providers."""
+        """``mcp_ls``: every configured server, without a secret; ``providers``: those that take MCP servers."""
         servers = []
         for name, s in sorted(self.config.servers.items()):
             servers.append(wire.McpServerInfo(

@@ -524,7 +524,8 @@ class Server:
     async def _mcp_ls(self, conn: _Connection, req: wire.McpList) -> wire.McpListResult:
         if self.mcp is None:
             return wire.McpListResult()
-        return self.mcp.listing(self.service.runtimes.names())
+        infos = await self.service.runtimes.describe()
+        return self.mcp.listing([i.name for i in infos if i.capabilities.mcp])
 
     async def _mcp_status(self, conn: _Connection, req: wire.McpStatus) -> wire.McpStatusResult:
         if self.mcp is None:
