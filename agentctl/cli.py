@@ -263,6 +263,7 @@ COMMANDS: dict[str, str] = {
     "history": "history:history",
     "set-model": "models:set_model",
     "mcp": "mcp:mcp",
+    "tool": "tool:tool",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

@@ -542,12 +542,17 @@ class McpConfig(_Section):
     #: per provider, the servers its new conversations get when `agentctl new` names none
     #: (overrides each server's `providers`/`default`), e.g. `claude = ["github"]`
     defaults: dict[Annotated[str, msgspec.Meta(min_length=1)], list[McpName]] = {}
+    #: offer host tools (`agentctl tool serve`) to every conversation on an MCP-capable runtime, through
+    #: agentd's own MCP server "agentd" (a stdio relay each runtime starts; agentd.host_tools)
+    host_tools: bool = False
     #: seconds a host tool call waits for the client serving the tool before it fails
     host_tool_timeout_s: PosFloat = 60.0
     #: UTF-8 bytes of a host tool's result kept in its journaled tool item (the agent gets it whole)
     host_tool_result_bytes: Annotated[int, msgspec.Meta(ge=256)] = 16384
 
     def __post_init__(self) -> None:
+        if "agentd" in self.servers:
+            raise ValueError("servers.agentd: the name is agentd's own (its host-tool server)")
         for provider, names in self.defaults.items():
             unknown = [n for n in names if n not in self.servers]
             if unknown:

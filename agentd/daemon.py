@@ -87,7 +87,11 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
     server.tasks = tasks
     from .mcp import McpRoom
 
+    from .host_tools import HostTools
+
     server.mcp = McpRoom(config.mcp)  # registers the MCP servers' secrets with masking
+    server.host_tools = HostTools(config.mcp, service, str(paths.socket))
+    server.mcp.extra = server.host_tools.servers_for
     service.mcp_servers = server.mcp.servers_for
     activated = systemd.listen_fds()
     if activated:

@@ -294,6 +294,12 @@ class Server:
             wire.SetModel: self._set_model,
             wire.McpList: self._mcp_ls,
             wire.McpStatus: self._mcp_status,
+            wire.RegisterTool: self._register_tool,
+            wire.UnregisterTool: self._unregister_tool,
+            wire.NextToolCall: self._next_tool_call,
+            wire.ToolResult: self._tool_result,
+            wire.ListHostTools: self._list_host_tools,
+            wire.CallHostTool: self._call_host_tool,
 
             wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
@@ -307,6 +313,8 @@ class Server:
         self.tasks: Any = None
         #: the daemon's agentd.mcp.McpRoom (set by the daemon; None = no MCP servers)
         self.mcp: Any = None
+        #: the daemon's agentd.host_tools.HostTools (set by the daemon; None = host tool ops unsupported)
+        self.host_tools: Any = None
         #: set once a client asked the daemon to stop (``shutdown``), after its answer was sent;
         #: the daemon then stops as on SIGTERM (see agentd.daemon)
         self.stop_requested = trio.Event()
@@ -526,6 +534,29 @@ class Server:
             return wire.McpListResult()
         infos = await self.service.runtimes.describe()
         return self.mcp.listing([i.name for i in infos if i.capabilities.mcp])
+
+    def _tools(self) -> Any:
+        if self.host_tools is None:
+            raise c.Unsupported("host tools are not set up in this daemon")
+        return self.host_tools
+
+    async def _register_tool(self, conn: _Connection, req: wire.RegisterTool) -> wire.HostToolInfo:
+        return await self._tools().register(conn, req)
+
+    async def _unregister_tool(self, conn: _Connection, req: wire.UnregisterTool) -> None:
+        await self._tools().unregister(conn, req)
+
+    async def _next_tool_call(self, conn: _Connection, req: wire.NextToolCall) -> wire.HostToolCallInfo | None:
+        return await self._tools().next_call(conn, req)
+
+    async def _tool_result(self, conn: _Connection, req: wire.ToolResult) -> None:
+        await self._tools().result(conn, req)
+
+    async def _list_host_tools(self, conn: _Connection, req: wire.ListHostTools) -> wire.HostToolList:
+        return await self._tools().list(req)
+
+    async def _call_host_tool(self, conn: _Connection, req: wire.CallHostTool) -> wire.HostToolCallResult:
+        return await self._tools().call(req)
 
     async def _mcp_status(self, conn: _Connection, req: wire.McpStatus) -> wire.McpStatusResult:
         if self.mcp is None:

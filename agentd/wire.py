@@ -353,6 +353,89 @@ class McpStatusResult(msgspec.Struct, frozen=True, omit_defaults=True):
     reported: bool = False
 
 
+# ---- host tools (agentd.host_tools)
+
+
+class RegisterTool(_Request, tag="register_tool"):
+    """Offer a tool to conversation ``conversation``'s agent; this connection serves its calls
+    (``next_tool_call`` / ``tool_result``). Registering a name again takes it over."""
+
+    conversation: str
+    name: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,47}$")]
+    description: str = ""
+    #: JSON Schema of the call's arguments (an object schema); None = any object
+    input_schema: dict[str, Any] | None = None
+
+
+class UnregisterTool(_Request, tag="unregister_tool"):
+    conversation: str
+    name: str
+
+
+class NextToolCall(_Request, tag="next_tool_call"):
+    """Wait (at most ``wait_s`` seconds) for the next call of a tool this connection registered;
+    the result is a ``HostToolCallInfo``, or null when none came. Answer it with ``tool_result``."""
+
+    conversation: str
+    name: str
+    wait_s: Annotated[float, msgspec.Meta(ge=0, le=300)] = 30.0
+
+
+class ToolResult(_Request, tag="tool_result"):
+    """The result of call ``call_id``: ``output`` is what the agent gets; ``error`` marks it failed."""
+
+    conversation: str
+    call_id: str
+    output: str = ""
+    error: bool = False
+
+
+class ListHostTools(_Request, tag="list_host_tools"):
+    """The conversation's host tools; with ``after`` = the version last seen, waits (at most
+    ``wait_s``) for a change first. agentd's MCP relay uses it."""
+
+    conversation: str
+    after: int = -1
+    wait_s: Annotated[float, msgspec.Meta(ge=0, le=300)] = 0.0
+
+
+class CallHostTool(_Request, tag="call_host_tool"):
+    """Call a host tool as the agent does (agentd's MCP relay uses it); answers when the serving
+    client answered, or fails after ``[mcp] host_tool_timeout_s`` without one."""
+
+    conversation: str
+    name: str
+    arguments: dict[str, Any] = {}
+
+
+class HostToolInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] | None = None
+    #: a client serves it now (its registering connection is open)
+    served: bool = False
+
+
+class HostToolList(msgspec.Struct, frozen=True, omit_defaults=True):
+    conversation: str
+    version: int = 0
+    tools: list[HostToolInfo] = []
+
+
+class HostToolCallInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One call for the serving client: ``arguments`` as the agent gave them."""
+
+    conversation: str
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = {}
+
+
+class HostToolCallResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    output: str = ""
+    error: bool = False
+
+
 Request = Union[
     Hello,
     Status,
@@ -377,6 +460,12 @@ Request = Union[
     SetModel,
     McpList,
     McpStatus,
+    RegisterTool,
+    UnregisterTool,
+    NextToolCall,
+    ToolResult,
+    ListHostTools,
+    CallHostTool,
 
     ShowItem,
     Shutdown,

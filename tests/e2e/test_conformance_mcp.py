@@ -1,5 +1,9 @@
 """Conformance columns ``mcp`` and ``host_tool``: MCP servers and host tools on every runtime.
 
+``host_tool``: ``agentctl tool serve`` offers a command as tool ``stamp`` (through agentd's own
+MCP server); the scripted model calls it; the command runs with the call's arguments, its output
+reaches the model request that follows, and the journal holds the host tool item.
+
 ``mcp``: a real MCP server (tests/e2e/mcp_marker_server.py, built with the ``mcp`` package, on
 stdio) is configured as ``[mcp.servers.marker]``; the scripted model calls its one tool, by the
 name the runtime offers it under (``mcp__marker__write_marker`` for Claude Code, ...); the tool
@@ -10,7 +14,9 @@ is false is ``unsupported``.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,7 @@ MARKER_SERVER = HERE / "mcp_marker_server.py"
 #: scenario -> the capabilities it needs
 SCENARIOS: dict[str, tuple[str, ...]] = {
     "mcp": ("mcp",),
+    "host_tool": ("mcp",),
 }
 
 
@@ -53,7 +60,8 @@ def runtime_toml(runtime: Runtime) -> str:
 @pytest.fixture
 def daemon(runtime: Runtime, tmp_path: Path) -> Iterator[Daemon]:
     """The conformance daemon, with the marker MCP server configured."""
-    d = Daemon(tmp_path, runtime_toml(runtime) + mcp_toml(tmp_path / "marker.txt"), env=runtime.env).start()
+    config = runtime_toml(runtime) + "[mcp]\nhost_tools = true\nhost_tool_timeout_s = 30\n" + mcp_toml(tmp_path / "marker.txt")
+    d = Daemon(tmp_path, config, env=runtime.env).start()
     try:
         yield d
     finally:
@@ -116,3 +124,48 @@ def test_mcp_server_tool_is_called_and_journaled(runtime: Runtime, daemon: Daemo
         assert server.get("tools") is None or any("write_marker" in t for t in server["tools"]), server
     else:
         assert server["state"] == "unknown"
+
+
+STAMP = """import json, sys
+args = json.load(sys.stdin)
+open(sys.argv[1], "w").write(args["text"])
+print("stamped " + args["text"])
+"""
+
+
+@pytest.mark.parametrize("scenario", ["host_tool"])
+def test_host_tool_served_by_a_client_is_called_by_the_agent(runtime: Runtime, daemon: Daemon, workdir: Path,
+                                                             tmp_path: Path, scenario: str,
+                                                             request: pytest.FixtureRequest) -> None:
+    if not _supported(daemon, runtime, scenario, request):
+        return
+    stamp, out = tmp_path / "stamp.py", tmp_path / "stamped.txt"
+    stamp.write_text(STAMP)
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}))
+    called = call_tool_ending_in(runtime, "stamp", {"text": "host-tool-ran"})
+    cid = _new(daemon, runtime, workdir, scenario, "--yolo")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), "tool", "serve", cid, "--name", "stamp",
+         "--description", "Stamp the given text into the test's file.", "--schema", str(schema), "--json", "--",
+         sys.executable, str(stamp), str(out)],
+        env=daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(t["served"] for t in _json(daemon.agentctl("tool", "ls", cid, "--json")).get("tools", [])):
+            assert time.monotonic() < deadline and server.poll() is None, server.stderr.read() if server.poll() else ""
+            time.sleep(0.2)
+        follower = Follower(daemon, cid, "Stamp the text")
+        assert follower.finish(180) == 0, follower.stderr()
+        assert called, "the runtime offered the model no tool named *stamp"
+        request.node.user_properties.append(("note", f"tool {called[0]}"))
+        assert out.read_text() == "host-tool-ran"
+        assert runtime.server is not None
+        after = [r for r in runtime.server.requests if "stamped host-tool-ran" in json.dumps(r)]
+        assert after, "the tool's result did not reach the model"
+        host = [r["data"] for r in daemon.journal(cid) if r["type"] == "item" and r["data"]["id"].startswith("host-")]
+        assert host and host[-1]["tool"]["status"] == "completed", host
+        assert "host-tool-ran" in host[-1]["tool"]["input"] and "stamped host-tool-ran" in host[-1]["tool"]["output"]
+    finally:
+        server.terminate()
+        server.wait(10)
