@@ -564,6 +564,28 @@ class ConversationService:
     async def open_conversation(self, live: _Live) -> c.Conversation:
         return await self._ensure_open(live)
 
+    async def reopen_later(self, ref: str) -> bool:
+        """Close the provider side of an open, idle conversation, so its next turn opens it again
+        (agentd.host_tools: a runtime then starts its MCP servers anew). Whether it did."""
+        live = self._live.get(self.resolve(ref))
+        if live is None:
+            return False
+        async with live.open_lock:
+            conv = live.conv
+            if conv is None or live.record.active_run or live.record.state is _S.CLOSED:
+                log.info("conversation.reopen_later_skipped", conversation=live.record.id, open=conv is not None,
+                         run=live.record.active_run, state=live.record.state.value)
+                return False
+            live.conv = None
+            if not live.record.turn_after and not live.queue:
+                # Never prompted: the runtime may not have kept the empty conversation (Codex writes
+                # a thread at its first turn); the next turn creates it afresh instead of reopening.
+                live.record.provider_conversation_id = ""
+                self._save(live.record)
+        with trio.move_on_after(INTERRUPT_WAIT_S):
+            await conv.close()
+        return True
+
     async def journal(self, live: _Live, type_: str, data: bytes) -> int:
         return await self._append(live, type_, data, run=live.run)
 

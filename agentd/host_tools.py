@@ -48,6 +48,9 @@ _json = msgspec.json.Encoder()
 #: the MCP server name agentd's relay has in every runtime (and so a name no configured server may take)
 RELAY_SERVER = "agentd"
 
+#: seconds a runtime gets to list changed tools again after the relay told it, before its conversation is reopened
+REFRESH_WAIT_S = 3.0
+
 #: names of runtimes' own tools (lowercased); a host tool may not take one, even namespaced
 RESERVED = frozenset({
     "bash", "shell", "read", "write", "edit", "multiedit", "view", "create", "grep", "glob", "ls", "task",
@@ -74,12 +77,17 @@ class _Tool:
         self.conn = conn
         self.queue: deque[_Call] = deque()
         self.arrived = trio.Event()
+        #: the registration is done (the runtime was told, or will reopen): listed as served from then on
+        self.ready = False
 
 
 class _Conversation:
     def __init__(self) -> None:
         self.tools: dict[str, _Tool] = {}
         self.version = 0
+        #: the version the runtime last listed (through the relay's tools/list); -1 = never
+        self.listed = -1
+        self.listed_changed = trio.Event()
         self.changed = trio.Event()
         self.calls: dict[str, _Call] = {}
 
@@ -153,8 +161,25 @@ class HostTools:
         conv.tools[req.name] = tool
         if old is None or old.info != info:
             conv.bump()
+            await self._refresh(cid, conv)
+        tool.ready = True
         log.info("host_tools.registered", conversation=cid, tool=req.name, takeover=old is not None)
         return info
+
+    async def _refresh(self, cid: str, conv: _Conversation) -> None:
+        """Have the runtime see the changed tools: the relay tells it (tools/list_changed); a runtime
+        that does not list them again within REFRESH_WAIT_S has its conversation reopened before its
+        next turn (when it is open and idle), which starts its MCP servers anew."""
+        if conv.listed < 0:
+            return  # the runtime has not listed them yet: it will see them when it does
+        with trio.move_on_after(REFRESH_WAIT_S):
+            while conv.listed < conv.version:
+                conv.listed_changed = trio.Event()
+                await conv.listed_changed.wait()
+        if conv.listed >= conv.version:
+            return
+        reopened = await self.service.reopen_later(cid)
+        log.info("host_tools.refresh", conversation=cid, version=conv.version, listed=conv.listed, reopened=reopened)
 
     async def unregister(self, conn: Any, req: wire.UnregisterTool) -> None:
         """Stop offering ``req.name``; its waiting calls fail. Raises NotFound."""
@@ -205,10 +230,14 @@ class HostTools:
         """The tools; when ``req.after`` is the current version, waits (``req.wait_s``) for a change."""
         cid = self._resolve(req.conversation)
         conv = self._conv(cid)
+        if req.listing:
+            conv.listed = conv.version
+            conv.listed_changed.set()
+            log.info("host_tools.listed", conversation=cid, version=conv.version, tools=len(conv.tools))
         if req.after == conv.version and req.wait_s > 0:
             with trio.move_on_after(req.wait_s):
                 await conv.changed.wait()
-        tools = [msgspec.structs.replace(t.info, served=not _gone(t.conn)) for t in conv.tools.values()]
+        tools = [msgspec.structs.replace(t.info, served=t.ready and not _gone(t.conn)) for t in conv.tools.values()]
         return wire.HostToolList(conversation=cid, version=conv.version, tools=tools)
 
     async def call(self, req: wire.CallHostTool) -> wire.HostToolCallResult:

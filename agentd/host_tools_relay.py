@@ -109,7 +109,7 @@ class Relay:
             elif method == "tools/list":
                 client = _Client(self.path)
                 try:
-                    listed = self._tools(client)
+                    listed = client.request(wire.ListHostTools, conversation=self.conversation, listing=True)
                 finally:
                     client.close()
                 result = {"tools": [{"name": t["name"], "description": t.get("description", ""),

@@ -397,6 +397,8 @@ class ListHostTools(_Request, tag="list_host_tools"):
     conversation: str
     after: int = -1
     wait_s: Annotated[float, msgspec.Meta(ge=0, le=300)] = 0.0
+    #: the runtime is listing them now (agentd's relay answering tools/list)
+    listing: bool = False
 
 
 class CallHostTool(_Request, tag="call_host_tool"):
