@@ -204,7 +204,7 @@ class HostTools:
                     raise c.NotFound(f"no host tool {req.name!r} on {cid} (register it first)")
                 if tool.conn is not conn:
                     raise c.Invalid(f"host tool {req.name!r} is served by another client now")
-                while tool.queue:
+                while tool.queue and not _gone(conn):  # a client gone meanwhile takes nothing more
                     call = tool.queue.popleft()
                     if call.done.is_set():
                         continue

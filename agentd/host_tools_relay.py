@@ -82,14 +82,14 @@ class Relay:
         """Tell the runtime whenever the tools change (long-polls agentd)."""
         try:
             client = _Client(self.path)
-            version = self._tools(client)["version"]
+            version = self._tools(client).get("version", 0)
             while True:
-                now = self._tools(client, after=version, wait_s=30.0)["version"]
+                now = self._tools(client, after=version, wait_s=30.0).get("version", 0)
                 if now != version:
                     version = now
                     _write({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
-        except Exception:  # agentd gone or refusing: no more change notices
-            return
+        except Exception as exc:  # agentd gone or refusing: no more change notices
+            print(f"agentd-host-tools-relay: watching the tools stopped: {exc!r}", file=sys.stderr, flush=True)
 
     def handle(self, msg: dict[str, Any]) -> None:
         method, rid, params = msg.get("method"), msg.get("id"), msg.get("params") or {}
