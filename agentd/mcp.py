@@ -50,7 +50,8 @@ class McpRoom:
         values: list[str] = []
         for server in config.servers.values():
             values += [server.env[k] for k in masking.secret_names(server.env)]
-            values += list(server.headers.values())
+            for value in server.headers.values():  # the whole value, and the token after a scheme (Bearer ...)
+                values += [value, value.split(" ", 1)[-1]]
         masking.register(*values)
 
     # ------------------------------------------------------------------ choosing
@@ -119,6 +120,9 @@ class McpRoom:
         record = live.record
         if record.state is wire.ConversationState.CLOSED:
             raise c.Closed(f"conversation {record.id} is closed")
+        provider = await service.runtimes.get(record.provider)
+        if not provider.capabilities().mcp:
+            return wire.McpStatusResult(conversation=record.id, provider=record.provider)
         wanted = [s.name for s in self.servers_for(record)]
         conv = await service.open_conversation(live)
         reported: list[c.McpServerState] | None = None
