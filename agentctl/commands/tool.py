@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from agentd import wire
+from agentd.contract import NotFound
 
 from ..cli import _err, _json, _opts, _style, common
 
@@ -62,8 +63,12 @@ def serve(conversation: str, name: str, description: str, schema_file: Any, comm
         if call is None:
             continue
         output, error, code = _run(list(command), call.arguments)
-        client.call(wire.ToolResult, None, conversation=call.conversation, call_id=call.call_id, output=output,
-                    error=error)
+        try:
+            client.call(wire.ToolResult, None, conversation=call.conversation, call_id=call.call_id, output=output,
+                        error=error)
+        except NotFound as exc:  # the call ended meanwhile (withdrawn): the next one may still come
+            _err(str(exc))
+            continue
         if o.json:
             _json({"call_id": call.call_id, "name": call.name, "arguments": call.arguments, "exit_code": code,
                    "error": error})
