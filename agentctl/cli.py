@@ -415,6 +415,8 @@ COMMANDS: dict[str, str] = {
     "quota": "accounts:quota",
     "diff": "checkpoints:diff",
     "revert": "checkpoints:revert",
+    "mcp": "mcp:mcp",
+    "tool": "tool:tool",
     "answer": "answer:answer",
     "task": "tasks:task",
 }

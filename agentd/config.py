@@ -56,6 +56,8 @@ __all__ = [
     "JournalConfig",
     "LeasesConfig",
     "LogConfig",
+    "McpConfig",
+    "McpServerConfig",
     "Paths",
     "ProvidersConfig",
     "RuntimesConfig",
@@ -518,6 +520,10 @@ class AcpAgentConfig(_Section):
     mode: str = ""
     #: model for new conversations when the open request names none; "" = the agent's default
     model: str = ""
+    #: the agent takes stdio MCP servers, as ACP says every agent must; false for one that refuses them
+    #: (copilot --acp 1.0.102 takes only HTTP and SSE): its conversations then get HTTP servers only
+    #: (where it advertises mcpCapabilities.http), and capability mcp is false
+    mcp_stdio: bool = True
 
 
 class ProvidersConfig(_Section):
@@ -532,6 +538,67 @@ class ProvidersConfig(_Section):
     claude: ClaudeConfig = msgspec.field(default_factory=ClaudeConfig)
     codex: CodexConfig = msgspec.field(default_factory=CodexConfig)
     acp: dict[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]+$")], AcpAgentConfig] = {}
+
+
+# --------------------------------------------------------------------------- mcp
+
+
+McpName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+class McpServerConfig(_Section):
+    """[mcp.servers.<name>]: one MCP server agentd hands to conversations' runtimes (agentd.mcp).
+
+    Either ``command`` (with ``args``, ``env``: a stdio server the runtime starts) or ``url``
+    (with ``headers``: a streamable HTTP server), not both. Values in ``env`` under a secret's
+    name (``*_TOKEN``, ``*_KEY``, ...) and every ``headers`` value are secrets: masked wherever
+    agentd writes or sends text, never journaled, shown or logged.
+    """
+
+    command: str = ""
+    args: list[str] = []
+    env: Environment = {}
+    url: str = ""
+    headers: dict[Annotated[str, msgspec.Meta(min_length=1)], str] = {}
+    #: the providers whose new conversations get this server by default (e.g. ["claude", "acp:gemini"]);
+    #: [] = every provider; a conversation may still name it with `agentctl new --mcp` on any MCP-capable one
+    providers: list[Annotated[str, msgspec.Meta(min_length=1)]] = []
+    #: false = given only to conversations that name it (`--mcp NAME`), never by default
+    default: bool = True
+
+    def __post_init__(self) -> None:
+        if bool(self.command) == bool(self.url):
+            raise ValueError("set either command (a stdio server) or url (an HTTP server)")
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url {self.url!r} is not http:// or https://")
+        if self.command and self.headers:
+            raise ValueError("headers are for an HTTP server (url), not a stdio one")
+        if self.url and (self.args or self.env):
+            raise ValueError("args and env are for a stdio server (command), not an HTTP one")
+
+
+class McpConfig(_Section):
+    """[mcp]: MCP servers and host tools (agentd.mcp, agentd.host_tools)."""
+
+    servers: dict[McpName, McpServerConfig] = {}
+    #: per provider, the servers its new conversations get when `agentctl new` names none
+    #: (overrides each server's `providers`/`default`), e.g. `claude = ["github"]`
+    defaults: dict[Annotated[str, msgspec.Meta(min_length=1)], list[McpName]] = {}
+    #: offer host tools (`agentctl tool serve`) to every conversation on an MCP-capable runtime, through
+    #: agentd's own MCP server "agentd" (a stdio relay each runtime starts; agentd.host_tools)
+    host_tools: bool = False
+    #: seconds a host tool call waits for the client serving the tool before it fails
+    host_tool_timeout_s: PosFloat = 60.0
+    #: UTF-8 bytes of a host tool's result kept in its journaled tool item (the agent gets it whole)
+    host_tool_result_bytes: Annotated[int, msgspec.Meta(ge=256)] = 16384
+
+    def __post_init__(self) -> None:
+        if "agentd" in self.servers:
+            raise ValueError("servers.agentd: the name is agentd's own (its host-tool server)")
+        for provider, names in self.defaults.items():
+            unknown = [n for n in names if n not in self.servers]
+            if unknown:
+                raise ValueError(f"defaults.{provider} names unknown servers: {', '.join(unknown)}")
 
 
 # --------------------------------------------------------------------------- root
@@ -571,6 +638,7 @@ class Config(_Section):
     attachments: AttachmentsConfig = msgspec.field(default_factory=AttachmentsConfig)
     agent_files: AgentFilesConfig = msgspec.field(default_factory=AgentFilesConfig)
     checkpoints: CheckpointsConfig = msgspec.field(default_factory=CheckpointsConfig)
+    mcp: McpConfig = msgspec.field(default_factory=McpConfig)
     pricing: dict[Annotated[str, msgspec.Meta(min_length=1)], PricingConfig] = {}
     budgets: dict[Annotated[str, msgspec.Meta(min_length=1)], BudgetConfig] = {}
     agentctl: AgentctlConfig = msgspec.field(default_factory=AgentctlConfig)

@@ -192,6 +192,8 @@ class Capabilities(msgspec.Struct, frozen=True, omit_defaults=True):
     #: agentd's own per-turn file checkpoints (diff, revert): agentd-side, so the same for every
     #: provider, true while ``[checkpoints]`` is on
     checkpoints: bool = False
+    #: the runtime takes MCP servers at open (``OpenRequest.mcp_servers``) and its agent calls their tools
+    mcp: bool = False
 
 
 # --------------------------------------------------------------------------- items
@@ -926,8 +928,43 @@ class EventSink(Protocol):
     def emit(self, event: Event) -> None: ...
 
 
+class McpServer(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One MCP server a conversation's runtime connects to (agentd.mcp builds them from the config).
+
+    ``transport`` stdio: the runtime starts ``command`` ``args`` with ``env`` added to its own
+    environment; http: it connects to ``url`` with ``headers``. ``env`` and ``headers`` may hold
+    secrets: a provider hands them to its runtime only, never to a log line or an event.
+    """
+
+    name: str
+    transport: Literal["stdio", "http"] = "stdio"
+    command: str = ""
+    args: list[str] = []
+    env: dict[str, str] = {}
+    url: str = ""
+    headers: dict[str, str] = {}
+
+
+class McpServerState(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One MCP server's state in a conversation as its runtime reports it.
+
+    ``state``: connected, failed (``error`` says why), pending (still starting), disabled, or
+    unknown (the runtime does not say). ``tools``: the tool names the server offers, as the
+    runtime reports them; None when it does not say.
+    """
+
+    name: str
+    state: Literal["connected", "failed", "pending", "disabled", "unknown"] = "unknown"
+    error: str = ""
+    tools: list[str] | None = None
+
+
 class OpenRequest(msgspec.Struct, frozen=True, omit_defaults=True):
-    """What a provider needs to create (``conversation_id`` empty) or reopen a conversation."""
+    """What a provider needs to create (``conversation_id`` empty) or reopen a conversation.
+
+    ``mcp_servers``: the MCP servers to hand the runtime (empty unless ``capabilities().mcp``);
+    never journaled or logged, as they may carry secrets.
+    """
 
     workdir: str
     conversation_id: str = ""
@@ -936,6 +973,7 @@ class OpenRequest(msgspec.Struct, frozen=True, omit_defaults=True):
     effort: str = ""
     #: a context tier the model lists (``Model.context_tiers``); "" = the default
     context_tier: str = ""
+    mcp_servers: list[McpServer] = []
 
 
 class HistoryRecord(msgspec.Struct, omit_defaults=True):
@@ -1083,6 +1121,15 @@ class Importer(Protocol):
 
     async def previous(self, workdir: str) -> list[PreviousConversation]:
         """The sessions recorded with exactly ``workdir`` as their working directory, newest first."""
+        ...
+
+
+@runtime_checkable
+class McpStatusReader(Protocol):
+    """A conversation whose runtime reports its MCP servers' states."""
+
+    async def mcp_status(self) -> list[McpServerState]:
+        """Each MCP server of the conversation as the runtime sees it now; raises Closed."""
         ...
 
 

@@ -25,7 +25,7 @@ import math
 import secrets
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -255,6 +255,8 @@ class ConversationService:
         self.attachments = attachments or AttachmentsConfig()
         #: whole tool outputs whose records carry a display cut (agentd.tool_outputs)
         self.tool_outputs = _tool_outputs.ToolOutputs(store.root, tool_output_quota_bytes)
+        #: record -> the MCP servers its runtime gets at open (the daemon sets agentd.mcp's)
+        self.mcp_servers: Callable[[wire.ConversationRecord], list[c.McpServer]] = lambda record: []
         self._records: dict[str, wire.ConversationRecord] = {}
         self._live: dict[str, _Live] = {}
         self._nursery: trio.Nursery | None = None
@@ -482,7 +484,7 @@ class ConversationService:
     async def create(
         self, *, provider: str, workdir: str, title: str = "", model: str = "", effort: str = "",
         mode: str = "interactive", budget: wire.Budget | None = None, provider_conversation_id: str = "",
-        context_tier: str = "",
+        context_tier: str = "", mcp: list[str] | None = None,
     ) -> wire.ConversationRecord:
         """Create a conversation: record, journal, lease, and the provider conversation.
 
@@ -514,6 +516,7 @@ class ConversationService:
             context_tier=context_tier,
             mode=mode,  # type: ignore[arg-type]
             provider_conversation_id=provider_conversation_id,
+            mcp=mcp,
         )
         record.budget, budget_source = _usage.initial_budget(budget, provider, self.budgets)
         if title:
@@ -641,6 +644,7 @@ class ConversationService:
                 model=record.model,
                 effort=record.effort,
                 context_tier=record.context_tier,
+                mcp_servers=self.mcp_servers(record),
             )
             try:
                 conv = await provider.open(request, live.sink)
@@ -661,6 +665,28 @@ class ConversationService:
 
     async def journal(self, live: _Live, type_: str, data: bytes, *, run: str | None = None) -> int:
         return await self._append(live, type_, data, run=live.run if run is None else run)
+
+    async def reopen_later(self, ref: str) -> bool:
+        """Close the provider side of an open, idle conversation, so its next turn opens it again
+        (agentd.host_tools: a runtime then starts its MCP servers anew). Whether it did."""
+        live = self._live.get(self.resolve(ref))
+        if live is None:
+            return False
+        async with live.open_lock:
+            conv = live.conv
+            if conv is None or live.record.active_run or live.record.state is _S.CLOSED:
+                log.info("conversation.reopen_later_skipped", conversation=live.record.id, open=conv is not None,
+                         run=live.record.active_run, state=live.record.state.value)
+                return False
+            live.conv = None
+            if not live.record.turn_after and not live.queue:
+                # Never prompted: the runtime may not have kept the empty conversation (Codex writes
+                # a thread at its first turn); the next turn creates it afresh instead of reopening.
+                live.record.provider_conversation_id = ""
+                self._save(live.record)
+        with trio.move_on_after(INTERRUPT_WAIT_S):
+            await conv.close()
+        return True
 
     def save_record(self, record: wire.ConversationRecord) -> None:
         self._save(record)

@@ -94,6 +94,14 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
     tasks = TaskService(service, hub, config.tasks, paths.state_dir / "tasks")
     server.tasks = tasks
     server.reloader = reloader = reload.Reloader(service, tasks, config, config_path)
+    from .mcp import McpRoom
+
+    from .host_tools import HostTools
+
+    server.mcp = McpRoom(config.mcp)  # registers the MCP servers' secrets with masking
+    server.host_tools = HostTools(config.mcp, service, str(paths.socket))
+    server.mcp.extra = server.host_tools.servers_for
+    service.mcp_servers = server.mcp.servers_for
     activated = systemd.listen_fds()
     systemd.take_environment()  # after LISTEN_*: no runtime or tool inherits NOTIFY_SOCKET and the rest
     if activated:

@@ -309,6 +309,14 @@ class Server:
             wire.QuotaRequest: self._quota,
             wire.Diff: self._diff,
             wire.Revert: self._revert,
+            wire.McpList: self._mcp_ls,
+            wire.McpStatus: self._mcp_status,
+            wire.RegisterTool: self._register_tool,
+            wire.UnregisterTool: self._unregister_tool,
+            wire.NextToolCall: self._next_tool_call,
+            wire.ToolResult: self._tool_result,
+            wire.ListHostTools: self._list_host_tools,
+            wire.CallHostTool: self._call_host_tool,
 
             wire.ShowItem: self._show_item,
             wire.TaskCreate: self._task_create,
@@ -322,6 +330,10 @@ class Server:
         self.tasks: Any = None
         #: the daemon's agentd.reload.Reloader (None = restart answers unsupported)
         self.reloader: Any = None
+        #: the daemon's agentd.mcp.McpRoom (set by the daemon; None = no MCP servers)
+        self.mcp: Any = None
+        #: the daemon's agentd.host_tools.HostTools (set by the daemon; None = host tool ops unsupported)
+        self.host_tools: Any = None
         #: set once a client asked the daemon to stop (``shutdown``), after its answer was sent;
         #: the daemon then stops as on SIGTERM (see agentd.daemon)
         self.stop_requested = trio.Event()
@@ -528,9 +540,15 @@ class Server:
         provider = self.service.runtimes.pick(req.provider)
         if req.model or req.effort or req.context_tier:
             await models.check_choice(self.service.runtimes, provider, req.model, req.effort, req.context_tier)
+        mcp = None
+        if self.mcp is not None:
+            caps = (await self.service.runtimes.get(provider)).capabilities()
+            mcp = self.mcp.choose(provider, caps, req.mcp)
+        elif req.mcp:
+            raise c.Invalid("no MCP servers are configured")
         return await self.service.create(
             provider=provider, workdir=req.workdir, title=req.title, model=req.model, effort=req.effort,
-            mode=req.mode, budget=req.budget, context_tier=req.context_tier,
+            mode=req.mode, budget=req.budget, context_tier=req.context_tier, mcp=mcp,
         )
 
     async def _restart(self, conn: _Connection, req: wire.Restart) -> wire.RestartResult:
@@ -539,6 +557,40 @@ class Server:
         if not conn.may_stop:
             raise c.Unauthorized("restart is accepted only on agentd's Unix socket, from its own uid")
         return await self.reloader.reload(now=req.now, by=conn.peer)
+
+    async def _mcp_ls(self, conn: _Connection, req: wire.McpList) -> wire.McpListResult:
+        if self.mcp is None:
+            return wire.McpListResult()
+        infos = await self.service.runtimes.describe()
+        return self.mcp.listing([i.name for i in infos if i.capabilities.mcp])
+
+    def _tools(self) -> Any:
+        if self.host_tools is None:
+            raise c.Unsupported("host tools are not set up in this daemon")
+        return self.host_tools
+
+    async def _register_tool(self, conn: _Connection, req: wire.RegisterTool) -> wire.HostToolInfo:
+        return await self._tools().register(conn, req)
+
+    async def _unregister_tool(self, conn: _Connection, req: wire.UnregisterTool) -> None:
+        await self._tools().unregister(conn, req)
+
+    async def _next_tool_call(self, conn: _Connection, req: wire.NextToolCall) -> wire.HostToolCallInfo | None:
+        return await self._tools().next_call(conn, req)
+
+    async def _tool_result(self, conn: _Connection, req: wire.ToolResult) -> None:
+        await self._tools().result(conn, req)
+
+    async def _list_host_tools(self, conn: _Connection, req: wire.ListHostTools) -> wire.HostToolList:
+        return await self._tools().list(req)
+
+    async def _call_host_tool(self, conn: _Connection, req: wire.CallHostTool) -> wire.HostToolCallResult:
+        return await self._tools().call(req)
+
+    async def _mcp_status(self, conn: _Connection, req: wire.McpStatus) -> wire.McpStatusResult:
+        if self.mcp is None:
+            raise c.Unsupported("MCP is not set up in this daemon")
+        return await self.mcp.status(self.service, req.conversation)
 
     async def _set_model(self, conn: _Connection, req: wire.SetModel) -> wire.ConversationRecord:
         from . import models

@@ -45,6 +45,7 @@ from .contract import (
     Usage,
     ModelSelection,
     Delta,
+    McpServerState,
 )
 
 #: Bumped on any incompatible change to the frames below.
@@ -131,6 +132,8 @@ class New(_Request, tag="new"):
     mode: Mode = "interactive"
     #: None = the provider's default budget from the config ([budgets.<provider>]), if any
     budget: Budget | None = None
+    #: MCP servers by name ([mcp.servers.<name>]); None = the provider's defaults, [] = none (agentd.mcp)
+    mcp: list[str] | None = None
 
 
 class List(_Request, tag="ls"):
@@ -489,6 +492,15 @@ class RestartResult(msgspec.Struct, frozen=True, omit_defaults=True):
 
 class ListCommands(_Request, tag="commands"):
     """The slash commands and skills the conversation's runtime offers (opens it on its runtime)."""
+# ---- mcp
+
+
+class McpList(_Request, tag="mcp_ls"):
+    """The configured MCP servers (agentd.mcp), without a secret."""
+
+
+class McpStatus(_Request, tag="mcp_status"):
+    """Each MCP server of a conversation as its runtime reports it; opens the conversation."""
 
     conversation: str
 
@@ -609,6 +621,117 @@ class QuotaInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     #: when they were asked for (UTC, RFC 3339)
     at: str = ""
     error: str = ""
+class McpServerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One ``[mcp.servers.<name>]``: ``env`` and ``headers`` are the names only, never values."""
+
+    name: str
+    transport: Literal["stdio", "http"]
+    command: str = ""
+    args: list[str] = []
+    url: str = ""
+    env: list[str] = []
+    headers: list[str] = []
+    #: the daemon's providers whose new conversations get it by default
+    default_for: list[str] = []
+
+
+class McpListResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    servers: list[McpServerInfo] = []
+    host_tool_timeout_s: float = 0.0
+
+
+class McpStatusResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """``reported`` false: the runtime does not report its servers, each is ``unknown``."""
+
+    conversation: str
+    provider: str
+    servers: list[McpServerState] = []
+    reported: bool = False
+
+
+# ---- host tools (agentd.host_tools)
+
+
+class RegisterTool(_Request, tag="register_tool"):
+    """Offer a tool to conversation ``conversation``'s agent; this connection serves its calls
+    (``next_tool_call`` / ``tool_result``). Registering a name again takes it over."""
+
+    conversation: str
+    name: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,47}$")]
+    description: str = ""
+    #: JSON Schema of the call's arguments (an object schema); None = any object
+    input_schema: dict[str, Any] | None = None
+
+
+class UnregisterTool(_Request, tag="unregister_tool"):
+    conversation: str
+    name: str
+
+
+class NextToolCall(_Request, tag="next_tool_call"):
+    """Wait (at most ``wait_s`` seconds) for the next call of a tool this connection registered;
+    the result is a ``HostToolCallInfo``, or null when none came. Answer it with ``tool_result``."""
+
+    conversation: str
+    name: str
+    wait_s: Annotated[float, msgspec.Meta(ge=0, le=300)] = 30.0
+
+
+class ToolResult(_Request, tag="tool_result"):
+    """The result of call ``call_id``: ``output`` is what the agent gets; ``error`` marks it failed."""
+
+    conversation: str
+    call_id: str
+    output: str = ""
+    error: bool = False
+
+
+class ListHostTools(_Request, tag="list_host_tools"):
+    """The conversation's host tools; with ``after`` = the version last seen, waits (at most
+    ``wait_s``) for a change first. agentd's MCP relay uses it."""
+
+    conversation: str
+    after: int = -1
+    wait_s: Annotated[float, msgspec.Meta(ge=0, le=300)] = 0.0
+    #: the runtime is listing them now (agentd's relay answering tools/list)
+    listing: bool = False
+
+
+class CallHostTool(_Request, tag="call_host_tool"):
+    """Call a host tool as the agent does (agentd's MCP relay uses it); answers when the serving
+    client answered, or fails after ``[mcp] host_tool_timeout_s`` without one."""
+
+    conversation: str
+    name: str
+    arguments: dict[str, Any] = {}
+
+
+class HostToolInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] | None = None
+    #: a client serves it now (its registering connection is open)
+    served: bool = False
+
+
+class HostToolList(msgspec.Struct, frozen=True, omit_defaults=True):
+    conversation: str
+    version: int = 0
+    tools: list[HostToolInfo] = []
+
+
+class HostToolCallInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One call for the serving client: ``arguments`` as the agent gave them."""
+
+    conversation: str
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = {}
+
+
+class HostToolCallResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    output: str = ""
+    error: bool = False
 
 
 Request = Union[
@@ -650,6 +773,14 @@ Request = Union[
     QuotaRequest,
     Diff,
     Revert,
+    McpList,
+    McpStatus,
+    RegisterTool,
+    UnregisterTool,
+    NextToolCall,
+    ToolResult,
+    ListHostTools,
+    CallHostTool,
 
     ShowItem,
     Shutdown,
@@ -753,6 +884,8 @@ class ConversationRecord(msgspec.Struct, omit_defaults=True):
     #: the conversation and run it was forked from ("" = not a fork)
     forked_from: str = ""
     forked_at: str = ""
+    #: its MCP servers by name, chosen at creation; None = the provider's defaults of the day (agentd.mcp)
+    mcp: list[str] | None = None
 
 
 class ConversationInfo(msgspec.Struct, omit_defaults=True):

@@ -32,7 +32,26 @@ def _new_options(f: Any) -> Any:
     )(f)
     f = click.option("--provider", "-p", default="",
                      help="Provider name (see agentctl providers); default: [providers] default of agentd.toml.")(f)
+    # Not parameters of the commands: _create reads them from the context (see _mcp_arg).
+    f = click.option("--no-mcp", is_flag=True, expose_value=False, callback=_keep_option,
+                     help="No MCP servers, not even the provider's defaults.")(f)
+    f = click.option("--mcp", "mcp", multiple=True, metavar="NAME", expose_value=False, callback=_keep_option,
+                     help="An MCP server of agentd.toml ([mcp.servers.NAME]); repeatable; default: the provider's defaults.")(f)
     return f
+
+
+def _keep_option(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    ctx.meta[f"agentctl.{param.name}"] = value
+    return value
+
+
+def _mcp_arg() -> list[str] | None:
+    """``--mcp`` names, [] for ``--no-mcp``, None for neither (the provider's defaults)."""
+    meta = click.get_current_context().meta
+    names, none = list(meta.get("agentctl.mcp") or ()), bool(meta.get("agentctl.no_mcp"))
+    if names and none:
+        raise click.UsageError("--mcp and --no-mcp exclude each other")
+    return [] if none else (names or None)
 
 
 def _budget_options(f: Any) -> Any:
@@ -124,7 +143,7 @@ def _create(provider: str, cwd: str, title: str, model: str, effort: str, yolo: 
         wire.New, wire.ConversationRecord,
         provider=provider, workdir=cwd, title=title, model=model, effort=effort,
         context_tier=click.get_current_context().meta.get("agentctl.context_tier", ""),
-        mode="yolo" if yolo else "interactive", budget=budget,
+        mode="yolo" if yolo else "interactive", budget=budget, mcp=_mcp_arg(),
     )
 
 

@@ -87,7 +87,8 @@ def copilot_config(cli: str, tmp: pathlib.Path, openai_url: str, model: str) -> 
     home.mkdir(exist_ok=True)
     env.update(COPILOT_HOME=str(home), COPILOT_PROVIDER_BASE_URL=openai_url, COPILOT_PROVIDER_API_KEY="sk-agentd-e2e-dummy",
                COPILOT_MODEL=model, COPILOT_OFFLINE="true")
-    return AcpAgentConfig(command=[cli, "--acp", "--no-auto-update"], env=env)
+    # 1.0.102 refuses stdio MCP servers from the client (its log: "Rejecting non-http/sse MCP server")
+    return AcpAgentConfig(command=[cli, "--acp", "--no-auto-update"], env=env, mcp_stdio=False)
 
 
 #: Codex settings the tests add: no plugin sync from GitHub, no analytics, no update check (all network)

@@ -212,7 +212,7 @@ class ModelServer:
             return "text", self.final_text
         if not tools or not self.use_tools:
             return "text", self.text
-        names = [_tool_name(t) for t in tools]
+        names = _tool_names(tools)
         shell = next((n for n in names if n.lower() == "bash"), "")  # Claude Code calls it Bash
         name = self.tool if self.tool in names else shell or names[0]
         if name == shell and self.tool_arguments is None:
@@ -228,6 +228,25 @@ def _tool_name(tool: dict[str, Any]) -> str:
     if isinstance(fn, dict) and fn.get("name"):
         return str(fn["name"])
     return str(tool.get("name", ""))
+
+
+def _tool_names(tools: list[dict[str, Any]]) -> list[str]:
+    """Every tool name offered; a Responses API namespace (Codex's MCP servers) gives ``<namespace>__<tool>``."""
+    names: list[str] = []
+    for tool in tools:
+        if tool.get("type") == "namespace":
+            names += [f"{tool.get('name')}__{_tool_name(t)}" for t in tool.get("tools") or []]
+        else:
+            names.append(_tool_name(tool))
+    return names
+
+
+def _namespaced(tools: list[dict[str, Any]], name: str) -> tuple[str, str]:
+    """``(namespace, tool)`` of a name :func:`_tool_names` made of a namespace's tool, else ``("", name)``."""
+    for tool in tools:
+        if tool.get("type") == "namespace" and name.startswith(f"{tool.get('name')}__"):
+            return str(tool.get("name")), name[len(str(tool.get("name"))) + 2:]
+    return "", name
 
 
 def _words(text: str) -> list[str]:
@@ -371,8 +390,11 @@ class _Handler(BaseHTTPRequestHandler):
                                     "content": [{"type": "output_text", "text": what, "annotations": []}]}
         else:
             name, args = what
+            namespace, name = _namespaced(body.get("tools") or [], name)
             item = {"id": "fc_" + uuid.uuid4().hex[:12], "type": "function_call", "status": "completed",
                     "call_id": "call_" + uuid.uuid4().hex[:12], "name": name, "arguments": json.dumps(args)}
+            if namespace:
+                item["namespace"] = namespace
 
         if not body.get("stream"):
             self._json(200, {**base, "status": "completed", "output": [item], "usage": usage})

@@ -72,6 +72,7 @@ from ...contract import (
     Model,
     ModelSelection,
     ModelSelectionEvent,
+    McpServer,
     OpenRequest,
     PreviousConversation,
     Prompt,
@@ -93,6 +94,7 @@ from .._common import agentd_version as _version
 from .._common import check_workdir as _check_workdir
 from .._jsonrpc import AgentProcess, Call, ConnectionLost, RpcError
 from .._restart import RestartBackoff, RestartPolicy
+from .._mcp import McpStates
 from . import _fs
 from . import _mapping as m
 from . import _schema as s
@@ -296,6 +298,9 @@ class AcpProvider:
             model_endpoint=True,
             attachments=True,
             commands=True,
+            # Every ACP agent takes stdio MCP servers on session/new and load (the protocol says it must),
+            # unless the config says this one refuses them.
+            mcp=self.config.mcp_stdio,
             history=load,
             reopen=load or sc.resume is not None,
             # listing alone adopts nothing: the session must also load or resume by id
@@ -408,9 +413,12 @@ class AcpProvider:
         except BaseException:
             files.close()
             raise
+        mcp = McpStates(request.mcp_servers)
         try:
             try:
-                raw = await agent.proc.request("session/new", {"cwd": workdir, "mcpServers": []},
+                servers, skipped = mcp_servers_param(agent.init.agent_capabilities.mcp_capabilities, mcp.servers,
+                                                     stdio=self.config.mcp_stdio)
+                raw = await agent.proc.request("session/new", {"cwd": workdir, "mcpServers": servers},
                                                timeout=self.config.startup_timeout_s)
                 setup = msgspec.convert(raw or {}, s.SessionSetup)
             except BaseException as exc:
@@ -423,6 +431,8 @@ class AcpProvider:
                 self._start_failed(agent, error)
                 raise error
             conv = AcpConversation(self, agent, setup.session_id, files, sink, title=request.title, created_at=utcnow())
+            conv.mcp = mcp
+            conv._mcp_skipped(skipped)
             agent.register(setup.session_id, conv)
             conv._apply_setup(setup)
             await conv._select(request.model or self.config.model, request.effort)
@@ -509,6 +519,7 @@ class AcpProvider:
                 raise Unsupported(f"{self.name} can neither load nor resume a session (it advertises neither)")
             conv = AcpConversation(self, agent, cid, files, sink, title=request.title or (record.title if record else ""),
                                    created_at=record.created_at if record else None)
+            conv.mcp = McpStates(request.mcp_servers)
             await conv._attach(agent, "session/load" if caps.load_session else "session/resume")
             # A reloaded session may start on the agent's default: ask for agentd's choice again.
             await conv._select(request.model, request.effort)
@@ -716,6 +727,31 @@ _CHUNK_KINDS = {
 }
 
 
+def mcp_servers_param(caps: s.McpCapabilities, servers: list[McpServer], *,
+                      stdio: bool = True) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """``mcpServers`` of session/new, load and resume, and the servers left out with why.
+
+    stdio servers go unless ``stdio`` is false (``mcp_stdio`` in the agent's config); an HTTP
+    one only to an agent that advertises ``mcpCapabilities.http``. env and headers are lists
+    of {name, value}.
+    """
+    out: list[dict[str, Any]] = []
+    skipped: list[tuple[str, str]] = []
+    for server in servers:
+        if server.transport == "http":
+            if not caps.http:
+                skipped.append((server.name, "this agent does not take HTTP MCP servers (no mcpCapabilities.http)"))
+                continue
+            out.append({"type": "http", "name": server.name, "url": server.url,
+                        "headers": [{"name": k, "value": v} for k, v in server.headers.items()]})
+        elif not stdio:
+            skipped.append((server.name, "this agent does not take stdio MCP servers (mcp_stdio = false)"))
+        else:
+            out.append({"name": server.name, "command": server.command, "args": list(server.args),
+                        "env": [{"name": k, "value": v} for k, v in server.env.items()]})
+    return out, skipped
+
+
 class AcpConversation:
     """One ACP session; implements contract.Conversation.
 
@@ -736,6 +772,8 @@ class AcpConversation:
         self._agent: _Agent | None = agent
         self._id = session_id
         self._sink = sink
+        #: its MCP servers, handed to the agent on every session/new, load and resume
+        self.mcp = McpStates([])
         self._title = title
         self._items: list[Item] = []
         self._index: dict[str, int] = {}
@@ -1034,8 +1072,11 @@ class AcpConversation:
         self._last_update = trio.current_time()
         agent.register(self.id, self)
         timeout = self._provider.config.startup_timeout_s
+        servers, skipped = mcp_servers_param(agent.init.agent_capabilities.mcp_capabilities, self.mcp.servers,
+                                             stdio=self._provider.config.mcp_stdio)
+        self._mcp_skipped(skipped)
         try:
-            raw = await agent.proc.request(method, {"sessionId": self.id, "cwd": self.workdir, "mcpServers": []},
+            raw = await agent.proc.request(method, {"sessionId": self.id, "cwd": self.workdir, "mcpServers": servers},
                                            timeout=timeout)
             setup = msgspec.convert(raw or {}, s.SessionSetup)
         except RpcError as exc:
@@ -1383,6 +1424,13 @@ class AcpConversation:
 
     def _emit(self, event: Event) -> None:
         self._sink.emit(event)
+
+    def _mcp_skipped(self, skipped: list[tuple[str, str]]) -> None:
+        """Servers left out of session/new or load (a transport the agent does not take): a notice each."""
+        for name, why in skipped:
+            notice = self.mcp.update(name, "failed", error=why)
+            if notice is not None:
+                self._emit(ItemEvent(item=notice))
 
     def _model_id(self) -> str:
         if self._models is not None and self._models.current_model_id:

@@ -45,8 +45,16 @@ class SessionCapabilities(_S):
     resume: dict[str, Any] | None = None
 
 
+class McpCapabilities(_S):
+    """The MCP transports an agent takes besides stdio (which every ACP agent must take)."""
+
+    http: bool = False
+    sse: bool = False
+
+
 class AgentCapabilities(_S):
     load_session: bool = False
+    mcp_capabilities: McpCapabilities = msgspec.field(default_factory=McpCapabilities)
     prompt_capabilities: PromptCapabilities = msgspec.field(default_factory=PromptCapabilities)
     session_capabilities: SessionCapabilities = msgspec.field(default_factory=SessionCapabilities)
 

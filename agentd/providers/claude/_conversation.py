@@ -46,6 +46,7 @@ import trio
 
 from ... import procs, runtime_output
 from ..._fsutil import read_file
+from .._mcp import McpStates
 from ...contract import (
     Activity,
     ActivityEvent,
@@ -71,6 +72,8 @@ from ...contract import (
     Item,
     ItemEvent,
     ItemKind,
+    McpServer,
+    McpServerState,
     ModelSelection,
     ModelSelectionEvent,
     Prompt,
@@ -270,8 +273,11 @@ class ClaudeConversation:
     ``send`` starts another).
     """
 
-    def __init__(self, provider: ClaudeProvider, record: _Record, sink: EventSink) -> None:
+    def __init__(self, provider: ClaudeProvider, record: _Record, sink: EventSink,
+                 mcp_servers: list[McpServer] | None = None) -> None:
         self._provider = provider
+        #: its MCP servers (handed to every CLI process) and their states
+        self.mcp = McpStates(mcp_servers or [])
         self._record = record
         self._sink = sink
         self._session: _Session | None = None
@@ -868,11 +874,40 @@ class ClaudeConversation:
         if self._turn is not None and msg.parent_tool_use_id is None and msg.uuid:
             self._turn.last_uuid = str(msg.uuid)
 
+    def _mcp_state(self, server: dict[str, Any]) -> None:
+        """One entry of Claude Code's MCP server list (init message or ``mcp_status``)."""
+        tools = server.get("tools")
+        names = [str(t.get("name", "")) for t in tools if isinstance(t, dict)] if isinstance(tools, list) else None
+        notice = self.mcp.update(str(server.get("name", "")), str(server.get("status", "")),
+                                 error=str(server.get("error") or ""), tools=names)
+        if notice is not None:
+            self._emit(ItemEvent(item=notice))
+
+    async def mcp_status(self) -> list[McpServerState]:
+        """Each MCP server's state as Claude Code reports it now (``get_mcp_status``); raises Closed."""
+        self._check_open()
+        if self.mcp.servers:
+            session = await self._ensure_session()
+            try:
+                with trio.fail_after(30):
+                    status = await session.client.get_mcp_status()
+            except trio.TooSlowError:
+                raise InternalError("Claude Code did not report its MCP servers within 30 s") from None
+            except Exception as exc:
+                raise InternalError(f"Claude Code could not report its MCP servers: {exc}") from None
+            for server in status.get("mcpServers", []) if isinstance(status, dict) else []:
+                if isinstance(server, dict):
+                    self._mcp_state(server)
+        return self.mcp.states()
+
     def _on_system(self, subtype: str, data: dict[str, Any]) -> None:
         if subtype == "init":
             skills = data.get("skills")
             if isinstance(skills, list):
                 self._skills = frozenset(str(n) for n in skills)
+            for server in data.get("mcp_servers") or []:
+                if isinstance(server, dict):
+                    self._mcp_state(server)
             model = str(data.get("model") or "")
             if model and model != self._reported_model:
                 self._reported_model = model

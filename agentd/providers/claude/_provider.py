@@ -59,6 +59,7 @@ from ...contract import (
     Invalid,
     Item,
     Model,
+    McpServer,
     OpenRequest,
     PreviousConversation,
     RuntimeUnavailable,
@@ -176,6 +177,13 @@ class _Record(msgspec.Struct, omit_defaults=True):
     updated_at: _dt.datetime | None = None
 
 
+def _mcp_config(server: McpServer) -> dict[str, Any]:
+    """An MCP server as the SDK's ``mcp_servers`` takes it (Claude Code's ``--mcp-config``)."""
+    if server.transport == "http":
+        return {"type": "http", "url": server.url, "headers": dict(server.headers)}
+    return {"type": "stdio", "command": server.command, "args": list(server.args), "env": dict(server.env)}
+
+
 _record_decoder = msgspec.json.Decoder(_Record)
 _encoder = msgspec.json.Encoder()
 
@@ -225,6 +233,7 @@ class ClaudeProvider:
             attachments=True,
             fork=True,
             rewind=True,
+            mcp=True,
         )
 
     # ------------------------------------------------------------------ configuration
@@ -577,6 +586,7 @@ class ClaudeProvider:
             max_buffer_size=runtime_output.MAX_MESSAGE_BYTES,
             # The CLI echoes each user message when it takes it: how a steer is known to be used.
             extra_args={"replay-user-messages": None},
+            mcp_servers={s.name: _mcp_config(s) for s in conv.mcp.servers},
         )
 
     @staticmethod
@@ -642,7 +652,7 @@ class ClaudeProvider:
                              effort=request.effort, created_at=utcnow())
         if not record.workdir or not await trio.to_thread.run_sync(os.path.isdir, record.workdir):
             raise Invalid(f"workdir {record.workdir!r} is not a directory")
-        conv = ClaudeConversation(self, record, sink)
+        conv = ClaudeConversation(self, record, sink, request.mcp_servers)
         if not request.conversation_id:
             conv._restart_key = ""  # a new id has no history: pace it with every new conversation's start
         await conv._ensure_session()

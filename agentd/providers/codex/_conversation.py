@@ -20,6 +20,7 @@ expires: no answer is ever made up on the user's behalf.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,7 @@ from ...contract import (
     Invalid,
     Item,
     ItemEvent,
+    McpServerState,
     ItemKind,
     ModelSelection,
     ModelSelectionEvent,
@@ -69,6 +71,7 @@ from ...contract import (
 )
 from .._common import unused_steer
 from .._jsonrpc import Call, ConnectionLost, RpcError
+from .._mcp import McpStates
 from . import _mapping as m
 
 if TYPE_CHECKING:
@@ -130,7 +133,8 @@ class CodexConversation:
     """One Codex thread; implements contract.Conversation. Methods raise Closed after close."""
 
     SERVER_REQUESTS = frozenset({"item/commandExecution/requestApproval", "item/fileChange/requestApproval",
-                                 "item/permissions/requestApproval", "item/tool/requestUserInput"})
+                                 "item/permissions/requestApproval", "item/tool/requestUserInput",
+                                 "mcpServer/elicitation/request"})
 
     def __init__(self, provider: CodexProvider, thread_id: str, workdir: str, sink: EventSink, *,
                  model: str = "", effort: str = "") -> None:
@@ -150,10 +154,72 @@ class CodexConversation:
         self._effort = effort
         self._closed = False
         self._closed_reason = ""
+        #: its MCP servers (the provider sets them at open) and their states
+        self.mcp = McpStates([])
+        self._mcp_changed = trio.Event()
+        self._attached_at = 0.0
 
     @property
     def id(self) -> str:
         return self._id
+
+    # ------------------------------------------------------------------ MCP servers
+
+    def _on_mcp_startup(self, p: dict[str, Any]) -> None:
+        """``mcpServer/startupStatus/updated``: one server's startup state; a failure is a notice."""
+        name = p.get("name") or p.get("serverName") or p.get("server")
+        status = p.get("status")
+        if isinstance(status, dict):  # {"state": ..., "error": ...} in some versions
+            error, status = str(status.get("error") or p.get("error") or ""), status.get("state") or status.get("type")
+        else:
+            error = str(p.get("error") or "")
+        if isinstance(name, str) and isinstance(status, str):
+            log.info("codex.mcp_server_state", conversation=self.id, server=name, state=status)
+            self._mcp_changed.set()
+            notice = self.mcp.update(name, status, error=error)
+            if notice is not None and not self._closed:
+                self._emit(ItemEvent(item=notice))
+
+    async def _wait_for_mcp(self) -> None:
+        """Before a turn: wait (at most the startup timeout) for the thread's MCP servers to start.
+
+        Codex 0.171.0 starts a thread's servers in the background and a turn begun meanwhile
+        offers the model none of their tools. A server not reported at all within 2 s of the
+        thread's start or resume (Codex reports each as starting at once) is not waited for.
+        """
+        if not self.mcp.servers:
+            return
+        with trio.move_on_after(self._provider.config.startup_timeout_s):
+            while True:
+                fresh = trio.current_time() - self._attached_at < 5.0
+                if not self.mcp.starting(unknown_too=fresh):
+                    return
+                self._mcp_changed = trio.Event()
+                with trio.move_on_after(0.25 if fresh else math.inf):
+                    await self._mcp_changed.wait()
+
+    async def mcp_status(self) -> list[McpServerState]:
+        """Each MCP server of the thread with its tools (``mcpServerStatus/list``); raises Closed."""
+        self._check_open()
+        if not self.mcp.servers:
+            return []
+        server = await self._attached()
+        try:
+            page = await server.request("mcpServerStatus/list", {"threadId": self.id})
+        except RpcError as exc:  # an app-server without it: the startup states are what is known
+            log.debug("codex.mcp_status_list_failed", conversation=self.id, error=exc.describe())
+            return self.mcp.states()
+        except BaseException as exc:
+            raise server.error("mcpServerStatus/list", exc) from None
+        for entry in (page or {}).get("data") or [] if isinstance(page, dict) else []:
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                continue
+            tools = entry.get("tools")
+            names = sorted(tools) if isinstance(tools, dict) else [
+                str(t.get("name")) for t in tools if isinstance(t, dict)] if isinstance(tools, list) else None
+            if names is not None:
+                self.mcp.tools(entry["name"], names)
+        return self.mcp.states()
 
     @property
     def pid(self) -> int | None:
@@ -165,7 +231,10 @@ class CodexConversation:
     def _attach(self, server: AppServer, setup: Any) -> None:
         """Route the thread's messages from ``server``; ``setup`` is thread/start's or thread/resume's answer."""
         self._server = server
+        self._attached_at = trio.current_time()
         server.threads[self._id] = self
+        for early in server.early_mcp.pop(self._id, []):
+            self._on_mcp_startup(early)
         if isinstance(setup, dict):
             self._model = str(setup.get("model") or self._model)
             thread = setup.get("thread") if isinstance(setup.get("thread"), dict) else {}
@@ -174,7 +243,7 @@ class CodexConversation:
     async def _resume(self, server: AppServer) -> None:
         """thread/resume this thread into ``server``. Raises ConversationNotFound, RuntimeUnavailable."""
         params = {"threadId": self._id, "excludeTurns": True,
-                  **self._provider.thread_params(self.workdir, self._next_model or self._model)}
+                  **self._provider.thread_params(self.workdir, self._next_model or self._model, self.mcp.servers)}
         server.threads[self._id] = self  # notifications may come before the answer
         timeout = self._provider.config.startup_timeout_s
         try:
@@ -220,6 +289,7 @@ class CodexConversation:
         self._starting = True
         try:
             server = await self._attached()
+            await self._wait_for_mcp()
             with trio.CancelScope(shield=True):
                 self._check_open()
                 turn = _Turn(self._next_model or self._model)
@@ -478,6 +548,9 @@ class CodexConversation:
     def _on_notification(self, server: AppServer, method: str, p: dict[str, Any]) -> None:
         if server is not self._server:
             return
+        if method == "mcpServer/startupStatus/updated":
+            self._on_mcp_startup(p)
+            return
         unknown = m.unknown_notification(self._provider.name, method, p)
         if unknown is not None:
             self._emit(unknown)  # a newer runtime's kind: journaled verbatim, never dropped
@@ -602,7 +675,13 @@ class CodexConversation:
         values: dict[str, Any] = {}
         qids: list[str] = []
         tool_item = str(params.get("itemId") or "")
-        if method == "item/tool/requestUserInput":
+        if method == "mcpServer/elicitation/request":
+            if not m.is_mcp_tool_approval(method, params):
+                return refused  # an MCP server's own form: not mapped yet, declined
+            title, detail = m.mcp_tool_approval_detail(params)
+            inter = Interaction(id=iid, kind=InteractionKind.PERMISSION, title=title, detail=detail,
+                                options=list(m.MCP_TOOL_OPTIONS), time=utcnow())
+        elif method == "item/tool/requestUserInput":
             questions, qids = m.questions(params)
             if not questions:
                 return refused
@@ -632,6 +711,8 @@ class CodexConversation:
             return {"answers": {}} if answer.reject else m.user_input_answer(qids, list(answer.answers))
         if method == "item/permissions/requestApproval":
             return m.permission_grant(params, answer.decision)
+        if method == "mcpServer/elicitation/request":
+            return {"action": "accept", "content": {}} if answer.decision == "accept" else {"action": "decline"}
         return {"decision": values.get(answer.decision, answer.decision)}
 
     # ------------------------------------------------------------------ ends
@@ -718,6 +799,8 @@ def _refusal(method: str, params: dict[str, Any]) -> dict[str, Any]:
         return {"answers": {}}
     if method == "item/permissions/requestApproval":
         return {"permissions": {}, "scope": "turn"}
+    if method == "mcpServer/elicitation/request":
+        return {"action": "decline"}
     _, values = m.permission_options(params.get("availableDecisions"))
     return {"decision": "cancel" if "cancel" in values else "decline"}
 

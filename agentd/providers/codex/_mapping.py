@@ -251,6 +251,27 @@ def approval_detail(method: str, params: dict[str, Any]) -> tuple[str, str]:
         x for x in (reason, json.dumps(params.get("permissions") or {})) if x))
 
 
+#: an MCP tool call's approval (mcpServer/elicitation/request with _meta.codex_approval_kind "mcp_tool_call")
+MCP_TOOL_OPTIONS = [
+    Option(id="accept", label="Run the tool", allow_once=True),
+    Option(id="decline", label="Do not run it", reject=True),
+]
+
+
+def is_mcp_tool_approval(method: str, params: dict[str, Any]) -> bool:
+    meta = params.get("_meta")
+    return method == "mcpServer/elicitation/request" and isinstance(meta, dict) and \
+        meta.get("codex_approval_kind") == "mcp_tool_call"
+
+
+def mcp_tool_approval_detail(params: dict[str, Any]) -> tuple[str, str]:
+    """(title, detail) of an MCP tool call's approval: the server, the tool, its arguments."""
+    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    server, tool = str(params.get("serverName") or ""), str(meta.get("tool_name") or "")
+    title = f"Use {server}/{tool}?" if tool else str(params.get("message") or "Use the MCP tool?")
+    return bound(title, 200), bound(json.dumps(meta.get("tool_params") or {}))
+
+
 #: permission request (item/permissions/requestApproval) options: grant for the turn, for the session, or not
 PERMISSION_GRANT_OPTIONS = [
     Option(id="accept", label="Grant for this turn", allow_once=True),

@@ -47,6 +47,7 @@ from ...contract import (
     EventSink,
     Invalid,
     Model,
+    McpServer,
     OpenRequest,
     PreviousConversation,
     Quota,
@@ -55,6 +56,7 @@ from ...contract import (
     Unsupported,
 )
 from .._restart import RestartBackoff, RestartPolicy
+from .._mcp import McpStates
 from .._common import agentd_version as _version
 from .._common import check_workdir as _check_workdir
 from .._jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, AgentProcess, RpcError
@@ -73,6 +75,8 @@ class AppServer:
         self.provider = provider
         self.spawned_at: float | None = None
         self.threads: dict[str, CodexConversation] = {}
+        #: thread id -> MCP startup notifications that came before the thread was routed here
+        self.early_mcp: dict[str, list[dict[str, Any]]] = {}
         self._failure_noted = False
         self.proc = AgentProcess(provider.argv(), env=provider.env(), cwd=str(provider.dir), label=provider.name,
                                  state_dir=provider.state_dir, on_request=self._on_request, on_notification=self._on_notification,
@@ -131,6 +135,18 @@ class AppServer:
                 for conv in list(self.threads.values()):
                     conv.note_quota(quotas)
             return
+        if method == "mcpServer/startupStatus/updated":
+            tid = params.get("threadId")
+            if not isinstance(tid, str):
+                for conv in list(self.threads.values()):  # the app-server's: each thread with that server
+                    conv._on_mcp_startup(params)
+                return
+            if tid not in self.threads:
+                # Sent before thread/start's answer named the thread: kept for it (a few, bounded).
+                early = self.early_mcp.setdefault(tid, [])
+                if len(self.early_mcp) <= 64 and len(early) < 64:
+                    early.append(params)
+                return
         tid = params.get("threadId")
         if not isinstance(tid, str):
             thread = params.get("thread")
@@ -185,6 +201,13 @@ def _toml(value: Any) -> str:
     return json.dumps(value)
 
 
+def _mcp_config(server: McpServer) -> dict[str, Any]:
+    """An MCP server as Codex's ``[mcp_servers.<name>]`` table."""
+    if server.transport == "http":
+        return {"url": server.url, "http_headers": dict(server.headers)}
+    return {"command": server.command, "args": list(server.args), "env": dict(server.env)}
+
+
 class CodexProvider:
     """The Codex app-server; implements contract.Provider and contract.Importer.
 
@@ -225,7 +248,7 @@ class CodexProvider:
             cancel=True, steer=True, commands=True, permissions=True, questions=True, history=True, reopen=True,
             models=True, set_model=True, titles=True, usage=True, context_size=True, import_=True,
             runtime_process=True, model_endpoint=True, attachments=True, fork=True, rewind=True, account=True,
-            quota=True,
+            quota=True, mcp=True,
             # Codex's own sign-in (auth.json in CODEX_HOME); with model_provider the key is an env var
             sign_in=self.config.model_provider is None, sign_out=self.config.model_provider is None,
             device_sign_in=self.config.model_provider is None,
@@ -422,10 +445,11 @@ class CodexProvider:
                     raise Busy(f"conversation {request.conversation_id} is running a turn here")
                 await old.close()
             conv = CodexConversation(self, request.conversation_id, workdir, sink, model=request.model, effort=request.effort)
+            conv.mcp = McpStates(request.mcp_servers)
             await conv._resume(await self.server())
         else:
             server = await self.server()
-            params = self.thread_params(workdir, model)
+            params = self.thread_params(workdir, model, request.mcp_servers)
             try:
                 raw = await server.request("thread/start", params, timeout=self.config.startup_timeout_s)
                 tid = str(raw["thread"]["id"])
@@ -434,6 +458,7 @@ class CodexProvider:
             except BaseException as exc:
                 raise server.error("thread/start", exc, self.config.startup_timeout_s) from None
             conv = CodexConversation(self, tid, workdir, sink, model=model, effort=request.effort)
+            conv.mcp = McpStates(request.mcp_servers)
             conv._attach(server, raw)
         self._open[conv.id] = conv
         self.restarts.succeeded("", why="a conversation opened")
@@ -523,9 +548,12 @@ class CodexProvider:
             argv += ["-c", o]
         return argv
 
-    def thread_params(self, workdir: str, model: str) -> dict[str, Any]:
-        """What thread/start and thread/resume get besides the thread: cwd, model, approvals, sandbox."""
+    def thread_params(self, workdir: str, model: str, mcp_servers: list[McpServer] | None = None) -> dict[str, Any]:
+        """What thread/start and thread/resume get besides the thread: cwd, model, approvals, sandbox,
+        and the thread's MCP servers (``config.mcp_servers``, Codex's ``[mcp_servers.<name>]``)."""
         params: dict[str, Any] = {"approvalPolicy": self.config.approval_policy, "sandbox": self.config.sandbox}
+        if mcp_servers:
+            params["config"] = {"mcp_servers": {s.name: _mcp_config(s) for s in mcp_servers}}
         if workdir:
             params["cwd"] = workdir
         if model:

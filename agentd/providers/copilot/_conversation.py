@@ -57,6 +57,7 @@ from ...contract import (
     ItemEvent,
     NotFound,
     Invalid,
+    McpServerState,
     Prompt,
     SubmissionUncertain,
     TodoList,
@@ -67,6 +68,7 @@ from ...contract import (
     Busy,
     validate_answer,
 )
+from .._mcp import McpStates
 from . import _mapping as m
 from .._common import unused_steer
 from ._bridge import BridgeClosed
@@ -77,6 +79,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 T = se.SessionEventType
+#: the CLI's MCP server events agentd reads (the rest of its MCP events are unknown records)
+_MCP_EVENTS = frozenset({T.SESSION_MCP_SERVERS_LOADED, T.SESSION_MCP_SERVER_STATUS_CHANGED})
+
+
+def _enum_value(value: Any) -> str:
+    return str(getattr(value, "value", value) or "")
 
 #: How long the CLI may take to accept a prompt before the submission counts as uncertain.
 SUBMIT_TIMEOUT_S = 30.0
@@ -127,6 +135,8 @@ class CopilotConversation:
         self.session: Any = None
         self._id = ""
         self._mapper = m.EventMapper()
+        #: its MCP servers (the provider sets them at open) and their states
+        self.mcp = McpStates([])
         self._closed = False
         self._closed_reason = ""
         self._phase = _TurnPhase.IDLE
@@ -186,6 +196,9 @@ class CopilotConversation:
     def _sdk_event(self, event: se.SessionEvent) -> None:
         """SDK callback (asyncio thread): note request ids, then hand the event to trio (unless inert)."""
         t = event.type
+        if t in _MCP_EVENTS:
+            self._bridge.to_trio(self._on_mcp, event)
+            return
         if m.inert(event):
             return
         d: Any = event.data
@@ -250,6 +263,38 @@ class CopilotConversation:
             self._sink.emit(event)
         except Exception:
             log.exception("copilot.sink_failed", conversation=self._id, event=type(event).__name__)
+
+    def _on_mcp(self, event: se.SessionEvent) -> None:
+        """An MCP server's state from the CLI's session events; a failure is a notice item."""
+        d: Any = event.data
+        updates: list[tuple[str, str, str]] = []
+        if event.type is T.SESSION_MCP_SERVERS_LOADED:
+            updates = [(s.name, _enum_value(s.status), s.error or "") for s in d.servers]
+        elif event.type is T.SESSION_MCP_SERVER_STATUS_CHANGED:
+            updates = [(d.server_name, _enum_value(d.status), d.error or "")]
+        for name, state, error in updates:
+            notice = self.mcp.update(name, state, error=error)
+            if notice is not None and not self._closed:
+                self._emit(ItemEvent(item=notice))
+
+    async def mcp_status(self) -> list[McpServerState]:
+        """Each MCP server's state and tools as the CLI reports them (``session.mcp.list``,
+        ``session.mcp.listTools``); raises Closed."""
+        self._check_open()
+        if not self.mcp.servers:
+            return []
+        listed = await self._call("the MCP server list", self.session.rpc.mcp.list)
+        for server in listed.servers:
+            self.mcp.update(server.name, _enum_value(server.status), error=server.error or "")
+        for state in self.mcp.states():
+            if state.state == "connected":
+                try:
+                    tools = await self._call("the MCP tool list", self.session.rpc.mcp.list_tools,
+                                             _rpc.MCPListToolsRequest(server_name=state.name))
+                except JsonRpcError:
+                    continue
+                self.mcp.tools(state.name, [t.name for t in tools.tools])
+        return self.mcp.states()
 
     def _on_event(self, event: se.SessionEvent) -> None:
         if self._closed:

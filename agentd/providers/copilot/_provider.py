@@ -50,6 +50,7 @@ from ...contract import (
     InternalError,
     Invalid,
     Model,
+    McpServer,
     OpenRequest,
     PreviousConversation,
     RuntimeUnavailable,
@@ -59,6 +60,7 @@ from ...contract import (
 from .._restart import RestartBackoff, RestartPolicy
 from . import _mapping as m
 from ._bridge import AsyncioBridge, BridgeClosed
+from .._mcp import McpStates
 from ._conversation import CopilotConversation, clean_title
 
 log = structlog.get_logger(__name__)
@@ -244,6 +246,14 @@ class _Runtime:
         return text[-limit:].strip() if text else ""
 
 
+def _mcp_config(server: McpServer, workdir: str) -> dict[str, Any]:
+    """An MCP server as the SDK's session config takes it, every tool of it offered."""
+    if server.transport == "http":
+        return {"type": "http", "url": server.url, "headers": dict(server.headers), "tools": ["*"]}
+    return {"type": "stdio", "command": server.command, "args": list(server.args), "env": dict(server.env),
+            "working_directory": workdir, "tools": ["*"]}
+
+
 class CopilotProvider:
     """GitHub Copilot CLI as an agentd provider (see the module docstring).
 
@@ -307,6 +317,7 @@ class CopilotProvider:
             attachments=True,
             fork=True,
             rewind=True,
+            mcp=True,
         )
 
     @property
@@ -587,7 +598,10 @@ class CopilotProvider:
             model = request.model or (byok.model if byok is not None else "") or self.config.model
         effort = request.effort
         conv = CopilotConversation(self, rt, sink, workdir=request.workdir, model=model, effort=effort)
+        conv.mcp = McpStates(request.mcp_servers)
         options = conv.session_options()
+        if request.mcp_servers:
+            options["mcp_servers"] = {s.name: _mcp_config(s, request.workdir) for s in request.mcp_servers}
         provider_cfg = self.provider_config()
         if provider_cfg is not None:
             options["provider"] = provider_cfg

@@ -1,0 +1,158 @@
+"""Host tools through the real daemon: `agentctl tool serve` registers and serves a tool, and
+agentd's own MCP server (the relay, started here exactly as a runtime starts it, from what an
+ACP agent was handed) lists it, announces the change, and calls it; a call whose client has gone
+fails after the timeout with a clear error; refused names and providers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from queue import Empty, Queue
+from typing import Any
+
+import pytest
+
+from daemon_harness import Daemon
+
+AGENT = Path(__file__).with_name("acp_mcp_agent.py")
+STAMP = "import json, sys\nargs = json.load(sys.stdin)\nprint('stamped ' + args['text'])\n"
+
+
+@pytest.fixture
+def d(tmp_path: Path) -> Iterator[Daemon]:
+    q = json.dumps
+    log = tmp_path / "agent-mcp.jsonl"
+    config = (
+        "[providers.copilot]\nenabled = false\n[providers.claude]\nenabled = false\n[providers.codex]\nenabled = false\n"
+        f"[providers.acp.rec]\ncommand = {q([sys.executable, str(AGENT)])}\n"
+        f"[providers.acp.rec.env]\nMCP_AGENT_LOG = {q(str(log))}\n"
+        "[mcp]\nhost_tools = true\nhost_tool_timeout_s = 1.5\nhost_tool_result_bytes = 256\n"
+    )
+    daemon = Daemon(tmp_path, config).start()
+    daemon.agent_log = log  # type: ignore[attr-defined]
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+class Relay:
+    """agentd's MCP server as the runtime was told to start it; MCP messages in and out."""
+
+    def __init__(self, server: dict[str, Any], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([server["command"], *server["args"]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env)
+        self.out: Queue[dict[str, Any]] = Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.next_id = 1
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.out.put(json.loads(line))
+
+    def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def wait_for(self, pred: Any, timeout: float = 20.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.out.get(timeout=max(0.01, deadline - time.monotonic()))
+            except Empty:
+                raise TimeoutError("no such MCP message from the relay") from None
+            if pred(msg):
+                return msg
+
+    def request(self, method: str, params: dict[str, Any] | None = None, timeout: float = 20.0) -> dict[str, Any]:
+        rid = self.next_id
+        self.next_id += 1
+        self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
+        return self.wait_for(lambda m: m.get("id") == rid, timeout)
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+def _host_items(d: Daemon, cid: str) -> list[dict[str, Any]]:
+    return [r["data"] for r in d.journal(cid) if r["type"] == "item" and r["data"]["id"].startswith("host-")]
+
+
+def test_served_tool_is_listed_announced_and_called_through_agentds_mcp_server(d: Daemon, tmp_path: Path) -> None:
+    rec = json.loads(d.agentctl("new", "-p", "acp:rec", "--cwd", str(tmp_path), "--json").stdout)
+    cid = rec["id"]
+    (session,) = [json.loads(line) for line in d.agent_log.read_text().splitlines()]  # type: ignore[attr-defined]
+    (server,) = [s for s in session["mcpServers"] if s["name"] == "agentd"]
+    assert server["args"][:2] == ["-m", "agentd.host_tools_relay"] and cid in server["args"]
+    relay = Relay(server, d.env)
+    serve: subprocess.Popen[str] | None = None
+    try:
+        init = relay.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}})
+        assert init["result"]["capabilities"]["tools"]["listChanged"] is True
+        relay.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert relay.request("tools/list")["result"]["tools"] == []
+        stamp = tmp_path / "stamp.py"
+        stamp.write_text(STAMP)
+        schema = tmp_path / "schema.json"
+        schema.write_text(json.dumps({"type": "object", "properties": {"text": {"type": "string"}}}))
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "agentctl", "--socket", str(d.socket), "tool", "serve", cid, "--name", "stamp",
+             "--description", "Stamp text.", "--schema", str(schema), "--json", "--", sys.executable, str(stamp)],
+            env=d.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        relay.wait_for(lambda m: m.get("method") == "notifications/tools/list_changed")
+        (tool,) = relay.request("tools/list")["result"]["tools"]
+        assert tool == {"name": "stamp", "description": "Stamp text.",
+                        "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}}
+        deadline = time.monotonic() + 20  # served once the registration is done
+        while not json.loads(d.agentctl("tool", "ls", cid, "--json").stdout)["tools"][0]["served"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        done = relay.request("tools/call", {"name": "stamp", "arguments": {"text": "x" * 400}})
+        assert done["result"] == {"content": [{"type": "text", "text": "stamped " + "x" * 400 + "\n"}], "isError": False}
+        item = _host_items(d, cid)[-1]
+        assert item["tool"]["status"] == "completed" and "x" * 400 in item["tool"]["input"]
+        assert len(item["tool"]["output"]) == 256 and item["tool"]["cut"] > 0  # bounded in the journal
+        line = json.loads(serve.stdout.readline())  # type: ignore[union-attr]
+        assert line["name"] == "stamp" and line["exit_code"] == 0 and line["arguments"] == {"text": "x" * 400}
+        # The serving client goes away: the next call fails after host_tool_timeout_s, clearly.
+        serve.terminate()
+        serve.wait(10)
+        started = time.monotonic()
+        failed = relay.request("tools/call", {"name": "stamp", "arguments": {"text": "y"}})
+        assert failed["result"]["isError"] is True
+        text = failed["result"]["content"][0]["text"]
+        assert "host tool 'stamp'" in text and "no answer" in text and "1.5 s" in text, text
+        assert 1.0 < time.monotonic() - started < 10
+        assert _host_items(d, cid)[-1]["tool"]["status"] == "failed"
+        assert json.loads(d.agentctl("tool", "ls", cid, "--json").stdout)["tools"][0]["served"] is False
+        # The conversation goes on.
+        run = d.agentctl("send", cid, "still there?", "--follow", "--json")
+        assert run.returncode == 0, run.stderr
+    finally:
+        if serve is not None and serve.poll() is None:
+            serve.kill()
+        relay.close()
+
+
+def test_names_that_shadow_a_runtimes_tools_and_providers_without_mcp_are_refused(d: Daemon, tmp_path: Path) -> None:
+    cid = json.loads(d.agentctl("new", "-p", "acp:rec", "--cwd", str(tmp_path), "--json").stdout)["id"]
+    shadow = d.agentctl("tool", "serve", cid, "--name", "Bash", "--", "true")
+    assert shadow.returncode == 8 and "runtime's own tool" in shadow.stderr
+    bad = d.agentctl("tool", "serve", cid, "--name", "has space", "--", "true")
+    assert bad.returncode == 8
+    script = json.loads(d.agentctl("new", "-p", "script", "--cwd", str(tmp_path), "--json").stdout)["id"]
+    refused = d.agentctl("tool", "serve", script, "--name", "stamp", "--", "true")
+    assert refused.returncode == 1 and "cannot take MCP servers" in refused.stderr
+    gone = d.agentctl("tool", "serve", "cnope", "--name", "stamp", "--", "true")
+    assert gone.returncode == 6
+    empty = d.agentctl("tool", "ls", cid, "--json")
+    assert json.loads(empty.stdout)["tools"] == []
