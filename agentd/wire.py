@@ -456,6 +456,8 @@ class ImportResult(msgspec.Struct, omit_defaults=True):
     in_use: InUse
     items: int = 0
     history: bool = True
+
+
 # ---- cli
 
 
@@ -487,11 +489,17 @@ class RestartResult(msgspec.Struct, frozen=True, omit_defaults=True):
     #: seconds spent waiting for running turns to end
     waited_s: float = 0.0
     providers: list["ProviderInfo"] = []
+
+
 # ---- commands
 
 
 class ListCommands(_Request, tag="commands"):
     """The slash commands and skills the conversation's runtime offers (opens it on its runtime)."""
+
+    conversation: str
+
+
 # ---- mcp
 
 
@@ -544,6 +552,8 @@ class CommandList(msgspec.Struct, frozen=True, omit_defaults=True):
 class SubagentList(msgspec.Struct, frozen=True, omit_defaults=True):
     conversation: str
     subagents: list[Subagent] = []
+
+
 # ---- accounts
 # Account, sign-in and quota of each provider's runtime (agentd.accounts).
 
@@ -621,6 +631,8 @@ class QuotaInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     #: when they were asked for (UTC, RFC 3339)
     at: str = ""
     error: str = ""
+
+
 class McpServerInfo(msgspec.Struct, frozen=True, omit_defaults=True):
     """One ``[mcp.servers.<name>]``: ``env`` and ``headers`` are the names only, never values."""
 

@@ -33,6 +33,12 @@ def diff(conversation: str, run: str, stat: bool) -> None:
     "deletions", "hunks": [{"old_start", "old_lines", "new_start",
     "new_lines", "section", "lines"}]}], "patch", "truncated", "too_large",
     "runtime_diff"} (runtime_diff: the diff the runtime itself reported, if any).
+
+    \b
+    Examples:
+      agentctl diff c3f9
+      agentctl diff c3f9 --run r1a2b3c --stat
+      agentctl diff c3f9 --json | jq '.files[].path'
     """
     o = _opts()
     res = o.client().call(wire.Diff, wire.DiffResult, conversation=conversation, run=run, stat=stat)
@@ -95,6 +101,12 @@ def revert(conversation: str, run: str, yes: bool, dry_run: bool) -> None:
     the run or its checkpoint is not found, 2 when it needs --yes.
     --json: {"conversation", "run", "files": [{"path", "action"}], "revert",
     "dry_run"} (action: restore, create, delete).
+
+    \b
+    Examples:
+      agentctl revert c3f9 --run r1a2b3c
+      agentctl revert c3f9 --run r1a2b3c --dry-run --json
+      agentctl revert c3f9 --run r1a2b3c --yes
     """
     o = _opts()
     client = o.client()

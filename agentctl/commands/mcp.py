@@ -23,6 +23,11 @@ def mcp_ls() -> None:
     names the providers whose new conversations get the server when `agentctl
     new` names none. --json: {"servers": [{"name", "transport", "command",
     "args", "url", "env", "headers", "default_for"}], "host_tool_timeout_s"}.
+
+    \b
+    Examples:
+      agentctl mcp ls
+      agentctl mcp ls --json
     """
     o = _opts()
     res = o.client().call(wire.McpList, wire.McpListResult)
@@ -51,6 +56,11 @@ def mcp_status(conversation: str) -> None:
     (the runtime does not report its servers). Opens the conversation on its
     runtime when it is not open. --json: {"conversation", "provider",
     "servers": [{"name", "state", "error", "tools"}], "reported"}.
+
+    \b
+    Examples:
+      agentctl mcp status c3f9
+      agentctl mcp status c3f9 --json
     """
     o = _opts()
     res = o.client().call(wire.McpStatus, wire.McpStatusResult, conversation=conversation)

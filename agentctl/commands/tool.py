@@ -42,6 +42,10 @@ def serve(conversation: str, name: str, description: str, schema_file: Any, comm
     Exits 130 on Ctrl-C, 6 when the conversation is gone, 8 for a refused name
     or schema, 1 (unsupported) when host tools are off or the provider cannot
     take MCP servers.
+
+    \b
+    Examples:
+      agentctl tool serve c3f9 --name stamp --description 'Stamp a file' --schema stamp.json -- ./stamp.sh
     """
     schema = None
     if schema_file is not None:
@@ -96,6 +100,11 @@ def ls(conversation: str) -> None:
     """List CONVERSATION's host tools and whether a client serves each now.
 
     --json: {"conversation", "version", "tools": [{"name", "description", "input_schema", "served"}]}.
+
+    \b
+    Examples:
+      agentctl tool ls c3f9
+      agentctl tool ls c3f9 --json
     """
     o = _opts()
     res = o.client().call(wire.ListHostTools, wire.HostToolList, conversation=conversation)
