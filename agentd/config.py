@@ -592,14 +592,6 @@ class McpConfig(_Section):
     #: UTF-8 bytes of a host tool's result kept in its journaled tool item (the agent gets it whole)
     host_tool_result_bytes: Annotated[int, msgspec.Meta(ge=256)] = 16384
 
-    def __post_init__(self) -> None:
-        if "agentd" in self.servers:
-            raise ValueError("servers.agentd: the name is agentd's own (its host-tool server)")
-        for provider, names in self.defaults.items():
-            unknown = [n for n in names if n not in self.servers]
-            if unknown:
-                raise ValueError(f"defaults.{provider} names unknown servers: {', '.join(unknown)}")
-
 
 # --------------------------------------------------------------------------- root
 
@@ -776,6 +768,15 @@ def _check_references(config: Config, path: pathlib.Path | None) -> None:
             if name not in names:
                 raise ConfigError(f"no provider {_show(name)}: {_did_you_mean(name, names)}providers: {listed}",
                                   path=path, key=f"{key}.{_toml_key(name)}")
+    servers = list(config.mcp.servers)
+    if "agentd" in config.mcp.servers:
+        raise ConfigError("the name is agentd's own (its host-tool server)", path=path, key="mcp.servers.agentd")
+    for provider, chosen in config.mcp.defaults.items():
+        for i, name in enumerate(chosen):
+            if name not in config.mcp.servers:
+                raise ConfigError(f"no MCP server {_show(name)}: {_did_you_mean(name, servers)}servers: "
+                                  f"{', '.join(servers) or 'none'}", path=path,
+                                  key=f"mcp.defaults.{_toml_key(provider)}[{i}]")
     default = config.providers.default
     if default and default not in names:
         raise ConfigError(f"{_show(default)} is not a provider: {_did_you_mean(default, names)}providers: {listed}",

@@ -92,15 +92,16 @@ def fanout(args: argparse.Namespace) -> None:
                 open_ -= 1
                 continue
             lines += buf.count(b"\n", 0, n)
-            # The end marker and a lagged frame are the last thing a socket gets: look at the tail only.
-            tail = tails[s] + bytes(view[max(0, n - 256) : n])
+            # The end marker and a lagged frame come last but for the turn's closing records (its end,
+            # its file checkpoint): look at the tail only.
+            tail = tails[s] + bytes(view[max(0, n - 8192) : n])
             if END in tail or LAGGED in tail:
                 lagged += LAGGED in tail
                 sel.unregister(s)
                 open_ -= 1
                 last = now
             else:
-                tails[s] = tail[-256:]
+                tails[s] = tail[-8192:]
     print(json.dumps({"first": first, "last": last, "lines": lines, "lagged": lagged, "unfinished": open_}), flush=True)
     for s in socks:
         s.close()

@@ -186,7 +186,9 @@ def test_configs_shaped_like_the_schema_load_or_name_the_rule_they_break(doc: di
         first = exc.key.split(".")[-1]
         # or a value that must name something that exists (config._check_references): a provider, a MIME type
         names = exc.key.startswith(("budgets.", "tasks.provider_concurrency.", "providers.default",
-                                    "attachments.allowed_types["))
+                                    "attachments.allowed_types[", "mcp.defaults."))
+        # or a rule of one [mcp.servers.<name>] table as a whole (command or url): the key names the server
+        names = names or (exc.key.startswith("mcp.servers.") and exc.key.count(".") == 2)
         assert exc.reason.startswith(first) or "loopback" in exc.reason or names, str(exc)
 
 
