@@ -108,6 +108,22 @@ class Daemon:
         return [json.loads(line) for line in path.read_text().splitlines()]
 
     def record(self, conversation: str) -> dict[str, Any]:
+        """The conversation's record: the running daemon's (``show``), else ``record.json`` on disk.
+
+        On disk the record is a checkpoint that a running turn does not update (the journal is the
+        durable start marker); use :meth:`disk_record` to read exactly what is on disk.
+        """
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                with Client(self.socket) as client:
+                    from agentd import wire
+
+                    return client.request(wire.Show, conversation=conversation)["record"]
+            except Exception:  # not answering (starting, stopping) or no such conversation: the disk says
+                pass
+        return self.disk_record(conversation)
+
+    def disk_record(self, conversation: str) -> dict[str, Any]:
         return json.loads((self.state_dir / "conversations" / conversation / "record.json").read_text())
 
 
