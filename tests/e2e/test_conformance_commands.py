@@ -125,10 +125,10 @@ def test_a_steer_during_a_slow_answer_reaches_the_next_model_request(runtime: Ru
 
 
 def _slowish(runtime: Runtime) -> None:
-    """An answer streamed over about 8 s: time to steer, not much longer."""
+    """An answer streamed over about 16 s: time to steer on a loaded machine, not much longer."""
     assert runtime.server is not None
     runtime.server.reset()
-    runtime.server.answer_text_only(" ".join(f"word{i}" for i in range(80)))
+    runtime.server.answer_text_only(" ".join(f"word{i}" for i in range(160)))
     runtime.server.stream_slowly(0.1)
 
 

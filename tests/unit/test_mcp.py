@@ -89,7 +89,7 @@ def test_listing_shows_names_never_values() -> None:
     ('[mcp.servers.x]\nurl = "ftp://x"', "not http"),
     ('[mcp.servers.x]\ncommand = "a"\nheaders = { A = "b" }', "headers are for an HTTP server"),
     ('[mcp.servers.agentd]\ncommand = "a"', "agentd's own"),
-    ('[mcp.defaults]\nclaude = ["y"]', "unknown servers: y"),
+    ('[mcp.defaults]\nclaude = ["y"]', r"no MCP server \"y\""),
 ])
 def test_bad_server_config_is_a_clear_error(text: str, error: str) -> None:
     with pytest.raises(ConfigError, match=error):
