@@ -205,21 +205,31 @@ def _reporters(runtimes: "Runtimes", name: str, cap: str) -> list[str]:
     return names
 
 
-async def account(runtimes: "Runtimes", name: str = "") -> list[wire.AccountInfo]:
-    """The sign-in of ``name`` (or of every provider that reports one). Raises NotFound; for one
-    named provider Unsupported when it reports no account, RuntimeUnavailable when it cannot say."""
-    out: list[wire.AccountInfo] = []
-    for n in _reporters(runtimes, name, "account"):
+async def _capable(runtimes: "Runtimes", name: str, cap: str, protocol: type) -> list[tuple[str, Any]]:
+    """``(name, provider)`` of each provider (``name``, or every one) whose capability ``cap`` is
+    true and that implements ``protocol``. One named provider that cannot be had raises what
+    Runtimes.get raises, one without the capability Unsupported; unnamed ones are left out."""
+    out: list[tuple[str, Any]] = []
+    for n in _reporters(runtimes, name, cap):
         try:
             provider = await runtimes.get(n)
         except c.AgentdError:
             if name:
                 raise
             continue
-        if not (provider.capabilities().account and isinstance(provider, c.AccountReader)):
+        if not (getattr(provider.capabilities(), cap) and isinstance(provider, protocol)):
             if name:
-                raise c.Unsupported(f"provider {n!r} reports no account (its capability account is false)")
+                raise c.Unsupported(f"provider {n!r} reports no {cap} (its capability {cap} is false)")
             continue
+        out.append((n, provider))
+    return out
+
+
+async def account(runtimes: "Runtimes", name: str = "") -> list[wire.AccountInfo]:
+    """The sign-in of ``name`` (or of every provider that reports one). Raises NotFound; for one
+    named provider Unsupported when it reports no account, RuntimeUnavailable when it cannot say."""
+    out: list[wire.AccountInfo] = []
+    for n, provider in await _capable(runtimes, name, "account", c.AccountReader):
         try:
             acct = await _bounded(provider.account, ACCOUNT_TIMEOUT_S, "the sign-in status")
         except c.AgentdError as exc:
@@ -403,17 +413,7 @@ async def quota(runtimes: "Runtimes", name: str = "") -> list[wire.QuotaInfo]:
     now (QuotaReporter: Copilot's account quota; Codex's rate-limit windows). Raises NotFound; for
     one named provider Unsupported when it reports none, RuntimeUnavailable when it cannot say."""
     out: list[wire.QuotaInfo] = []
-    for n in _reporters(runtimes, name, "quota"):
-        try:
-            provider = await runtimes.get(n)
-        except c.AgentdError:
-            if name:
-                raise
-            continue
-        if not (provider.capabilities().quota and isinstance(provider, c.QuotaReporter)):
-            if name:
-                raise c.Unsupported(f"provider {n!r} reports no quota (its capability quota is false)")
-            continue
+    for n, provider in await _capable(runtimes, name, "quota", c.QuotaReporter):
         try:
             quotas = await _bounded(provider.quota, ACCOUNT_TIMEOUT_S, "the quota")
         except c.AgentdError as exc:

@@ -539,15 +539,19 @@ class ConversationService:
                 await self._append(live, "budget", _json.encode(change))
             await self._ensure_open(live)
         except BaseException as exc:
-            with trio.CancelScope(shield=True):
-                try:
-                    await self.delete(record.id)
-                except Exception:
-                    log.exception("conversation.create_cleanup_failed", conversation=record.id)
+            await self._discard(record, "conversation.create_cleanup_failed")
             if isinstance(exc, OSError):
                 raise c.InternalError(f"cannot create the conversation's journal: {exc.strerror or exc}") from None
             raise
         return record
+
+    async def _discard(self, record: wire.ConversationRecord, event: str) -> None:
+        """Delete a conversation whose creation failed half-way (shielded); a failure is logged as ``event``."""
+        with trio.CancelScope(shield=True):
+            try:
+                await self.delete(record.id)
+            except Exception:
+                log.exception(event, conversation=record.id)
 
     async def adopt(
         self, *, provider: str, workdir: str, title: str, model: str, effort: str, mode: str,
@@ -580,11 +584,7 @@ class ConversationService:
             self._save(record)
             await self._ensure_open(live)
         except BaseException as exc:
-            with trio.CancelScope(shield=True):
-                try:
-                    await self.delete(record.id)
-                except Exception:
-                    log.exception("conversation.adopt_cleanup_failed", conversation=record.id)
+            await self._discard(record, "conversation.adopt_cleanup_failed")
             if isinstance(exc, OSError):
                 raise c.InternalError(f"cannot write the conversation's journal: {exc.strerror or exc}") from None
             raise

@@ -847,20 +847,7 @@ class CopilotProvider:
         from copilot.generated import rpc as _rpc
         from copilot.generated import session_events as se
 
-        if not _SESSION_ID.match(source):
-            raise ConversationNotFound(f"no Copilot session {source!r}")
-        path = self.copilot_home / "session-state" / source / "events.jsonl"
-
-        def read() -> list[str] | None:
-            try:
-                with path.open(encoding="utf-8", errors="replace") as f:
-                    return f.readlines()
-            except FileNotFoundError:
-                return None
-
-        lines = await trio.to_thread.run_sync(read)
-        if lines is None:
-            raise ConversationNotFound(f"the Copilot CLI has no session {source!r} (in {self.copilot_home})")
+        lines = await self._stored_events(source)
         roots = [str(ev.id) for ev in m.parse_events_jsonl(lines)
                  if ev.type is se.SessionEventType.USER_MESSAGE and not ev.agent_id
                  and ev.data.delivery is not se.UserMessageDelivery.STEERING]
@@ -884,9 +871,14 @@ class CopilotProvider:
 
         Raises :class:`ConversationNotFound` when the store has no such session.
         """
-        if not _SESSION_ID.match(conversation_id):
-            raise ConversationNotFound(f"no Copilot session {conversation_id!r}")
-        path = self.copilot_home / "session-state" / conversation_id / "events.jsonl"
+        return m.history_from_events(m.parse_events_jsonl(await self._stored_events(conversation_id)))
+
+    async def _stored_events(self, session: str) -> list[str]:
+        """The lines of session ``session``'s ``events.jsonl`` in the CLI's store (read in a worker
+        thread). Raises ConversationNotFound for an id that is no session id, or no such session."""
+        if not _SESSION_ID.match(session):
+            raise ConversationNotFound(f"no Copilot session {session!r}")
+        path = self.copilot_home / "session-state" / session / "events.jsonl"
 
         def read() -> list[str] | None:
             try:
@@ -897,5 +889,5 @@ class CopilotProvider:
 
         lines = await trio.to_thread.run_sync(read)
         if lines is None:
-            raise ConversationNotFound(f"the Copilot CLI has no session {conversation_id!r} (in {self.copilot_home})")
-        return m.history_from_events(m.parse_events_jsonl(lines))
+            raise ConversationNotFound(f"the Copilot CLI has no session {session!r} (in {self.copilot_home})")
+        return lines
