@@ -15,9 +15,11 @@ file, agentctl's autostart log):
 - it is owned by agentd's effective uid (the config file and its directory: or
   root) and not writable by group or others; the token file, a secret, is not
   readable by them either;
-- every directory above it (symlinks there resolved) is owned by root or by
-  agentd's uid and not writable by group or others unless sticky (``/tmp``):
-  whoever may rename entries there could swap the trusted path for their own.
+- every directory above it, both as written and with symlinks resolved, is
+  owned by root or by agentd's uid and not writable by group or others unless
+  sticky (``/tmp``): whoever may rename entries there could swap the trusted
+  path for their own; a symlink on the way is owned by root or agentd's uid
+  (in a sticky directory its owner may replace it to point elsewhere).
 
 Directories agentd creates, parents included, are 0700 whatever the umask; an
 existing runtime or state dir that passes is narrowed to 0700 (a chmod that
@@ -124,21 +126,47 @@ def _problem(path: str, st: os.stat_result, *, directory: bool, root_ok: bool = 
     return None
 
 
+def _ancestors(d: str) -> list[str]:
+    """``d`` and every directory above it, up to ``/``."""
+    out = [d]
+    while (parent := os.path.dirname(out[-1])) != out[-1]:
+        out.append(parent)
+    return out
+
+
+def _check_dir_above(what: str, path: str, d: str, st: os.stat_result) -> None:
+    uid = os.geteuid()
+    if st.st_uid not in (0, uid):
+        raise Untrusted(what, path, f"it lies in {d}, owned by {_who(st.st_uid)}, who could replace it")
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise Untrusted(what, path, f"it lies in {d}, writable by {_writers(st.st_mode)} "
+                                    f"(mode {stat.S_IMODE(st.st_mode):04o}), who could replace it")
+
+
 def _check_above(what: str, path: str) -> None:
     """Every directory above ``path`` is root's or ours and not writable by others (sticky excepted)."""
+    _check_from(what, path, os.path.dirname(os.path.abspath(path)))
+
+
+def _check_from(what: str, path: str, start: str) -> None:
+    """``start`` (above ``path``) and every directory above it pass the rule (see :func:`_check_above`).
+
+    Both the path as written and the path with its symlinks resolved are
+    checked: agentd keeps using the path by name, so a symlink on the way is
+    only as safe as its owner (who may, in a sticky ``/tmp``, replace it to
+    point elsewhere) and the directory holding it.
+    """
     uid = os.geteuid()
-    d = os.path.realpath(os.path.dirname(path))
-    while True:
-        st = os.stat(d)
-        if st.st_uid not in (0, uid):
-            raise Untrusted(what, path, f"it lies in {d}, owned by {_who(st.st_uid)}, who could replace it")
-        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            raise Untrusted(what, path, f"it lies in {d}, writable by {_writers(st.st_mode)} "
-                                        f"(mode {stat.S_IMODE(st.st_mode):04o}), who could replace it")
-        parent = os.path.dirname(d)
-        if parent == d:
-            return
-        d = parent
+    for d in _ancestors(start):
+        st = os.lstat(d)
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (0, uid):
+                raise Untrusted(what, path, f"it lies under {d}, a symlink owned by {_who(st.st_uid)}, "
+                                            "who could point it elsewhere")
+        else:
+            _check_dir_above(what, path, d, st)
+    for d in _ancestors(os.path.realpath(start)):
+        _check_dir_above(what, path, d, os.stat(d))
 
 
 def _unusable(what: str, path: str | os.PathLike[str], exc: OSError) -> Exception:
@@ -202,9 +230,16 @@ def private_dir(path: str | os.PathLike[str], what: str, *, narrow: bool = True)
     """Make ``path`` a directory agentd may trust, or raise :class:`Untrusted` naming what is wrong.
 
     Creates it (and missing parents) 0700; checks it and every directory above
-    by the rule; ``narrow`` sets an existing one that passes to 0700.
+    by the rule; ``narrow`` sets an existing one that passes to 0700. What
+    already exists above it is checked before anything is created, so nothing
+    is made in (or through) a directory that breaks the rule.
     """
     try:
+        existing = os.path.abspath(path)
+        while not os.path.lexists(existing):
+            existing = os.path.dirname(existing)
+        if existing != os.path.abspath(path):
+            _check_from(what, os.fspath(path), existing)
         make_dir(path)
         st = os.lstat(path)
         problem = _problem(os.fspath(path), st, directory=True)

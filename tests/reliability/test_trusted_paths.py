@@ -10,7 +10,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -92,6 +91,31 @@ def test_a_parent_another_user_owns_is_refused(root: Path, other_user: pwd.struc
                                           "AGENTD_SOCKET": str(parent / "agentd" / "agentd.sock")})
     err = _refused(d)
     assert f"runtime dir {parent / 'agentd'}: it lies in {parent}, owned by uid {other_user.pw_uid}" in err, err
+    assert list(parent.iterdir()) == [], "agentd created its runtime dir in the other user's directory"
+
+
+@pytest.mark.parametrize("which", ["state", "runtime"])
+def test_a_symlinked_parent_another_user_owns_is_refused_though_it_points_to_our_own_directory(
+    root: Path, other_user: pwd.struct_passwd, which: str  # noqa: F811
+) -> None:
+    # A sticky, world-writable directory (like /tmp) holding the other user's symlink to a directory of
+    # ours: every resolved directory passes, but the other user may repoint the link at any time (their
+    # own directory, their token and tasks in it) and agentd goes on using the path by name.
+    shared = root / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    mine = root / "mine"
+    mine.mkdir(mode=0o700)
+    link = shared / "link"
+    link.symlink_to(mine)
+    os.chown(link, other_user.pw_uid, other_user.pw_gid, follow_symlinks=False)
+    env = {"AGENTD_STATE_DIR": str(link / "state")} if which == "state" else \
+        {"AGENTD_RUNTIME_DIR": str(link / "run"), "AGENTD_SOCKET": str(link / "run" / "agentd.sock")}
+    d = fast_daemon(root / "agentd", env=env)
+    err = _refused(d)
+    assert f"it lies under {link}, a symlink owned by uid {other_user.pw_uid} ({other_user.pw_name}), " \
+           "who could point it elsewhere" in err, err
+    assert list(mine.iterdir()) == [], "agentd created its directory through the other user's symlink"
 
 
 @pytest.mark.parametrize("what", ["state dir", "runtime dir", "config file", "config dir", "parent"])
