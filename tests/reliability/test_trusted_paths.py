@@ -145,6 +145,25 @@ def test_a_directory_or_config_writable_by_group_or_others_is_refused(root: Path
         assert f"{what} {path}: writable by " in err and f"(mode {mode:04o})" in err, err
 
 
+def test_a_config_file_another_user_owns_is_refused(root: Path, other_user: pwd.struct_passwd) -> None:  # noqa: F811
+    d = fast_daemon(root / "agentd")
+    os.chmod(d.config, 0o644)
+    os.chown(d.config, other_user.pw_uid, other_user.pw_gid)  # they could rewrite it: providers run their commands
+    err = _refused(d)
+    assert f"{d.config}: owned by uid {other_user.pw_uid} ({other_user.pw_name}), not by agentd's" in err, err
+
+
+def test_a_token_file_others_can_read_is_refused_and_left_as_it_is(root: Path) -> None:
+    d = fast_daemon(root / "agentd", "[websocket]\nenabled = true\nport = 0\n")
+    d.runtime_dir.mkdir(mode=0o700)
+    token = d.runtime_dir / "ws-token"
+    token.write_text("a-token-everyone-could-read\n")
+    os.chmod(token, 0o644)
+    err = _refused(d)
+    assert f"token file {token}: readable by group or others (mode 0644); it holds a secret" in err, err
+    assert token.read_text() == "a-token-everyone-could-read\n" and stat.S_IMODE(token.stat().st_mode) == 0o644
+
+
 # --------------------------------------------------------------------------- symlinks are never followed
 
 
