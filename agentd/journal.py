@@ -23,6 +23,7 @@ import os
 import pathlib
 import secrets
 import shutil
+import stat
 import time
 from typing import Callable
 
@@ -68,6 +69,17 @@ class FsyncPolicy(str, enum.Enum):
     #: the kernel decides; a power loss may lose recent records (a process crash does not)
     NEVER = "never"
 
+
+
+def _regular_only(fd: int, path: pathlib.Path) -> None:
+    """Refuse anything but a regular file at a journal's path (a FIFO would wedge appends and reads);
+    raises OSError EINVAL naming what is there. Clears the O_NONBLOCK the open used."""
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+        raise OSError(errno.EINVAL, f"the journal {path} is {kind}, not a regular file; agentd will not use it")
+    os.set_blocking(fd, True)
 
 class JournalCorrupt(AgentdError):
     """A journal line is not a valid record; ``path`` and ``line`` (1-based) say where."""
@@ -231,7 +243,8 @@ class Journal:
         # Called on the first append after each group commit (BATCH only).
         self._on_dirty = on_dirty if self._policy is FsyncPolicy.BATCH else None
         self._queued = False
-        flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        # O_NONBLOCK: a FIFO put where the journal belongs is refused, not waited on (cleared below).
+        flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         #: the file can only be read (a read-only file system): why
         self._readonly: OSError | None = None
         try:
@@ -244,9 +257,10 @@ class Journal:
                 if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
                     raise
                 # Read-only: the conversation stays readable; appends say why they cannot be made.
-                self._fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
                 self._readonly = exc
         try:
+            _regular_only(self._fd, self.path)
             self._end, self.last_seq, last_off = self._recover()
         except BaseException:
             os.close(self._fd)
@@ -409,10 +423,11 @@ class Journal:
     def _reopen_writable(self) -> bool:
         """A journal opened read-only: try again for writing (the file system came back)."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             return False
         try:
+            _regular_only(fd, self.path)
             if os.fstat(fd).st_size != self._end:
                 os.ftruncate(fd, self._end)  # the torn tail left while read-only
                 os.fsync(fd)

@@ -197,7 +197,7 @@ def reap_previous(state_dir: Path, *, grace_s: float = GRACE_S) -> list[RuntimeR
         if not name.endswith(".json"):
             continue
         try:
-            rec = _decoder.decode(path.read_bytes())
+            rec = _decoder.decode(_fsutil.read_file(path))  # never a symlink, FIFO or device
         except (OSError, msgspec.DecodeError) as exc:
             log.warning("runtime.record_unreadable", path=str(path), error=str(exc))
             path.unlink(missing_ok=True)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import time
 from pathlib import Path
 
 import msgspec
@@ -156,3 +159,34 @@ def test_a_garbage_last_line_does_not_stop_the_daemon_from_starting_or_serving(t
         assert path.read_bytes() == damaged
     finally:
         d.stop()
+
+
+def test_a_fifo_where_a_journal_or_a_runtime_record_belongs_is_refused_and_the_daemon_serves_on(
+    tmp_path: Path,
+) -> None:
+    d, cid, path = _finished_conversation(tmp_path, turns=1)
+    with d.start().client() as client:
+        healthy = new(client, tmp_path / "work")
+    d.stop()
+    path.unlink()
+    os.mkfifo(path, 0o600)  # nobody writes it: a blocking open or read waits for ever
+    record = d.state_dir / "runtimes" / "4242.json"
+    os.mkfifo(record, 0o600)  # read at start, before any runtime of ours
+    started = time.monotonic()
+    d.start()
+    try:
+        assert time.monotonic() - started < 10
+        with d.client() as client:
+            for op, fields in ((wire.Subscribe, {"conversation": cid}), (wire.Send, {"conversation": cid, "text": "x"})):
+                try:
+                    client.request(op, **fields)
+                except c.AgentdError as exc:
+                    assert f"the journal {path} is a FIFO, not a regular file" in exc.message, exc.message
+                else:  # pragma: no cover
+                    raise AssertionError(f"{op.__name__} of a conversation whose journal is a FIFO succeeded")
+            client.subscribe(healthy)
+            assert turn_state(run_turn(client, healthy, "fine")[-1]) == "completed"
+        assert stat.S_ISFIFO(path.lstat().st_mode)  # left where it is
+        assert not record.exists()  # agentd's own runtime records: an unreadable one is dropped
+    finally:
+        assert d.stop() == 0
