@@ -12,6 +12,7 @@ import click
 import msgspec
 
 from agentd import wire
+from agentd.termsafe import visible
 
 from .. import exitcodes
 from ..cli import Fail, _err, _exit, _interactive, _json, _ok_json, _opts, _style, _text_arg, common
@@ -224,9 +225,8 @@ def _show_item(o: Any, conversation: str, item_id: str, agent_id: str, full: boo
         if tool.cut and not info.kept:
             _err(f"the whole output of {item_id} was not kept ({tool.cut:,} bytes were cut; "
                  "see [journal] tool_output_quota_bytes); showing the cut")
-        sys.stdout.write(whole if info.kept else tool.output)
-        if not (whole if info.kept else tool.output).endswith("\n"):
-            sys.stdout.write("\n")
+        text = visible(whole if info.kept else tool.output)  # the tool's bytes: --json has them as they are
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
     lines = [("id", item.id), ("kind", item.kind.value)]
     if item.agent_id:
@@ -241,10 +241,10 @@ def _show_item(o: Any, conversation: str, item_id: str, agent_id: str, full: boo
             kept = f"kept: agentctl show {conversation} --item {item_id} --full" if info.kept else "not kept"
             lines.append(("cut", f"{tool.cut:,} bytes of the output left out ({kept})"))
     for k, v in lines:
-        click.echo(f"{k + ':':<10} {v}")
+        click.echo(visible(f"{k + ':':<10} {v}"))  # agent text: title, input
     body = tool.output if tool is not None else item.text
     if body:
-        click.echo(body)
+        click.echo(visible(body))
 
 
 @click.command()

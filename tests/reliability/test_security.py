@@ -508,6 +508,10 @@ def test_agent_text_reaches_no_terminal_with_live_control_characters(daemon: Dae
     ctl("run", "send", cid, "show", "--follow", "--exit-on-action")  # stops at the question (exit 4)
     wait_for(lambda: daemon.record(cid)["state"] == "requires_action")
     ctl("show", "show", cid)
+    tool_item = next(r["data"]["id"] for r in daemon.journal(cid)
+                     if r["type"] == "item" and (r["data"].get("tool") or {}).get("name") == "bash")
+    ctl("show item", "show", cid, "--item", tool_item)
+    ctl("show item full", "show", cid, "--item", tool_item, "--full")
     ctl("ls", "ls")
     ctl("tail", "tail", cid, "--after", "0", "--no-follow", "--seq")
     ctl("answer", "answer", cid, "--choice", "1")
@@ -532,5 +536,5 @@ def test_agent_text_reaches_no_terminal_with_live_control_characters(daemon: Dae
             raw.append(f"{name}: raw {', '.join(found)} in {text[:300]!r}")
     assert not raw, "\n".join(raw)
     shown = [name for name, text in outputs.items() if "\\x1b[1A" in text and "\\x9b31m" in text]
-    assert set(shown) >= {"run", "show", "tail", "answer", "attach (terminal)", "fail", "tail after",
-                          "export md", "export html"}, shown
+    assert set(shown) >= {"run", "show", "show item", "show item full", "tail", "answer", "attach (terminal)", "fail",
+                          "tail after", "export md", "export html"}, shown
