@@ -12,7 +12,7 @@ character other than newline and tab, DEL, and every C1 control character
 line (``\\r\\n``) is a plain newline; any other carriage return is shown.
 
 :func:`visible_all` does the same to every string inside a decoded value
-(a msgspec Struct, dict, list), returning an object of the same type; the
+(a msgspec Struct, dict keys and values, list), returning an object of the same type; the
 value is returned unchanged (the same object) when it holds no control
 character, which is the common case and costs one encode and one search.
 
@@ -48,8 +48,8 @@ def visible(text: str) -> str:
 def _walk(value: Any) -> Any:
     if isinstance(value, str):
         return visible(value)
-    if isinstance(value, dict):
-        return {k: _walk(v) for k, v in value.items()}
+    if isinstance(value, dict):  # keys too: an agent's tool input or unknown data names them
+        return {_walk(k): _walk(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_walk(v) for v in value]
     return value

@@ -1,0 +1,46 @@
+"""agentd.termsafe: agent text shown with its control characters visible (issue 12, terminal safety)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from agentd.termsafe import visible, visible_all
+
+C0 = [chr(c) for c in range(0x20) if chr(c) not in "\n\t"]
+C1 = [chr(c) for c in range(0x7F, 0xA0)]  # DEL, then U+0080..U+009F (U+009B: a one-character CSI)
+
+
+def test_every_c0_but_newline_and_tab_del_and_every_c1_is_shown_as_an_escape() -> None:
+    for ch in C0 + C1:
+        assert visible(f"a{ch}b") == f"a\\x{ord(ch):02x}b"
+    assert visible("line\nnext\tcell") == "line\nnext\tcell"
+    assert visible("up\x1b[1A\x1b[2Kallowed: ls") == "up\\x1b[1A\\x1b[2Kallowed: ls"
+    assert visible("copy\x1b]52;c;ZXZpbA==\x07") == "copy\\x1b]52;c;ZXZpbA==\\x07"
+
+
+def test_a_crlf_line_end_is_a_newline_and_a_lone_carriage_return_is_shown() -> None:
+    assert visible("one\r\ntwo") == "one\ntwo"
+    assert visible("fake\rallowed") == "fake\\x0dallowed"
+
+
+def test_text_without_control_characters_is_returned_as_it_is() -> None:
+    text = "plain text, ünïcode and emoji 🎉"
+    assert visible(text) is text
+    value = {"a": ["b", {"c": "d"}]}
+    assert visible_all(value) is value
+
+
+class _Tool(msgspec.Struct):
+    title: str
+    input: dict[str, object]
+    lines: list[str]
+
+
+def test_visible_all_reaches_every_string_of_a_struct_dict_keys_included() -> None:
+    tool = _Tool(title="t\x1b]0;pwned\x07", input={"k\x9b31m": ["v\x1b[2J", 3], "ok": None}, lines=["x\x7f"])
+    shown = visible_all(tool)
+    assert isinstance(shown, _Tool)
+    assert shown.title == "t\\x1b]0;pwned\\x07"
+    assert shown.input == {"k\\x9b31m": ["v\\x1b[2J", 3], "ok": None}
+    assert shown.lines == ["x\\x7f"]
+    assert visible_all("a\x1bb") == "a\\x1bb"
