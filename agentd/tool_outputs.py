@@ -6,7 +6,7 @@ A provider bounds a tool's ``output`` for display (16 KiB or so) and says in
 64 MiB message ceiling). The conversation service hands that here instead of
 the journal:
 
-* stored as ``<state>/conversations/<id>/tool-output/<key>.txt`` (0600, in a
+* masked (agentd.masking) and stored as ``<state>/conversations/<id>/tool-output/<key>.txt`` (0600, in a
   0700 directory, written atomically), ``key`` a hash of (agent id, item id), so
   a runtime's ids never make a path;
 * within ``[journal] tool_output_quota_bytes`` per conversation: the oldest
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import trio
 
-from . import _fsutil
+from . import _fsutil, masking
 
 if TYPE_CHECKING:
     from .contract import Item
@@ -65,8 +65,12 @@ class ToolOutputs:
         return self.root / conversation_id / OUTPUT_DIR
 
     def keep(self, conversation_id: str, agent_id: str, item_id: str, text: str) -> bool:
-        """Store one whole output (replacing an earlier one of the same item); False when over the quota."""
-        data = text.encode("utf-8", "replace")
+        """Store one whole output (replacing an earlier one of the same item); False when over the quota.
+
+        Masked first (agentd.masking), like every journal record: a secret a tool
+        printed is never written, and no page read back can split one.
+        """
+        data = masking.mask_text(text).encode("utf-8", "replace")
         if self.quota_bytes == 0:
             return False  # keeping none, by configuration
         if len(data) > self.quota_bytes:

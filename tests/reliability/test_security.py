@@ -25,7 +25,7 @@ from agentd import wire
 from daemon_harness import REPO, Daemon, drive_pty
 from environment import unavailable
 
-from .conftest import ECHO, fast_daemon, log_events, new, run_turn, wait_for
+from .conftest import ECHO, fast_daemon, log_events, new, run_turn, turn_state, wait_for
 from .figures import FAULTS
 
 AGENT = Path(__file__).parent / "acp_fault_agent.py"
@@ -359,6 +359,39 @@ env = {{ FAULT_TOKEN = {json.dumps(CANARY_ENV)}, OPENAI_API_KEY = {json.dumps(CA
                 leaks.append(f"{canary[:12]}... in output {n}: {text[:200]!r}")
     assert not leaks, "\n".join(leaks)
 
+
+
+def test_a_secret_in_a_tool_output_too_big_for_the_journal_is_masked_in_the_whole_output_kept_on_disk(
+    tmp_path: Path,
+) -> None:
+    """The whole output of a tool (kept beside the journal when the record holds a display cut) is
+    masked before it is written: no state file, `show --item --full` page or export holds the secret."""
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "echo-secret.toml"
+    # ~270 KB: the secret lies in the middle, in what the display cut leaves out.
+    script.write_text('model = "leak"\n[[turn]]\n[[turn.step]]\nkind = "tool"\nname = "bash"\n'
+                      'command = "seq 1 30000; echo \\"pw=$MY_SERVICE_PASSWORD\\"; seq 1 30000"\n'
+                      '[[turn.step]]\nkind = "text"\ntext = "done"\n')
+    d = fast_daemon(tmp_path / "d", env={"MY_SERVICE_PASSWORD": CANARY_PW}).start()
+    try:
+        FAULTS["secrets canary"] += 1
+        with d.client() as client:
+            cid = new(client, work, script)
+            client.subscribe(cid)
+            assert turn_state(run_turn(client, cid, "go")[-1]) == "completed"
+        tool = [r["data"] for r in d.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "tool"][-1]
+        assert tool["tool"].get("cut", 0) > 0 and "pw=" not in tool["tool"]["output"]  # the display cut left it out
+        full = d.agentctl("show", cid, "--item", tool["id"], "--full")
+        exported = d.agentctl("export", cid, "--include-tools")
+        for proc in (full, exported):
+            assert proc.returncode == 0, proc.stderr
+            assert "pw=[redacted]" in proc.stdout and CANARY_PW not in proc.stdout
+        kept = [p for p in d.state_dir.rglob("*") if p.is_file() and CANARY_PW.encode() in p.read_bytes()]
+        assert kept == [], f"the secret is in clear in {kept}"
+        assert list(d.state_dir.glob(f"conversations/{cid}/tool-output/*.txt")), "no whole output was kept"
+    finally:
+        d.stop()
 
 # --------------------------------------------------------------------------- ACP file access
 
