@@ -6,8 +6,9 @@ A provider bounds a tool's ``output`` for display (16 KiB or so) and says in
 64 MiB message ceiling). The conversation service hands that here instead of
 the journal:
 
-* masked (agentd.masking) and stored as ``<state>/conversations/<id>/tool-output/<key>.txt`` (0600, in a
-  0700 directory, written atomically), ``key`` a hash of (agent id, item id), so
+* masked (agentd.masking), then stored as
+  ``<state>/conversations/<id>/tool-output/<key>.txt`` (0600, in a 0700
+  directory, written atomically), ``key`` a hash of (agent id, item id), so
   a runtime's ids never make a path;
 * within ``[journal] tool_output_quota_bytes`` per conversation: the oldest
   outputs are deleted to make room; an output larger than the whole quota is
