@@ -27,7 +27,7 @@ def _load(config_path: Path | None):  # -> (Config, Paths)
     return config, config.resolved_paths()
 
 
-def _trusted_paths(config, paths) -> None:  # (Config, Paths)
+def _trusted_paths(config, paths, config_path) -> None:  # (Config, Paths, Path | None)
     """Check, creating what is missing (0700), every path the daemon trusts before it uses one.
 
     Raises :class:`~agentd._trust.Untrusted`. The lock file is checked as it is
@@ -35,6 +35,9 @@ def _trusted_paths(config, paths) -> None:  # (Config, Paths)
     """
     from . import _trust
 
+    from .reload import read_environment
+
+    read_environment(config_path)  # the environment file beside the config: checked like it
     _trust.check_socket_path(paths.socket)
     _trust.private_dir(paths.runtime_dir, "runtime dir")
     _trust.private_dir(paths.state_dir, "state dir")
@@ -70,7 +73,7 @@ def run(config_path: Path | None) -> None:
     from .leases import AlreadyRunning, DaemonLock
 
     try:
-        _trusted_paths(config, paths)
+        _trusted_paths(config, paths, config_path)
         lock = DaemonLock.acquire(paths.state_dir)
     except Untrusted as exc:
         _unusable(exc)

@@ -7,13 +7,13 @@ agentd that adopts it runs their commands as its own user. A symlink left in
 one of those places makes agentd write, or ``chmod``, whatever it points at.
 
 The rule, for every path agentd trusts (runtime dir, state dir, the socket's
-directory, the config file and its directory, the gateway token file, the lock
-file, agentctl's autostart log):
+directory, the config file and its directory, the environment file beside it,
+the gateway token file, the lock file, agentctl's autostart log):
 
 - it is looked at with ``lstat``: a symlink where a directory or file is
   expected is refused, never followed;
-- it is owned by agentd's effective uid (the config file and its directory: or
-  root) and not writable by group or others; the token file, a secret, is not
+- it is owned by agentd's effective uid (the config and environment files and
+  their directory: or root) and not writable by group or others; the token file, a secret, is not
   readable by them either;
 - every directory above it, both as written and with symlinks resolved, is
   owned by root or by agentd's uid and not writable by group or others unless
@@ -283,9 +283,11 @@ def open_file(path: str | os.PathLike[str], flags: int, what: str, *, root_ok: b
     return fd
 
 
-def check_config_file(path: str | os.PathLike[str]) -> bytes:
+def check_config_file(path: str | os.PathLike[str], what: str = "config file") -> bytes:
     """The bytes of the config file at ``path``, which with its directory must pass the rule (root may own both).
 
+    ``what`` names the file in a refusal (the environment file beside
+    agentd.toml is config too: it sets the environment every runtime starts from).
     Raises FileNotFoundError, :class:`Untrusted`.
     """
     path = os.path.abspath(path)
@@ -299,7 +301,7 @@ def check_config_file(path: str | os.PathLike[str]) -> bytes:
         raise
     except OSError as exc:
         raise _unusable("config dir", parent, exc) from None
-    fd = open_file(path, os.O_RDONLY, "config file", root_ok=True)
+    fd = open_file(path, os.O_RDONLY, what, root_ok=True)
     try:
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read()

@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 import trio
 
-from . import agentfs, idle_release, masking, reload, runtime_env, systemd
+from . import _trust, agentfs, idle_release, masking, reload, runtime_env, systemd
 from .config import Config, Paths, default_config_path
 from .conversations import ConversationService, new_id
 from .hub import Hub
@@ -190,10 +190,13 @@ def _raise_open_files_limit() -> None:
 
 
 def _environment_file(config_path: Path | None) -> dict[str, str]:
+    # Checked by the trust rule at start (agentd run exits 78 on it); changed since: read nothing.
     try:
-        return reload.parse_environment(reload.environment_file(config_path).read_text(encoding="utf-8"))
-    except OSError:
+        text = reload.read_environment(config_path)[1]
+    except (OSError, _trust.Untrusted) as exc:
+        log.warning("agentd.env_file_unreadable", error=str(exc))
         return {}
+    return reload.parse_environment(text) if text is not None else {}
 
 
 async def _reload_on_sighup(reloader: reload.Reloader) -> None:

@@ -3,8 +3,10 @@ for the runtimes started from then on, without a stop.
 
 The rules it keeps:
 
-* A config that does not load is refused with its error (``invalid``); the config in force stays
-  and nothing else changes (the environment file is not applied either).
+* A config that does not load, or an environment file that breaks the trust rule of
+  agentd._trust (writable by group or others, another user's, a symlink), is refused with its
+  error (``invalid``); the config in force stays and nothing else changes (the environment
+  file is not applied either).
 * No running turn is cut: it waits until none runs (turns that start meanwhile are waited for too),
   unless ``now``, which cancels them first and says which.
 * Connections, subscriptions, conversations, leases and the journal stay as they are. Each provider
@@ -31,7 +33,7 @@ from typing import Any
 import structlog
 import trio
 
-from . import masking, runtime_env, systemd, wire
+from . import _trust, masking, runtime_env, systemd, wire
 from .config import Config, ConfigError, default_config_path, load_config
 
 log = structlog.get_logger("agentd.reload")
@@ -43,6 +45,23 @@ NEEDS_STOP = ("daemon", "journal", "leases", "server", "websocket", "log", "runt
 def environment_file(config_path: Path | None) -> Path:
     """``environment`` beside the config file (by default ~/.config/agentd/environment)."""
     return Path(config_path or default_config_path()).absolute().parent / "environment"
+
+
+def read_environment(config_path: Path | None) -> tuple[Path, str | None]:
+    """The environment file's path and text (None when there is none), checked like the config.
+
+    It sets the environment every runtime starts from (``LD_PRELOAD``,
+    ``NODE_OPTIONS``, ``PATH``, keys), so it and its directory must pass the
+    trust rule of :mod:`agentd._trust` (ours or root's, not writable by group or
+    others, no symlink, a regular file). Raises :class:`~agentd._trust.Untrusted`,
+    OSError (unreadable).
+    """
+    path = environment_file(config_path)
+    try:
+        raw = _trust.check_config_file(path, "environment file")
+    except FileNotFoundError:
+        return path, None
+    return path, raw.decode("utf-8", "replace")
 
 
 def parse_environment(text: str) -> dict[str, str]:
@@ -108,6 +127,16 @@ class Reloader:
                 systemd.status(f"reload refused: {exc}")
                 raise c.Invalid(f"config not reloaded, agentd keeps the one it had: {exc}",
                                 details={"key": exc.key}) from None
+            try:
+                environment = await trio.to_thread.run_sync(read_environment, path)
+            except _trust.Untrusted as exc:
+                log.error("agentd.reload_refused", error=str(exc), by=by)
+                systemd.status(f"reload refused: {exc}")
+                raise c.Invalid(f"config not reloaded, agentd keeps the one it had: {exc}") from None
+            except OSError as exc:
+                log.warning("agentd.env_file_unreadable", path=str(environment_file(path)),
+                            error=exc.strerror or str(exc))
+                environment = (environment_file(path), None)
             started = time.monotonic()
             cancelled: list[str] = []
             if now:
@@ -126,7 +155,7 @@ class Reloader:
             # From here on it is one step: a client that goes away does not leave it half done.
             with trio.CancelScope(shield=True):
                 systemd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
-                env_file, changed = self._apply_environment(path)
+                env_file, changed = self._apply_environment(*environment)
                 masking.load(os.environ, config.providers)
                 claims_before = {n: runtime_env.withheld(n) for n in self.service.runtimes.names()}
                 runtime_env.configure(config.providers)
@@ -152,14 +181,9 @@ class Reloader:
                     reopened=reopened, waited_s=waited, providers=providers,
                 )
 
-    def _apply_environment(self, config_path: Path | None) -> tuple[Path | None, list[str]]:
-        path = environment_file(config_path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return None, []
-        except OSError as exc:
-            log.warning("agentd.env_file_unreadable", path=str(path), error=exc.strerror or str(exc))
+    def _apply_environment(self, path: Path, text: str | None) -> tuple[Path | None, list[str]]:
+        """Set the environment file's values (``text``, read by :func:`read_environment`); (path, names changed)."""
+        if text is None:
             return None, []
         changed = []
         for key, value in parse_environment(text).items():

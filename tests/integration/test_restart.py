@@ -188,3 +188,30 @@ def test_providers_script_env_reaches_the_commands_its_tools_run_and_restart_app
         assert tool_output() == "script=second"
     finally:
         d.stop()
+
+
+def test_an_environment_file_writable_by_group_is_refused_at_restart_and_at_start(daemon: Daemon) -> None:
+    # It sets the environment every runtime starts from (LD_PRELOAD, NODE_OPTIONS, keys): config, by the trust rule.
+    env_file = daemon.root / "environment"
+    env_file.write_text("AGENTD_T_FILE=planted\n")
+    env_file.chmod(0o664)
+    cp = daemon.agentctl("restart", "--json")
+    assert cp.returncode == 8, cp
+    err = json.loads(cp.stderr)
+    assert err["code"] == "invalid" and "keeps the one it had" in err["message"]
+    assert f"environment file {env_file}: writable by group (mode 0664)" in err["message"], err
+    assert agent_env(daemon, "AGENTD_T_FILE") == "<unset>"
+    daemon.stop()
+    proc = subprocess.run([sys.executable, "-m", "agentd", "run"], env=daemon.env, cwd=daemon.root,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 78, proc
+    assert f"agentd: environment file {env_file}: writable by group (mode 0664)" in proc.stderr, proc.stderr
+    env_file.unlink()
+    env_file.symlink_to(daemon.root / "elsewhere")  # never followed, not even to a file of ours
+    (daemon.root / "elsewhere").write_text("AGENTD_T_FILE=through-a-link\n")
+    (daemon.root / "elsewhere").chmod(0o600)
+    proc = subprocess.run([sys.executable, "-m", "agentd", "run"], env=daemon.env, cwd=daemon.root,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 78 and f"environment file {env_file}: a symlink (to " in proc.stderr, proc.stderr
+    env_file.unlink()
+    daemon.start()  # the fixture stops it
