@@ -3,7 +3,11 @@
 A provider's secrets are the environment variables its config names as
 holding its key: ``providers.copilot.byok.api_key_env`` and
 ``providers.claude.api_key_env`` and ``providers.codex.model_provider.api_key_env``,
-for an enabled provider. Every runtime process (the Copilot CLI, Claude Code,
+for an enabled provider, and the sign-in variable only its runtime reads
+(:data:`SIGN_IN`: ``COPILOT_GITHUB_TOKEN``, ``ANTHROPIC_AUTH_TOKEN``,
+``CODEX_API_KEY``). General-purpose tokens (``GH_TOKEN``, ``GITHUB_TOKEN``,
+``OPENAI_API_KEY`` unless named as a key) are not claimed: the tools an agent
+runs (``gh``, SDK scripts) use them too; they are masked wherever echoed. Every runtime process (the Copilot CLI, Claude Code,
 the Codex app-server, each ACP agent) starts from agentd's
 environment without the variables another provider claims, then adds its own
 configured ``env``; so the Copilot bring-your-own-key never reaches an ACP
@@ -20,7 +24,14 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["configure", "environ", "withheld"]
+__all__ = ["SIGN_IN", "configure", "environ", "withheld"]
+
+#: provider -> the variables only its runtime signs in with (withheld from the others when it is enabled)
+SIGN_IN: dict[str, tuple[str, ...]] = {
+    "copilot": ("COPILOT_GITHUB_TOKEN",),
+    "claude": ("ANTHROPIC_AUTH_TOKEN",),
+    "codex": ("CODEX_API_KEY",),
+}
 
 #: provider name -> the variables it claims
 _claims: dict[str, frozenset[str]] = {}
@@ -28,16 +39,15 @@ _claims: dict[str, frozenset[str]] = {}
 
 def configure(providers: Any) -> None:
     """Record which variables each enabled provider of ``providers`` (a ProvidersConfig) claims."""
+    keys = {
+        "copilot": providers.copilot.byok.api_key_env if providers.copilot.byok is not None else "",
+        "claude": providers.claude.api_key_env,
+        "codex": providers.codex.model_provider.api_key_env if providers.codex.model_provider is not None else "",
+    }
     claims: dict[str, frozenset[str]] = {}
-    copilot = providers.copilot
-    if copilot.enabled and copilot.byok is not None and copilot.byok.api_key_env:
-        claims["copilot"] = frozenset({copilot.byok.api_key_env})
-    claude = providers.claude
-    if claude.enabled and claude.api_key_env:
-        claims["claude"] = frozenset({claude.api_key_env})
-    codex = providers.codex
-    if codex.enabled and codex.model_provider is not None and codex.model_provider.api_key_env:
-        claims["codex"] = frozenset({codex.model_provider.api_key_env})
+    for name, key in keys.items():
+        if getattr(providers, name).enabled:
+            claims[name] = frozenset({*SIGN_IN[name], *([key] if key else [])})
     _claims.clear()
     _claims.update(claims)
 

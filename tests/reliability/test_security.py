@@ -393,6 +393,38 @@ def test_a_secret_in_a_tool_output_too_big_for_the_journal_is_masked_in_the_whol
     finally:
         d.stop()
 
+
+def test_a_runtime_gets_no_other_providers_sign_in_variable_unless_it_passes_it_on(tmp_path: Path) -> None:
+    """COPILOT_GITHUB_TOKEN, ANTHROPIC_AUTH_TOKEN and CODEX_API_KEY (each read by one runtime only) and
+    the providers' key variables reach no ACP agent unless it lists them in pass_env."""
+    work = tmp_path / "work"
+    work.mkdir()
+    dumps = {name: tmp_path / f"env-{name}.json" for name in ("plain", "passing")}
+    agents = "".join(
+        f'[providers.acp.{name}]\ncommand = [{json.dumps(sys.executable)}, {json.dumps(str(AGENT))}]\n'
+        f'env = {{ FAULT_ENV_DUMP = {json.dumps(str(dump))} }}\n'
+        + ('pass_env = ["ANTHROPIC_AUTH_TOKEN"]\n' if name == "passing" else "")
+        for name, dump in dumps.items())
+    claimed = {"COPILOT_GITHUB_TOKEN": "copilot-sign-in-canary-1a2b3c", "ANTHROPIC_AUTH_TOKEN": "claude-auth-canary-4d5e6f",
+               "CODEX_API_KEY": "codex-key-canary-7a8b9c", "ANTHROPIC_API_KEY": CANARY_KEY}
+    # The Copilot, Claude and Codex providers are enabled (the default): each claims its variables.
+    (tmp_path / "d").mkdir()
+    d = Daemon(tmp_path / "d", agents, env={**claimed, "UNCLAIMED_TOKEN": "kept-for-every-runtime"}).start(timeout=60)
+    try:
+        FAULTS["secrets canary"] += 1
+        with d.client() as client:
+            for name in dumps:
+                cid = client.request(wire.New, provider=f"acp:{name}", workdir=str(work))["id"]
+                client.subscribe(cid)
+                assert turn_state(run_turn(client, cid, "hello", timeout=60)[-1]) == "completed"
+    finally:
+        d.stop()
+    plain, passing = (json.loads(dumps[n].read_text()) for n in ("plain", "passing"))
+    assert plain["UNCLAIMED_TOKEN"] == passing["UNCLAIMED_TOKEN"] == "kept-for-every-runtime"
+    assert not set(claimed) & set(plain), sorted(set(claimed) & set(plain))
+    assert passing["ANTHROPIC_AUTH_TOKEN"] == claimed["ANTHROPIC_AUTH_TOKEN"]
+    assert not {"COPILOT_GITHUB_TOKEN", "CODEX_API_KEY", "ANTHROPIC_API_KEY"} & set(passing)
+
 # --------------------------------------------------------------------------- ACP file access
 
 
