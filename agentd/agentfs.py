@@ -17,11 +17,13 @@ swap or FIFO.
   component-by-component walk with ``O_NOFOLLOW | O_DIRECTORY`` from the
   pinned fd. No symlink is followed, even one pointing inside; ``..`` is
   applied to the path's text first and may not climb out.
-* agentd's own directories (state, runtime, config) and files (config file,
-  socket, gateway token) are refused even inside the workdir: the ancestry
-  of the file's directory is read back up to the pinned root through ``..``
-  and compared by ``st_dev``/``st_ino``, never by name. A workdir inside one
-  of them gets no file access at all.
+* agentd's own directories (state, runtime, config) and files (config file
+  and the environment file beside it, socket, gateway token) are refused even
+  inside the workdir: the ancestry of the file's directory is read back up to
+  the pinned root through ``..`` and compared by ``st_dev``/``st_ino``; an own
+  file is matched by its ``st_dev``/``st_ino`` and by (its directory's
+  ``st_dev``/``st_ino``, its name), so one not there yet is not created
+  either. A workdir inside one of them gets no file access at all.
 * Regular files only: opened ``O_NONBLOCK | O_NOFOLLOW`` and ``fstat``-ed;
   FIFOs, devices, sockets and directories are refused (:class:`NotRegular`).
   At most ``max_bytes`` + 1 bytes are read; a file past ``max_bytes`` is
@@ -139,7 +141,7 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     threads: int = 4
     #: directories refused wherever they lie (state, runtime, config dir); missing ones are ignored
     own_dirs: tuple[str, ...] = ()
-    #: files refused wherever they lie (config file, socket, gateway token)
+    #: files refused wherever they lie, there yet or not (config and environment file, socket, gateway token)
     own_files: tuple[str, ...] = ()
 
 
@@ -218,6 +220,17 @@ def _ident(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+def _names(paths: Iterable[str]) -> frozenset[tuple[tuple[int, int], str]]:
+    """(st_dev/st_ino of the directory, name) of each path whose directory exists, the file or not."""
+    out = set()
+    for p in paths:
+        try:
+            out.add((_ident(os.stat(os.path.dirname(os.path.abspath(p)))), os.path.basename(p)))
+        except OSError:
+            pass
+    return frozenset(out)
+
+
 def _idents(paths: Iterable[str]) -> frozenset[tuple[int, int]]:
     out = set()
     for p in paths:
@@ -260,6 +273,8 @@ class Workdir:
             self.real = os.path.realpath(self.path)
             self._own_dirs = _idents(policy.own_dirs)
             self._own_files = _idents(policy.own_files)
+            # By name too: one not there yet (the environment file) must not be created by an agent.
+            self._own_names = _names(policy.own_files)
             self._in_own = self._inside_own_dir()
         except BaseException:
             os.close(self._fd)
@@ -461,6 +476,9 @@ class Workdir:
         fd = self._open_dirs(root, dirs, path, create=create)
         if fd is None:
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        if (_ident(os.fstat(fd)), name) in self._own_names:
+            os.close(fd)
+            raise Refused(f"{path} is one of agentd's own files; agents may not read or write it", path, "agentd")
         return fd, name
 
     def _open_dirs(self, root: int, dirs: list[str], path: str, *, create: bool) -> int | None:

@@ -165,7 +165,9 @@ def _agent_files(config: Config, paths: Paths, config_path: Path | None) -> agen
     return agentfs.Policy(
         max_bytes=af.max_bytes, timeout_s=af.timeout_s, threads=af.threads,
         own_dirs=(str(paths.state_dir), str(paths.runtime_dir), str(default.parent)),
-        own_files=(str(paths.socket), str(paths.token_file), str(Path(config_path or default).absolute())),
+        # The environment file beside the config holds keys and sets every runtime's environment.
+        own_files=(str(paths.socket), str(paths.token_file), str(Path(config_path or default).absolute()),
+                   str(reload.environment_file(config_path))),
     )
 
 

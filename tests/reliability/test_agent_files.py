@@ -309,18 +309,25 @@ def test_agentds_state_runtime_and_config_under_the_workdir_are_refused(tmp_path
     home = tmp_path / "home"
     d = start(home)
     (home / "notes.txt").write_text("mine\n")
+    # Beside the config: the keys, and the variables (NODE_OPTIONS, LD_PRELOAD) every runtime starts with.
+    env_file = home / "environment"
     try:
         with d.client() as client:
             script = new(client, home, ECHO)
             cid = open_acp(client, home)
+            answer = reply(client, cid, f"write {env_file} NODE_OPTIONS=--require=./evil.js")
+            assert answer.startswith("error:") and "agentd's own" in answer, answer
+            assert not env_file.exists(), "an agent created agentd's environment file"
+            env_file.write_text("SOME_API_KEY=sk-kept-from-agents\n")
+            env_file.chmod(0o600)
             record = d.state_dir / "conversations" / script / "record.json"
             saved = record.read_bytes()
             for path in (record, d.state_dir / "agentd.lock", d.state_dir / "conversations" / cid / "events.jsonl",
-                         d.runtime_dir / "agentd.sock", d.config, d.state_dir / "no-such-file"):
+                         d.runtime_dir / "agentd.sock", d.config, env_file, d.state_dir / "no-such-file"):
                 FAULTS["agent files: agentd's own"] += 1
                 answer = reply(client, cid, f"read {path}")
                 assert answer.startswith("error:") and "agentd's own" in answer, (path, answer)
-            for path in (record, d.state_dir / "new.txt", d.runtime_dir / "ws-token", d.config,
+            for path in (record, d.state_dir / "new.txt", d.runtime_dir / "ws-token", d.config, env_file,
                          d.state_dir / "conversations" / "x" / "y.json"):
                 answer = reply(client, cid, f"write {path} pwned")
                 assert answer.startswith("error:") and "agentd's own" in answer, (path, answer)
@@ -330,7 +337,7 @@ def test_agentds_state_runtime_and_config_under_the_workdir_are_refused(tmp_path
         d.stop()
     assert not (d.state_dir / "new.txt").exists() and not (d.runtime_dir / "ws-token").exists()
     assert not (d.state_dir / "conversations" / "x").exists()
-    assert "pwned" not in d.config.read_text()
+    assert "pwned" not in d.config.read_text() and env_file.read_text() == "SOME_API_KEY=sk-kept-from-agents\n"
 
 
 # --------------------------------------------------------------------------- a hung file system
