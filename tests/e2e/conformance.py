@@ -132,7 +132,7 @@ def _supported(d: Daemon, runtime: Runtime, scenario: str, request: pytest.Fixtu
 
 def _new(d: Daemon, runtime: Runtime, workdir: Path, scenario: str, *extra: str) -> str:
     """A new conversation's id (its creation time is kept in ``runtime.created``)."""
-    runtime.before_create()
+    runtime.before_create(scenario)
     runtime.created = time.time()
     args = ["new", "-p", runtime.provider, "--cwd", str(workdir), "--json", *extra]
     model = runtime.model_for(scenario)
