@@ -101,6 +101,16 @@ class Daemon:
             f.seek(self.log_mark)
             return f.read().decode(errors="replace")
 
+    def log_events(self) -> list[dict[str, Any]]:
+        """The daemon's JSON log lines (its whole log), decoded; other lines (a runtime's own stderr) skipped."""
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            try:
+                out.append(msgspec.json.decode(line))
+            except msgspec.DecodeError:
+                pass
+        return out
+
     def close_all(self) -> None:
         """Close every open conversation (a running turn is cancelled, the runtime lets it go).
 

@@ -292,7 +292,8 @@ def test_a_kind_agentd_does_not_know_becomes_an_unknown_record_with_its_type_nam
         assert all(repr(n) in tail.stdout for n in names), tail.stdout
         # agentd warns once per (provider, kind) in its life: on a shared daemon an earlier cell's turn may
         # have been the first, so the whole log is read, for a warning naming each kind.
-        warned = {(e.get("provider"), e.get("type")) for e in _log_events(daemon) if e.get("event") == "runtime.unknown_kind"}
+        warned = {(e.get("provider"), e.get("type")) for e in daemon.log_events()
+                  if isinstance(e, dict) and e.get("event") == "runtime.unknown_kind"}
         assert all((runtime.provider, n) in warned for n in names), (names, warned)
         if runtime.name != "script":
             request.node.user_properties.append(("note", "the runtime sent: " + ", ".join(names)))
@@ -301,19 +302,6 @@ def test_a_kind_agentd_does_not_know_becomes_an_unknown_record_with_its_type_nam
         runtime.check_unknown_mapping()
         request.node.user_properties.append(
             ("note", "the runtime sent no unknown kind; its provider's mapping was checked with one in its real shape"))
-
-def _log_events(d: Daemon) -> list[dict[str, Any]]:
-    """The daemon's structured log lines (its whole log; a runtime's own stderr lines are left out)."""
-    out = []
-    for line in d.log.read_text(errors="replace").splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            out.append(event)
-    return out
-
 
 def _proc(pid: int) -> tuple[int, list[str]] | None:
     """(start time in clock ticks after boot, argv) of a live, non-zombie ``pid``; None when gone."""
