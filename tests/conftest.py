@@ -55,16 +55,20 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 # --------------------------------------------------------------------------- order
 
 #: Run order, by the first of these substrings a node id contains (else last), longest first:
-#: with tests handed out one at a time (``--maxschedchunk 1``), long ones started late would
-#: set the wall time while the other workers sit idle. acp:gemini's reload scenarios wait for
-#: a new UTC minute (tests/e2e/acp_agents.py); the real runtimes take seconds a test.
+#: with tests handed out one at a time (a conformance group at a time, ``--dist loadgroup``, in
+#: this order: ``--no-loadscope-reorder``), long ones started late would set the wall time while
+#: the other workers sit idle. acp:gemini's reload scenarios wait for a new UTC minute
+#: (tests/e2e/acp_agents.py); the real runtimes take seconds a test, and a runtime's cells of
+#: test_conformance.py (one group, tests/e2e/conftest.py) a minute or two on one worker.
 RUN_ORDER = [
     "[acp:gemini-restart]",
     "[acp:gemini-runtime_killed]",
+    "[acp:gemini-daemon_killed]",
     "tests/reliability/test_crash.py",
     "tests/bench/test_bench_quick.py",
     "tests/reliability/test_load.py",
     "[acp:gemini-",
+    "tests/e2e/test_conformance.py::",
     "tests/e2e/",
     "tests/integration/",
     "tests/reliability/",

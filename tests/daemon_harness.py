@@ -40,6 +40,8 @@ class Daemon:
         self.config.write_text(config_text)
         self.extra_env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
+        #: where :meth:`log_text` starts reading the log (bytes; :meth:`mark_log`)
+        self.log_mark = 0
 
     @property
     def env(self) -> dict[str, str]:
@@ -88,6 +90,36 @@ class Daemon:
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
+
+    def mark_log(self) -> None:
+        """From now on :meth:`log_text` reads only what the daemon logs after this (a test of a shared daemon)."""
+        self.log_mark = self.log.stat().st_size if self.log.exists() else 0
+
+    def log_text(self) -> str:
+        """The daemon's log since :meth:`mark_log` (all of it when never marked)."""
+        with self.log.open("rb") as f:
+            f.seek(self.log_mark)
+            return f.read().decode(errors="replace")
+
+    def log_events(self) -> list[dict[str, Any]]:
+        """The daemon's JSON log lines (its whole log), decoded; other lines (a runtime's own stderr) skipped."""
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            try:
+                out.append(msgspec.json.decode(line))
+            except msgspec.DecodeError:
+                pass
+        return out
+
+    def close_all(self) -> None:
+        """Close every open conversation (a running turn is cancelled, the runtime lets it go).
+
+        Raises AssertionError when the daemon is no longer running (it is then left stopped).
+        """
+        assert self.proc is not None and self.proc.poll() is None, f"agentd exited with {self.proc and self.proc.returncode}"
+        with Client(self.socket, timeout=60) as client:
+            for conv in client.request(wire.List):
+                client.request(wire.Close, conversation=conv["id"])
 
     def client(self) -> "Client":
         return Client(self.socket)

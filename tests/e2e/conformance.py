@@ -2,8 +2,15 @@
 
 A conformance module is ``tests/e2e/test_conformance*.py`` with a ``SCENARIOS`` dict
 (scenario -> the capabilities it needs); its tests take the ``runtime`` and
-``daemon`` fixtures (import them from here) and a ``scenario`` parameter, and the
+``daemon`` fixtures (tests/e2e/conftest.py) and a ``scenario`` parameter, and the
 matrix (tests/e2e/conftest.py) gets one column per scenario.
+
+A module's cells of one runtime share that runtime and one daemon (on one xdist worker);
+each cell gets a fresh view of them (no earlier model requests, the log from its start,
+its conversations closed after it). A module that needs more in agentd.toml overrides the
+module-scoped ``daemon_config`` fixture; a cell that stops or kills the daemon or its
+runtime processes, or needs a daemon that never ran anything, is marked
+``@pytest.mark.own_daemon``.
 """
 
 from __future__ import annotations
@@ -132,7 +139,7 @@ def _supported(d: Daemon, runtime: Runtime, scenario: str, request: pytest.Fixtu
 
 def _new(d: Daemon, runtime: Runtime, workdir: Path, scenario: str, *extra: str) -> str:
     """A new conversation's id (its creation time is kept in ``runtime.created``)."""
-    runtime.before_create()
+    runtime.before_create(scenario)
     runtime.created = time.time()
     args = ["new", "-p", runtime.provider, "--cwd", str(workdir), "--json", *extra]
     model = runtime.model_for(scenario)

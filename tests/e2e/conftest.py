@@ -111,23 +111,74 @@ def copilot_byok_toml(copilot_cli: str, model_server: ModelServer, copilot_home:
 
 
 # --------------------------------------------------------------------------- conformance fixtures
+#
+# A runtime and its daemon are started once per conformance module on a worker and shared by
+# that module's cells (a daemon and a runtime take seconds to start; a cell's turn often less).
+# Each cell gets a fresh view of them (:func:`daemon`): the model server back to its default
+# answers with no requests remembered, the daemon's log read from the cell's start, and every
+# conversation the cell opened closed at its end. A cell that kills or restarts the daemon or its
+# runtime processes, or needs a daemon that never ran anything, is marked ``own_daemon`` and
+# gets a daemon of its own. ``--dist loadgroup`` (pyproject.toml) keeps a module's cells of one
+# runtime on one worker (:func:`pytest_collection_modifyitems`).
 
 
-@pytest.fixture(params=RUNTIMES)
-def runtime(request, tmp_path: pathlib.Path) -> Iterator[Runtime]:
-    """The conformance cell's runtime (one per name in RUNTIMES), with its model server."""
-    with runtime_profile(request.param, tmp_path) as rt:
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "own_daemon: the conformance cell gets a daemon of its own, not the module's shared one")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group each module's shared-daemon cells of one runtime (``xdist_group``) so that they run
+    on one worker and share its daemon; an ``own_daemon`` cell is scheduled on its own."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "runtime" in params and "daemon" in item.fixturenames and not item.get_closest_marker("own_daemon"):
+            item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}:{params['runtime']}"))
+
+
+@pytest.fixture(scope="module", params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
+    """The conformance cells' runtime (one per name in RUNTIMES), with its model server; one per module."""
+    root = tmp_path_factory.mktemp(request.param.replace(":", "-"))
+    with runtime_profile(request.param, root) as rt:
         yield rt
 
 
-@pytest.fixture
-def daemon(runtime: Runtime, tmp_path: pathlib.Path) -> Iterator[Daemon]:
-    """A real agentd configured for ``runtime``, stopped after the test."""
-    d = Daemon(tmp_path, runtime.config_toml, env=runtime.env).start()
+@pytest.fixture(scope="module")
+def daemon_config(runtime: Runtime) -> str:
+    """The agentd.toml of the module's daemons; a module overrides it to add tables."""
+    return runtime.config_toml
+
+
+@pytest.fixture(scope="module")
+def shared_daemon(runtime: Runtime, daemon_config: str) -> Iterator[Daemon]:
+    """A real agentd configured for ``runtime``, shared by the module's cells, stopped after the module."""
+    root = runtime.root / "daemon"
+    root.mkdir()
+    d = Daemon(root, daemon_config, env=runtime.env).start()
     try:
         yield d
     finally:
         d.stop()
+
+
+@pytest.fixture
+def daemon(request: pytest.FixtureRequest, runtime: Runtime, daemon_config: str, tmp_path: pathlib.Path) -> Iterator[Daemon]:
+    """The cell's real agentd: the module's shared one, or (``own_daemon``) one of its own stopped after it."""
+    runtime.new_cell()
+    if request.node.get_closest_marker("own_daemon"):
+        d = Daemon(tmp_path, daemon_config, env=runtime.env).start()
+        try:
+            yield d
+        finally:
+            d.stop()
+        return
+    d = request.getfixturevalue("shared_daemon")
+    if d.proc is None or d.proc.poll() is not None:  # it died in an earlier cell (that cell failed)
+        d.start()
+    d.mark_log()
+    yield d
+    d.close_all()
 
 
 # --------------------------------------------------------------------------- conformance matrix

@@ -130,6 +130,13 @@ class ModelServer:
             self.command = command
         self.tool_arguments = arguments
 
+    def forget(self) -> None:
+        """Drop the requests received so far (:attr:`requests`, :attr:`calls`; the log file keeps them):
+        a server shared by several tests gives each only its own."""
+        with self._lock:
+            self.requests.clear()
+            self.calls.clear()
+
     # ------------------------------------------------------------------ lifecycle
 
     @property

@@ -25,6 +25,9 @@ DUMMY_KEY = "sk-agentd-e2e-dummy-key"
 
 RUNTIMES = ["script", "copilot", "claude", "codex", "acp:claude", "acp:gemini", "acp:copilot", "acp:codex"]
 
+#: the conformance scenarios that reload a conversation and check it with :meth:`Runtime.check_reload`
+RELOAD_SCENARIOS = {"restart", "runtime_killed"}
+
 LONG_TEXT = " ".join(f"word{i}" for i in range(400))
 q = json.dumps  # a JSON string is a valid TOML basic string
 
@@ -63,8 +66,17 @@ class Runtime:
         self.server.answer_text_only(LONG_TEXT)
         self.server.stream_slowly(0.1)
 
-    def before_create(self) -> None:
-        """Called right before a scenario creates its conversation."""
+    def new_cell(self) -> None:
+        """A runtime shared by several conformance cells starts each afresh: the model server's
+        default answers, none of the earlier cells' requests, and not a cell's own ``decide``."""
+        if self.server is not None:
+            self.server.__dict__.pop("decide", None)  # set on the instance by test_conformance_mcp.py
+            self.server.reset()
+            self.server.forget()
+        self.created = 0.0
+
+    def before_create(self, scenario: str) -> None:
+        """Called right before ``scenario`` creates its conversation."""
 
     def emit_unknown(self, type_name: str) -> None:
         """Make the next turn emit an event of a kind agentd does not know, where that can be made."""
@@ -335,10 +347,11 @@ class AcpRuntime(Runtime):
         assert unknown_update(self.provider, {"sessionUpdate": "agent_message_chunk",
                                               "content": {"type": "text", "text": "x"}}) is None
 
-    def before_create(self) -> None:
+    def before_create(self, scenario: str) -> None:
         import acp_agents
 
-        if self.agent in acp_agents.LOAD_NEEDS_A_NEW_MINUTE:
+        # Only the scenarios that check the reload's wait (check_reload) need it; others would only wait.
+        if self.agent in acp_agents.LOAD_NEEDS_A_NEW_MINUTE and scenario in RELOAD_SCENARIOS:
             import time
 
             # Early in a minute, so the reload (seconds later) falls within it and agentd must wait.
@@ -351,7 +364,7 @@ class AcpRuntime(Runtime):
         import acp_agents
 
         if self.agent in acp_agents.LOAD_NEEDS_A_NEW_MINUTE and self.created // 60 == reloaded_at // 60:
-            assert "acp.load_waits_for_a_later_minute" in daemon.log.read_text(), (
+            assert "acp.load_waits_for_a_later_minute" in daemon.log_text(), (
                 "the reload came in the session's creation minute, yet agentd did not wait it out"
             )
 

@@ -8,7 +8,6 @@ the capability is true on every runtime while ``[checkpoints]`` is on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,16 +23,12 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
     "checkpoint": ("checkpoints", "permissions"),
 }
 
-@pytest.fixture
-def daemon(runtime: Runtime, tmp_path: Path) -> Iterator[Daemon]:
-    """conftest's daemon, with a checkpoint time bound a loaded test machine never reaches (the
+@pytest.fixture(scope="module")
+def daemon_config(runtime: Runtime) -> str:
+    """conftest's, with a checkpoint time bound a loaded test machine never reaches (the
     default, 0.15 s, is what a turn may wait; past it a checkpoint is skipped, which
     tests/integration/test_checkpoints.py covers)."""
-    d = Daemon(tmp_path, runtime.config_toml + "\n[checkpoints]\ntimeout_s = 30\n", env=runtime.env).start()
-    try:
-        yield d
-    finally:
-        d.stop()
+    return runtime.config_toml + "\n[checkpoints]\ntimeout_s = 30\n"
 
 
 FILE = "checkpoint.txt"

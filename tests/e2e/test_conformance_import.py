@@ -253,6 +253,7 @@ def _listed(d: Daemon, runtime: Runtime, workdir: Path) -> dict[str, dict[str, A
 
 
 @pytest.mark.parametrize("scenario", ["import"])
+@pytest.mark.own_daemon  # it starts on a daemon that never ran the runtime, with no conversation
 def test_import(runtime: Runtime, daemon: Daemon, tmp_path: Path, scenario: str, request: pytest.FixtureRequest) -> None:
     d = daemon
     workdir = tmp_path / "imported-work"

@@ -17,7 +17,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +56,14 @@ def runtime_toml(runtime: Runtime) -> str:
     return text
 
 
-@pytest.fixture
-def daemon(runtime: Runtime, tmp_path: Path) -> Iterator[Daemon]:
-    """The conformance daemon, with the marker MCP server configured."""
-    config = runtime_toml(runtime) + "[mcp]\nhost_tools = true\nhost_tool_timeout_s = 30\n" + mcp_toml(tmp_path / "marker.txt")
-    d = Daemon(tmp_path, config, env=runtime.env).start()
-    try:
-        yield d
-    finally:
-        d.stop()
+@pytest.fixture(scope="module")
+def daemon_config(runtime: Runtime) -> str:
+    """The conformance daemon's, with the marker MCP server configured (it writes ``_marker(runtime)``)."""
+    return runtime_toml(runtime) + "[mcp]\nhost_tools = true\nhost_tool_timeout_s = 30\n" + mcp_toml(_marker(runtime))
+
+
+def _marker(runtime: Runtime) -> Path:
+    return runtime.root / "marker.txt"
 
 
 def call_tool_ending_in(runtime: Runtime, suffix: str, arguments: dict[str, Any]) -> list[str]:
@@ -93,11 +91,12 @@ def call_tool_ending_in(runtime: Runtime, suffix: str, arguments: dict[str, Any]
 
 
 @pytest.mark.parametrize("scenario", ["mcp"])
-def test_mcp_server_tool_is_called_and_journaled(runtime: Runtime, daemon: Daemon, workdir: Path, tmp_path: Path,
+def test_mcp_server_tool_is_called_and_journaled(runtime: Runtime, daemon: Daemon, workdir: Path,
                                                  scenario: str, request: pytest.FixtureRequest) -> None:
     if not _supported(daemon, runtime, scenario, request):
         return
-    marker = tmp_path / "marker.txt"
+    marker = _marker(runtime)
+    marker.unlink(missing_ok=True)  # what this cell's tool call writes, not an earlier cell's
     called = call_tool_ending_in(runtime, "write_marker", {"text": "from-the-model"})
     cid = _new(daemon, runtime, workdir, scenario, "--yolo")
     assert _json(daemon.agentctl("show", cid, "--json"))["record"]["mcp"] == ["marker"]

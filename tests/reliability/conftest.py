@@ -73,13 +73,7 @@ def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> A
 
 def log_events(d: Daemon) -> list[dict[str, Any]]:
     """The daemon's JSON log lines, decoded (other lines skipped)."""
-    out = []
-    for line in d.log.read_text(errors="replace").splitlines():
-        try:
-            out.append(msgspec.json.decode(line))
-        except msgspec.DecodeError:
-            pass
-    return out
+    return d.log_events()
 
 
 # The figures RELIABILITY.md quotes (frames fuzzed: fuzz.FRAMES, faults injected: figures.FAULTS) are
