@@ -292,6 +292,10 @@ def test_comment_steers_a_running_turn_and_is_only_recorded_otherwise(start: Any
     task = create(d, workdir, "steer me")
     wait_status(d, task, "running")
     queued = create(d, workdir, "later")
+    # While the first task holds the only place (it waits for a comment), the second is queued:
+    # its comment is recorded only. Once the first ends, the second starts and could be steered.
+    human = d.agentctl("task", "comment", queued, "hurry")
+    assert human.returncode == 0 and "recorded only" in human.stdout
     res = one_json(d.agentctl("task", "comment", task, "use the blue box", "--json"))
     assert res["comment"]["delivery"] == "steered"
     t = wait_status(d, task, "completed")["task"]
@@ -300,9 +304,6 @@ def test_comment_steers_a_running_turn_and_is_only_recorded_otherwise(start: Any
     res = one_json(d.agentctl("task", "comment", task, "thanks", "--json"))
     assert res["comment"]["delivery"] == "recorded"
     assert "completed" in res["comment"]["note"]
-    human = d.agentctl("task", "comment", queued, "hurry")
-    assert human.returncode == 0 and "recorded only" in human.stdout
-
     t = show(d, task)["task"]
     assert [(c["text"], c["delivery"]) for c in t["comments"]] == [("use the blue box", "steered"),
                                                                     ("thanks", "recorded")]
