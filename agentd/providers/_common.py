@@ -24,22 +24,28 @@ def bound(text: str, limit: int = MAX_TOOL_TEXT) -> str:
     return text[: limit - 40] + f"\n[{len(text) - limit + 40} more characters cut]"
 
 
-def render_input(raw: Any) -> str:
-    """A tool's input for display: a shell command as is, anything else as compact JSON."""
+def render_input(raw: Any, limit: int | None = MAX_TOOL_TEXT) -> str:
+    """A tool's input for display: a shell command as is, anything else as compact JSON.
+
+    Cut to ``limit`` characters (:func:`bound`); ``None``: whole.
+    """
+    def cut(text: str) -> str:
+        return text if limit is None else bound(text, limit)
+
     if raw is msgspec.UNSET or raw is None:
         return ""
     if isinstance(raw, str):
-        return bound(raw)
+        return cut(raw)
     if isinstance(raw, dict):
         for key in ("command", "cmd"):
             if isinstance(raw.get(key), str) and raw[key]:
-                return bound(raw[key])
+                return cut(raw[key])
         if not raw:
             return ""
     try:
-        return bound(json.dumps(raw, ensure_ascii=False, separators=(", ", ": ")))
+        return cut(json.dumps(raw, ensure_ascii=False, separators=(", ", ": ")))
     except (TypeError, ValueError):
-        return bound(str(raw))
+        return cut(str(raw))
 
 
 async def check_workdir(workdir: str) -> str:

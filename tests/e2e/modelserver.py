@@ -79,6 +79,8 @@ class ModelServer:
         self.tool = ""
         #: arguments for a tool other than bash (JSON object); bash gets command+description
         self.tool_arguments: dict[str, Any] | None = None
+        #: the id of every tool call ("" = a new random one each time; set one to make the runtime reuse it)
+        self.call_id = ""
         #: call a tool when the request offers some; False answers text only
         self.use_tools = True
         #: seconds to sleep before each streamed chunk
@@ -122,9 +124,13 @@ class ModelServer:
         if text is not None:
             self.text = text
 
-    def call_tool(self, name: str = "bash", *, command: str | None = None, arguments: dict[str, Any] | None = None) -> None:
-        """Call tool ``name`` (with ``command`` for bash, else ``arguments``) when it is offered."""
+    def call_tool(self, name: str = "bash", *, command: str | None = None, arguments: dict[str, Any] | None = None,
+                  call_id: str = "") -> None:
+        """Call tool ``name`` (with ``command`` for bash, else ``arguments``) when it is offered.
+
+        ``call_id``: the call's id, the same in every turn ("" = a new one each call)."""
         self.use_tools = True
+        self.call_id = call_id
         self.tool = name
         if command is not None:
             self.command = command
@@ -346,7 +352,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 name, args = what
                 message = {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "call_" + uuid.uuid4().hex[:12], "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                    {"id": self.owner.call_id or "call_" + uuid.uuid4().hex[:12], "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
                 ]}
                 finish = "tool_calls"
             self._json(200, {"id": cid, "object": "chat.completion", "created": created, "model": model,
@@ -365,7 +371,7 @@ class _Handler(BaseHTTPRequestHandler):
                 yield chunk({}, "stop")
             else:
                 name, args = what
-                call_id = "call_" + uuid.uuid4().hex[:12]
+                call_id = self.owner.call_id or "call_" + uuid.uuid4().hex[:12]
                 yield chunk({"role": "assistant", "content": None, "tool_calls": [
                     {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}]})
                 text = json.dumps(args)
@@ -399,7 +405,7 @@ class _Handler(BaseHTTPRequestHandler):
             name, args = what
             namespace, name = _namespaced(body.get("tools") or [], name)
             item = {"id": "fc_" + uuid.uuid4().hex[:12], "type": "function_call", "status": "completed",
-                    "call_id": "call_" + uuid.uuid4().hex[:12], "name": name, "arguments": json.dumps(args)}
+                    "call_id": self.owner.call_id or "call_" + uuid.uuid4().hex[:12], "name": name, "arguments": json.dumps(args)}
             if namespace:
                 item["namespace"] = namespace
 
@@ -456,7 +462,7 @@ class _Handler(BaseHTTPRequestHandler):
             stop = "end_turn"
         else:
             name, args = what
-            blocks.append({"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:20], "name": name, "input": args})
+            blocks.append({"type": "tool_use", "id": self.owner.call_id or "toolu_" + uuid.uuid4().hex[:20], "name": name, "input": args})
             stop = "tool_use"
         message = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": blocks,
                    "stop_reason": stop, "stop_sequence": None, "usage": usage}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -43,6 +44,9 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
 #: large_output: 8 MiB of numbered lines from the runtime's own shell tool
 BIG_BYTES = 8 << 20
 BIG_COMMAND = f"seq 1 2000000 | head -c {BIG_BYTES}"
+
+#: the markers of agentd's own display cuts of a tool's output
+AGENTD_CUT = re.compile(r"\[\d+ (?:more|earlier) (?:characters|bytes) cut\]|… \(\d+ bytes cut\) …")
 
 FILE = "conformance.txt"
 COMMAND = f"echo conformance > {FILE}"
@@ -248,6 +252,9 @@ def test_a_tool_result_of_8_mib_passes_through_and_the_whole_output_is_readable(
     expected = _big_expected().rstrip("\n")
     if done["tool"].get("cut"):
         assert len(whole.encode()) >= done["tool"]["cut"], "less kept than the record says was cut"
+    # agentd's own display cuts (agentd/providers/*: bound, the Claude and Copilot cuts): what it was handed
+    # must come back whole, so none of them may be in what `show --full` gives
+    assert not AGENTD_CUT.search(whole), f"agentd kept only its own display cut: {AGENTD_CUT.search(whole)[0]!r}"
     if whole == expected:
         pass  # the whole 8 MiB, as the runtime passed it on
     else:

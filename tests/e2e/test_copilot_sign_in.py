@@ -124,6 +124,44 @@ def test_device_sign_in_without_a_keychain_asks_before_a_plain_file_and_ctrl_c_c
         d.stop()
 
 
+def test_sigkill_of_agentd_while_a_device_sign_in_waits_leaves_no_copilot_login_process(
+        tmp_path: Path, copilot_cli: str, standin: GitHubStandIn) -> None:
+    """The CLI polls GitHub for up to 15 minutes; it runs under agentd's keeper like every runtime
+    (issue 13, item 1), so agentd's SIGKILL ends it, and the next start finds nothing to reap."""
+    d = _daemon(tmp_path, copilot_cli, standin, tmp_path / "copilot-home")
+    try:
+        proc = _login_lines(d)
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["device"]["code"] == CODE
+        logins = {p: Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[19]
+                  for p in _descendants(d.proc.pid) if b"login" in Path(f"/proc/{p}/cmdline").read_bytes()}
+        assert logins, "no copilot login process runs under the daemon"
+        records = list((d.state_dir / "runtimes").glob("*.json"))
+        assert any(json.loads(r.read_text())["what"] == "copilot login" for r in records), records
+        d.kill()
+        proc.wait(30)
+
+        def left() -> list[int]:
+            out = []
+            for pid, start in logins.items():
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if stat[19] == start and stat[0] != "Z":
+                    out.append(pid)
+            return out
+
+        deadline = time.monotonic() + 15
+        while left():
+            assert time.monotonic() < deadline, f"copilot login outlived agentd's SIGKILL: {left()}"
+            time.sleep(0.1)
+        d.start()
+        assert d.agentctl("account", "copilot", timeout=120).returncode == 4  # never signed in
+    finally:
+        d.stop()
+
+
 def test_token_sign_in_hands_the_token_to_the_cli_which_checks_it_with_github(
         tmp_path: Path, copilot_cli: str, standin: GitHubStandIn) -> None:
     d = _daemon(tmp_path, copilot_cli, standin, tmp_path / "copilot-home")

@@ -69,6 +69,7 @@ from ...contract import (
     utcnow,
     validate_answer,
 )
+from ... import runtime_output
 from .._common import unused_steer
 from .._jsonrpc import Call, ConnectionLost, RpcError
 from .._mcp import McpStates
@@ -639,6 +640,10 @@ class CodexConversation:
             item = m.item(raw)
             if item is not None and item.tool is not None and started:
                 item.tool = m.tool_call(raw, tool.tail)
+            if item is not None and item.tool is not None and not started:
+                # the record keeps a display cut; the whole output goes beside the journal (issue 13, item 6)
+                for event in runtime_output.whole_output(item.tool, m.whole_tool_text(raw), item.id):
+                    self._emit(event)
             if item is not None:
                 self._emit(ItemEvent(item=item))
             return

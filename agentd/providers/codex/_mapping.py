@@ -191,6 +191,18 @@ def tool_call(raw: dict[str, Any], tail: collections.deque[OutputLine] | None = 
                     title=bound(f"Search: {query}", 200), input=bound(query))
 
 
+def whole_tool_text(raw: dict[str, Any]) -> str:
+    """The output of a tool-like thread item before :func:`tool_call`'s display cut ("" when none)."""
+    kind = raw.get("type")
+    if kind == "commandExecution":
+        return str(raw.get("aggregatedOutput") or "")
+    if kind == "mcpToolCall" and not isinstance(raw.get("error"), dict):
+        return render_input(raw.get("result"), None)
+    if kind == "dynamicToolCall" and raw.get("contentItems"):
+        return render_input(raw.get("contentItems"), None)
+    return ""
+
+
 def _change_kind(kind: Any) -> str:
     name = kind.get("type") if isinstance(kind, dict) else kind
     return {"add": "A", "delete": "D", "update": "M"}.get(str(name), "M")

@@ -144,15 +144,18 @@ _PLAINTEXT_QUESTION = re.compile(r"store token in plaintext[^\n]*\(y/n\)", re.IG
 
 
 async def device_flow(argv: list[str], env: dict[str, str], show: Any, *, store_plaintext: bool = False,
-                      timeout_s: float = 900.0) -> str:
+                      timeout_s: float = 900.0, state_dir: Path | None = None) -> str:
     """Run a device-flow login command on a pseudo-terminal (the CLI asks its questions only on
     one); call ``show(DeviceCode)`` once its output names a code and a URL.
 
     The one question answered is the CLI's "store token in plaintext config file? (y/N)", and
     only as the person asked with ``store_plaintext`` (else "n"). Returns the output (escape
     sequences removed) once it exited 0. Raises Invalid when it exits otherwise (its last output
-    quoted) or takes over ``timeout_s``; cancelling kills it.
+    quoted) or takes over ``timeout_s``; cancelling kills it. With ``state_dir`` it runs under
+    agentd's keeper (agentd.procs): the CLI polls for up to ``timeout_s`` and must not outlive agentd.
     """
+    if state_dir is not None:
+        argv = procs.launch_argv(argv, state_dir=state_dir, what="copilot login", path=env.get("PATH"))
     master, slave = os.openpty()
     try:
         proc = await trio.lowlevel.open_process(argv, env=env, stdin=slave, stdout=slave, stderr=slave,
@@ -185,9 +188,14 @@ async def device_flow(argv: list[str], env: dict[str, str], show: Any, *, store_
             raise Invalid(f"the device sign-in did not complete within {timeout_s:g} s")
     finally:
         if proc.returncode is None:
-            proc.kill()
+            if state_dir is not None:
+                procs.kill(proc.pid)  # the keeper ends the CLI and whatever it started
+            else:
+                proc.kill()
             with trio.CancelScope(shield=True):
                 await proc.wait()
+        if state_dir is not None:
+            procs.ended(proc.pid, state_dir)
         with trio.CancelScope(shield=True):
             await stream.aclose()
     if proc.returncode != 0:
@@ -794,7 +802,7 @@ class CopilotProvider:
             argv += ["--host", host]
         hint = " (agentctl login copilot --device --store-plaintext lets it keep the token in its config file)"
         try:
-            out = await device_flow(argv, env, show, store_plaintext=store_plaintext)
+            out = await device_flow(argv, env, show, store_plaintext=store_plaintext, state_dir=self.state_dir)
         except Invalid as exc:
             if store_plaintext or "plaintext" not in exc.message.lower():
                 raise
