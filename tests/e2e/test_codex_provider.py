@@ -24,12 +24,14 @@ from daemon_harness import Daemon
 from modelserver import DEFAULT_FINAL_TEXT
 from acp_agents import codex_shell_arguments
 from runtimes_e2e import CodexRuntime
-from conformance import Follower, _descendants, _json, _pending
+from conformance import Follower, _descendants, _json, _pending, _turn_ends
 
 pytestmark = pytest.mark.e2e
 
 FILE = "codex.txt"
 COMMAND = f"echo codex-was-here > {FILE}"
+#: output, a pause (its first line shows while it runs), more output
+OUTPUT_COMMAND = f"echo codex-was-here | tee {FILE}; sleep 1; echo after-the-pause"
 
 
 @pytest.fixture
@@ -68,7 +70,7 @@ def _items(d: Daemon, cid: str, kind: str) -> list[dict[str, Any]]:
 
 def test_a_command_turn_shows_codex_approval_options_the_command_item_and_token_usage(
         codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
-    codex.call_tool(COMMAND)
+    codex.call_tool(OUTPUT_COMMAND)
     cid = _new(daemon, workdir)
     follower = Follower(daemon, cid, "Write the file")
     inter = _pending(daemon, cid)
@@ -86,6 +88,12 @@ def test_a_command_turn_shows_codex_approval_options_the_command_item_and_token_
     tool = tools[0]["tool"]
     assert tool["name"] == "shell" and "echo codex-was-here" in tool["input"]
     assert tool["status"] == "completed" and tool.get("exit_code", 0) == 0, tool
+    # the command's output: its tail while it ran (item/commandExecution/outputDelta; 0.171.0 streams
+    # what comes after the first wait, here the line after the pause), then the whole
+    running = [r["data"]["tool"] for r in daemon.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "tool"
+               and r["data"]["tool"].get("status", "running") == "running"]
+    assert any(line["text"] in ("codex-was-here", "after-the-pause") for t in running for line in t.get("tail") or []), running
+    assert tool["output"].split() == ["codex-was-here", "after-the-pause"], tool
     assistant = _items(daemon, cid, "assistant")
     assert assistant and assistant[-1]["text"] == DEFAULT_FINAL_TEXT
     tokens = [r["data"] for r in daemon.journal(cid) if r["type"] == "tokens"]
@@ -136,6 +144,128 @@ def test_accept_for_the_session_is_sent_back_as_codex_defines_it(codex: CodexRun
     assert (workdir / FILE).exists()
     asked = {r["data"]["id"] for r in daemon.journal(cid) if r["type"] == "interaction"}
     assert len(asked) == 1
+
+
+#: a patch through Codex's shell tool (Codex runs it as its own apply_patch: a fileChange item)
+PATCH = "apply_patch <<'EOF'\n*** Begin Patch\n*** Add File: {path}\n+patched by codex\n*** End Patch\nEOF\n"
+#: /tmp off Codex's workspace-write roots (it is on them by default), so a patch beside the workdir asks first
+OUTSIDE_TMP = ("sandbox_workspace_write.exclude_slash_tmp=true", "sandbox_workspace_write.exclude_tmpdir_env_var=true")
+
+
+@pytest.fixture
+def outside(tmp_path: pathlib.Path) -> Iterator[tuple[CodexRuntime, Daemon, pathlib.Path]]:
+    """Codex with /tmp off its writable roots, its daemon, and a file outside the workdir to patch."""
+    rt = CodexRuntime(tmp_path, overrides=OUTSIDE_TMP)
+    target = tmp_path / "outside" / "patched.txt"
+    target.parent.mkdir()
+    assert rt.server is not None
+    rt.server.call_tool("exec_command", arguments={"cmd": PATCH.format(path=target), "login": False})
+    d = _daemon(rt, tmp_path)
+    try:
+        yield rt, d, target
+    finally:
+        d.stop()
+        rt.close()
+
+
+@pytest.mark.parametrize("decision", ["accept", "acceptForSession", "decline", "cancel"])
+def test_a_file_change_asks_with_codex_decisions_and_each_does_what_codex_defines(
+        outside: tuple[CodexRuntime, Daemon, pathlib.Path], workdir: pathlib.Path, decision: str) -> None:
+    """item/fileChange/requestApproval carries no availableDecisions: agentd offers Codex's four, and the
+    app-server acts on each (accept once, accept for the session, decline and go on, cancel the turn)."""
+    codex, daemon, target = outside
+    cid = _new(daemon, workdir)
+    follower = Follower(daemon, cid, "Patch the file")
+    inter = _pending(daemon, cid)
+    assert [o["id"] for o in inter["options"]] == ["accept", "acceptForSession", "decline", "cancel"], inter
+    options = {o["id"]: o for o in inter["options"]}
+    assert options["accept"].get("allow_once") and options["decline"].get("reject") and options["cancel"].get("reject")
+    assert not options["acceptForSession"].get("allow_once") and not options["acceptForSession"].get("reject")
+    answered = daemon.agentctl("answer", cid, inter["id"], "--option", decision)
+    assert answered.returncode == 0, answered.stderr
+    code = follower.finish()
+    [patch] = _items(daemon, cid, "tool")
+    tool = patch["tool"]
+    assert tool["name"] == "apply_patch" and str(target) in tool["title"] and "patched by codex" in tool["input"], tool
+    assert patch["id"].endswith(inter["tool_call_id"].split(".", 1)[1]), (patch, inter)
+    end = _turn_ends(daemon, cid)[-1]["data"]
+    if decision in ("accept", "acceptForSession"):
+        assert code == 0 and end["state"] == "completed", (code, end, follower.stderr())
+        assert target.read_text() == "patched by codex\n"
+        assert tool["status"] == "completed", tool
+        assert any(r["type"] == "turn_diff" and "+patched by codex" in r["data"]["diff"] for r in daemon.journal(cid))
+    elif decision == "decline":
+        # the patch is refused and the agent goes on to its answer
+        assert code == 0 and end["state"] == "completed", (code, end, follower.stderr())
+        assert not target.exists()
+        assert tool["status"] == "failed" and "declined" in tool.get("output", ""), tool
+        assert _items(daemon, cid, "assistant")[-1]["text"] == DEFAULT_FINAL_TEXT
+    else:
+        assert code == 3 and end["state"] == "cancelled", (code, end, follower.stderr())
+        assert not target.exists()
+    if decision not in ("accept", "acceptForSession"):
+        return
+    # The next identical patch: asked again after accept, not after accept-for-session.
+    target.unlink()
+    again = Follower(daemon, cid, "Patch it again")
+    if decision == "accept":
+        second = _pending(daemon, cid)
+        assert second["id"] != inter["id"]
+        assert daemon.agentctl("answer", cid, second["id"], "--option", "accept").returncode == 0
+    assert again.finish() == 0, again.stderr()
+    assert target.exists()
+    asked = {r["data"]["id"] for r in daemon.journal(cid) if r["type"] == "interaction"}
+    assert len(asked) == (2 if decision == "accept" else 1), asked
+
+
+@pytest.mark.parametrize("decision", ["accept", "acceptForSession", "decline"])
+def test_a_permissions_request_grants_for_the_turn_the_session_or_nothing(
+        tmp_path: pathlib.Path, workdir: pathlib.Path, decision: str) -> None:
+    """item/permissions/requestApproval (Codex's request_permissions tool): what agentd answers is what
+    Codex hands the model as granted."""
+    codex = CodexRuntime(tmp_path, overrides=("features.request_permissions_tool=true",))
+    wanted = str(tmp_path / "notes")
+    assert codex.server is not None
+    codex.server.call_tool("request_permissions", arguments={
+        "reason": "write the notes", "permissions": {"file_system": {"write": [wanted]}}})
+    d = _daemon(codex, tmp_path)
+    try:
+        cid = _new(d, workdir)
+        follower = Follower(d, cid, "Ask for the notes folder")
+        inter = _pending(d, cid)
+        assert inter["kind"] == "permission" and "write the notes" in inter["detail"] and wanted in inter["detail"]
+        assert [o["id"] for o in inter["options"]] == ["accept", "acceptForSession", "decline"], inter
+        answered = d.agentctl("answer", cid, inter["id"], "--option", decision)
+        assert answered.returncode == 0, answered.stderr
+        assert follower.finish() == 0, follower.stderr()
+        outputs = [i for r in codex.server.requests for i in r.get("input") or []
+                   if isinstance(i, dict) and i.get("type") == "function_call_output"]
+        assert outputs, "the tool's result never reached the model"
+        granted = json.loads(outputs[-1]["output"])
+        if decision == "decline":
+            assert not any((granted.get("permissions") or {}).values()), granted
+        else:
+            assert granted["scope"] == ("session" if decision == "acceptForSession" else "turn"), granted
+            assert granted["permissions"]["file_system"]["write"] == [wanted], granted
+    finally:
+        d.stop()
+        codex.close()
+
+
+def test_reasoning_streams_as_deltas_and_is_kept_as_a_reasoning_item(
+        codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
+    codex.text_only("Reasoned answer.")
+    assert codex.server is not None
+    codex.server.think("Weighing the question before answering.")
+    cid = _new(daemon, workdir)
+    follower = Follower(daemon, cid, "Think, then answer")
+    assert follower.finish() == 0, follower.stderr()
+    reasoning = _items(daemon, cid, "reasoning")
+    assert [r["text"] for r in reasoning] == ["Weighing the question before answering."], reasoning
+    deltas = "".join(line["data"]["text"] for line in follower.lines
+                     if line.get("type") == "delta" and line["data"]["kind"] == "reasoning")
+    assert deltas == "Weighing the question before answering.", follower.lines[:20]
+    assert _items(daemon, cid, "assistant")[-1]["text"] == "Reasoned answer."
 
 
 def test_a_question_from_codex_is_answered_with_a_choice(tmp_path: pathlib.Path, workdir: pathlib.Path) -> None:
