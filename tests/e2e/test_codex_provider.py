@@ -252,6 +252,41 @@ def test_a_permissions_request_grants_for_the_turn_the_session_or_nothing(
         codex.close()
 
 
+@pytest.mark.parametrize("decision", ["accept", "decline"])
+def test_an_mcp_tool_call_is_asked_about_then_kept_as_a_tool_item_with_the_server_s_result(
+        tmp_path: pathlib.Path, workdir: pathlib.Path, decision: str) -> None:
+    """Codex asks before an MCP tool call (an elicitation marked ``mcp_tool_call``); the call is an
+    ``mcpToolCall`` item: tool ``<server>.<tool>``, its arguments, the server's result."""
+    from test_conformance_mcp import call_tool_ending_in, mcp_toml
+
+    codex = CodexRuntime(tmp_path)
+    marker = tmp_path / "marker.txt"
+    called = call_tool_ending_in(codex, "write_marker", {"text": "from-the-model"})
+    d = Daemon(tmp_path, codex.config_toml + mcp_toml(marker), env=codex.env).start()
+    try:
+        cid = _new(d, workdir)
+        follower = Follower(d, cid, "Write the marker")
+        inter = _pending(d, cid)
+        assert inter["title"] == "Use marker/write_marker?" and "from-the-model" in inter["detail"], inter
+        assert [o["id"] for o in inter["options"]] == ["accept", "decline"], inter
+        answered = d.agentctl("answer", cid, inter["id"], "--option", decision)
+        assert answered.returncode == 0, answered.stderr
+        assert follower.finish() == 0, follower.stderr()
+        assert called == ["mcp__marker__write_marker"], called
+        [call] = _items(d, cid, "tool")
+        tool = call["tool"]
+        assert tool["name"] == "marker.write_marker" and json.loads(tool["input"]) == {"text": "from-the-model"}, tool
+        if decision == "accept":
+            assert marker.read_text() == "from-the-model\n"
+            assert tool["status"] == "completed" and "marker written: from-the-model" in tool["output"], tool
+        else:
+            assert not marker.exists()
+            assert tool["status"] == "failed", tool
+    finally:
+        d.stop()
+        codex.close()
+
+
 def test_reasoning_streams_as_deltas_and_is_kept_as_a_reasoning_item(
         codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
     codex.text_only("Reasoned answer.")
@@ -335,7 +370,7 @@ def test_title_models_and_the_app_server_process_group(codex: CodexRuntime, daem
     assert not _alive(servers[0]), "the app-server outlived agentd"
 
 
-def test_a_dead_app_server_is_restarted_after_the_backoff_and_the_thread_goes_on(
+def test_a_dead_app_server_is_restarted_after_a_doubling_backoff_and_the_thread_goes_on(
         codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
     codex.text_only("First answer.")
     cid = _new(daemon, workdir)
@@ -347,12 +382,40 @@ def test_a_dead_app_server_is_restarted_after_the_backoff_and_the_thread_goes_on
     while time.monotonic() < deadline and not any(r["type"] == "exit" for r in daemon.journal(cid)):
         time.sleep(0.05)
     assert any(r["type"] == "exit" for r in daemon.journal(cid)), "the app-server's death was not reported"
+    # The next start waits out the backoff (1 s); that one dying too, before anything worked, doubles it.
+    t0 = time.monotonic()
+    assert daemon.agentctl("models", "codex", "--json").returncode == 0
+    assert time.monotonic() - t0 >= 0.9, "the app-server was started again with no backoff"
+    [second] = _app_servers(daemon.proc.pid)
+    assert second != server
+    os.kill(second, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(_log_events(daemon, "codex.restart_scheduled")) < 2:
+        time.sleep(0.05)
     codex.text_only("Second answer.")
+    t0 = time.monotonic()
     assert Follower(daemon, cid, "What is my name?").finish() == 0
+    assert time.monotonic() - t0 >= 1.9, "the second restart was not held back twice as long"
     [again] = _app_servers(daemon.proc.pid)
-    assert again != server
+    assert again not in (server, second)
+    scheduled = [(e["failures"], e["delay_s"]) for e in _log_events(daemon, "codex.restart_scheduled")]
+    assert scheduled == [(1, 1.0), (2, 2.0)], scheduled
+    # once the thread is back (reopened, its turn completed), the count starts over
+    assert [e["failures"] for e in _log_events(daemon, "codex.restart_reset")] == [2]
     bodies = [json.dumps(r) for r in codex.server.requests if "What is my name?" in json.dumps(r)]
     assert bodies and "Grace Hopper" in bodies[-1], "the resumed thread lost its earlier turn"
+
+
+def _log_events(d: Daemon, event: str) -> list[dict[str, Any]]:
+    out = []
+    for line in d.log.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") == event:
+            out.append(record)
+    return out
 
 
 class _Sink:
