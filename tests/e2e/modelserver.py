@@ -60,6 +60,8 @@ class ModelServer:
         self.requests: list[dict[str, Any]] = []
         #: every request as (method, path, parsed body or None), in arrival order
         self.calls: list[tuple[str, str, Any]] = []
+        #: each POST's Authorization header ("" when absent), in arrival order
+        self.authorizations: list[str] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._httpd: ThreadingHTTPServer | None = None
@@ -187,9 +189,11 @@ class ModelServer:
                 self._changed.wait(left)
             return list(self.requests)
 
-    def _record(self, method: str, path: str, body: Any) -> None:
+    def _record(self, method: str, path: str, body: Any, authorization: str = "") -> None:
         with self._changed:
             self.calls.append((method, path, body))
+            if method == "POST":
+                self.authorizations.append(authorization)
             if isinstance(body, dict):
                 self.requests.append(body)
             if self.log_path is not None:
@@ -291,7 +295,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw or b"null")
         except ValueError:
             body = {"_unparsed": raw.decode("utf-8", "replace")}
-        self.owner._record("POST", path, body)
+        self.owner._record("POST", path, body, self.headers.get("Authorization") or "")
         if not isinstance(body, dict):
             self._json(400, {"error": {"message": "expected a JSON object", "type": "invalid_request_error"}})
             return

@@ -102,6 +102,43 @@ def test_a_command_turn_shows_codex_approval_options_the_command_item_and_token_
     assert usage.get("input_tokens") == 200 and usage.get("output_tokens") == 20, usage
 
 
+def test_agentctl_run_works_with_the_model_endpoint_configured_as_docs_codex_md_says(
+        tmp_path: pathlib.Path, workdir: pathlib.Path) -> None:
+    """docs/codex.md's first example as a new user copies it (only base_url pointed at the model server):
+    ``codex`` found on the daemon's PATH, Codex's default home, the key in the environment file."""
+    from acp_agents import CODEX_OFFLINE
+    from installs import install_codex_cli
+    from modelserver import ModelServer
+
+    docs = (pathlib.Path(__file__).parents[2] / "docs" / "codex.md").read_text()
+    block = docs.split("## Configure a model endpoint", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    assert 'api_key_env = "OPENAI_API_KEY"' in block and "[providers.codex.model_provider]" in block, block
+    server = ModelServer(tmp_path / "model-requests.jsonl").start()
+    try:
+        server.answer_text_only("Codex answers as the docs say.")
+        config = block.replace('base_url = "https://api.openai.com/v1"', f"base_url = {json.dumps(server.url)}")
+        assert server.url in config, block
+        # offline, as the docs' `overrides` note says (no plugin sync, no update check, no analytics)
+        config = config.replace("[providers.codex]\n", f"[providers.codex]\noverrides = {json.dumps(CODEX_OFFLINE)}\n", 1)
+        key = "sk-docs-env-file-key-5521"
+        (tmp_path / "environment").write_text(f"OPENAI_API_KEY={key}\n")
+        (tmp_path / "environment").chmod(0o600)
+        path = f"{install_codex_cli().parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        d = Daemon(tmp_path, config, env={"PATH": path}).start()
+        try:
+            ran = d.agentctl("run", "-p", "codex", "--cwd", str(workdir), "Explain what main.py does")
+            assert ran.returncode == 0, ran.stderr + d.log.read_text()[-3000:]
+            assert "Codex answers as the docs say." in ran.stdout
+        finally:
+            d.stop()
+        calls = [body for method, path, body in server.calls if path.endswith("/responses")]
+        assert calls and all(c["model"] == "gpt-5.1-codex" for c in calls), calls
+        expected = os.environ.get("OPENAI_API_KEY") or key  # a variable agentd was started with wins
+        assert server.authorizations and all(a == f"Bearer {expected}" for a in server.authorizations)
+    finally:
+        server.stop()
+
+
 def test_agentctl_run_with_the_codex_provider_prints_the_answer(codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
     codex.text_only("Codex answers through agentd.")
     ran = daemon.agentctl("run", "-p", "codex", "--cwd", str(workdir), "Say something")
