@@ -94,6 +94,8 @@ class ModelServer:
         self.retry_after: float | None = None
         #: close the connection after this many streamed chunks (None = don't)
         self.drop_after: int | None = None
+        #: extra response headers of every streamed answer (an endpoint's rate-limit headers, say)
+        self.stream_headers: dict[str, str] = {}
         #: a thinking block (Anthropic Messages) or reasoning summary (Responses API) streamed before
         #: each answer ("" = none)
         self.thinking = ""
@@ -527,6 +529,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
+        for k, v in self.owner.stream_headers.items():
+            self.send_header(k, v)
         self.end_headers()
         self.wfile.flush()
         sent = 0

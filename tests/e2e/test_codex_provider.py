@@ -383,6 +383,29 @@ def test_steer_joins_the_running_turn_and_reaches_the_model(codex: CodexRuntime,
     assert later, "the steering prompt never reached the model"
 
 
+def test_the_endpoint_s_rate_limits_become_the_turn_s_quota_and_agentctl_quota(
+        codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
+    """Codex reads the endpoint's ``x-codex-*`` rate-limit headers (account/rateLimits/updated): the
+    running turn's usage carries them, and ``agentctl quota codex`` shows the windows after it."""
+    codex.text_only("Within limits.")
+    assert codex.server is not None
+    codex.server.stream_headers = {
+        "x-codex-primary-used-percent": "42", "x-codex-primary-window-minutes": "300",
+        "x-codex-primary-reset-at": "1900000000",
+        "x-codex-secondary-used-percent": "7", "x-codex-secondary-window-minutes": "10080"}
+    cid = _new(daemon, workdir)
+    assert Follower(daemon, cid, "Check the limits").finish() == 0
+    carried = [q for r in daemon.journal(cid) if r["type"] == "usage" for q in r["data"].get("quota") or []]
+    assert carried, "no usage record carried the rate limits"
+    shown = _json(daemon.agentctl("quota", "codex", "--json"))
+    [report] = [p for p in shown["quotas"] if p["provider"] == "codex"]
+    quotas = {q["type"]: q for q in report["quotas"]}
+    primary = quotas["primary (300 min window)"]
+    assert primary["used"] == 42 and primary["remaining_percent"] == 58 and primary["unit"] == "percent", primary
+    assert primary["reset_at"] == "2030-03-17T17:46:40Z", primary
+    assert quotas["secondary (10080 min window)"]["used"] == 7, quotas
+
+
 def test_title_models_and_the_app_server_process_group(codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
     codex.text_only("Hi.")
     cid = _new(daemon, workdir)
