@@ -3,8 +3,9 @@
 Codex is installed from tests/e2e/package-lock.json (npm @openai/codex, its
 Linux binary); it calls the Responses API of tests/e2e/modelserver.py on
 127.0.0.1 with retries off. Most tests go through the real daemon and
-agentctl; history and the thread list, which no agentctl command reads yet,
-are checked on the provider itself under trio. Only the model is scripted.
+agentctl; history and the thread list (which ``agentctl import`` reads, see
+test_conformance_import.py) and attachments are also checked on the provider
+itself under trio. Only the model is scripted.
 """
 
 from __future__ import annotations
@@ -521,7 +522,7 @@ def _on_the_provider(codex: CodexRuntime, tmp_path: pathlib.Path, monkeypatch: p
 
 def test_history_the_thread_list_and_an_unknown_thread_on_the_provider(
         codex: CodexRuntime, tmp_path: pathlib.Path, workdir: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """history() and previous() on the provider itself (no agentctl command reads them yet)."""
+    """history() and previous() on the provider itself: the items as Codex keeps them, this folder's threads."""
     from agentd import contract as c
 
     codex.text_only("Remembered answer.")
