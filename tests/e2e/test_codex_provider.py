@@ -132,6 +132,9 @@ def test_agentctl_run_works_with_the_model_endpoint_configured_as_docs_codex_md_
             assert "Codex answers as the docs say." in ran.stdout
         finally:
             d.stop()
+        # CODEX_HOME by default: the daemon's own, under its state dir, where Codex keeps the thread
+        home = d.state_dir / "providers" / "codex" / "home"
+        assert any(home.rglob("rollout-*.jsonl")), sorted(str(x) for x in home.rglob("*"))[:40]
         calls = [body for method, path, body in server.calls if path.endswith("/responses")]
         assert calls and all(c["model"] == "gpt-5.1-codex" for c in calls), calls
         expected = os.environ.get("OPENAI_API_KEY") or key  # a variable agentd was started with wins
