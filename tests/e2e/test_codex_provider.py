@@ -10,6 +10,7 @@ itself under trio. Only the model is scripted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -46,6 +47,28 @@ def codex(tmp_path: pathlib.Path) -> Iterator[CodexRuntime]:
 
 def _daemon(rt: CodexRuntime, root: pathlib.Path) -> Daemon:
     return Daemon(root, rt.config_toml, env=rt.env).start()
+
+
+@contextlib.contextmanager
+def _running(root: pathlib.Path, *overrides: str, extra_toml: str = "") -> Iterator[tuple[CodexRuntime, Daemon]]:
+    """Codex with more ``-c`` settings (``overrides``) and its daemon (``extra_toml`` added to its
+    config), both stopped afterwards."""
+    rt = CodexRuntime(root, overrides=overrides)
+    try:
+        d = Daemon(root, rt.config_toml + extra_toml, env=rt.env).start()
+        try:
+            yield rt, d
+        finally:
+            d.stop()
+    finally:
+        rt.close()
+
+
+def _tool_outputs(rt: CodexRuntime) -> list[str]:
+    """The tool results Codex sent the model (``function_call_output``), in order."""
+    assert rt.server is not None
+    return [i["output"] for r in rt.server.requests for i in r.get("input") or []
+            if isinstance(i, dict) and i.get("type") == "function_call_output"]
 
 
 @pytest.fixture
@@ -196,17 +219,12 @@ OUTSIDE_TMP = ("sandbox_workspace_write.exclude_slash_tmp=true", "sandbox_worksp
 @pytest.fixture
 def outside(tmp_path: pathlib.Path) -> Iterator[tuple[CodexRuntime, Daemon, pathlib.Path]]:
     """Codex with /tmp off its writable roots, its daemon, and a file outside the workdir to patch."""
-    rt = CodexRuntime(tmp_path, overrides=OUTSIDE_TMP)
     target = tmp_path / "outside" / "patched.txt"
     target.parent.mkdir()
-    assert rt.server is not None
-    rt.server.call_tool("exec_command", arguments={"cmd": PATCH.format(path=target), "login": False})
-    d = _daemon(rt, tmp_path)
-    try:
+    with _running(tmp_path, *OUTSIDE_TMP) as (rt, d):
+        assert rt.server is not None
+        rt.server.call_tool("exec_command", arguments={"cmd": PATCH.format(path=target), "login": False})
         yield rt, d, target
-    finally:
-        d.stop()
-        rt.close()
 
 
 @pytest.mark.parametrize("decision", ["accept", "acceptForSession", "decline", "cancel"])
@@ -264,13 +282,11 @@ def test_a_permissions_request_grants_for_the_turn_the_session_or_nothing(
         tmp_path: pathlib.Path, workdir: pathlib.Path, decision: str) -> None:
     """item/permissions/requestApproval (Codex's request_permissions tool): what agentd answers is what
     Codex hands the model as granted."""
-    codex = CodexRuntime(tmp_path, overrides=("features.request_permissions_tool=true",))
     wanted = str(tmp_path / "notes")
-    assert codex.server is not None
-    codex.server.call_tool("request_permissions", arguments={
-        "reason": "write the notes", "permissions": {"file_system": {"write": [wanted]}}})
-    d = _daemon(codex, tmp_path)
-    try:
+    with _running(tmp_path, "features.request_permissions_tool=true") as (codex, d):
+        assert codex.server is not None
+        codex.server.call_tool("request_permissions", arguments={
+            "reason": "write the notes", "permissions": {"file_system": {"write": [wanted]}}})
         cid = _new(d, workdir)
         follower = Follower(d, cid, "Ask for the notes folder")
         inter = _pending(d, cid)
@@ -279,18 +295,14 @@ def test_a_permissions_request_grants_for_the_turn_the_session_or_nothing(
         answered = d.agentctl("answer", cid, inter["id"], "--option", decision)
         assert answered.returncode == 0, answered.stderr
         assert follower.finish() == 0, follower.stderr()
-        outputs = [i for r in codex.server.requests for i in r.get("input") or []
-                   if isinstance(i, dict) and i.get("type") == "function_call_output"]
+        outputs = _tool_outputs(codex)
         assert outputs, "the tool's result never reached the model"
-        granted = json.loads(outputs[-1]["output"])
+        granted = json.loads(outputs[-1])
         if decision == "decline":
             assert not any((granted.get("permissions") or {}).values()), granted
         else:
             assert granted["scope"] == ("session" if decision == "acceptForSession" else "turn"), granted
             assert granted["permissions"]["file_system"]["write"] == [wanted], granted
-    finally:
-        d.stop()
-        codex.close()
 
 
 @pytest.mark.parametrize("decision", ["accept", "decline"])
@@ -300,11 +312,9 @@ def test_an_mcp_tool_call_is_asked_about_then_kept_as_a_tool_item_with_the_serve
     ``mcpToolCall`` item: tool ``<server>.<tool>``, its arguments, the server's result."""
     from test_conformance_mcp import call_tool_ending_in, mcp_toml
 
-    codex = CodexRuntime(tmp_path)
     marker = tmp_path / "marker.txt"
-    called = call_tool_ending_in(codex, "write_marker", {"text": "from-the-model"})
-    d = Daemon(tmp_path, codex.config_toml + mcp_toml(marker), env=codex.env).start()
-    try:
+    with _running(tmp_path, extra_toml=mcp_toml(marker)) as (codex, d):
+        called = call_tool_ending_in(codex, "write_marker", {"text": "from-the-model"})
         cid = _new(d, workdir)
         follower = Follower(d, cid, "Write the marker")
         inter = _pending(d, cid)
@@ -323,9 +333,6 @@ def test_an_mcp_tool_call_is_asked_about_then_kept_as_a_tool_item_with_the_serve
         else:
             assert not marker.exists()
             assert tool["status"] == "failed", tool
-    finally:
-        d.stop()
-        codex.close()
 
 
 def test_reasoning_streams_as_deltas_and_is_kept_as_a_reasoning_item(
@@ -346,13 +353,11 @@ def test_reasoning_streams_as_deltas_and_is_kept_as_a_reasoning_item(
 
 def test_a_question_from_codex_is_answered_with_a_choice(tmp_path: pathlib.Path, workdir: pathlib.Path) -> None:
     """request_user_input (offered outside Plan mode with the feature on) becomes a question."""
-    codex = CodexRuntime(tmp_path, overrides=("features.default_mode_request_user_input=true",))
-    assert codex.server is not None
-    codex.server.call_tool("request_user_input", arguments={"questions": [{
-        "id": "colour", "header": "Colour", "question": "Which colour?",
-        "options": [{"label": "Red", "description": "warm"}, {"label": "Blue", "description": "cool"}]}]})
-    d = _daemon(codex, tmp_path)
-    try:
+    with _running(tmp_path, "features.default_mode_request_user_input=true") as (codex, d):
+        assert codex.server is not None
+        codex.server.call_tool("request_user_input", arguments={"questions": [{
+            "id": "colour", "header": "Colour", "question": "Which colour?",
+            "options": [{"label": "Red", "description": "warm"}, {"label": "Blue", "description": "cool"}]}]})
         cid = _new(d, workdir)
         follower = Follower(d, cid, "Ask me")
         inter = _pending(d, cid)
@@ -362,12 +367,8 @@ def test_a_question_from_codex_is_answered_with_a_choice(tmp_path: pathlib.Path,
         answered = d.agentctl("answer", cid, inter["id"], "--choice", "Blue")
         assert answered.returncode == 0, answered.stderr
         assert follower.finish() == 0, follower.stderr()
-        outputs = [i for r in codex.server.requests for i in r.get("input") or []
-                   if isinstance(i, dict) and i.get("type") == "function_call_output"]
-        assert outputs and json.loads(outputs[-1]["output"]) == {"answers": {"colour": {"answers": ["Blue"]}}}
-    finally:
-        d.stop()
-        codex.close()
+        outputs = _tool_outputs(codex)
+        assert outputs and json.loads(outputs[-1]) == {"answers": {"colour": {"answers": ["Blue"]}}}
 
 
 def test_steer_joins_the_running_turn_and_reaches_the_model(codex: CodexRuntime, daemon: Daemon, workdir: pathlib.Path) -> None:
