@@ -15,7 +15,8 @@ API, streamed) and ``POST /v1/messages`` (the Anthropic Messages API, streamed
 as SSE or one JSON body; ``/v1/messages/count_tokens`` too), and answers
 ``GET /v1/models``. For Anthropic the shell tool is ``Bash`` (matched like
 ``bash``), a tool result is a ``tool_result`` block in the last user message,
-and :meth:`ModelServer.think` adds a thinking block before each answer. Every request body is kept,
+and :meth:`ModelServer.think` adds a thinking block (Messages) or a reasoning summary (Responses)
+before each answer. Every request body is kept,
 parsed, in :attr:`ModelServer.requests` and appended as one JSON line to
 :attr:`ModelServer.log_path`, so a test can assert on what the runtime sent.
 
@@ -59,6 +60,8 @@ class ModelServer:
         self.requests: list[dict[str, Any]] = []
         #: every request as (method, path, parsed body or None), in arrival order
         self.calls: list[tuple[str, str, Any]] = []
+        #: each POST's Authorization header ("" when absent), in arrival order
+        self.authorizations: list[str] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._httpd: ThreadingHTTPServer | None = None
@@ -93,7 +96,10 @@ class ModelServer:
         self.retry_after: float | None = None
         #: close the connection after this many streamed chunks (None = don't)
         self.drop_after: int | None = None
-        #: Anthropic Messages only: a thinking block streamed before each answer ("" = none)
+        #: extra response headers of every streamed answer (an endpoint's rate-limit headers, say)
+        self.stream_headers: dict[str, str] = {}
+        #: a thinking block (Anthropic Messages) or reasoning summary (Responses API) streamed before
+        #: each answer ("" = none)
         self.thinking = ""
 
     def stream_slowly(self, delay: float) -> None:
@@ -115,7 +121,8 @@ class ModelServer:
         self.drop_after = after_chunks
 
     def think(self, text: str) -> None:
-        """Anthropic Messages: stream a thinking block with ``text`` before each answer."""
+        """Stream reasoning with ``text`` before each answer: a thinking block (Anthropic Messages),
+        a reasoning item with a summary (Responses API)."""
         self.thinking = text
 
     def answer_text_only(self, text: str | None = None) -> None:
@@ -197,9 +204,11 @@ class ModelServer:
                 self._changed.wait(left)
             return list(self.requests)
 
-    def _record(self, method: str, path: str, body: Any) -> None:
+    def _record(self, method: str, path: str, body: Any, authorization: str = "") -> None:
         with self._changed:
             self.calls.append((method, path, body))
+            if method == "POST":
+                self.authorizations.append(authorization)
             if isinstance(body, dict):
                 self.requests.append(body)
             if self.log_path is not None:
@@ -301,7 +310,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw or b"null")
         except ValueError:
             body = {"_unparsed": raw.decode("utf-8", "replace")}
-        self.owner._record("POST", path, body)
+        self.owner._record("POST", path, body, self.headers.get("Authorization") or "")
         if not isinstance(body, dict):
             self._json(400, {"error": {"message": "expected a JSON object", "type": "invalid_request_error"}})
             return
@@ -409,8 +418,12 @@ class _Handler(BaseHTTPRequestHandler):
             if namespace:
                 item["namespace"] = namespace
 
+        thinking = self.owner.thinking
+        reasoning = {"id": "rs_" + uuid.uuid4().hex[:12], "type": "reasoning",
+                     "summary": [{"type": "summary_text", "text": thinking}]} if thinking else None
+        output = [reasoning, item] if reasoning else [item]
         if not body.get("stream"):
-            self._json(200, {**base, "status": "completed", "output": [item], "usage": usage})
+            self._json(200, {**base, "status": "completed", "output": output, "usage": usage})
             return
 
         def ev(type_: str, **fields: Any) -> str:
@@ -420,24 +433,37 @@ class _Handler(BaseHTTPRequestHandler):
         def events() -> Iterator[str]:
             yield ev("response.created", response=base)
             yield ev("response.in_progress", response=base)
+            at = 0
+            if reasoning is not None:
+                rs_id = reasoning["id"]
+                yield ev("response.output_item.added", output_index=0, item={**reasoning, "summary": []})
+                yield ev("response.reasoning_summary_part.added", item_id=rs_id, output_index=0, summary_index=0,
+                         part={"type": "summary_text", "text": ""})
+                for word in _words(thinking):
+                    yield ev("response.reasoning_summary_text.delta", item_id=rs_id, output_index=0, summary_index=0, delta=word)
+                yield ev("response.reasoning_summary_text.done", item_id=rs_id, output_index=0, summary_index=0, text=thinking)
+                yield ev("response.reasoning_summary_part.done", item_id=rs_id, output_index=0, summary_index=0,
+                         part=reasoning["summary"][0])
+                yield ev("response.output_item.done", output_index=0, item=reasoning)
+                at = 1
             if kind == "text":
                 started = {**item, "status": "in_progress", "content": []}
-                yield ev("response.output_item.added", output_index=0, item=started)
+                yield ev("response.output_item.added", output_index=at, item=started)
                 part = {"type": "output_text", "text": "", "annotations": []}
-                yield ev("response.content_part.added", item_id=item["id"], output_index=0, content_index=0, part=part)
+                yield ev("response.content_part.added", item_id=item["id"], output_index=at, content_index=0, part=part)
                 for word in _words(what):
-                    yield ev("response.output_text.delta", item_id=item["id"], output_index=0, content_index=0, delta=word)
-                yield ev("response.output_text.done", item_id=item["id"], output_index=0, content_index=0, text=what)
-                yield ev("response.content_part.done", item_id=item["id"], output_index=0, content_index=0, part=item["content"][0])
+                    yield ev("response.output_text.delta", item_id=item["id"], output_index=at, content_index=0, delta=word)
+                yield ev("response.output_text.done", item_id=item["id"], output_index=at, content_index=0, text=what)
+                yield ev("response.content_part.done", item_id=item["id"], output_index=at, content_index=0, part=item["content"][0])
             else:
                 started = {**item, "status": "in_progress", "arguments": ""}
-                yield ev("response.output_item.added", output_index=0, item=started)
+                yield ev("response.output_item.added", output_index=at, item=started)
                 text = item["arguments"]
                 for i in range(0, len(text), 16):
-                    yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=0, delta=text[i:i + 16])
-                yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=0, arguments=text)
-            yield ev("response.output_item.done", output_index=0, item=item)
-            yield ev("response.completed", response={**base, "status": "completed", "output": [item], "usage": usage})
+                    yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=at, delta=text[i:i + 16])
+                yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=at, arguments=text)
+            yield ev("response.output_item.done", output_index=at, item=item)
+            yield ev("response.completed", response={**base, "status": "completed", "output": output, "usage": usage})
 
         self._sse(events(), done=None)
 
@@ -516,6 +542,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
+        for k, v in self.owner.stream_headers.items():
+            self.send_header(k, v)
         self.end_headers()
         self.wfile.flush()
         sent = 0

@@ -131,7 +131,14 @@ class _Tool:
 
 
 class CodexConversation:
-    """One Codex thread; implements contract.Conversation. Methods raise Closed after close."""
+    """One Codex thread; implements contract.Conversation. Methods raise Closed after close.
+
+    Long (past 600 lines) as one piece on purpose: the running turn, its pending interactions and
+    its running tools are read and changed by the contract methods (send, steer, cancel, respond,
+    close), the app-server's notifications and its server requests alike, and every end of a turn
+    goes through :meth:`_finish` so it ends exactly once. What is pure mapping lives in
+    :mod:`._mapping`; what is the app-server's, in :mod:`._provider`.
+    """
 
     SERVER_REQUESTS = frozenset({"item/commandExecution/requestApproval", "item/fileChange/requestApproval",
                                  "item/permissions/requestApproval", "item/tool/requestUserInput",

@@ -12,7 +12,10 @@ Client: our own, on the JSON-RPC layer shared with the ACP provider (:mod:`.._js
 one JSON object per line; Codex leaves out the ``jsonrpc`` field and accepts
 it). The official ``openai-codex`` SDK (OpenAI, on PyPI) drives the same
 protocol from threads with an asyncio wrapper, pins its own Codex binary and
-needs pydantic; under trio it would need the asyncio bridge for no gain.
+needs pydantic; under trio it would need the asyncio bridge for no gain. The
+third-party app-server clients on PyPI (``codex-app-server-sdk``,
+``codex-python-sdk-unofficial``, ``codex-app-server-client``) are early one-person
+projects doing their I/O on asyncio subprocess pipes: the same bridge, more risk.
 
 Process hygiene: the app-server runs in its own process group
 (``start_new_session``); stopping the provider closes its stdin, then
