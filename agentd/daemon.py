@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 import trio
 
-from . import agentfs, idle_release, masking, reload, runtime_env, systemd
+from . import agentfs, idle_release, masking, reload, runtime_env, systemd, warm_pool
 from .config import Config, Paths, default_config_path
 from .conversations import ConversationService, new_id
 from .hub import Hub
@@ -121,6 +121,8 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
                     async with trio.open_nursery() as front:
                         await front.start(service.checkpoints.run)
                         await front.start(service.run)
+                        runtimes.warm.hint = warm_pool.hint_from(service)
+                        runtimes.warm.prime()  # the records are loaded: the default provider's shape is known
                         await front.start(tasks.run)
                         await front.start(idle_release.run, service, config.runtimes.idle_release_s)
                         if config.websocket.enabled:
