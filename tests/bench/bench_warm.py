@@ -274,10 +274,12 @@ def bench_claude_idle(ctx: Ctx) -> list[Result]:
             cids = []
             t = time.perf_counter()
             for _ in range(count):
+                before = set(_claude_pids(pid))  # the previous conversations' may not be released yet
                 cid = client.request(wire.New, provider="claude", workdir=str(work))["id"]
                 client.subscribe(cid, after=1 << 60, snapshot=False)
                 _turn(client, cid)
-                procs = _claude_pids(pid)  # right after the turn: this conversation's Claude Code, not yet released
+                # right after the turn: this conversation's Claude Code, not yet released
+                procs = [p for p in _claude_pids(pid) if p not in before]
                 if len(procs) == 1:
                     one_claude.append(rss_kb(procs[0]) / 1024)
                 cids.append(cid)
