@@ -187,7 +187,8 @@ class Runtimes:
         are declared anew, so runtimes they start afterwards get their new settings and the
         environment agentd has now; a provider the config no longer has goes, a new one comes.
 
-        Requests from now on get the new providers; the old ones' ``run()`` is cancelled, which stops
+        Requests from now on get the new providers; their pooled conversations (agentd.warm_pool) are
+        closed, and the default provider's pool refills; the old ones' ``run()`` is cancelled, which stops
         the runtimes they started; waits for that up to ``grace_s``. Call it once their conversations
         are closed (ConversationService.detach). Needs :meth:`run` to be running.
         """
@@ -207,6 +208,7 @@ class Runtimes:
         with trio.move_on_after(grace_s):
             for slot in old:
                 await slot.stopped.wait()
+        self.warm.prime()  # the default provider's pool, refilled on its new provider
 
     async def _supervise(self, slot: _Slot, initial: float, maximum: float) -> None:
         try:

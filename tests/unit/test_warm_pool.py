@@ -124,6 +124,23 @@ async def test_shutdown_closes_every_pooled_conversation(tmp_path: Path) -> None
     assert _pooled(rt) == []
 
 
+async def test_a_reload_closes_the_pooled_conversations_and_refills_from_the_new_provider(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    rt = _runtimes(tmp_path)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(rt.run)
+        await _primed(rt, work)
+        old = rt.warm._pools["script"].entries[0]
+        await rt.replace(rt.config)
+        assert old.conv._closed  # type: ignore[attr-defined]
+        with trio.fail_after(10):
+            await rt.warm.settled("script")
+        [entry] = rt.warm._pools["script"].entries
+        assert entry.provider is await rt.get("script") and entry.provider is not old.provider
+        nursery.cancel_scope.cancel()
+
+
 async def test_warm_zero_makes_nothing_ahead(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
