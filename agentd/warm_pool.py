@@ -116,7 +116,9 @@ class _ProviderPool:
         self.failures = 0
         #: pooled conversations being opened now (counted against N)
         self.opening = 0
-        #: set after each refill pass (for tests and the bench: "the pool is full again")
+        #: a refill pass runs now
+        self.busy = False
+        #: set after each refill pass (see WarmPool.settled)
         self.settled = trio.Event()
 
     def take(self, key: bytes, provider: c.Provider) -> _Entry | None:
@@ -153,9 +155,11 @@ class WarmPool:
         return sum(not e.holding.dead for e in pool.entries) if pool else 0
 
     async def settled(self, name: str) -> None:
-        """Wait for the end of the next refill pass of provider ``name`` (tests, bench)."""
+        """Return once provider ``name``'s pool has no refill running or pending (tests): full, or
+        given up until the next use. Needs :meth:`run` to be running."""
         pool = self._pool(name)
-        await pool.settled.wait()
+        while pool.wake.is_set() or pool.busy:
+            await pool.settled.wait()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the pools filled until cancelled; then close every pooled conversation
@@ -257,9 +261,11 @@ class WarmPool:
         while True:
             await pool.wake.wait()
             pool.wake = trio.Event()
+            pool.busy = True
             try:
                 await self._refill(pool)
             finally:
+                pool.busy = False
                 pool.settled.set()
                 pool.settled = trio.Event()
 

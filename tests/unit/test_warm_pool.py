@@ -51,7 +51,7 @@ async def test_a_new_conversation_of_the_pooled_shape_takes_the_pooled_one_and_t
         with trio.fail_after(10):
             conv = await rt.open("script", c.OpenRequest(workdir=str(work), title="mine"), sink)
         assert conv.id == pooled
-        assert _pooled(rt) == []  # taken means gone, before any refill
+        assert pooled not in _pooled(rt)  # taken means gone (a refill may already have made another)
         with trio.fail_after(10):
             await rt.warm.settled("script")
         [refilled] = _pooled(rt)
