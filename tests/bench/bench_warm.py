@@ -35,7 +35,7 @@ import msgspec
 from agentd import wire
 
 from ._common import BenchDaemon, Client, Ctx, Result, agentctl_argv, descendants, rss_kb
-from .bench_copilot import ANSWER, KEY_ENV, MODEL, PROMPT, _cli, _ModelServerProcess
+from .bench_copilot import ANSWER, KEY_ENV, MODEL, PROMPT, _cli, _ModelServerProcess, create_session, sdk_client
 
 FIRST = ANSWER.split()[0].encode()  # the answer's first word, as agentctl prints it
 
@@ -90,7 +90,6 @@ class _ColdCopilot:
         return asyncio.run_coroutine_threadsafe(self._first_text(), self.loop).result(180)
 
     async def _first_text(self) -> float:
-        from copilot import CopilotClient, RuntimeConnection
         from copilot.generated.session_events import SessionEventType
 
         first = asyncio.Event()
@@ -102,29 +101,11 @@ class _ColdCopilot:
             elif event.type is SessionEventType.SESSION_IDLE:
                 idle.set()
 
-        def on_permission(request: Any, invocation: Any) -> Any:
-            raise RuntimeError("the bench turn asks no permission")
-
-        async def on_question(*args: Any) -> Any:
-            raise RuntimeError("the bench turn asks no question")
-
         t0 = time.perf_counter()
-        client = CopilotClient(
-            connection=RuntimeConnection.for_stdio(path=self.cli),
-            working_directory=str(self.work),
-            env={k: v for k, v in os.environ.items() if k != KEY_ENV},
-            base_directory=str(self.home),
-            use_logged_in_user=False,
-            client_info={"application_name": "agentd"},
-        )
+        client = sdk_client(self.cli, self.home, self.work)
         try:
             await client.start()
-            session = await client.create_session(
-                on_event=on_event, on_permission_request=on_permission, on_user_input_request=on_question,
-                on_elicitation_request=on_question, on_exit_plan_mode_request=on_question, streaming=True,
-                working_directory=str(self.work), client_name="agentd", name="bench",
-                provider={"type": "openai", "base_url": self.url, "api_key": os.environ[KEY_ENV]}, model=MODEL,
-            )
+            session = await create_session(client, self.url, self.work, on_event)
             await session.send(PROMPT)
             await asyncio.wait_for(first.wait(), 120)
             elapsed = time.perf_counter() - t0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -21,10 +23,21 @@ class _Sink:
         self.events.append(event)
 
 
-def _runtimes(tmp_path: Path, warm: int = 1, workdir: str = "") -> Runtimes:
-    text = (f"[providers]\ndefault = \"script\"\n[runtimes]\nwarm = {warm}\nwarm_workdir = {workdir!r}\n"
+@asynccontextmanager
+async def _serving(tmp_path: Path, warm: int = 1, primed: str = "work") -> AsyncIterator[tuple[Runtimes, Path]]:
+    """Runtimes with ``warm`` running on the script provider; with ``primed``, its pool filled for
+    new conversations in ``tmp_path/primed`` (made). Yields (runtimes, that dir); stops them after."""
+    text = (f'[providers]\ndefault = "script"\n[runtimes]\nwarm = {warm}\n'
             "restart_backoff_initial_s = 0.01\nrestart_backoff_max_s = 0.02\n")
-    return Runtimes(parse_config(text.replace("'", '"')), tmp_path / "state")
+    rt = Runtimes(parse_config(text), tmp_path / "state")
+    work = tmp_path / primed
+    async with trio.open_nursery() as nursery:
+        await nursery.start(rt.run)
+        if primed:
+            work.mkdir()
+            await _primed(rt, work)
+        yield rt, work
+        nursery.cancel_scope.cancel()
 
 
 def _pooled(rt: Runtimes, name: str = "script") -> list[str]:
@@ -40,12 +53,7 @@ async def _primed(rt: Runtimes, work: Path) -> None:
 
 
 async def test_a_new_conversation_of_the_pooled_shape_takes_the_pooled_one_and_the_pool_refills(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    rt = _runtimes(tmp_path)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(rt.run)
-        await _primed(rt, work)
+    async with _serving(tmp_path) as (rt, work):
         [pooled] = _pooled(rt)
         sink = _Sink()
         with trio.fail_after(10):
@@ -64,18 +72,13 @@ async def test_a_new_conversation_of_the_pooled_shape_takes_the_pooled_one_and_t
         # A second new conversation takes the refilled one, never the first again.
         other = await rt.open("script", c.OpenRequest(workdir=str(work)), _Sink())
         assert other.id == refilled != conv.id
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_new_conversation_of_another_shape_starts_cold_and_the_pool_moves_to_its_shape(tmp_path: Path) -> None:
-    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
-    work.mkdir()
-    elsewhere.mkdir()
-    (work / "hi.toml").write_text('[[turn]]\n[[turn.step]]\nkind = "text"\ntext = "hi"\n')
-    rt = _runtimes(tmp_path)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(rt.run)
-        await _primed(rt, work)
+    async with _serving(tmp_path) as (rt, work):
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (work / "hi.toml").write_text('[[turn]]\n[[turn.step]]\nkind = "text"\ntext = "hi"\n')
         [pooled] = _pooled(rt)
         pooled_conv = rt.warm._pools["script"].entries[0].conv
         for request in (c.OpenRequest(workdir=str(elsewhere)), c.OpenRequest(workdir=str(work), model="hi.toml"),
@@ -89,16 +92,10 @@ async def test_a_new_conversation_of_another_shape_starts_cold_and_the_pool_move
         assert pooled not in _pooled(rt) and len(_pooled(rt)) == 1
         assert rt.warm._pools["script"].entries[0].key == b'{"workdir":"%s","effort":"high"}' % str(work).encode()
         assert pooled_conv._closed  # type: ignore[attr-defined]
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_reopen_never_takes_a_pooled_conversation(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    rt = _runtimes(tmp_path)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(rt.run)
-        await _primed(rt, work)
+    async with _serving(tmp_path) as (rt, work):
         first = await rt.open("script", c.OpenRequest(workdir=str(work)), _Sink())
         with trio.fail_after(10):
             await rt.warm.settled("script")
@@ -107,30 +104,18 @@ async def test_a_reopen_never_takes_a_pooled_conversation(tmp_path: Path) -> Non
         again = await rt.open("script", c.OpenRequest(workdir=str(work), conversation_id=first.id), _Sink())
         assert again.id == first.id
         assert _pooled(rt) == [pooled]
-        nursery.cancel_scope.cancel()
 
 
 async def test_shutdown_closes_every_pooled_conversation(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    rt = _runtimes(tmp_path, warm=3)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(rt.run)
-        await _primed(rt, work)
+    async with _serving(tmp_path, warm=3) as (rt, work):
         convs = [e.conv for e in rt.warm._pools["script"].entries]
         assert len(convs) == 3
-        nursery.cancel_scope.cancel()
     assert all(conv._closed for conv in convs)  # type: ignore[attr-defined]
     assert _pooled(rt) == []
 
 
 async def test_a_reload_closes_the_pooled_conversations_and_refills_from_the_new_provider(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    rt = _runtimes(tmp_path)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(rt.run)
-        await _primed(rt, work)
+    async with _serving(tmp_path) as (rt, work):
         old = rt.warm._pools["script"].entries[0]
         await rt.replace(rt.config)
         assert old.conv._closed  # type: ignore[attr-defined]
@@ -138,28 +123,20 @@ async def test_a_reload_closes_the_pooled_conversations_and_refills_from_the_new
             await rt.warm.settled("script")
         [entry] = rt.warm._pools["script"].entries
         assert entry.provider is await rt.get("script") and entry.provider is not old.provider
-        nursery.cancel_scope.cancel()
 
 
 async def test_warm_zero_makes_nothing_ahead(tmp_path: Path) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    rt = _runtimes(tmp_path, warm=0)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(rt.run)
+    async with _serving(tmp_path, warm=0, primed="") as (rt, work):
         rt.warm.hint = lambda name: c.OpenRequest(workdir=str(work))
         rt.warm.prime()
         await rt.open("script", c.OpenRequest(workdir=str(work)), _Sink())
         await trio.sleep(0.05)
         assert rt.warm._pools == {}
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_refill_that_keeps_failing_stops_until_the_next_use(tmp_path: Path) -> None:
-    rt = _runtimes(tmp_path)
     missing = tmp_path / "missing"
-    async with trio.open_nursery() as nursery:
-        await nursery.start(rt.run)
+    async with _serving(tmp_path, primed="") as (rt, _):
         rt.warm.hint = lambda name: c.OpenRequest(workdir=str(missing))
         rt.warm.prime()
         with trio.fail_after(10):
@@ -172,7 +149,6 @@ async def test_a_refill_that_keeps_failing_stops_until_the_next_use(tmp_path: Pa
         with trio.fail_after(10):
             await rt.warm.settled("script")
         assert len(pool.entries) == 1 and pool.failures == 0
-        nursery.cancel_scope.cancel()
 
 
 def test_the_holding_sink_hands_over_in_order_and_reports_an_exit() -> None:
