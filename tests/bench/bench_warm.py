@@ -34,7 +34,7 @@ import msgspec
 
 from agentd import wire
 
-from ._common import BenchDaemon, Client, Ctx, Result, agentctl_argv, descendants, rss_kb
+from ._common import BenchDaemon, Client, Ctx, Result, agentctl_argv, descendants, rss_kb, wall
 from .bench_copilot import ANSWER, KEY_ENV, MODEL, PROMPT, _cli, _ModelServerProcess, create_session, sdk_client
 
 FIRST = ANSWER.split()[0].encode()  # the answer's first word, as agentctl prints it
@@ -146,12 +146,14 @@ def bench_warm(ctx: Ctx) -> Result:
     )
     ours: list[float] = []
     base: list[float] = []
+    status: list[float] = []  # agentctl's own start and one request: the part of the figure that is not the turn's
     cold = _ColdCopilot(cli, server.url, root / "direct-home", work)
     daemon = BenchDaemon(ctx.scratch("agentd-warm"), config).start()
     try:
         _wait_log(daemon, "warm_pool.ready", 1)
         cold.first_text()  # warm-up: the SDK's imports and the CLI binary's pages, as a user's second run has them
         for i in range(repeats):
+            status.append(wall([*agentctl_argv(), "--socket", str(daemon.socket), "status", "--json"], daemon.env))
             ours.append(_agentctl_first_text(daemon, "copilot", work))
             _wait_log(daemon, "warm_pool.ready", i + 2)  # the pool has refilled: the next run is warm too
             base.append(cold.first_text())
@@ -169,6 +171,9 @@ def bench_warm(ctx: Ctx) -> Result:
                    f"{taken} warm_pool.taken, 0 misses); the pool refilled before each. The figure includes agentctl's "
                    "own start-up (a new Python process); the baseline starts in a process whose SDK is already "
                    "imported, so it pays neither Python's nor the SDK's start-up")
+    r.notes.append(f"of the figure, `agentctl status --json` (agentctl's start and one request, measured before each "
+                   f"run) takes {statistics.median(status) * 1000:.0f} ms (median); the rest is the new conversation, "
+                   "the prompt's way through agentd to the Copilot CLI and the model, and the first delta's way back")
     return r
 
 
