@@ -70,7 +70,7 @@ def _processes_under(root: Path) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("name", ["copilot", "claude"])
+@pytest.mark.parametrize("name", ["copilot", "claude", "codex", "acp:gemini"])
 def test_run_takes_the_warm_session_the_pool_refills_a_mismatch_starts_cold_and_stop_leaves_nothing(
         tmp_path: Path, name: str) -> None:
     work, other = tmp_path / "work", tmp_path / "other"
@@ -110,3 +110,21 @@ def test_run_takes_the_warm_session_the_pool_refills_a_mismatch_starts_cold_and_
             time.sleep(0.2)
         assert _processes_under(tmp_path) == [], "a runtime outlived agentd"
         assert not list((d.state_dir / "runtimes").glob("*.json")), "a runtime record was left"
+
+
+def test_a_killed_agentd_leaves_no_warm_runtime_behind(tmp_path: Path) -> None:
+    """SIGKILL: nothing closes the pooled session, the keeper (agentd.procs) ends its runtime."""
+    work = tmp_path / "work"
+    work.mkdir()
+    with runtime_profile("claude", tmp_path) as rt:
+        config = '[providers]\ndefault = "claude"\n' + rt.config_toml + f'[runtimes]\nwarm = 2\nwarm_workdir = "{work}"\n'
+        d = Daemon(tmp_path, config, env=rt.env).start()
+        try:
+            _wait_log(d, "warm_pool.ready", 2)
+            assert _processes_under(tmp_path) and len(list((d.state_dir / "runtimes").glob("*.json"))) == 2
+        finally:
+            d.kill()
+        deadline = time.monotonic() + 20
+        while _processes_under(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_under(tmp_path) == [], "a warm runtime outlived a killed agentd"
