@@ -2,7 +2,8 @@
 
 Shutdown order is the reverse of start-up, one nursery per layer: the front
 (server, conversation service and task service) stops first, closing provider
-conversations while their runtimes still run; then the runtimes stop; then
+conversations while their runtimes still run; then the warm pool discards the
+conversations it made ahead (agentd.warm_pool); then the runtimes stop; then
 leases are released and the journals get their final fsync. Tasks running
 then stay ``running`` on disk: the next start records them interrupted.
 
@@ -148,6 +149,8 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
                         log.info("agentd.stopping", **why)
                         systemd.stopping()
                         front.cancel_scope.cancel()
+                    with trio.move_on_after(warm_pool.CLOSE_TIMEOUT_S):
+                        await runtimes.warm.forget()  # discarded while their runtimes still run
                     rt.cancel_scope.cancel()
                 infra.cancel_scope.cancel()
         finally:

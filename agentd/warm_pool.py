@@ -36,7 +36,7 @@ never prompted; some runtimes keep such an empty session in their own store.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
 import structlog
@@ -65,6 +65,19 @@ def shape(request: c.OpenRequest) -> c.OpenRequest:
 
 def _key(request: c.OpenRequest) -> bytes:
     return msgspec.json.encode(shape(request))
+
+
+@runtime_checkable
+class Discardable(Protocol):
+    """A provider conversation that can also be deleted from its runtime's store.
+
+    ``discard`` closes it, then deletes what the runtime (and agentd's provider) keep of it. The
+    pool calls it only on a conversation it made and never handed out (never prompted), so that
+    shutdown, reloads and shape changes leave no empty session for ``import`` to list. Raises
+    what ``close`` raises, Closed when the runtime is gone (the empty session then stays).
+    """
+
+    async def discard(self) -> None: ...
 
 
 class _Holding:
@@ -251,7 +264,10 @@ class WarmPool:
     async def _close(entry: _Entry, why: str) -> None:
         try:
             with trio.move_on_after(CLOSE_TIMEOUT_S):
-                await entry.conv.close()
+                if isinstance(entry.conv, Discardable):
+                    await entry.conv.discard()  # never prompted: leave no empty session to list or import
+                else:
+                    await entry.conv.close()
         except Exception as exc:
             log.warning("warm_pool.close_failed", provider_conversation=entry.conv.id, error=str(exc))
         log.info("warm_pool.discarded", provider_conversation=entry.conv.id, why=why)

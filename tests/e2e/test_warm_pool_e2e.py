@@ -110,6 +110,13 @@ def test_run_takes_the_warm_session_the_pool_refills_a_mismatch_starts_cold_and_
             time.sleep(0.2)
         assert _processes_under(tmp_path) == [], "a runtime outlived agentd"
         assert not list((d.state_dir / "runtimes").glob("*.json")), "a runtime record was left"
+        # The sessions made ahead and never used were discarded: only the two prompted ones are kept.
+        used = {pooled, cold_record["provider_conversation_id"]}
+        if name == "copilot":
+            kept = {p.name for p in (tmp_path / "copilot-home" / "session-state").iterdir() if not p.name.startswith(".")}
+            assert kept == used
+        if name == "claude":
+            assert {p.stem for p in (d.state_dir / "providers" / "claude").glob("*.json")} == used
 
 
 def test_a_killed_agentd_leaves_no_warm_runtime_behind(tmp_path: Path) -> None:
