@@ -29,8 +29,10 @@ servers). Rules, and why:
   first (bounded, shielded).
 
 Which providers: the default provider (``[providers] default``) from the start, any other from its
-first new conversation on. A pooled conversation that is discarded (shape changed, shutdown) was
-never prompted; some runtimes keep such an empty session in their own store.
+first new conversation on. A pooled conversation that goes unused (shape changed, reload, a clean
+stop) was never prompted: it is discarded (:class:`Discardable`: Copilot deletes the session, Claude
+and ACP drop agentd's record), so ``import`` lists no empty session; after a SIGKILL, or on an ACP
+agent or Codex that keep sessions of their own, such an empty session stays.
 """
 
 from __future__ import annotations
