@@ -257,10 +257,16 @@ class RuntimesConfig(_Section):
     #: seconds an open conversation may sit idle before its runtime conversation is closed (and
     #: reopened on the next prompt; agentd.idle_release); 0 = never
     idle_release_s: NonNegFloat = 300.0
+    #: fresh runtime conversations kept ready per provider in use (agentd.warm_pool); 0 = none
+    warm: Annotated[int, msgspec.Meta(ge=0, le=16)] = 0
+    #: the workdir the default provider's warm conversations start in ("" = its newest conversation's)
+    warm_workdir: str = ""
 
     def __post_init__(self) -> None:
         if self.restart_backoff_max_s < self.restart_backoff_initial_s:
             raise ValueError("restart_backoff_max_s must be >= restart_backoff_initial_s")
+        if self.warm_workdir and not self.warm_workdir.startswith("/"):
+            raise ValueError("warm_workdir must be an absolute path")
 
 
 class TasksConfig(_Section):

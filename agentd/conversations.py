@@ -636,7 +636,6 @@ class ConversationService:
             if live.conv is not None:
                 return live.conv
             record = live.record
-            provider = await self.runtimes.get(record.provider)
             request = c.OpenRequest(
                 workdir=record.workdir,
                 conversation_id=record.provider_conversation_id,
@@ -647,7 +646,7 @@ class ConversationService:
                 mcp_servers=self.mcp_servers(record),
             )
             try:
-                conv = await provider.open(request, live.sink)
+                conv = await self.runtimes.open(record.provider, request, live.sink)  # warm pool
             except c.ConversationNotFound as exc:
                 raise c.NotFound(
                     f"the provider no longer has conversation {record.provider_conversation_id!r}: {exc.message}"

@@ -2,7 +2,8 @@
 
 Shutdown order is the reverse of start-up, one nursery per layer: the front
 (server, conversation service and task service) stops first, closing provider
-conversations while their runtimes still run; then the runtimes stop; then
+conversations while their runtimes still run; then the warm pool discards the
+conversations it made ahead (agentd.warm_pool); then the runtimes stop; then
 leases are released and the journals get their final fsync. Tasks running
 then stay ``running`` on disk: the next start records them interrupted.
 
@@ -25,7 +26,7 @@ from typing import Any
 import structlog
 import trio
 
-from . import _trust, agentfs, idle_release, masking, reload, runtime_env, systemd
+from . import _trust, agentfs, idle_release, masking, reload, runtime_env, systemd, warm_pool
 from .config import Config, Paths, default_config_path
 from .conversations import ConversationService, new_id
 from .hub import Hub
@@ -121,6 +122,8 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
                     async with trio.open_nursery() as front:
                         await front.start(service.checkpoints.run)
                         await front.start(service.run)
+                        runtimes.warm.hint = warm_pool.hint_from(service)
+                        runtimes.warm.prime()  # the records are loaded: the default provider's shape is known
                         await front.start(tasks.run)
                         await front.start(idle_release.run, service, config.runtimes.idle_release_s)
                         if config.websocket.enabled:
@@ -146,6 +149,8 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
                         log.info("agentd.stopping", **why)
                         systemd.stopping()
                         front.cancel_scope.cancel()
+                    with trio.move_on_after(warm_pool.CLOSE_TIMEOUT_S):
+                        await runtimes.warm.forget()  # discarded while their runtimes still run
                     rt.cancel_scope.cancel()
                 infra.cancel_scope.cancel()
         finally:

@@ -1,4 +1,4 @@
-"""Supervision of provider runtimes: construction from config, lazy start, restart, shutdown.
+"""Supervision of provider runtimes: construction from config, lazy start, warm pool, restart, shutdown.
 
 Each configured provider runs its ``run()`` in this module's nursery for the
 daemon's whole life; the provider starts its runtime process lazily (on the
@@ -7,6 +7,10 @@ is cancelled. If a provider's ``run()`` itself fails, it is restarted with
 exponential backoff; conversations on it see ``closed`` until then. Before
 any of that, :meth:`Runtimes.run` ends the runtime processes a previous,
 killed instance left running (:func:`agentd.procs.reap_previous`).
+
+With ``[runtimes] warm`` > 0, :attr:`Runtimes.warm` (agentd.warm_pool) keeps
+fresh runtime conversations ready; conversations open through
+:meth:`Runtimes.open`, which takes one of them when it fits.
 
 A provider is built (its module, and so its SDK, imported) in a worker
 thread on first use: github-copilot-sdk and claude-agent-sdk take seconds to
@@ -26,6 +30,7 @@ import trio
 
 from . import contract as c
 from . import procs, wire
+from .warm_pool import WarmPool
 
 if TYPE_CHECKING:
     from . import agentfs
@@ -65,6 +70,8 @@ class Runtimes:
         self.config_path: Path | None = None
         self._slots: dict[str, _Slot] = {}
         self._nursery: trio.Nursery | None = None
+        #: fresh conversations made ahead of time ([runtimes] warm)
+        self.warm = WarmPool(self)
         self._declare()
 
     def _declare(self) -> None:
@@ -167,6 +174,7 @@ class Runtimes:
             self._nursery = nursery
             for slot in self._slots.values():
                 self._start(slot)
+            await nursery.start(self.warm.run)
             task_status.started()
 
     def _start(self, slot: _Slot) -> None:
@@ -179,7 +187,8 @@ class Runtimes:
         are declared anew, so runtimes they start afterwards get their new settings and the
         environment agentd has now; a provider the config no longer has goes, a new one comes.
 
-        Requests from now on get the new providers; the old ones' ``run()`` is cancelled, which stops
+        Requests from now on get the new providers; their pooled conversations (agentd.warm_pool) are
+        closed, and the default provider's pool refills; the old ones' ``run()`` is cancelled, which stops
         the runtimes they started; waits for that up to ``grace_s``. Call it once their conversations
         are closed (ConversationService.detach). Needs :meth:`run` to be running.
         """
@@ -189,6 +198,7 @@ class Runtimes:
         fresh, self._slots = self._slots, kept
         names = set(fresh) | set(self._slots) if names is None else set(names)
         old = [self._slots.pop(n) for n in names if n in self._slots]
+        await self.warm.forget({slot.name for slot in old})
         for name in sorted(names):
             if name in fresh:
                 self._slots[name] = fresh[name]
@@ -198,6 +208,7 @@ class Runtimes:
         with trio.move_on_after(grace_s):
             for slot in old:
                 await slot.stopped.wait()
+        self.warm.prime()  # the default provider's pool, refilled on its new provider
 
     async def _supervise(self, slot: _Slot, initial: float, maximum: float) -> None:
         try:
@@ -244,6 +255,11 @@ class Runtimes:
                 await nursery.start(run)
             finally:
                 slot.loaded.set()
+
+    async def open(self, name: str, request: c.OpenRequest, sink: c.EventSink) -> c.Conversation:
+        """Provider ``name``'s ``open(request, sink)``, taking a pooled conversation when one fits
+        (see agentd.warm_pool). Raises what :meth:`get` and ``Provider.open`` raise."""
+        return await self.warm.open(name, request, sink)
 
     async def can_run(self, name: str) -> None:
         """Return when provider ``name`` can run a turn now: its state is ``available`` (its runtime

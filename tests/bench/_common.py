@@ -164,11 +164,19 @@ def rss_kb(pid: int) -> int:
 
 
 def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``: the children of each of its threads (a runtime spawned from a
+    worker or SDK thread is that thread's child), theirs, and so on."""
     out: list[int] = []
+    children: list[str] = []
     try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return out
+    for task in tasks:
+        try:
+            children += (task / "children").read_text().split()
+        except OSError:
+            continue
     for c in children:
         out.append(int(c))
         out.extend(descendants(int(c)))

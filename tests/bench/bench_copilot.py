@@ -45,6 +45,46 @@ def _cli() -> str:
     return str(install_copilot_cli(E2E))
 
 
+def sdk_client(cli: str, home: Path, work: Path) -> Any:
+    """A github-copilot-sdk client (not started) for the CLI at ``cli``, its state in ``home``."""
+    from copilot import CopilotClient, RuntimeConnection
+
+    return CopilotClient(
+        connection=RuntimeConnection.for_stdio(path=cli),
+        working_directory=str(work),
+        env={k: v for k, v in os.environ.items() if k != KEY_ENV},
+        base_directory=str(home),
+        use_logged_in_user=False,
+        client_info={"application_name": "agentd"},
+    )
+
+
+async def create_session(client: Any, url: str, work: Path, on_event: Callable[[Any], None]) -> Any:
+    """A session on ``client`` with the same options as agentd's copilot provider: the same handlers
+    (which give the agent the same tools), streaming, a title, bring-your-own-key to ``url``; only
+    the callbacks differ."""
+
+    def on_permission(request: Any, invocation: Any) -> Any:
+        raise RuntimeError("the bench turn asks no permission")
+
+    async def on_question(*args: Any) -> Any:
+        raise RuntimeError("the bench turn asks no question")
+
+    return await client.create_session(
+        on_event=on_event,
+        on_permission_request=on_permission,
+        on_user_input_request=on_question,
+        on_elicitation_request=on_question,
+        on_exit_plan_mode_request=on_question,
+        streaming=True,
+        working_directory=str(work),
+        client_name="agentd",
+        name="bench",
+        provider={"type": "openai", "base_url": url, "api_key": os.environ[KEY_ENV]},
+        model=MODEL,
+    )
+
+
 class _Direct:
     """The SDK driven directly, on an asyncio loop in a thread of its own."""
 
@@ -60,17 +100,9 @@ class _Direct:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def _start(self) -> None:
-        from copilot import CopilotClient, RuntimeConnection
         from copilot.generated.session_events import SessionEventType
 
-        self.client = CopilotClient(
-            connection=RuntimeConnection.for_stdio(path=self.cli),
-            working_directory=str(self.work),
-            env={k: v for k, v in os.environ.items() if k != KEY_ENV},
-            base_directory=str(self.home),
-            use_logged_in_user=False,
-            client_info={"application_name": "agentd"},
-        )
+        self.client = sdk_client(self.cli, self.home, self.work)
         await self.client.start()
         self.idle = asyncio.Event()
 
@@ -79,27 +111,7 @@ class _Direct:
                 assert self.idle is not None
                 self.idle.set()
 
-        def on_permission(request: Any, invocation: Any) -> Any:
-            raise RuntimeError("the bench turn asks no permission")
-
-        async def on_question(*args: Any) -> Any:
-            raise RuntimeError("the bench turn asks no question")
-
-        # The same session options as agentd's copilot provider: the same handlers (which give
-        # the agent the same tools), streaming, a title; only the callbacks differ.
-        self.session = await self.client.create_session(
-            on_event=on_event,
-            on_permission_request=on_permission,
-            on_user_input_request=on_question,
-            on_elicitation_request=on_question,
-            on_exit_plan_mode_request=on_question,
-            streaming=True,
-            working_directory=str(self.work),
-            client_name="agentd",
-            name="bench",
-            provider={"type": "openai", "base_url": self.url, "api_key": os.environ[KEY_ENV]},
-            model=MODEL,
-        )
+        self.session = await create_session(self.client, self.url, self.work, on_event)
 
     async def _turn(self) -> float:
         assert self.idle is not None

@@ -46,6 +46,8 @@ BENCHMARKS: dict[str, str] = {
     "history": "bench_history:bench_history",
     "copilot": "bench_copilot:bench_copilot",
     "codex": "bench_codex:bench_codex",
+    "warm": "bench_warm:bench_warm",
+    "claude-idle": "bench_warm:bench_claude_idle",
     "masking": "bench_masking:bench_masking",
     "checkpoints": "bench_checkpoints:bench_checkpoints",
 }

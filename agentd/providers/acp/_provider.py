@@ -653,6 +653,10 @@ class AcpProvider:
             return None
         return record if record.id == cid else None
 
+    async def forget_record(self, cid: str) -> None:
+        """Delete agentd's record of session ``cid`` (none: nothing happens). Raises OSError."""
+        await trio.to_thread.run_sync(lambda: self._record_path(cid).unlink(missing_ok=True))
+
     async def _save_record(self, record: _Record) -> None:
         path = self._record_path(record.id)
 
@@ -1018,6 +1022,13 @@ class AcpConversation:
         """Raises Unsupported: ACP has no client-set session title."""
         await trio.lowlevel.checkpoint()
         raise Unsupported("ACP agents name their sessions themselves")
+
+    async def discard(self) -> None:
+        """Close, then delete agentd's record of this never-prompted session (agentd.warm_pool).
+        ACP has no session deletion: an agent that keeps sessions of its own keeps this one."""
+        cid = self.id
+        await self.close()
+        await self._provider.forget_record(cid)
 
     async def close(self) -> None:
         """Cancel a running turn (reason ``closed``), then stop the agent process (or, when

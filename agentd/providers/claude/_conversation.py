@@ -605,6 +605,13 @@ class ClaudeConversation:
         self._provider._restarts.forget(self.id)
         self._provider._forget(self)
 
+    async def discard(self) -> None:
+        """Close (the CLI process stops), then delete agentd's record of this never-prompted
+        conversation (agentd.warm_pool). Claude Code writes no transcript before a prompt."""
+        await self.close()
+        if not self._record.prompted:
+            await self._provider.forget_record(self.id)
+
     # ------------------------------------------------------------------ lifetime (provider side)
 
     async def detach(self, reason: str) -> None:

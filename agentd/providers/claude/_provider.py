@@ -547,6 +547,10 @@ class ClaudeProvider:
             log.warning("claude.record_damaged", path=str(path), error=str(exc))
             return None
 
+    async def forget_record(self, session_id: str) -> None:
+        """Delete agentd's record of ``session_id`` (none: nothing happens). Raises OSError."""
+        await trio.to_thread.run_sync(lambda: self._record_path(session_id).unlink(missing_ok=True))
+
     async def save_record(self, record: _Record) -> None:
         """Write ``record`` atomically. Raises OSError."""
         record.updated_at = utcnow()

@@ -867,6 +867,13 @@ class CopilotConversation:
                 except Exception as exc:
                     log.debug("copilot.detach_failed", conversation=self._id, error=str(exc))
 
+    async def discard(self) -> None:
+        """Close, then delete the session from the CLI's store (agentd.warm_pool: a session made ahead
+        and never prompted, which ``import`` would otherwise list). Raises Closed when the CLI is gone."""
+        sid = self._id
+        await self.close()
+        await self._provider.delete_session(sid)
+
 
 # --------------------------------------------------------------------------- helpers
 

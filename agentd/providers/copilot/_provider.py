@@ -381,6 +381,13 @@ class CopilotProvider:
     def _forget(self, conv: CopilotConversation) -> None:
         self._conversations.discard(conv)
 
+    async def delete_session(self, sid: str) -> None:
+        """Delete session ``sid`` from the CLI's store (``session.delete``); Closed when no CLI runs."""
+        rt = self._runtime
+        if rt is None or not rt.alive:
+            raise Closed("the Copilot CLI is not running")
+        await self._call("the session deletion", rt.client.delete_session, sid)
+
     # ------------------------------------------------------------------ the runtime
 
     def _cli_env(self) -> dict[str, str]:
