@@ -9,22 +9,27 @@ contract in its own module's docstring:
 * :mod:`._pool`: :class:`Pool`, psycopg connections lent to worker threads from trio, one
   transaction per call;
 * :mod:`._listen`: :class:`Listener` / :class:`Watch`, notifications that wake trio tasks, and
-  :func:`notify`.
+  :func:`notify`;
+* :mod:`._migrate`: :func:`migrate`, the numbered SQL files under ``migrations/`` applied at start.
 """
 
 from ._dsn import StoreUnavailable, describe, masked, read_dsn_file, resolve
 from ._listen import Listener, Notification, Watch, notify
+from ._migrate import MigrationReport, SchemaMismatch, migrate
 from ._pool import Pool, connect
 
 __all__ = [
     "Listener",
+    "MigrationReport",
     "Notification",
     "Pool",
+    "SchemaMismatch",
     "StoreUnavailable",
     "Watch",
     "connect",
     "describe",
     "masked",
+    "migrate",
     "notify",
     "read_dsn_file",
     "resolve",
