@@ -10,18 +10,23 @@ contract in its own module's docstring:
   transaction per call;
 * :mod:`._listen`: :class:`Listener` / :class:`Watch`, notifications that wake trio tasks, and
   :func:`notify`;
-* :mod:`._migrate`: :func:`migrate`, the numbered SQL files under ``migrations/`` applied at start.
+* :mod:`._migrate`: :func:`migrate`, the numbered SQL files under ``migrations/`` applied at start;
+* :mod:`._leases`: :class:`PgLeaseStore`, leases expiring by the database's clock, shared by hosts.
 """
 
 from ._dsn import StoreUnavailable, describe, masked, read_dsn_file, resolve
+from ._leases import Host, PgLease, PgLeaseStore
 from ._listen import Listener, Notification, Watch, notify
 from ._migrate import MigrationReport, SchemaMismatch, migrate
 from ._pool import Pool, connect
 
 __all__ = [
+    "Host",
     "Listener",
     "MigrationReport",
     "Notification",
+    "PgLease",
+    "PgLeaseStore",
     "Pool",
     "SchemaMismatch",
     "StoreUnavailable",

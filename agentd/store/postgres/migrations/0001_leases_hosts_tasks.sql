@@ -7,6 +7,9 @@ CREATE TABLE hosts (
     owner       text PRIMARY KEY,
     hostname    text NOT NULL,
     pid         integer NOT NULL,
+    -- the state dir it runs on ("<hostname>:<state dir>"): an instance holding that state dir's lock knows
+    -- every other instance of the same site is dead, and takes over their leases without waiting
+    site        text NOT NULL DEFAULT '',
     -- the providers it can run (tasks are claimed only by a host that offers theirs)
     providers   text[] NOT NULL DEFAULT '{}',
     started_at  timestamptz NOT NULL DEFAULT now(),
