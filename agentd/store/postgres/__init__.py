@@ -11,7 +11,8 @@ contract in its own module's docstring:
 * :mod:`._listen`: :class:`Listener` / :class:`Watch`, notifications that wake trio tasks, and
   :func:`notify`;
 * :mod:`._migrate`: :func:`migrate`, the numbered SQL files under ``migrations/`` applied at start;
-* :mod:`._leases`: :class:`PgLeaseStore`, leases expiring by the database's clock, shared by hosts.
+* :mod:`._leases`: :class:`PgLeaseStore`, leases expiring by the database's clock, shared by hosts;
+* :mod:`._tasks`: :class:`PgTaskStore`, task records and the queue hosts claim them from by provider.
 """
 
 from ._dsn import StoreUnavailable, describe, masked, read_dsn_file, resolve
@@ -19,6 +20,7 @@ from ._leases import Host, PgLease, PgLeaseStore
 from ._listen import Listener, Notification, Watch, notify
 from ._migrate import MigrationReport, SchemaMismatch, migrate
 from ._pool import Pool, connect
+from ._tasks import PgTaskStore
 
 __all__ = [
     "Host",
@@ -27,6 +29,7 @@ __all__ = [
     "Notification",
     "PgLease",
     "PgLeaseStore",
+    "PgTaskStore",
     "Pool",
     "SchemaMismatch",
     "StoreUnavailable",
