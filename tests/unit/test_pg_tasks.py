@@ -12,7 +12,7 @@ import trio
 from agentd import wire
 from agentd.store.postgres import Pool, migrate
 from agentd.store.postgres._leases import PgLeaseStore
-from agentd.store.postgres._tasks import PgTaskStore
+from agentd.store.postgres._tasks import PgTaskStore, TaskRecovery
 from pgcluster import PgDatabase
 
 
@@ -84,17 +84,40 @@ async def test_hosts_claiming_at_once_never_get_the_same_task(pool: Pool, pg_db:
     assert sorted(got) == [f"t{i:02d}" for i in range(30)]  # each exactly once
 
 
-async def test_unclaim_and_a_dead_hosts_pending_claims_return_to_the_queue(pool: Pool) -> None:
+async def test_unclaim_and_a_dead_hosts_claims_are_requeued_or_adopted_once(pool: Pool, pg_db: PgDatabase) -> None:
     a, b = PgTaskStore(pool, owner="hostA.1"), PgTaskStore(pool, owner="hostB.2")
     await PgLeaseStore(pool, owner="hostA.1", ttl_s=0.3).beat()
     await PgLeaseStore(pool, owner="hostB.2", ttl_s=60).beat()
+    await PgLeaseStore(pool, owner="hostC.3", ttl_s=60).beat()
     for i in range(3):
         await a.save(_task(i))
     t0, t1, t2 = [await a.claim(["script"]) for _ in range(3)]
     assert await a.unclaim(t0.id) and not await b.unclaim(t0.id)
-    await a.save(msgspec.structs.replace(t1, status=wire.TaskStatus.RUNNING))
-    assert await b.requeue_dead() == []  # hostA is alive
+    running = msgspec.structs.replace(t1, status=wire.TaskStatus.RUNNING)
+    await a.save(running)
+    assert await b.recover_dead() == TaskRecovery(requeued=[], adopted=[])  # hostA is alive
     await trio.sleep(0.4)  # hostA's heartbeat expires
-    assert await b.requeue_dead() == ["t02"]  # pending only; t01 was running
+    async with Pool(pg_db.dsn, size=1) as other:
+        c = PgTaskStore(other, owner="hostC.3")
+        results = []
+
+        async def recover(store: PgTaskStore) -> None:
+            results.append(await store.recover_dead())
+
+        async with trio.open_nursery() as n:
+            n.start_soon(recover, b)
+            n.start_soon(recover, c)
+    assert sorted(r.requeued for r in results) == [[], ["t02"]]
+    assert sorted([t.id for t in r.adopted] for r in results) == [[], ["t01"]]  # adopted by one host only
     assert [t.id for t in await b.load(claimed_by="")] == ["t00", "t02"]
 
+
+async def test_a_previous_instance_of_our_site_is_dead_at_once(pool: Pool) -> None:
+    old = PgTaskStore(pool, owner="hostA.1", site="hostA:/state")
+    await PgLeaseStore(pool, owner="hostA.1", site="hostA:/state", ttl_s=60).beat()
+    await old.save(_task(1))
+    await old.claim(["script"])
+    other_site = PgTaskStore(pool, owner="hostB.2", site="hostB:/state")
+    assert (await other_site.recover_dead()).requeued == []
+    new = PgTaskStore(pool, owner="hostA.2", site="hostA:/state")
+    assert (await new.recover_dead()).requeued == ["t01"]

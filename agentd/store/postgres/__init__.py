@@ -20,7 +20,7 @@ from ._leases import Host, PgLease, PgLeaseStore
 from ._listen import Listener, Notification, Watch, notify
 from ._migrate import MigrationReport, SchemaMismatch, migrate
 from ._pool import Pool, connect
-from ._tasks import PgTaskStore
+from ._tasks import PgTaskStore, TaskRecovery
 
 __all__ = [
     "Host",
@@ -33,6 +33,7 @@ __all__ = [
     "Pool",
     "SchemaMismatch",
     "StoreUnavailable",
+    "TaskRecovery",
     "Watch",
     "connect",
     "describe",

@@ -11,9 +11,9 @@ claim or a listing looks at. Rules:
   :meth:`PgTaskStore.claim` takes the oldest such task for the providers given, with
   ``SELECT ... FOR UPDATE SKIP LOCKED``, so hosts claiming at once never get the same task and
   never wait on each other's claims.
-* A host that dies leaves its claims: :meth:`PgTaskStore.requeue_dead` puts the ``pending`` ones it
-  had claimed back in the queue (they never started, so nothing is resent). Its ``running`` ones are
-  for whoever takes over their conversation's lease, which records them ``run_interrupted``.
+* A host that dies leaves its claims: :meth:`PgTaskStore.recover_dead` puts the ``pending`` ones it
+  had claimed back in the queue (they never started, so nothing is resent) and hands each of its
+  ``running`` ones to exactly one live host, which records it ``run_interrupted`` (never runs it again).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import structlog
 from ... import wire
 from ._pool import Pool
 
-__all__ = ["PgTaskStore"]
+__all__ = ["PgTaskStore", "TaskRecovery"]
 
 _encode = msgspec.json.Encoder().encode
 _decoder = msgspec.json.Decoder(wire.TaskRecord)
@@ -48,12 +48,29 @@ def _decode(rows: list[tuple[Any, ...]]) -> list[wire.TaskRecord]:
     return out
 
 
-class PgTaskStore:
-    """Task records in the database behind ``pool``; ``owner`` is this daemon instance (its claims)."""
+class TaskRecovery(msgspec.Struct, frozen=True):
+    """What :meth:`PgTaskStore.recover_dead` did: task ids ``requeued``, task records ``adopted``."""
 
-    def __init__(self, pool: Pool, *, owner: str) -> None:
+    requeued: list[str]
+    adopted: list[wire.TaskRecord]
+
+
+#: a task claimed by another owner that is dead: no live heartbeat, or a previous instance of our site
+_DEAD = ("t.claimed_by <> '' AND t.claimed_by <> %(me)s AND NOT EXISTS (SELECT 1 FROM hosts h "
+         "WHERE h.owner = t.claimed_by AND h.expires_at > now() AND (%(site)s = '' OR h.site <> %(site)s))")
+
+
+class PgTaskStore:
+    """Task records in the database behind ``pool``; ``owner`` is this daemon instance (its claims).
+
+    ``site``: as :class:`~agentd.store.postgres.PgLeaseStore`'s (this state dir): another instance of
+    the same site is dead, so its claims are settled at once by :meth:`recover_dead`.
+    """
+
+    def __init__(self, pool: Pool, *, owner: str, site: str = "") -> None:
         self.pool = pool
         self.owner = owner
+        self.site = site
 
     async def save(self, task: wire.TaskRecord) -> None:
         """Insert or replace ``task``'s record (one transaction). Raises :class:`StoreUnavailable`."""
@@ -102,10 +119,22 @@ class PgTaskStore:
             "WHERE id = %s AND claimed_by = %s AND status = 'pending' RETURNING id", (task_id, self.owner))
         return bool(rows)
 
-    async def requeue_dead(self) -> list[str]:
-        """Put back in the queue the ``pending`` tasks claimed by hosts whose heartbeat expired; their ids."""
-        rows = await self.pool.execute(
-            "UPDATE tasks t SET claimed_by = '', updated_at = now() WHERE t.status = 'pending' AND t.claimed_by <> '' "
-            "AND t.claimed_by <> %s AND NOT EXISTS (SELECT 1 FROM hosts h WHERE h.owner = t.claimed_by "
-            "AND h.expires_at > now()) RETURNING t.id", (self.owner,))
-        return sorted(r[0] for r in rows)
+    def _recover(self, conn: psycopg.Connection[Any]) -> TaskRecovery:
+        args = {"me": self.owner, "site": self.site}
+        requeued = conn.execute(
+            f"UPDATE tasks t SET claimed_by = '', updated_at = now() WHERE t.status = 'pending' AND {_DEAD} "
+            "RETURNING t.id", args).fetchall()
+        adopted = conn.execute(
+            f"UPDATE tasks t SET claimed_by = %(me)s, updated_at = now() "
+            f"WHERE t.status IN ('running', 'waiting_for_input') AND {_DEAD} RETURNING t.id, t.record", args).fetchall()
+        return TaskRecovery(requeued=sorted(r[0] for r in requeued),
+                            adopted=sorted(_decode(adopted), key=lambda t: (t.created_at, t.id)))
+
+    async def recover_dead(self) -> TaskRecovery:
+        """Settle the claims of dead hosts (heartbeat expired, or a previous instance of our ``site``).
+
+        Their ``pending`` tasks go back to the queue (they never started: nothing is resent). Their
+        ``running`` / ``waiting_for_input`` tasks become ours, each adopted by exactly one host (the
+        row lock decides), for the caller to end as ``run_interrupted``, never to run again.
+        """
+        return await self.pool.run(self._recover)
