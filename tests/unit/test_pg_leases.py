@@ -44,6 +44,16 @@ async def test_acquire_renew_release_get_and_held(pools: tuple[Pool, Pool]) -> N
         await a.renew("c1")
 
 
+async def test_release_in_a_cancelled_scope_still_releases(pools: tuple[Pool, Pool]) -> None:
+    a, b = _stores(pools)
+    await a.acquire("c1")
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await a.release("c1")
+    assert await a.get("c1") is None
+    assert (await b.acquire("c1")).action == "acquired"
+
+
 async def test_a_live_lease_of_another_owner_is_held(pools: tuple[Pool, Pool]) -> None:
     a, b = _stores(pools)
     await a.acquire("c1")

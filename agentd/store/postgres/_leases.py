@@ -204,9 +204,14 @@ class PgLeaseStore:
         self._held.add(key)
 
     async def release(self, key: str) -> None:
-        """Delete our lease on ``key``; idempotent; another owner's lease is left alone."""
+        """Delete our lease on ``key``; idempotent; another owner's lease is left alone.
+
+        Shielded from cancellation (it is part of closing, often of a shutdown): a lease left behind
+        would keep every other host from the conversation for ``ttl_s``.
+        """
         self._held.discard(key)
-        await self.pool.execute("DELETE FROM leases WHERE key = %s AND owner = %s", (key, self.owner))
+        with trio.CancelScope(shield=True):
+            await self.pool.execute("DELETE FROM leases WHERE key = %s AND owner = %s", (key, self.owner))
 
     async def get(self, key: str) -> PgLease | None:
         """The lease on ``key`` whoever holds it, expired or not; None when there is none."""
