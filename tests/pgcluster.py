@@ -107,6 +107,8 @@ class PgCluster:
         self.bindir = bindir
         self.version = int(bindir.parent.name) if bindir.parent.name.isdigit() else 0
         self._user = _server_user()
+        if base is None and self._user is not None:
+            base = Path("/tmp")  # not $TMPDIR: the server's user must be able to reach it (a root-only dir would not do)
         self.root = Path(tempfile.mkdtemp(prefix="agentd-pg-", dir=base))
         self.data = self.root / "data"
         self.host = str(self.root)  # the socket dir: short, well under the AF_UNIX limit
