@@ -283,11 +283,12 @@ def open_file(path: str | os.PathLike[str], flags: int, what: str, *, root_ok: b
     return fd
 
 
-def check_config_file(path: str | os.PathLike[str], what: str = "config file") -> bytes:
+def check_config_file(path: str | os.PathLike[str], what: str = "config file", *, secret: bool = False) -> bytes:
     """The bytes of the config file at ``path``, which with its directory must pass the rule (root may own both).
 
     ``what`` names the file in a refusal (the environment file beside
     agentd.toml is config too: it sets the environment every runtime starts from).
+    ``secret``: the file holds a secret (the store's ``dsn_file``), so group and others may not read it either.
     Raises FileNotFoundError, :class:`Untrusted`.
     """
     path = os.path.abspath(path)
@@ -301,7 +302,8 @@ def check_config_file(path: str | os.PathLike[str], what: str = "config file") -
         raise
     except OSError as exc:
         raise _unusable("config dir", parent, exc) from None
-    fd = open_file(path, os.O_RDONLY, what, root_ok=True)
+    fd = open_file(path, os.O_RDONLY, "secret file" if secret and what == "config file" else what,
+                   root_ok=True, secret=secret)
     try:
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read()

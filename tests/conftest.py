@@ -29,6 +29,9 @@ from typing import Any
 
 import pytest
 
+#: fixtures every directory may use: pg_cluster / pg_db, a real PostgreSQL (tests/pgcluster.py)
+pytest_plugins = ["pgcluster"]
+
 TESTS = pathlib.Path(__file__).resolve().parent
 MATRIX_FILE = TESTS / "e2e" / "conformance-matrix.md"
 

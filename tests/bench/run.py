@@ -50,6 +50,7 @@ BENCHMARKS: dict[str, str] = {
     "claude-idle": "bench_warm:bench_claude_idle",
     "masking": "bench_masking:bench_masking",
     "checkpoints": "bench_checkpoints:bench_checkpoints",
+    "pg-notify": "bench_pg:bench_pg_notify",
 }
 
 
