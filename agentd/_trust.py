@@ -248,9 +248,10 @@ def open_file(path: str | os.PathLike[str], flags: int, what: str, *, root_ok: b
     return fd
 
 
-def check_config_file(path: str | os.PathLike[str]) -> bytes:
+def check_config_file(path: str | os.PathLike[str], *, secret: bool = False) -> bytes:
     """The bytes of the config file at ``path``, which with its directory must pass the rule (root may own both).
 
+    ``secret``: the file holds a secret (the store's ``dsn_file``), so group and others may not read it either.
     Raises FileNotFoundError, :class:`Untrusted`.
     """
     path = os.path.abspath(path)
@@ -264,7 +265,7 @@ def check_config_file(path: str | os.PathLike[str]) -> bytes:
         raise
     except OSError as exc:
         raise _unusable("config dir", parent, exc) from None
-    fd = open_file(path, os.O_RDONLY, "config file", root_ok=True)
+    fd = open_file(path, os.O_RDONLY, "secret file" if secret else "config file", root_ok=True, secret=secret)
     try:
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read()
