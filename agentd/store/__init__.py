@@ -190,7 +190,7 @@ async def open_store(config: "Config", paths: "Paths", owner: str) -> Store:
     fsync = FsyncPolicy(config.journal.fsync)
     leases = FileLeaseStore(conversations_dir, owner=owner, ttl_s=config.leases.ttl_s, exclusive=True)
     if config.store.backend == "postgres":
-        from .postgres import open_postgres
+        from .postgres.journal import open_postgres
 
         store, close = await open_postgres(config, conversations_dir, fsync=fsync)
         return Store(store, leases, closers=(close,))
