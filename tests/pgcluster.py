@@ -27,6 +27,7 @@ How the cluster runs:
   no server behind.
 
 A machine without PostgreSQL fails the test under CI and skips it elsewhere (tests/environment.py).
+:class:`PgCluster` works outside pytest too (tests/bench/bench_pg.py).
 """
 
 from __future__ import annotations
@@ -48,8 +49,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from environment import unavailable
 
 #: the cluster's superuser (``initdb -U``)
 SUPERUSER = "agentd_test"
@@ -107,6 +106,8 @@ class PgCluster:
         self.bindir = bindir
         self.version = int(bindir.parent.name) if bindir.parent.name.isdigit() else 0
         self._user = _server_user()
+        if base is None and self._user is not None:
+            base = Path("/tmp")  # not $TMPDIR: the server's user must be able to reach it (a root-only dir would not do)
         self.root = Path(tempfile.mkdtemp(prefix="agentd-pg-", dir=base))
         self.data = self.root / "data"
         self.host = str(self.root)  # the socket dir: short, well under the AF_UNIX limit
@@ -241,6 +242,8 @@ class PgDatabase:
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PgCluster]:
     """This worker's PostgreSQL cluster, started on first use, stopped at the end of the session."""
+    from environment import unavailable  # here: the benchmarks import this module outside pytest
+
     bindir = find_bindir()
     if bindir is None:
         unavailable("PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb, no initdb on PATH): "

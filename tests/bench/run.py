@@ -48,6 +48,7 @@ BENCHMARKS: dict[str, str] = {
     "codex": "bench_codex:bench_codex",
     "masking": "bench_masking:bench_masking",
     "checkpoints": "bench_checkpoints:bench_checkpoints",
+    "pg-notify": "bench_pg:bench_pg_notify",
 }
 
 

@@ -75,6 +75,12 @@ def test_dsn_file_is_read_and_stripped(tmp_path: Path) -> None:
     assert resolve(dsn_file=f) == "host=db1 dbname=agentd"
 
 
+def test_dsn_file_may_start_with_a_tilde(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = _dsn_file(tmp_path, "host=db2\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve(dsn_file=f"~/{f.relative_to(tmp_path)}") == "host=db2"
+
+
 def test_dsn_file_readable_by_others_is_refused(tmp_path: Path) -> None:
     f = _dsn_file(tmp_path, f"host=db1 password={PASSWORD}\n", 0o644)
     with pytest.raises(_trust.Untrusted, match="readable by group or others"):

@@ -24,7 +24,7 @@ def _tables(db: PgDatabase) -> set[str]:
 def test_the_shipped_migrations_are_numbered_1_to_n() -> None:
     ms = load_migrations()
     assert [m.version for m in ms] == list(range(1, len(ms) + 1))
-    assert ms[0].name == "leases_hosts_tasks"
+    assert ms[0].name == "hosts_leases_tasks_commands"
 
 
 async def test_a_fresh_database_gets_every_migration_and_a_rerun_changes_nothing(pg_db: PgDatabase) -> None:
@@ -34,7 +34,7 @@ async def test_a_fresh_database_gets_every_migration_and_a_rerun_changes_nothing
     n = len(load_migrations())
     assert first.applied == list(range(1, n + 1)) and first.version == n
     assert again.applied == [] and again.version == n
-    assert {"schema_migrations", "leases", "hosts", "tasks"} <= _tables(pg_db)
+    assert {"schema_migrations", "leases", "hosts", "tasks", "commands"} <= _tables(pg_db)
     assert pg_db.execute("SELECT count(*) FROM schema_migrations") == [(n,)]
 
 

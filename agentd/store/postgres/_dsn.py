@@ -130,12 +130,13 @@ def _os_user() -> str:
 
 
 def read_dsn_file(path: str | os.PathLike[str]) -> str:
-    """The DSN in ``path`` (surrounding whitespace stripped), checked as a secret config file.
+    """The DSN in ``path`` (``~`` expanded; surrounding whitespace stripped), checked as a secret config file.
 
     Raises :class:`StoreUnavailable` (permanent) when it is missing, empty or not UTF-8, and
     :class:`agentd._trust.Untrusted` when it or its directory breaks the trust rule, or when group or
     others may read it (it may hold a password: chmod 600 it).
     """
+    path = os.path.expanduser(path)
     try:
         data = _trust.check_config_file(path, secret=True)
     except FileNotFoundError:

@@ -1,4 +1,4 @@
--- 0001: leases, the hosts that hold them, and tasks (agentd.store.postgres: _leases.py, _tasks.py).
+-- 0001: the hosts, their leases, tasks, and commands carried between hosts (_leases.py, _tasks.py, _mailbox.py).
 -- schema_migrations itself is created by the runner (_migrate.py). Times are the database's clock.
 
 -- One row per agentd instance that uses this database ("owner", as in leases.owner): its heartbeat.
@@ -7,6 +7,9 @@ CREATE TABLE hosts (
     owner       text PRIMARY KEY,
     hostname    text NOT NULL,
     pid         integer NOT NULL,
+    -- the state dir it runs on ("<hostname>:<state dir>"): an instance holding that state dir's lock knows
+    -- every other instance of the same site is dead, and takes over their leases without waiting
+    site        text NOT NULL DEFAULT '',
     -- the providers it can run (tasks are claimed only by a host that offers theirs)
     providers   text[] NOT NULL DEFAULT '{}',
     started_at  timestamptz NOT NULL DEFAULT now(),
@@ -41,3 +44,24 @@ CREATE TABLE tasks (
 );
 -- the queue: oldest pending task of a provider nobody claimed
 CREATE INDEX tasks_queue ON tasks (provider, created_at) WHERE status = 'pending' AND claimed_by = '';
+
+-- Commands carried to a conversation's lease holder (_mailbox.py): a host that is asked to send, answer,
+-- cancel or steer on a conversation another host holds posts the request here for that host ("target"),
+-- which takes it, runs it and writes the response. state: queued -> taken -> answered | failed, or
+-- queued -> expired (the sender gave up before anyone took it: nothing ran).
+CREATE TABLE commands (
+    id               bigserial PRIMARY KEY,
+    conversation_id  text NOT NULL,
+    target           text NOT NULL,
+    sender           text NOT NULL,
+    op               text NOT NULL,
+    request          bytea NOT NULL,
+    state            text NOT NULL DEFAULT 'queued',
+    response         bytea,
+    error            text NOT NULL DEFAULT '',
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    deadline         timestamptz NOT NULL,
+    done_at          timestamptz
+);
+-- what a holder takes: its queued commands, oldest first
+CREATE INDEX commands_queued ON commands (target, id) WHERE state = 'queued';
