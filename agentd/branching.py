@@ -143,17 +143,6 @@ def _usable(t: Turn, cid: str, what: str) -> None:
                         f"the runtime, or was recorded by an older agentd); {what} another turn")
 
 
-async def _lines(service: "ConversationService", reader: Any) -> list[bytes]:
-    target = reader.published_seq
-    lines: list[bytes] = []
-    while len(lines) < target:
-        chunk = reader.journal.read_after(len(lines), limit=min(512, target - len(lines)))
-        if not chunk:
-            break
-        lines += chunk
-    return lines
-
-
 def _copy(line: bytes, source: str) -> tuple[str, bytes, str] | None:
     """(type, payload with its ``copied`` key, run) of a source record a fork copies, else None."""
     head = _head.decode(line)
@@ -176,13 +165,13 @@ async def fork(service: "ConversationService", ref: str, at: str = "", *, title:
     Busy (that run still runs), Unsupported (the provider cannot fork), SubmissionUncertain
     (the runtime may have made a fork whose id was lost: never retried), InternalError.
     """
-    reader = service.reader(ref)
+    reader = await service.reader(ref)
     record = reader.record
     cid = record.id
     provider = await service.runtimes.get(record.provider)
     if not provider.capabilities().fork or not isinstance(provider, c.Forker):
         raise c.Unsupported(f"provider {record.provider!r} cannot fork a conversation")
-    lines = await _lines(service, reader)
+    lines = await service.published_lines(reader)
     runs = turns(lines, record.dropped)
     if at:
         target = _find(runs, at, record.dropped, cid)
@@ -310,5 +299,5 @@ class ViewJournal:
         self._dropped = frozenset(dropped)
         self._all = all_
 
-    def read_after(self, after: int, limit: int | None = None) -> list[bytes]:
-        return view(self._journal.read_after(after, limit), self._dropped, self._all)
+    async def read_after(self, after: int, limit: int | None = None) -> list[bytes]:
+        return view(await self._journal.read_after(after, limit), self._dropped, self._all)

@@ -432,11 +432,11 @@ class Checkpoints:
 
     # ------------------------------------------------------------------ reading steps
 
-    def _read_steps(self, cid: str, journal: Any) -> dict[str, _Step]:
+    async def _read_steps(self, cid: str, journal: Any) -> dict[str, _Step]:
         steps = self._steps.get(cid)
         if steps is None:
             steps = {}
-            for line in journal.read_after(0):
+            for line in await journal.read_after(0):
                 if b'"checkpoint"' not in line and b'"revert"' not in line:
                     continue
                 head = _head.decode(line)
@@ -505,10 +505,10 @@ class Checkpoints:
         Raises NotFound (no such conversation or step, or its before-state was not recorded),
         InternalError when git fails.
         """
-        reader = service.reader(ref)
+        reader = await service.reader(ref)
         record = reader.record
         await self._settle(record.id)
-        steps = self._read_steps(record.id, reader.journal)
+        steps = await self._read_steps(record.id, reader.journal)
         step = self._pick(record.id, steps, run)
         shadow, before, b, a, extra = await self._trees(record, steps, step)
         source, left_out = extra[0], sorted({*before.too_large, *before.nested, *extra[1:]})
@@ -519,7 +519,7 @@ class Checkpoints:
         return wire.DiffResult(conversation=record.id, run=step, kind=steps[step].kind,  # type: ignore[arg-type]
                                after=source, files=files, patch=patch,  # type: ignore[arg-type]
                                truncated=truncated, too_large=left_out,
-                               runtime_diff=_runtime_diff(reader.journal, step) if not stat else "")
+                               runtime_diff=await _runtime_diff(reader.journal, step) if not stat else "")
 
     # ------------------------------------------------------------------ revert
 
@@ -547,7 +547,7 @@ class Checkpoints:
                 raise c.Busy(f"a turn is running in {record.id} (run {live.run or record.queued[0]}); "
                              "revert after it ended")
             await self._settle(record.id)
-            steps = self._read_steps(record.id, live.journal)
+            steps = await self._read_steps(record.id, live.journal)
             step = self._pick(record.id, steps, run)
             shadow, before, b, a, extra = await self._trees(record, steps, step)
             left_out = {*before.too_large, *before.nested, *extra[1:]}
@@ -578,11 +578,11 @@ class Checkpoints:
             return wire.RevertResult(conversation=record.id, run=step, files=todo, revert=vid)
 
 
-def _runtime_diff(journal: Any, run: str) -> str:
+async def _runtime_diff(journal: Any, run: str) -> str:
     """The last diff the runtime itself reported for ``run`` (``turn_diff`` records), or ""."""
     last = ""
     tag = f'"run":"{run}"'.encode()
-    for line in journal.read_after(0):
+    for line in await journal.read_after(0):
         if b'"turn_diff"' in line and tag in line:
             head = _head.decode(line)
             if head.type == "turn_diff" and head.run == run:

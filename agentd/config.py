@@ -55,6 +55,7 @@ __all__ = [
     "InteractionsConfig",
     "JournalConfig",
     "LeasesConfig",
+    "StoreConfig",
     "LogConfig",
     "McpConfig",
     "McpServerConfig",
@@ -173,6 +174,24 @@ class LeasesConfig(_Section):
 
     #: seconds a lease lives without renewal; renewed well before it expires
     ttl_s: PosFloat = 30.0
+
+
+class StoreConfig(_Section):
+    """[store]: where journals and conversation records live (agentd.store)."""
+
+    #: file = under <state_dir>/conversations (one host); postgres = a PostgreSQL database
+    #: several hosts may share (docs/scale-out.md)
+    backend: Literal["file", "postgres"] = "file"
+    #: libpq connection string or postgresql:// URI (postgres only); "" = dsn_file, else libpq's
+    #: environment (PGHOST, ...) and ~/.pgpass. Its password is never logged or shown
+    dsn: str = ""
+    #: a file holding the DSN (0600, owned by agentd's user), instead of dsn
+    dsn_file: str = ""
+
+    def __post_init__(self) -> None:
+        _check_path(self.dsn_file, "dsn_file")
+        if self.dsn and self.dsn_file:
+            raise ValueError("give dsn or dsn_file, not both")
 
 
 class ServerConfig(_Section):
@@ -626,6 +645,7 @@ class Config(_Section):
     daemon: DaemonConfig = msgspec.field(default_factory=DaemonConfig)
     journal: JournalConfig = msgspec.field(default_factory=JournalConfig)
     leases: LeasesConfig = msgspec.field(default_factory=LeasesConfig)
+    store: StoreConfig = msgspec.field(default_factory=StoreConfig)
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     websocket: WebSocketConfig = msgspec.field(default_factory=WebSocketConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)

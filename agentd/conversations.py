@@ -44,7 +44,7 @@ from . import turnwatch as _turnwatch
 from . import usage as _usage
 from . import wire
 from .hub import Hub
-from .journal import FsyncPolicy, Journal, JournalStore
+from .journal import FsyncPolicy
 
 from .config import AttachmentsConfig
 
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from .config import BudgetConfig
     from .leases import LeaseStore
     from .runtimes import Runtimes
+    from .store import ConversationStore, Journal
 
 log = structlog.get_logger("agentd.conversations")
 
@@ -127,7 +128,7 @@ class _Sink:
 class _Live:
     """The in-memory side of one loaded conversation."""
 
-    def __init__(self, record: wire.ConversationRecord, journal: Journal) -> None:
+    def __init__(self, record: wire.ConversationRecord, journal: "Journal") -> None:
         self.record = record
         self.journal = journal
         self.conv: c.Conversation | None = None
@@ -200,7 +201,7 @@ class _Reader:
 
     __slots__ = ("record", "journal", "_lives")
 
-    def __init__(self, record: wire.ConversationRecord, journal: Journal, lives: dict[str, _Live]) -> None:
+    def __init__(self, record: wire.ConversationRecord, journal: "Journal", lives: dict[str, _Live]) -> None:
         self.record = record
         self.journal = journal
         self._lives = lives
@@ -224,7 +225,7 @@ class ConversationService:
     def __init__(
         self,
         *,
-        store: JournalStore,
+        store: "ConversationStore",
         leases: "LeaseStore",
         runtimes: "Runtimes",
         hub: Hub,
@@ -244,6 +245,9 @@ class ConversationService:
         self.runtimes = runtimes
         self.hub = hub
         self.fsync = fsync
+        #: records are synced before they are published: always with fsync "always", and on a
+        #: store where an appended record would not survive a crash of this process (agentd.store)
+        self._sync_before_publish = fsync is FsyncPolicy.ALWAYS or not store.capabilities.crash_safe_append
         self.interaction_timeout_s = interaction_timeout_s
         self.hang_timeout_s = hang_timeout_s
         self.silence_timeout_s = silence_timeout_s
@@ -271,7 +275,7 @@ class ConversationService:
         On cancellation, open provider conversations are closed (shielded, a
         few seconds at most); journals are flushed by the store's owner.
         """
-        self._load_records()
+        await self._load_records()
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await self._recover()
@@ -299,8 +303,8 @@ class ConversationService:
                         except Exception:
                             log.exception("lease.release_failed", conversation=cid)
 
-    def _load_records(self) -> None:
-        records = self.store.read_records()  # one index file after a clean stop
+    async def _load_records(self) -> None:
+        records = await self.store.read_records()  # one index file after a clean stop
         for cid in sorted(records):
             data = records[cid]
             try:
@@ -321,7 +325,7 @@ class ConversationService:
         for record in list(self._records.values()):
             if not caught_up:
                 try:
-                    self._catch_up(record)
+                    await self._catch_up(record)
                 except (c.AgentdError, OSError) as exc:
                     log.error("turn.recovery_failed", conversation=record.id, run=record.active_run,
                               error=getattr(exc, "message", None) or str(exc))
@@ -339,7 +343,7 @@ class ConversationService:
         log.warning("turn.interrupted", conversation=record.id, run=record.active_run, queued=list(record.queued))
         # Pending interactions of the dead turn can never be answered now.
         try:
-            lines = live.journal.read_after(self._run_start_seq(record))
+            lines = await live.journal.read_after(self._run_start_seq(record))
         except c.AgentdError as exc:
             log.error("journal.unreadable", conversation=record.id, error=exc.message)
             lines = []
@@ -389,7 +393,7 @@ class ConversationService:
             record.usage = usage
         self._save(record)
 
-    def _catch_up(self, record: wire.ConversationRecord) -> None:
+    async def _catch_up(self, record: wire.ConversationRecord) -> None:
         """Bring a record that is older than its journal up to date with the journal's tail.
 
         A turn's start is its prompt record, not a record write: prompts journaled past
@@ -397,12 +401,12 @@ class ConversationService:
         (or, never started, queued ones), for :meth:`_recover_one` to end ``run_interrupted``.
         One stat per conversation; the journal is read only when it grew past the checkpoint.
         """
-        if record.journal_end < 0 or self.store.journal_size(record.id) <= record.journal_end:
+        if record.journal_end < 0 or await self.store.journal_size(record.id) <= record.journal_end:
             return
-        journal = self.store.open(record.id)
+        journal = await self.store.open(record.id)
         started: dict[str, bool] = {}  # run -> it got further than its prompt
         first_seq = 0
-        for line in journal.read_after(record.journal_seq):
+        for line in await journal.read_after(record.journal_seq):
             rec = wire.decode_record(line)
             if not rec.run:
                 continue
@@ -525,7 +529,7 @@ class ConversationService:
             self._save(record)
         except OSError as exc:
             try:
-                self.store.remove(record.id)  # the directory made for it
+                await self.store.remove(record.id)  # the directory made for it
             except OSError:
                 pass
             raise c.InternalError(f"cannot write the conversation record: {exc.strerror or exc}") from None
@@ -596,7 +600,10 @@ class ConversationService:
         if live is not None:
             return live
         record = self._records[cid]
-        journal = self.store.open(cid)
+        journal = await self.store.open(cid)
+        live = self._live.get(cid)
+        if live is not None:  # loaded by another task while the journal opened
+            return live
         live = _Live(record, journal)
         self._live[cid] = live
         assert self._nursery is not None, "ConversationService.run() is not running"
@@ -620,7 +627,7 @@ class ConversationService:
     async def live(self, ref: str) -> _Live:
         return await self._load(self.resolve(ref))
 
-    def reader(self, ref: str) -> _Live | _Reader:
+    async def reader(self, ref: str) -> _Live | _Reader:
         """What a subscriber reads: the loaded conversation, else its journal without loading it.
 
         Raises NotFound, Invalid (see :meth:`resolve`), JournalCorrupt, OSError.
@@ -629,7 +636,8 @@ class ConversationService:
         live = self._live.get(cid)
         if live is not None:
             return live
-        return _Reader(self._records[cid], self.store.open(cid), self._live)
+        journal = await self.store.open(cid)
+        return self._live.get(cid) or _Reader(self._records[cid], journal, self._live)
 
     async def _ensure_open(self, live: _Live) -> c.Conversation:
         async with live.open_lock:
@@ -703,7 +711,7 @@ class ConversationService:
         data = masking.mask_json(data)  # what a runtime echoed of a secret is never written
         try:
             seq, line = live.journal.append(type_, data, run=run)
-            if self.fsync is FsyncPolicy.ALWAYS:
+            if self._sync_before_publish:
                 self._flush(live)  # what is held back goes out before this task yields
                 # Shielded: a record appended is published, or a subscriber would see a gap.
                 with trio.CancelScope(shield=True):
@@ -1435,7 +1443,7 @@ class ConversationService:
         except Exception:
             log.exception("lease.release_failed", conversation=cid)
         self._records.pop(cid, None)
-        self.store.remove(cid)
+        await self.store.remove(cid)
 
     # ------------------------------------------------------------------ reads
 
@@ -1576,17 +1584,11 @@ class ConversationService:
                                                       whole_output=whole), fmt))
         return wire.ExportResult(conversation=record.id, format=fmt, text=text, title=record.title)
 
-    async def published_lines(self, live: _Live) -> list[bytes]:
+    async def published_lines(self, live: _Live | _Reader) -> list[bytes]:
         """The journal's lines as published so far, read in chunks."""
-        target = live.published_seq
-        lines: list[bytes] = []
-        while len(lines) < target:
-            chunk = live.journal.read_after(len(lines), limit=min(512, target - len(lines)))
-            if not chunk:
-                break
-            lines += chunk
-            await trio.lowlevel.checkpoint()
-        return lines
+        from .store import read_published
+
+        return await read_published(live.journal, live.published_seq)
 
 
 #: Longest title ``agentctl title`` may set.

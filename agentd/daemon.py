@@ -30,10 +30,10 @@ from . import _trust, agentfs, idle_release, masking, reload, runtime_env, syste
 from .config import Config, Paths, default_config_path
 from .conversations import ConversationService, new_id
 from .hub import Hub
-from .journal import FsyncPolicy, JournalStore
-from .leases import FileLeaseStore
+from .journal import FsyncPolicy
 from .runtimes import Runtimes
 from .server import Server
+from .store import Store, open_store
 from .tasks import TaskService
 
 log = structlog.get_logger("agentd")
@@ -53,16 +53,23 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
     # Before any runtime starts or any record is written: the secrets of the environment and config.
     masking.load(os.environ, config.providers)
     runtime_env.configure(config.providers)
-    conversations_dir = paths.state_dir / "conversations"
     fsync = FsyncPolicy(config.journal.fsync)
-    store = JournalStore(conversations_dir, fsync=fsync, batch_ms=config.journal.batch_ms)
-    leases = FileLeaseStore(conversations_dir, owner=owner, ttl_s=config.leases.ttl_s, exclusive=True)
+    store = await open_store(config, paths, owner)  # [store] backend: the rest never knows which
+    try:
+        await _serve(config, paths, config_path, store, owner, fsync)
+    finally:
+        await store.aclose()
+    log.info("agentd.stopped")
+
+
+async def _serve(config: Config, paths: Paths, config_path: Path | None, store: Store, owner: str,
+                 fsync: FsyncPolicy) -> None:
     hub = Hub()
     runtimes = Runtimes(config, paths.state_dir, files=_agent_files(config, paths, config_path))
     runtimes.config_path = config_path  # named in the fixes `providers` prints (agentd.accounts)
     service = ConversationService(
-        store=store,
-        leases=leases,
+        store=store.conversations,
+        leases=store.leases,
         runtimes=runtimes,
         hub=hub,
         fsync=fsync,
@@ -115,8 +122,7 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         try:
             async with trio.open_nursery() as infra:
-                await infra.start(store.run)
-                await infra.start(leases.run)
+                await infra.start(store.run)  # group commit and lease renewal
                 async with trio.open_nursery() as rt:
                     await rt.start(runtimes.run)
                     async with trio.open_nursery() as front:
@@ -159,8 +165,6 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
                     Path(paths.socket).unlink()
                 except FileNotFoundError:
                     pass
-            await store.aclose()
-    log.info("agentd.stopped")
 
 
 def _agent_files(config: Config, paths: Paths, config_path: Path | None) -> agentfs.Policy:

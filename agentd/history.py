@@ -71,7 +71,7 @@ class JournalReader(Protocol):
     """What a page is read from: ``read_after(after, limit)`` gives the encoded records with
     seq > after, oldest first, at most ``limit`` of them (agentd.journal.Journal)."""
 
-    def read_after(self, after: int, limit: int | None = None) -> list[bytes]: ...
+    async def read_after(self, after: int, limit: int | None = None) -> list[bytes]: ...
 
 
 class _Rec(msgspec.Struct):
@@ -107,14 +107,14 @@ def _parse(line: bytes) -> _Rec:
     return _Rec(head.seq, head.run, None, None)
 
 
-def _read(journal: JournalReader, lo: int, hi: int) -> list[_Rec]:
+async def _read(journal: JournalReader, lo: int, hi: int) -> list[_Rec]:
     """Records with lo < seq < hi, oldest first."""
     if hi <= lo + 1:
         return []
-    return [_parse(line) for line in journal.read_after(lo, limit=hi - lo - 1)]
+    return [_parse(line) for line in await journal.read_after(lo, limit=hi - lo - 1)]
 
 
-def _latest(journal: JournalReader, recs: list[_Rec], last_seq: int, hi: int) -> list[wire.HistoryEntry]:
+async def _latest(journal: JournalReader, recs: list[_Rec], last_seq: int, hi: int) -> list[wire.HistoryEntry]:
     """The entries of ``recs`` (records with seq < ``hi``) that are their item's latest record.
 
     A record is superseded by a later one of the same key, in ``recs`` or after them: the
@@ -131,7 +131,7 @@ def _latest(journal: JournalReader, recs: list[_Rec], last_seq: int, hi: int) ->
     beyond: set[_Key] = set()
     after, window = hi - 1, 256
     while open_runs and after < last_seq:
-        chunk = _read(journal, after, min(last_seq, after + window) + 1)
+        chunk = await _read(journal, after, min(last_seq, after + window) + 1)
         if not chunk:
             break
         for rec in chunk:
@@ -145,12 +145,12 @@ def _latest(journal: JournalReader, recs: list[_Rec], last_seq: int, hi: int) ->
             and (r.key is None or (last[r.key] == r.seq and r.key not in beyond))]
 
 
-def page(journal: JournalReader, conversation: str, last_seq: int, *,
+async def page(journal: JournalReader, conversation: str, last_seq: int, *,
          limit: int = 50, before: int | None = None, after: int | None = None) -> wire.HistoryPage:
     """One page of ``conversation``'s history from ``journal``, whose last published seq is
     ``last_seq``: the oldest ``limit`` entries with seq > ``after`` when it is given, else the
-    newest ``limit`` entries with seq < ``before`` (or of all, without it). Synchronous and
-    read-only: call it where journal reads are allowed (the daemon's trio thread).
+    newest ``limit`` entries with seq < ``before`` (or of all, without it). Read-only; on the
+    file store every read answers inline (agentd.store).
 
     Raises Invalid for a limit outside 1..MAX_LIMIT, for both cursors at once or a cursor out
     of range; the journal's own errors (JournalCorrupt, OSError) for a damaged journal.
@@ -162,18 +162,18 @@ def page(journal: JournalReader, conversation: str, last_seq: int, *,
     if (before is not None and before < 1) or (after is not None and after < 0):
         raise c.Invalid("history cursors are journal seqs: before >= 1, after >= 0")
     if after is not None:
-        return _forward(journal, conversation, last_seq, limit, min(after, last_seq))
+        return await _forward(journal, conversation, last_seq, limit, min(after, last_seq))
     hi = min(before, last_seq + 1) if before is not None else last_seq + 1
-    return _backward(journal, conversation, last_seq, limit, hi)
+    return await _backward(journal, conversation, last_seq, limit, hi)
 
 
-def _backward(journal: JournalReader, conversation: str, last_seq: int, limit: int, hi: int) -> wire.HistoryPage:
+async def _backward(journal: JournalReader, conversation: str, last_seq: int, limit: int, hi: int) -> wire.HistoryPage:
     # Widen the window below hi until it holds `limit` entries or reaches seq 1.
     width = max(64, limit * 4)
     while True:
         lo = max(0, hi - 1 - width)
-        recs = _read(journal, lo, hi)
-        entries = _latest(journal, recs, last_seq, hi)
+        recs = await _read(journal, lo, hi)
+        entries = await _latest(journal, recs, last_seq, hi)
         if len(entries) > limit or lo == 0:
             break
         width *= 4
@@ -188,12 +188,12 @@ def _backward(journal: JournalReader, conversation: str, last_seq: int, limit: i
         start=not more, end=hi > last_seq)
 
 
-def _forward(journal: JournalReader, conversation: str, last_seq: int, limit: int, after: int) -> wire.HistoryPage:
+async def _forward(journal: JournalReader, conversation: str, last_seq: int, limit: int, after: int) -> wire.HistoryPage:
     width = max(64, limit * 4)
     while True:
         hi = min(last_seq, after + width) + 1
-        recs = _read(journal, after, hi)
-        entries = _latest(journal, recs, last_seq, hi)
+        recs = await _read(journal, after, hi)
+        entries = await _latest(journal, recs, last_seq, hi)
         if len(entries) > limit or hi > last_seq:
             break
         width *= 4

@@ -739,9 +739,9 @@ class Server:
 
         from . import branching
 
-        reader = self.service.reader(req.conversation)  # reading takes no lease and opens no runtime
+        reader = await self.service.reader(req.conversation)  # reading takes no lease and opens no runtime
         journal = branching.ViewJournal(reader.journal, reader.record.dropped, req.all)  # the rewound view
-        return history.page(journal, reader.record.id, reader.published_seq,
+        return await history.page(journal, reader.record.id, reader.published_seq,
                             limit=req.limit, before=req.before, after=req.after)
 
     def _task_service(self) -> Any:
@@ -805,7 +805,7 @@ class Server:
             self.hub.add(sub)
             await conn.send(wire.encode_result(req.id, wire.SubscribeResult(subscription=req.id)))
             return _NO_REPLY
-        live = self.service.reader(req.conversation)  # reading takes no lease: an idle conversation stays unloaded
+        live = await self.service.reader(req.conversation)  # reading takes no lease: an idle conversation stays unloaded
         cid = live.record.id
         if req.after < 0:
             raise c.Invalid("after must be >= 0")
@@ -820,7 +820,7 @@ class Server:
             if sub.cursor >= target:
                 break
             try:
-                lines = live.journal.read_after(sub.cursor, limit=min(CATCHUP_CHUNK, target - sub.cursor))
+                lines = await live.journal.read_after(sub.cursor, limit=min(CATCHUP_CHUNK, target - sub.cursor))
             except c.AgentdError as exc:
                 await self._end_damaged(conn, sub, live, exc)
                 raise
@@ -863,7 +863,7 @@ class Server:
         log.error("journal.corrupt", conversation=sub.conversation, error=exc.message, line=line)
         if isinstance(line, int) and line - 1 > sub.cursor:
             try:
-                before = live.journal.read_after(sub.cursor, limit=line - 1 - sub.cursor)
+                before = await live.journal.read_after(sub.cursor, limit=line - 1 - sub.cursor)
             except c.AgentdError:
                 before = []
             for good in before:

@@ -38,11 +38,11 @@ _head = msgspec.json.Decoder(_Head)
 _subagent = msgspec.json.Decoder(c.Subagent)
 
 
-def _known(service: "ConversationService", ref: str) -> tuple[str, list[c.Subagent]]:
-    reader = service.reader(ref)
+async def _known(service: "ConversationService", ref: str) -> tuple[str, list[c.Subagent]]:
+    reader = await service.reader(ref)
     latest: dict[str, c.Subagent] = {}
     # The whole journal is read: subagent records are few, and nothing else keeps them.
-    for line in reader.journal.read_after(0):
+    for line in await service.published_lines(reader):
         head = _head.decode(line)
         if head.type == "subagent":
             sub = _subagent.decode(head.data)
@@ -56,12 +56,12 @@ async def listing(service: "ConversationService", ref: str) -> wire.SubagentList
 
     Raises NotFound. Sends nothing and opens nothing.
     """
-    cid, subs = _known(service, ref)
+    cid, subs = await _known(service, ref)
     return wire.SubagentList(conversation=cid, subagents=subs)
 
 
 async def _target(service: "ConversationService", ref: str, agent: str, capability: str) -> tuple[c.Subagent, c.SubagentController]:
-    cid, subs = _known(service, ref)
+    cid, subs = await _known(service, ref)
     live = await service.live(cid)
     if live.record.state is wire.ConversationState.CLOSED:
         raise c.Closed(f"conversation {cid} is closed")

@@ -340,7 +340,7 @@ class TaskService:
             return None
         try:
             live = await self.conversations.live(task.conversation)
-            lines = live.journal.read_after(0)
+            lines = await live.journal.read_after(0)
         except c.AgentdError as exc:
             log.error("task.journal_unreadable", task=task.id, conversation=task.conversation, error=exc.message)
             return None

@@ -24,7 +24,8 @@ from agentd import wire
 from agentd.config import parse_config
 from agentd.conversations import JOURNAL_WRITE_FAILED, ConversationService
 from agentd.hub import Hub, Subscription
-from agentd.journal import FsyncPolicy, Journal, JournalStore
+from agentd.journal import FsyncPolicy, Journal
+from agentd.store.file import FileStore
 from agentd.leases import FileLeaseStore
 from agentd.runtimes import Runtimes
 from daemon_harness import Daemon
@@ -234,7 +235,7 @@ async def test_a_failing_fsync_fails_the_turn_not_the_daemon(tmp_path: Path, mon
     work.mkdir()
     config = parse_config(FAST)
     root = tmp_path / "state" / "conversations"
-    store = JournalStore(root, fsync=FsyncPolicy.BATCH, batch_ms=1)
+    store = FileStore(root, fsync=FsyncPolicy.BATCH, batch_ms=1)
     leases = FileLeaseStore(root, owner="test", ttl_s=30)
     hub = Hub()
     runtimes = Runtimes(config, tmp_path / "state")
@@ -282,7 +283,7 @@ async def test_a_failing_fsync_fails_the_turn_not_the_daemon(tmp_path: Path, mon
         with pytest.raises(c.InternalError, match="could not be synced"):
             await service.send(record.id, "again")
         live = await service.live(record.id)
-        assert live.journal.read_after(0, limit=3)
+        assert await live.journal.read_after(0, limit=3)
         failing.clear()
         nursery.cancel_scope.cancel()
     await store.aclose()

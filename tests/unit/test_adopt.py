@@ -11,10 +11,12 @@ import subprocess
 import sys
 
 import msgspec
+import trio
 
 from agentd import adopt, history, wire
 from agentd import contract as c
 from agentd.journal import FsyncPolicy, Journal
+from agentd.store.file import FileJournal
 from agentd.providers import _inuse
 from agentd.providers.claude._mapping import session_head
 
@@ -78,7 +80,7 @@ def test_imported_items_come_out_of_history_marked_each_id_once(tmp_path: pathli
         j.append("item", msgspec.json.encode(item))
     j.append("prompt", msgspec.json.encode(wire.PromptRecord(text="later")), run="r1")
     j.append("item", msgspec.json.encode(c.Item(id="r1.u1", kind=c.ItemKind.USER, text="later")), run="r1")
-    page = history.page(j, "c1", j.last_seq)
+    page = trio.run(history.page, FileJournal(j), "c1", j.last_seq)
     got = [(e.item.text, e.imported) for e in page.items]
     assert got == [("earlier prompt", True), ("earlier answer", True), ("a reused id", True), ("later", False)]
 

@@ -12,6 +12,7 @@ import trio
 from agentd import checkpoints as cp
 from agentd.config import CheckpointsConfig
 from agentd.journal import FsyncPolicy, JournalStore
+from agentd.store.file import FileJournal
 
 
 def _shadow(tmp_path: Path, **config: object) -> tuple[cp._Shadow, Path]:
@@ -88,6 +89,6 @@ def test_the_runtimes_own_turn_diff_is_its_last_report_for_the_run(tmp_path: Pat
     journal.append("turn_diff", b'{"diff":"first"}', run="r1")
     journal.append("turn_diff", b'{"diff":"second"}', run="r1")
     journal.append("turn_diff", b'{"diff":"other run"}', run="r2")
-    assert cp._runtime_diff(journal, "r1") == "second"
-    assert cp._runtime_diff(journal, "r3") == ""
+    assert trio.run(cp._runtime_diff, FileJournal(journal), "r1") == "second"
+    assert trio.run(cp._runtime_diff, FileJournal(journal), "r3") == ""
     journal.close()

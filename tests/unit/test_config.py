@@ -242,6 +242,7 @@ def unwrap_all(tp: Any) -> list[Any]:
 #: A minimal file per Literal-valued key, with BOGUS where its value goes (required siblings filled in).
 ENUM_KEYS = {
     "journal.fsync": "[journal]\nfsync = BOGUS\n",
+    "store.backend": "[store]\nbackend = BOGUS\n",
     "log.level": "[log]\nlevel = BOGUS\n",
     "log.format": "[log]\nformat = BOGUS\n",
     "interactions.on_timeout": "[interactions]\non_timeout = BOGUS\n",

@@ -3,16 +3,24 @@ whatever the page size, cursor or id reuse; checked against a whole-journal fold
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import msgspec
 import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentd import contract as c
 from agentd import history, wire
 from agentd.journal import FsyncPolicy, Journal
+from agentd.store.file import FileJournal
+
+
+def _page(j: Journal, *args: object, **kwargs: object) -> wire.HistoryPage:
+    """history.page on the file store's journal, from outside the daemon's loop."""
+    return trio.run(functools.partial(history.page, FileJournal(j), *args, **kwargs))  # type: ignore[arg-type]
 
 
 def _item(id_: str, text: str, agent: str = "", done: bool = False) -> bytes:
@@ -57,7 +65,7 @@ def _flat(p: wire.HistoryPage) -> list[tuple[int, str, str]]:
 
 def _all_backward(j: Journal, limit: int) -> list[tuple[int, str, str]]:
     got: list[tuple[int, str, str]] = []
-    p = history.page(j, "c", j.last_seq, limit=limit)
+    p = _page(j, "c", j.last_seq, limit=limit)
     pages = 0
     while True:
         assert len(p.items) <= limit
@@ -67,21 +75,21 @@ def _all_backward(j: Journal, limit: int) -> list[tuple[int, str, str]]:
             assert p.start
             break
         assert not p.start and len(p.items) == limit
-        p = history.page(j, "c", j.last_seq, limit=limit, before=p.before)
+        p = _page(j, "c", j.last_seq, limit=limit, before=p.before)
         assert pages < 10_000
     return got
 
 
 def _all_forward(j: Journal, limit: int) -> list[tuple[int, str, str]]:
     got: list[tuple[int, str, str]] = []
-    p = history.page(j, "c", j.last_seq, limit=limit, after=0)
+    p = _page(j, "c", j.last_seq, limit=limit, after=0)
     while True:
         got += _flat(p)
         if not p.after:
             assert p.end
             break
         assert not p.end and len(p.items) == limit
-        p = history.page(j, "c", j.last_seq, limit=limit, after=p.after)
+        p = _page(j, "c", j.last_seq, limit=limit, after=p.after)
     return got
 
 
@@ -98,13 +106,13 @@ def test_pages_backward_and_forward_hold_every_entry_once_in_its_latest_form(
     want = _oracle(j)
     assert _all_backward(j, limit) == want
     assert _all_forward(j, limit) == want
-    newest = history.page(j, "c", j.last_seq, limit=limit)
+    newest = _page(j, "c", j.last_seq, limit=limit)
     assert _flat(newest) == want[-limit:] and newest.end
 
 
 def test_an_id_reused_by_a_later_turn_keeps_both_items(tmp_path: pathlib.Path) -> None:
     j = _write(tmp_path / "events.jsonl", [[("call_0", ""), ("call_0", "")], [("call_0", "")]])
-    texts = [e.item.text for e in history.page(j, "c", j.last_seq).items if e.item.kind is c.ItemKind.TOOL]
+    texts = [e.item.text for e in _page(j, "c", j.last_seq).items if e.item.kind is c.ItemKind.TOOL]
     assert texts == ["r0:call_0:1", "r1:call_0:0"]
 
 
@@ -113,9 +121,9 @@ def test_an_item_still_open_in_a_running_turn_shows_its_newest_form_once(tmp_pat
     j.append("prompt", msgspec.json.encode(wire.PromptRecord(text="go")), run="live")
     j.append("item", _item("t1", "started"), run="live")
     j.append("item", _item("t1", "halfway"), run="live")
-    p = history.page(j, "c", j.last_seq, limit=1, before=j.last_seq)  # below the newest record
+    p = _page(j, "c", j.last_seq, limit=1, before=j.last_seq)  # below the newest record
     assert _flat(p) == [(2, "live", "go")]  # t1's newest form lies above the cursor: not here
-    assert [e.item.text for e in history.page(j, "c", j.last_seq).items] == ["go", "halfway"]
+    assert [e.item.text for e in _page(j, "c", j.last_seq).items] == ["go", "halfway"]
 
 
 def test_a_runtime_echo_of_the_prompt_is_shown_once_and_a_steer_is_kept(tmp_path: pathlib.Path) -> None:
@@ -124,14 +132,14 @@ def test_a_runtime_echo_of_the_prompt_is_shown_once_and_a_steer_is_kept(tmp_path
     j.append("item", msgspec.json.encode(c.Item(id="u1", kind=c.ItemKind.USER, text="go")), run="r1")
     j.append("item", msgspec.json.encode(c.Item(id="u2", kind=c.ItemKind.USER, text="faster", delivery="steer")),
              run="r1")
-    assert [e.item.text for e in history.page(j, "c", j.last_seq).items] == ["go", "faster"]
+    assert [e.item.text for e in _page(j, "c", j.last_seq).items] == ["go", "faster"]
 
 
 def test_only_records_published_so_far_are_read(tmp_path: pathlib.Path) -> None:
     j = _write(tmp_path / "events.jsonl", [[("t1", "")]])
     published = j.last_seq
     j.append("prompt", msgspec.json.encode(wire.PromptRecord(text="not yet published")), run="r9")
-    assert all(e.seq <= published for e in history.page(j, "c", published).items)
+    assert all(e.seq <= published for e in _page(j, "c", published).items)
 
 
 @pytest.mark.parametrize("kwargs", [{"limit": 0}, {"limit": history.MAX_LIMIT + 1}, {"before": 3, "after": 1},
@@ -139,4 +147,4 @@ def test_only_records_published_so_far_are_read(tmp_path: pathlib.Path) -> None:
 def test_bad_page_requests_are_invalid(tmp_path: pathlib.Path, kwargs: dict[str, int]) -> None:
     j = _write(tmp_path / "events.jsonl", [[("t1", "")]])
     with pytest.raises(c.Invalid):
-        history.page(j, "c", j.last_seq, **kwargs)
+        _page(j, "c", j.last_seq, **kwargs)
