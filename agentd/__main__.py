@@ -86,6 +86,7 @@ def run(config_path: Path | None) -> None:
     import trio
 
     from .daemon import serve
+    from .contract import AgentdError
 
     # Provider SDKs run in threads of their own beside trio's. With the default 5 ms switch
     # interval, each syscall on one thread (a socket write, a wake-up) can wait that long for
@@ -95,6 +96,13 @@ def run(config_path: Path | None) -> None:
         trio.run(serve, config, paths, config_path)
     except Untrusted as exc:  # the socket, checked again as it is bound
         _unusable(exc)
+    except AgentdError as exc:
+        # A start-up error that knows its exit status (the [store] database cannot be reached or
+        # used: agentd.store.postgres.StoreUnavailable, 78 when a restart cannot help).
+        if not hasattr(exc, "exit_code"):
+            raise
+        click.echo(f"agentd: {exc.message}", err=True)
+        sys.exit(exc.exit_code)
     except OSError as exc:
         click.echo(f"agentd: {exc}", err=True)
         sys.exit(1)

@@ -74,3 +74,29 @@ def test_a_turn_on_the_postgres_store_survives_restarts(tmp_path: Path, pg_db: P
         assert texts == ["hello there", "once more"]
     finally:
         d.stop()
+
+
+def _start_fails(tmp_path: Path, dsn: str) -> tuple[int, str]:
+    d = Daemon(tmp_path, f'[store]\nbackend = "postgres"\ndsn = "{dsn}"\n')
+    try:
+        d.start(timeout=30)
+    except RuntimeError:
+        assert d.proc is not None
+        return d.proc.returncode, d.log.read_text()
+    d.stop()
+    raise AssertionError("agentd started on a DSN it cannot use")
+
+
+def test_a_wrong_password_exits_78_naming_the_host_and_never_the_password(tmp_path: Path, pg_db: PgDatabase) -> None:
+    role = f"r_{pg_db.name}"  # roles are the cluster's, shared by the worker's tests
+    pg_db.cluster.create_role(role, "right-one", database=pg_db.name)
+    code, log = _start_fails(tmp_path, pg_db.cluster.tcp_dsn(pg_db.name, user=role, password="wr0ng-s3cret"))
+    assert code == 78, log
+    assert "127.0.0.1" in log and "password authentication failed" in log and "restart cannot fix" in log
+    assert "wr0ng-s3cret" not in log
+
+
+def test_an_unreachable_database_exits_1_so_the_unit_restarts_it(tmp_path: Path, pg_db: PgDatabase) -> None:
+    code, log = _start_fails(tmp_path, "postgresql://agentd:pw-in-dsn@127.0.0.1:1/agentd")
+    assert code == 1, log
+    assert "127.0.0.1" in log and "port 1" in log and "pw-in-dsn" not in log
