@@ -153,6 +153,48 @@ def ended(pid: int | None, state_dir: Path) -> None:
         pass
 
 
+async def run_kept(argv: list[str], *, state_dir: Path, what: str, env: dict[str, str],
+                   timeout_s: float) -> tuple[int, bytes, bytes]:
+    """Run a short runtime command (``claude auth status``) under the keeper, like every runtime:
+    SIGKILL of agentd ends it too. Returns (exit status, stdout, stderr).
+
+    Raises FileNotFoundError when ``argv[0]`` is not found, trio.TooSlowError past ``timeout_s``
+    (the command and what it started are killed then, and on cancel).
+    """
+    import subprocess
+
+    import trio
+
+    argv = launch_argv(argv, state_dir=state_dir, what=what, path=env.get("PATH"))
+    proc = await trio.lowlevel.open_process(argv, env=env, stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out: list[bytes] = []
+    err: list[bytes] = []
+
+    async def drain(stream: trio.abc.ReceiveStream, into: list[bytes]) -> None:
+        async for chunk in stream:
+            into.append(chunk)
+
+    try:
+        with trio.fail_after(timeout_s):
+            async with trio.open_nursery() as nursery:
+                assert proc.stdout is not None and proc.stderr is not None
+                nursery.start_soon(drain, proc.stdout, out)
+                nursery.start_soon(drain, proc.stderr, err)
+                await proc.wait()
+    finally:
+        if proc.returncode is None:
+            kill(proc.pid)  # the keeper ends the command and whatever it started
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+        ended(proc.pid, state_dir)
+        with trio.CancelScope(shield=True):
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    await stream.aclose()
+    return proc.returncode, b"".join(out), b"".join(err)
+
+
 def _boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()

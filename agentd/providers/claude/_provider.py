@@ -343,7 +343,6 @@ class ClaudeProvider:
     async def _auth_status(self) -> dict[str, Any] | None:
         """``claude auth status --json`` as the CLI answers it, or None when it cannot (offline, it needs no network)."""
         import json
-        import subprocess
 
         try:
             cli = await trio.to_thread.run_sync(resolve_cli_path, self.config.cli_path, self.config.env or {})
@@ -354,10 +353,9 @@ class ClaudeProvider:
             if value == "":  # withheld: blanked for the CLI as the SDK does
                 env.pop(name)
         try:
-            with trio.fail_after(15):
-                done = await trio.run_process([cli, "auth", "status", "--json"], env=env, capture_stdout=True,
-                                              capture_stderr=True, check=False, stdin=subprocess.DEVNULL)
-            data = json.loads(done.stdout.decode("utf-8", "replace"))
+            _, stdout, _ = await procs.run_kept([cli, "auth", "status", "--json"], state_dir=self.state_dir,
+                                                what=f"{self.name} auth status", env=env, timeout_s=15)
+            data = json.loads(stdout.decode("utf-8", "replace"))
         except (OSError, ValueError, trio.TooSlowError):
             return None
         return data if isinstance(data, dict) else None
@@ -392,13 +390,10 @@ class ClaudeProvider:
                           "unset it in agentd's environment to sign out")
         cli = await trio.to_thread.run_sync(resolve_cli_path, self.config.cli_path, self.config.env or {})
         env = {k: v for k, v in {**os.environ, **self.cli_env()}.items() if v != ""}
-        import subprocess
-
-        with trio.fail_after(30):
-            done = await trio.run_process([cli, "auth", "logout"], env=env, capture_stdout=True, capture_stderr=True,
-                                          check=False, stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
-            raise Invalid(f"claude auth logout failed: {done.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+        status, _, stderr = await procs.run_kept([cli, "auth", "logout"], state_dir=self.state_dir,
+                                                 what=f"{self.name} auth logout", env=env, timeout_s=30)
+        if status != 0:
+            raise Invalid(f"claude auth logout failed: {stderr.decode('utf-8', 'replace').strip()[-300:]}")
         return await self.account()
 
     async def _account_from_files(self) -> Account:
