@@ -29,7 +29,8 @@ def test_quick_mode_runs_every_benchmark_to_a_number(tmp_path: Path) -> None:
     results = json.loads(out.read_text())["results"]
     keys = {r["key"] for r in results}
     assert {"journal-batch", "journal-always", "fanout", "latency", "status", "tail", "startup", "rss", "history",
-            "copilot", "codex", "warm", "claude-idle", "masking", "checkpoints", "pg-notify"} <= keys
+            "copilot", "codex", "warm", "claude-idle", "masking", "checkpoints", "pg-notify",
+            "store-append"} <= keys
     for r in results:
         if r["key"] in ("copilot", "codex", "warm", "claude-idle") and r["skipped"] and not r["failed"]:
             continue  # no Copilot, Codex or Claude CLI here: skipped with its reason, printed by the runner
