@@ -326,6 +326,8 @@ class ConversationService:
             if not caught_up:
                 try:
                     await self._catch_up(record)
+                except c.Refused:
+                    pass  # damage the store already logged, in one line
                 except (c.AgentdError, OSError) as exc:
                     log.error("turn.recovery_failed", conversation=record.id, run=record.active_run,
                               error=getattr(exc, "message", None) or str(exc))
@@ -333,6 +335,8 @@ class ConversationService:
                 continue
             try:
                 await self._recover_one(record)
+            except c.Refused:
+                pass
             except (c.AgentdError, OSError) as exc:
                 log.error("turn.recovery_failed", conversation=record.id, run=record.active_run,
                           error=getattr(exc, "message", None) or str(exc))
@@ -1452,6 +1456,7 @@ class ConversationService:
         live = self._live.get(cid)
         record = self._records[cid]
         if live is None:
+            await self.store.journal_size(cid)  # one lstat: a journal agentd refuses (a symlink) is said here too
             return wire.ConversationInfo(record=record, usage=record.usage)
         return wire.ConversationInfo(
             record=record,
