@@ -469,6 +469,9 @@ class ConversationService:
             return ref
         matches = [cid for cid in self._records if cid.startswith(ref)] if ref else []
         if not matches:
+            refused = [cid for cid in self.store.refused if cid.startswith(ref)] if ref else []
+            if len(refused) == 1:  # on disk, but its record is not one agentd wrote
+                raise self.store.refused[refused[0]]
             raise c.NotFound(f"no conversation {ref!r}")
         if len(matches) > 1:
             raise c.Invalid(f"{ref!r} is ambiguous: {', '.join(sorted(matches)[:5])}")

@@ -83,12 +83,13 @@ def _regular_only(fd: int, path: pathlib.Path) -> None:
 
 
 class JournalRefused(Refused):
-    """What sits at a journal's path is not a file agentd wrote: a symlink (never followed, whoever
-    planted it: another user, the agent), a FIFO, a device. ``path`` says where, ``problem`` what."""
+    """What sits at a journal's (or a ``record.json``'s: ``what``) path is not a file agentd wrote: a
+    symlink (never followed, whoever planted it: another user, the agent), a FIFO, a device.
+    ``path`` says where, ``problem`` what."""
 
-    def __init__(self, path: pathlib.Path, problem: str) -> None:
+    def __init__(self, path: pathlib.Path, problem: str, what: str = "journal") -> None:
         super().__init__(
-            f"the journal {path} is {problem}; agentd will not use it",
+            f"the {what} {path} is {problem}; agentd will not use it",
             details={"path": str(path), "problem": problem},
         )
         self.path = path
@@ -687,6 +688,8 @@ class JournalStore:
         self.fsync = FsyncPolicy(fsync)
         self.batch_ms = batch_ms
         self._journals: dict[str, Journal] = {}
+        #: conversations whose record.json is refused (see ConversationStore.refused)
+        self.refused: dict[str, JournalRefused] = {}
         self._dirty: list[Journal] = []
         self._dirty_since = 0.0
         self._wake = trio.Event()
@@ -891,12 +894,18 @@ class JournalStore:
 
     def read_record(self, conversation_id: str) -> bytes | None:
         """The bytes of ``record.json``, or None when there is none (or the id is invalid)."""
+        path = None
         try:
-            return _fsutil.read_file(self._dir(conversation_id) / RECORD_FILE)
+            path = self._dir(conversation_id) / RECORD_FILE
+            return _fsutil.read_file(path)
         except (FileNotFoundError, NotADirectoryError, Invalid):
             return None
         except OSError as exc:  # a symlink (never followed), a FIFO: not a record agentd wrote
-            _log().error("journal.record_unreadable", conversation=conversation_id, error=str(exc))
+            if exc.errno in (errno.ELOOP, errno.EINVAL):
+                problem = _symlink_problem(path) if exc.errno == errno.ELOOP else "not a regular file"
+                self.refused[conversation_id] = self._refused(conversation_id, JournalRefused(path, problem, "record"))
+            else:
+                _log().error("journal.record_unreadable", conversation=conversation_id, error=str(exc))
             return None
 
     def remove(self, conversation_id: str) -> None:

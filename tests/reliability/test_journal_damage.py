@@ -243,3 +243,35 @@ def test_a_symlink_planted_where_a_journal_belongs_is_refused_by_name_at_start_a
         assert len([e for e in events if e.get("event") == "journal.refused"]) >= 2 + 2 * 3
     finally:
         assert d.stop() == 0
+
+
+def test_a_symlink_planted_where_a_conversation_record_belongs_is_refused_by_name(tmp_path: Path) -> None:
+    d = fast_daemon(tmp_path).start()
+    work = tmp_path / "work"
+    work.mkdir()
+    with d.client() as client:
+        healthy = new(client, work)
+        cid = new(client, work)
+    d.kill()  # no records index: start-up reads every record.json
+    path = d.state_dir / "conversations" / cid / "record.json"
+    outside = tmp_path / "outside.json"
+    outside.write_bytes(path.read_bytes())  # a valid record: following it would serve another's file
+    planted = outside.read_bytes()
+    path.unlink()
+    path.symlink_to(outside)
+    d.start()
+    try:
+        why = f"refused: the record {path} is a symlink (to {outside}), which agentd does not follow"
+        for args in (("show", cid), ("tail", cid, "--no-follow"), ("send", cid, "hello")):
+            out = d.agentctl(*args)
+            assert out.returncode == 1 and why in out.stderr, (args, out.returncode, out.stderr)
+        with d.client() as client:
+            client.subscribe(healthy)
+            assert turn_state(run_turn(client, healthy, "still fine")[-1]) == "completed"
+        assert outside.read_bytes() == planted and path.is_symlink()
+        events = log_events(d)
+        refused = [e for e in events if e.get("event") == "journal.refused"]
+        assert len(refused) == 1 and refused[0]["level"] == "warning" and refused[0]["path"] == str(path)
+        assert not [e for e in events if e.get("event") == "server.request_failed" or "exception" in e]
+    finally:
+        assert d.stop() == 0
