@@ -35,6 +35,10 @@ def _replay(client: Client, cid: str, after: int = 0) -> tuple[list[bytes], list
     return records, others
 
 
+def _refusals(d: Daemon) -> list[dict[str, object]]:
+    return [e for e in log_events(d) if e.get("event") == "journal.refused"]
+
+
 def _finished_conversation(tmp_path: Path, turns: int = 2) -> tuple[Daemon, str, Path]:
     d = fast_daemon(tmp_path).start()
     work = tmp_path / "work"
@@ -203,6 +207,9 @@ def test_a_symlink_planted_where_a_journal_belongs_is_refused_by_name_at_start_a
         done = new(client, work)
         client.subscribe(done)
         run_turn(client, done, "finished")
+        later = new(client, work)
+        client.subscribe(later)
+        run_turn(client, later, "finished too")
         stuck = new(client, work, WAIT)
         client.request(wire.Send, conversation=stuck, text="wait")
         wait_for(lambda: any(r["type"] == "turn" for r in d.journal(stuck)))
@@ -217,9 +224,13 @@ def test_a_symlink_planted_where_a_journal_belongs_is_refused_by_name_at_start_a
     d.start()
     try:
         # Recovery meets both (the stuck one has a run to end): one warning line each.
-        refused = wait_for(lambda: [e for e in log_events(d) if e.get("event") == "journal.refused"])
+        refused = wait_for(lambda: len(_refusals(d)) >= 2 and _refusals(d))
         assert sorted(e["conversation"] for e in refused) == sorted(paths)
         assert all(e["level"] == "warning" and e["path"] == str(paths[e["conversation"]]) for e in refused)
+        # While agentd runs: planted in a conversation nobody has asked for since the start.
+        paths[later] = _journal_path(d, later)
+        paths[later].unlink()
+        paths[later].symlink_to(outside)
         for cid, path in paths.items():
             why = f"refused: the journal {path} is a symlink (to {outside}), which agentd does not follow"
             for args in (("show", cid), ("tail", cid, "--no-follow"), ("send", cid, "hello")):
@@ -240,7 +251,7 @@ def test_a_symlink_planted_where_a_journal_belongs_is_refused_by_name_at_start_a
         events = log_events(d)
         assert not [e for e in events if e.get("event") in ("server.request_failed", "turn.recovery_failed")]
         assert not [e for e in events if "exception" in e or "Traceback" in str(e)]
-        assert len([e for e in events if e.get("event") == "journal.refused"]) >= 2 + 2 * 3
+        assert len(_refusals(d)) >= 2 + 3 * 3
     finally:
         assert d.stop() == 0
 
@@ -270,7 +281,7 @@ def test_a_symlink_planted_where_a_conversation_record_belongs_is_refused_by_nam
             assert turn_state(run_turn(client, healthy, "still fine")[-1]) == "completed"
         assert outside.read_bytes() == planted and path.is_symlink()
         events = log_events(d)
-        refused = [e for e in events if e.get("event") == "journal.refused"]
+        refused = _refusals(d)
         assert len(refused) == 1 and refused[0]["level"] == "warning" and refused[0]["path"] == str(path)
         assert not [e for e in events if e.get("event") == "server.request_failed" or "exception" in e]
     finally:
