@@ -104,6 +104,13 @@ class LimitExceeded(AgentdError):
     code = "limit"
 
 
+class Refused(AgentdError):
+    """agentd will not use a file in its state dir that is not what it wrote (a symlink, a FIFO);
+    the message names the path and what is there. Waiting or retrying does not change it."""
+
+    code = "refused"
+
+
 class InternalError(AgentdError):
     """agentd failed; the message says how."""
 
@@ -129,6 +136,7 @@ ERRORS_BY_CODE: dict[str, type[AgentdError]] = {
         Closed,
         Unauthorized,
         LimitExceeded,
+        Refused,
         InternalError,
     )
 }

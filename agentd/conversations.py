@@ -326,6 +326,8 @@ class ConversationService:
             if not caught_up:
                 try:
                     await self._catch_up(record)
+                except c.Refused:
+                    pass  # damage the store already logged, in one line
                 except (c.AgentdError, OSError) as exc:
                     log.error("turn.recovery_failed", conversation=record.id, run=record.active_run,
                               error=getattr(exc, "message", None) or str(exc))
@@ -333,6 +335,8 @@ class ConversationService:
                 continue
             try:
                 await self._recover_one(record)
+            except c.Refused:
+                pass
             except (c.AgentdError, OSError) as exc:
                 log.error("turn.recovery_failed", conversation=record.id, run=record.active_run,
                           error=getattr(exc, "message", None) or str(exc))
@@ -465,6 +469,9 @@ class ConversationService:
             return ref
         matches = [cid for cid in self._records if cid.startswith(ref)] if ref else []
         if not matches:
+            refused = [cid for cid in self.store.refused if cid.startswith(ref)] if ref else []
+            if len(refused) == 1:  # on disk, but its record is not one agentd wrote
+                raise self.store.refused[refused[0]]
             raise c.NotFound(f"no conversation {ref!r}")
         if len(matches) > 1:
             raise c.Invalid(f"{ref!r} is ambiguous: {', '.join(sorted(matches)[:5])}")
@@ -1452,6 +1459,7 @@ class ConversationService:
         live = self._live.get(cid)
         record = self._records[cid]
         if live is None:
+            await self.store.journal_size(cid)  # one lstat: a journal agentd refuses (a symlink) is said here too
             return wire.ConversationInfo(record=record, usage=record.usage)
         return wire.ConversationInfo(
             record=record,

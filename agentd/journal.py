@@ -32,9 +32,9 @@ import structlog
 import trio
 
 from . import _fsutil
-from .contract import AgentdError, Invalid
+from .contract import AgentdError, Invalid, Refused
 
-__all__ = ["FsyncPolicy", "Journal", "JournalCorrupt", "JournalStore"]
+__all__ = ["FsyncPolicy", "Journal", "JournalCorrupt", "JournalRefused", "JournalStore"]
 
 EVENTS_FILE = "events.jsonl"
 RECORD_FILE = "record.json"
@@ -73,13 +73,35 @@ class FsyncPolicy(str, enum.Enum):
 
 def _regular_only(fd: int, path: pathlib.Path) -> None:
     """Refuse anything but a regular file at a journal's path (a FIFO would wedge appends and reads);
-    raises OSError EINVAL naming what is there. Clears the O_NONBLOCK the open used."""
+    raises :class:`JournalRefused` naming what is there. Clears the O_NONBLOCK the open used."""
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
             else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
-        raise OSError(errno.EINVAL, f"the journal {path} is {kind}, not a regular file; agentd will not use it")
+        raise JournalRefused(path, f"{kind}, not a regular file")
     os.set_blocking(fd, True)
+
+
+class JournalRefused(Refused):
+    """What sits at a journal's (or a ``record.json``'s: ``what``) path is not a file agentd wrote: a
+    symlink (never followed, whoever planted it: another user, the agent), a FIFO, a device.
+    ``path`` says where, ``problem`` what."""
+
+    def __init__(self, path: pathlib.Path, problem: str, what: str = "journal") -> None:
+        super().__init__(
+            f"the {what} {path} is {problem}; agentd will not use it",
+            details={"path": str(path), "problem": problem},
+        )
+        self.path = path
+        self.problem = problem
+
+
+def _symlink_problem(path: pathlib.Path) -> str:
+    try:
+        return f"a symlink (to {os.readlink(path)}), which agentd does not follow"
+    except OSError:
+        return "a symlink, which agentd does not follow"
+
 
 class JournalCorrupt(AgentdError):
     """A journal line is not a valid record; ``path`` and ``line`` (1-based) say where."""
@@ -254,6 +276,8 @@ class Journal:
             try:
                 self._fd = os.open(self.path, flags)
             except OSError as exc:
+                if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+                    raise JournalRefused(self.path, _symlink_problem(self.path)) from None
                 if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
                     raise
                 # Read-only: the conversation stays readable; appends say why they cannot be made.
@@ -431,7 +455,7 @@ class Journal:
             if os.fstat(fd).st_size != self._end:
                 os.ftruncate(fd, self._end)  # the torn tail left while read-only
                 os.fsync(fd)
-        except OSError:
+        except (OSError, JournalRefused):
             os.close(fd)
             return False
         os.close(self._fd)
@@ -664,6 +688,8 @@ class JournalStore:
         self.fsync = FsyncPolicy(fsync)
         self.batch_ms = batch_ms
         self._journals: dict[str, Journal] = {}
+        #: conversations whose record.json is refused (see ConversationStore.refused)
+        self.refused: dict[str, JournalRefused] = {}
         self._dirty: list[Journal] = []
         self._dirty_since = 0.0
         self._wake = trio.Event()
@@ -731,14 +757,18 @@ class JournalStore:
         """The conversation's journal, cached; creates its directory (0700) and file on first use.
 
         Raises :class:`Invalid` for an id that cannot name a directory,
-        :class:`JournalCorrupt` when the last line is not a record, OSError.
+        :class:`JournalCorrupt` when the last line is not a record,
+        :class:`JournalRefused` when a symlink or a FIFO sits at the journal's path, OSError.
         """
         j = self._journals.get(conversation_id)
         if j is not None:
             return j
         d = self._dir(conversation_id)
         _fsutil.make_dirs(d)
-        j = Journal(d / EVENTS_FILE, fsync=self.fsync, on_dirty=self._mark_dirty)
+        try:
+            j = Journal(d / EVENTS_FILE, fsync=self.fsync, on_dirty=self._mark_dirty)
+        except JournalRefused as exc:
+            raise self._refused(conversation_id, exc) from None
         self._journals[conversation_id] = j
         return j
 
@@ -807,11 +837,24 @@ class JournalStore:
         self._drop_index()
 
     def journal_size(self, conversation_id: str) -> int:
-        """The size in bytes of the conversation's journal file (0 when there is none); blocking."""
+        """The size in bytes of the conversation's journal file (0 when there is none); blocking.
+
+        Raises :class:`JournalRefused` when a symlink sits there (its target's size says nothing).
+        """
+        path = self._dir(conversation_id) / EVENTS_FILE
         try:
-            return os.stat(self._dir(conversation_id) / EVENTS_FILE).st_size
+            st = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
             return 0
+        if stat.S_ISLNK(st.st_mode):
+            raise self._refused(conversation_id, JournalRefused(path, _symlink_problem(path)))
+        return st.st_size
+
+    @staticmethod
+    def _refused(conversation_id: str, exc: JournalRefused) -> JournalRefused:
+        # Damage, not a bug: one warning line, no traceback; the caller gets the refusal.
+        _log().warning("journal.refused", conversation=conversation_id, path=str(exc.path), problem=exc.problem)
+        return exc
 
     def _drop_index(self) -> None:
         """Remove the index, durably, before a record changes (raises OSError, and then nothing changes)."""
@@ -851,12 +894,18 @@ class JournalStore:
 
     def read_record(self, conversation_id: str) -> bytes | None:
         """The bytes of ``record.json``, or None when there is none (or the id is invalid)."""
+        path = None
         try:
-            return _fsutil.read_file(self._dir(conversation_id) / RECORD_FILE)
+            path = self._dir(conversation_id) / RECORD_FILE
+            return _fsutil.read_file(path)
         except (FileNotFoundError, NotADirectoryError, Invalid):
             return None
         except OSError as exc:  # a symlink (never followed), a FIFO: not a record agentd wrote
-            _log().error("journal.record_unreadable", conversation=conversation_id, error=str(exc))
+            if exc.errno in (errno.ELOOP, errno.EINVAL):
+                problem = _symlink_problem(path) if exc.errno == errno.ELOOP else "not a regular file"
+                self.refused[conversation_id] = self._refused(conversation_id, JournalRefused(path, problem, "record"))
+            else:
+                _log().error("journal.record_unreadable", conversation=conversation_id, error=str(exc))
             return None
 
     def remove(self, conversation_id: str) -> None:

@@ -102,6 +102,9 @@ class ConversationStore(Protocol):
     capabilities: StorageCapabilities
     root: pathlib.Path
     records_from_index: bool
+    #: conversations whose record agentd would not read (a symlink or a FIFO at its path), by id,
+    #: with the error a request naming one gets (``refused``: it names the path and what is there)
+    refused: dict[str, Exception]
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Group commit until cancelled, then a final shielded commit. Never raises but Cancelled:

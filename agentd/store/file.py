@@ -63,6 +63,10 @@ class FileStore:
     def records_from_index(self) -> bool:
         return self.files.records_from_index
 
+    @property
+    def refused(self) -> dict[str, Exception]:
+        return self.files.refused  # type: ignore[return-value]
+
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         await self.files.run(task_status=task_status)
 

@@ -35,6 +35,10 @@ def _replay(client: Client, cid: str, after: int = 0) -> tuple[list[bytes], list
     return records, others
 
 
+def _refusals(d: Daemon) -> list[dict[str, object]]:
+    return [e for e in log_events(d) if e.get("event") == "journal.refused"]
+
+
 def _finished_conversation(tmp_path: Path, turns: int = 2) -> tuple[Daemon, str, Path]:
     d = fast_daemon(tmp_path).start()
     work = tmp_path / "work"
@@ -188,5 +192,97 @@ def test_a_fifo_where_a_journal_or_a_runtime_record_belongs_is_refused_and_the_d
             assert turn_state(run_turn(client, healthy, "fine")[-1]) == "completed"
         assert stat.S_ISFIFO(path.lstat().st_mode)  # left where it is
         assert not record.exists()  # agentd's own runtime records: an unreadable one is dropped
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_symlink_planted_where_a_journal_belongs_is_refused_by_name_at_start_and_on_request(tmp_path: Path) -> None:
+    # Another user or the agent swaps a conversation's journal for a symlink to a file of theirs
+    # (or one of the owner's): agentd never follows it, says so in one warning line, serves the rest.
+    d = fast_daemon(tmp_path).start()
+    work = tmp_path / "work"
+    work.mkdir()
+    with d.client() as client:
+        healthy = new(client, work)
+        done = new(client, work)
+        client.subscribe(done)
+        run_turn(client, done, "finished")
+        later = new(client, work)
+        client.subscribe(later)
+        run_turn(client, later, "finished too")
+        stuck = new(client, work, WAIT)
+        client.request(wire.Send, conversation=stuck, text="wait")
+        wait_for(lambda: any(r["type"] == "turn" for r in d.journal(stuck)))
+    d.kill()  # no records index: start-up reads every record, and recovery opens the stuck journal
+    outside = tmp_path / "outside.jsonl"
+    planted = b'{"type":"item","seq":1}\nsomeone else\'s file\n'
+    outside.write_bytes(planted)
+    paths = {cid: _journal_path(d, cid) for cid in (done, stuck)}
+    for path in paths.values():
+        path.unlink()
+        path.symlink_to(outside)
+    d.start()
+    try:
+        # Recovery meets both (the stuck one has a run to end): one warning line each.
+        refused = wait_for(lambda: len(_refusals(d)) >= 2 and _refusals(d))
+        assert sorted(e["conversation"] for e in refused) == sorted(paths)
+        assert all(e["level"] == "warning" and e["path"] == str(paths[e["conversation"]]) for e in refused)
+        # While agentd runs: planted in a conversation nobody has asked for since the start.
+        paths[later] = _journal_path(d, later)
+        paths[later].unlink()
+        paths[later].symlink_to(outside)
+        for cid, path in paths.items():
+            why = f"refused: the journal {path} is a symlink (to {outside}), which agentd does not follow"
+            for args in (("show", cid), ("tail", cid, "--no-follow"), ("send", cid, "hello")):
+                out = d.agentctl(*args)
+                assert out.returncode == 1, (args, out.returncode, out.stderr)  # docs/cli.md: an error without a code of its own
+                assert why in out.stderr, (args, out.stderr)
+        with d.client() as client:
+            try:
+                client.subscribe(done)
+            except c.Refused as exc:
+                assert exc.code == "refused" and exc.details["path"] == str(paths[done])
+            else:  # pragma: no cover
+                raise AssertionError("a journal that is a symlink was served")
+            client.subscribe(healthy)
+            assert turn_state(run_turn(client, healthy, "still fine")[-1]) == "completed"
+        assert outside.read_bytes() == planted  # never written through, never truncated
+        assert all(p.is_symlink() for p in paths.values())  # left where it is, for the owner to look at
+        events = log_events(d)
+        assert not [e for e in events if e.get("event") in ("server.request_failed", "turn.recovery_failed")]
+        assert not [e for e in events if "exception" in e or "Traceback" in str(e)]
+        assert len(_refusals(d)) >= 2 + 3 * 3
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_symlink_planted_where_a_conversation_record_belongs_is_refused_by_name(tmp_path: Path) -> None:
+    d = fast_daemon(tmp_path).start()
+    work = tmp_path / "work"
+    work.mkdir()
+    with d.client() as client:
+        healthy = new(client, work)
+        cid = new(client, work)
+    d.kill()  # no records index: start-up reads every record.json
+    path = d.state_dir / "conversations" / cid / "record.json"
+    outside = tmp_path / "outside.json"
+    outside.write_bytes(path.read_bytes())  # a valid record: following it would serve another's file
+    planted = outside.read_bytes()
+    path.unlink()
+    path.symlink_to(outside)
+    d.start()
+    try:
+        why = f"refused: the record {path} is a symlink (to {outside}), which agentd does not follow"
+        for args in (("show", cid), ("tail", cid, "--no-follow"), ("send", cid, "hello")):
+            out = d.agentctl(*args)
+            assert out.returncode == 1 and why in out.stderr, (args, out.returncode, out.stderr)
+        with d.client() as client:
+            client.subscribe(healthy)
+            assert turn_state(run_turn(client, healthy, "still fine")[-1]) == "completed"
+        assert outside.read_bytes() == planted and path.is_symlink()
+        events = log_events(d)
+        refused = _refusals(d)
+        assert len(refused) == 1 and refused[0]["level"] == "warning" and refused[0]["path"] == str(path)
+        assert not [e for e in events if e.get("event") == "server.request_failed" or "exception" in e]
     finally:
         assert d.stop() == 0

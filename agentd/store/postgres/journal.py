@@ -188,6 +188,7 @@ class PgConversationStore:
         self.fsync = FsyncPolicy(fsync)
         self.batch_ms = batch_ms
         self._journals: dict[str, PgJournal] = {}
+        self.refused: dict[str, Exception] = {}  # rows are never symlinks: stays empty
         #: journals with pending rows, in the order they got them (a dict: an ordered set)
         self._dirty: dict[PgJournal, None] = {}
         #: records written, not committed yet: id -> bytes (the last write wins)
