@@ -19,6 +19,7 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -35,6 +36,19 @@ assert YIELD_EVERY <= PUMP_BATCH and YIELD_EVERY * 4e-6 <= PUMP_SLICE_S
 #: payload making a journal line of ~200 bytes (with a 6-digit seq and a run id)
 PAYLOAD = b'{"item_id":"i0123abcd","kind":"assistant","text":"' + b"x" * 58 + b'"}'
 RUN = "r0123456789ab"
+
+
+async def append_burst(journal: Any, n: int) -> None:
+    """Append ``n`` records of :data:`PAYLOAD` to ``journal``, yielding every :data:`YIELD_EVERY`
+    (the group commit runs only when the producer yields), then wait until they are durable."""
+    append = journal.append
+    for _ in range(n // YIELD_EVERY):
+        for _ in range(YIELD_EVERY):
+            append("delta", PAYLOAD, run=RUN)
+        await trio.lowlevel.checkpoint()
+    for _ in range(n % YIELD_EVERY):
+        append("delta", PAYLOAD, run=RUN)
+    await journal.sync()
 
 
 async def _journal_run(root: Path, n: int, policy: FsyncPolicy, cpu: list[float]) -> float:
@@ -59,13 +73,7 @@ async def _journal_run(root: Path, n: int, policy: FsyncPolicy, cpu: list[float]
             # Yield as often as the conversation pump does at least (it yields after PUMP_BATCH
             # records or PUMP_SLICE_S): every YIELD_EVERY records, about 1 ms here. The group
             # commit runs only then. The pump's own per-record clock check is not the journal's cost.
-            for _ in range(n // YIELD_EVERY):
-                for _ in range(YIELD_EVERY):
-                    append("delta", PAYLOAD, run=RUN)
-                await trio.lowlevel.checkpoint()
-            for _ in range(n % YIELD_EVERY):
-                append("delta", PAYLOAD, run=RUN)
-            await journal.sync()
+            await append_burst(journal, n)
         elapsed = time.perf_counter() - t0
         cpu.append((time.process_time() - c0) / n * 1e6)
         nursery.cancel_scope.cancel()

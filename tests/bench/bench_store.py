@@ -28,7 +28,7 @@ from agentd.config import Config, JournalConfig, Paths, StoreConfig
 from agentd.store import open_store
 
 from ._common import Ctx, Result
-from .bench_journal import PAYLOAD, RUN, YIELD_EVERY
+from .bench_journal import YIELD_EVERY, append_burst
 
 BATCH_MS = 5.0
 CONVERSATION = "c0123456789ab"
@@ -46,16 +46,9 @@ async def _append_run(backend: str, dsn: str, state: Path, n: int, cpu: list[flo
         async with trio.open_nursery() as nursery:
             await nursery.start(store.run)
             journal = await store.conversations.open(CONVERSATION)
-            append = journal.append
             t0 = time.perf_counter()
             c0 = time.process_time()
-            for _ in range(n // YIELD_EVERY):
-                for _ in range(YIELD_EVERY):
-                    append("delta", PAYLOAD, run=RUN)
-                await trio.lowlevel.checkpoint()  # the group commit runs only when the producer yields
-            for _ in range(n % YIELD_EVERY):
-                append("delta", PAYLOAD, run=RUN)
-            await journal.sync()
+            await append_burst(journal, n)
             elapsed = time.perf_counter() - t0
             cpu.append((time.process_time() - c0) / n * 1e6)
             nursery.cancel_scope.cancel()
