@@ -14,6 +14,7 @@ carries its text. A runtime that cannot steer reports ``steer`` false, and ``sen
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,17 @@ def test_a_steer_during_a_slow_answer_reaches_the_next_model_request(runtime: Ru
     follower = Follower(daemon, cid, "Another long story")
     follower.wait_for(lambda line: line.get("type") == "delta", timeout=120)
     assert daemon.agentctl("steer", cid, late).returncode == 0
+    # A runtime may carry the steer to the model at once (Claude Code restarts its request with
+    # it): then the runtime's own echo of it must be journaled as used before the cancel, which
+    # would otherwise race that echo. A steer not carried within a moment is cancelled unused.
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not any(late in json.dumps(r) for r in runtime.server.requests):
+        time.sleep(0.05)
+    if any(late in json.dumps(r) for r in runtime.server.requests):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+                r["type"] == "item" and late in r["data"].get("text", "") for r in daemon.journal(cid)):
+            time.sleep(0.1)
     assert daemon.agentctl("cancel", cid).returncode in (0, 9)
     follower.finish(timeout=60)
     outcome = _steer_outcome(daemon, cid, late)
