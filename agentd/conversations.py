@@ -45,6 +45,7 @@ from . import usage as _usage
 from . import wire
 from .hub import Hub
 from .journal import FsyncPolicy
+from .leases import LeaseHeld
 
 from .config import AttachmentsConfig
 
@@ -52,9 +53,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from .config import BudgetConfig
-    from .leases import LeaseStore
     from .runtimes import Runtimes
-    from .store import ConversationStore, Journal
+    from .store import ConversationStore, Journal, Leases
 
 log = structlog.get_logger("agentd.conversations")
 
@@ -226,7 +226,7 @@ class ConversationService:
         self,
         *,
         store: "ConversationStore",
-        leases: "LeaseStore",
+        leases: "Leases",
         runtimes: "Runtimes",
         hub: Hub,
         fsync: FsyncPolicy = FsyncPolicy.BATCH,
@@ -263,6 +263,13 @@ class ConversationService:
         self.mcp_servers: Callable[[wire.ConversationRecord], list[c.McpServer]] = lambda record: []
         self._records: dict[str, wire.ConversationRecord] = {}
         self._live: dict[str, _Live] = {}
+        #: conversations being loaded, each under its lock
+        self._loading: dict[str, trio.Lock] = {}
+        #: on a store shared by several hosts (agentd.hosts.Peers), set by the daemon: what brings a
+        #: conversation another host wrote up to date before this one reads or loads it
+        self.shared: Any = None
+        #: this host's site on a shared store (agentd.hosts), kept in the records it creates; "" on files
+        self.site = ""
         self._nursery: trio.Nursery | None = None
         #: agentd.checkpoints.Checkpoints, set by the daemon (None: no checkpoints are taken)
         self.checkpoints: Any = None
@@ -299,7 +306,7 @@ class ConversationService:
                     # Leave the lease to expire? No: release it, we stopped cleanly.
                     for cid in list(self._live):
                         try:
-                            self.leases.release(cid)
+                            await self.leases.release(cid)
                         except Exception:
                             log.exception("lease.release_failed", conversation=cid)
 
@@ -337,12 +344,17 @@ class ConversationService:
                 await self._recover_one(record)
             except c.Refused:
                 pass
+            except LeaseHeld as exc:  # a shared store: another live host runs it (agentd.hosts)
+                log.info("conversation.held_elsewhere", conversation=record.id, owner=exc.lease.owner)
             except (c.AgentdError, OSError) as exc:
                 log.error("turn.recovery_failed", conversation=record.id, run=record.active_run,
                           error=getattr(exc, "message", None) or str(exc))
 
     async def _recover_one(self, record: wire.ConversationRecord) -> None:
         live = await self._load(record.id)
+        record = live.record  # on a shared store, loading re-read it (the last holder's)
+        if not record.active_run and not record.queued:
+            return  # it ended meanwhile
         runs = [r for r in (record.active_run, *record.queued) if r]
         log.warning("turn.interrupted", conversation=record.id, run=record.active_run, queued=list(record.queued))
         # Pending interactions of the dead turn can never be answered now.
@@ -528,6 +540,7 @@ class ConversationService:
             mode=mode,  # type: ignore[arg-type]
             provider_conversation_id=provider_conversation_id,
             mcp=mcp,
+            site=self.site,
         )
         record.budget, budget_source = _usage.initial_budget(budget, provider, self.budgets)
         if title:
@@ -578,7 +591,7 @@ class ConversationService:
             id=new_id("c"), provider=provider, workdir=workdir, created_at=now, updated_at=now, title=title,
             model=model, effort=effort, mode=mode, budget=budget,  # type: ignore[arg-type]
             provider_conversation_id=provider_conversation_id, forked_from=forked_from, forked_at=forked_at,
-            title_source="user" if title else "")
+            title_source="user" if title else "", site=self.site)
         try:
             self._save(record)
         except OSError as exc:
@@ -606,27 +619,47 @@ class ConversationService:
         live = self._live.get(cid)
         if live is not None:
             return live
+        lock = self._loading.setdefault(cid, trio.Lock())
+        try:
+            async with lock:  # one load at a time per conversation: one lease outcome, journaled once
+                live = self._live.get(cid)
+                if live is not None:
+                    return live
+                return await self._load_locked(cid)
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._loading.pop(cid, None)
+
+    async def _load_locked(self, cid: str) -> _Live:
+        outcome = None
+        try:
+            outcome = await self.leases.acquire(cid)
+        except OSError as exc:
+            # A file lease is bookkeeping under the daemon lock: when the disk refuses it (full,
+            # read-only) the conversation is still served, and the failure logged. A shared store's
+            # lease is what keeps two hosts off one journal: its errors (LeaseHeld, StoreUnavailable)
+            # propagate.
+            log.error("lease.acquire_failed", conversation=cid, error=str(exc))
+        if self.shared is not None:
+            try:  # the last holder's records: the journal's head and the record as it left them
+                await self.shared.before_load(cid)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await self.leases.release(cid)
+                raise
         record = self._records[cid]
         journal = await self.store.open(cid)
-        live = self._live.get(cid)
-        if live is not None:  # loaded by another task while the journal opened
-            return live
         live = _Live(record, journal)
         self._live[cid] = live
         assert self._nursery is not None, "ConversationService.run() is not running"
         self._nursery.start_soon(self._pump, live)
-        # The lease is bookkeeping under the daemon lock: when the disk refuses it (full,
-        # read-only) the conversation is still served, and the failure logged.
         try:
-            outcome = self.leases.acquire(cid)
-            if outcome.action == "taken_over":
+            if outcome is not None and outcome.action == "taken_over":
                 lease = wire.LeaseRecord(action="taken_over", owner=self.owner, previous_owner=outcome.previous_owner)
                 await self._append(live, "lease", _json.encode(lease))
-            elif outcome.action == "acquired" and journal.last_seq:
+            elif outcome is not None and outcome.action == "acquired" and journal.last_seq:
                 lease = wire.LeaseRecord(action="acquired", owner=self.owner)
                 await self._append(live, "lease", _json.encode(lease))
-        except OSError as exc:
-            log.error("lease.acquire_failed", conversation=cid, error=str(exc))
         except c.InternalError:
             pass  # the journal refused the lease record: logged by _append
         return live
@@ -643,6 +676,8 @@ class ConversationService:
         live = self._live.get(cid)
         if live is not None:
             return live
+        if self.shared is not None:  # another host may be writing it: read up to its committed head
+            await self.shared.before_read(cid)
         journal = await self.store.open(cid)
         return self._live.get(cid) or _Reader(self._records[cid], journal, self._live)
 
@@ -1429,7 +1464,7 @@ class ConversationService:
         self._save(live.record)
         await self._append(live, "state", _json.encode(wire.StateRecord(state=_S.CLOSED, reason=reason)))
         await self._append(live, "lease", _json.encode(wire.LeaseRecord(action="released", owner=self.owner)))
-        self.leases.release(live.record.id)
+        await self.leases.release(live.record.id)
 
     async def delete(self, ref: str) -> None:
         """Close the conversation and delete its record and journal."""
@@ -1446,7 +1481,7 @@ class ConversationService:
         for sub in self.hub.drop_conversation(cid):
             sub.outbox.lagged(sub)
         try:
-            self.leases.release(cid)
+            await self.leases.release(cid)
         except Exception:
             log.exception("lease.release_failed", conversation=cid)
         self._records.pop(cid, None)
@@ -1502,6 +1537,63 @@ class ConversationService:
             conv, live.conv = live.conv, None
         with trio.move_on_after(INTERRUPT_WAIT_S):
             await conv.close()
+        return True
+
+    # ------------------------------------------------------------------ other hosts (agentd.hosts)
+
+    def is_loaded(self, cid: str) -> bool:
+        """Whether this host holds the conversation open (it writes its journal and record)."""
+        return cid in self._live
+
+    def remote_record(self, cid: str, data: bytes | None) -> wire.ConversationRecord | None:
+        """A record another host wrote (``data``, None: deleted there) replaces this host's copy,
+        unless this host holds the conversation (then its own copy is the authority). Returns the
+        record now kept, None when there is none."""
+        if cid in self._live:
+            return self._live[cid].record
+        if data is None:
+            self._records.pop(cid, None)
+            return None
+        try:
+            record = _record_decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            log.error("conversation.record_unreadable", conversation=cid, error=str(exc))
+            return self._records.get(cid)
+        self._records[cid] = record
+        return record
+
+    async def catch_up(self, record: wire.ConversationRecord) -> None:
+        """Bring a record older than its journal up to date (a turn's start is its prompt record)."""
+        await self._catch_up(record)
+
+    async def recover(self, cid: str) -> wire.ConversationRecord:
+        """Load ``cid`` (taking its lease: LeaseHeld when a live host holds it) and end what a dead
+        holder left running, ``run_interrupted``, as recovery at start does; the record after that."""
+        live = await self._load(cid)
+        if live.record.active_run or live.record.queued:
+            await self._recover_one(live.record)
+        return live.record
+
+    async def unload(self, cid: str) -> bool:
+        """Give a loaded, idle conversation back: its provider conversation closed, its record saved,
+        ``lease released`` journaled and the lease released, so another host may open it. False (and
+        nothing done) while a turn runs or prompts wait."""
+        live = self._live.get(cid)
+        if live is None:
+            return True
+        if live.run or live.record.active_run or live.record.queued:
+            return False
+        async with live.open_lock:
+            conv, live.conv = live.conv, None
+        if conv is not None:
+            with trio.move_on_after(INTERRUPT_WAIT_S):
+                await conv.close()
+        await self._append(live, "lease", _json.encode(wire.LeaseRecord(action="released", owner=self.owner)))
+        self._save(live.record)
+        await live.journal.sync()
+        self._live.pop(cid, None)
+        live.events_in.close()
+        await self.leases.release(cid)
         return True
 
     async def note(self, ref: str, type_: str, data: bytes) -> int:

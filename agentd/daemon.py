@@ -101,6 +101,8 @@ async def _serve(config: Config, paths: Paths, config_path: Path | None, store: 
     service.checkpoints = Checkpoints(config.checkpoints, paths.state_dir / "checkpoints", paths.state_dir)
     tasks = TaskService(service, hub, config.tasks, paths.state_dir / "tasks")
     server.tasks = tasks
+    if store.peers is not None:  # a shared store: other hosts' conversations, commands carried to theirs
+        store.peers.attach(service, hub, server)
     server.reloader = reloader = reload.Reloader(service, tasks, config, config_path)
     from .mcp import McpRoom
 
@@ -128,6 +130,8 @@ async def _serve(config: Config, paths: Paths, config_path: Path | None, store: 
                     async with trio.open_nursery() as front:
                         await front.start(service.checkpoints.run)
                         await front.start(service.run)
+                        if store.peers is not None:
+                            await front.start(store.peers.run)
                         runtimes.warm.hint = warm_pool.hint_from(service)
                         runtimes.warm.prime()  # the records are loaded: the default provider's shape is known
                         await front.start(tasks.run)

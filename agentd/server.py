@@ -334,6 +334,8 @@ class Server:
         self.mcp: Any = None
         #: the daemon's agentd.host_tools.HostTools (set by the daemon; None = host tool ops unsupported)
         self.host_tools: Any = None
+        #: on a shared store, agentd.hosts.Peers (it carries runtime commands to the conversation's host)
+        self.peers: Any = None
         #: set once a client asked the daemon to stop (``shutdown``), after its answer was sent;
         #: the daemon then stops as on SIGTERM (see agentd.daemon)
         self.stop_requested = trio.Event()
@@ -499,6 +501,12 @@ class Server:
     async def _answer_request(self, conn: _Connection, request: Any) -> None:
         handler = self._handlers[type(request)]
         try:
+            if self.peers is not None and type(request) in self.peers.carried:
+                # A shared store: the host that runs the conversation answers (agentd.hosts).
+                frame = await self.peers.carry(request)
+                if frame is not None:
+                    await conn.send(frame)
+                    return
             result = await handler(conn, request)
         except c.AgentdError as exc:
             await conn.send(masking.mask_json(wire.encode_error(request.id, exc)))

@@ -898,6 +898,9 @@ class ConversationRecord(msgspec.Struct, omit_defaults=True):
     forked_at: str = ""
     #: its MCP servers by name, chosen at creation; None = the provider's defaults of the day (agentd.mcp)
     mcp: list[str] | None = None
+    #: on a store shared by several hosts: the agentd site (``<hostname>:<state dir>``) that runs it,
+    #: where its runtime keeps its session state (agentd.hosts); "" on the file store
+    site: str = ""
 
 
 class ConversationInfo(msgspec.Struct, omit_defaults=True):

@@ -35,9 +35,9 @@ import trio
 
 if TYPE_CHECKING:
     from ..config import Config, Paths
-    from ..leases import LeaseStore
+    from ..leases import Lease, LeaseOutcome
 
-__all__ = ["ConversationStore", "Journal", "StorageCapabilities", "Store", "open_store", "read_published"]
+__all__ = ["ConversationStore", "Journal", "Leases", "StorageCapabilities", "Store", "open_store", "read_published"]
 
 
 class StorageCapabilities(msgspec.Struct, frozen=True, kw_only=True):
@@ -152,6 +152,33 @@ class ConversationStore(Protocol):
         ...
 
 
+class Leases(Protocol):
+    """The conversation leases as the service uses them (keys are conversation ids); async because a
+    shared store's lease is a database round trip. The file store answers inline (``FileLeases``).
+    """
+
+    async def acquire(self, key: str) -> "LeaseOutcome":
+        """Lease ``key`` to this daemon instance; raises :class:`~agentd.leases.LeaseHeld` when a live
+        other owner holds it, OSError (file) or StoreUnavailable (database) when it cannot be known."""
+        ...
+
+    async def release(self, key: str) -> None:
+        """Give up our lease; idempotent, never touches another owner's lease."""
+        ...
+
+    async def get(self, key: str) -> "Lease | None":
+        """The lease on ``key`` whoever holds it, expired or not."""
+        ...
+
+    def held(self) -> list[str]:
+        """Keys held by this instance, sorted (in memory)."""
+        ...
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Renew every held lease until cancelled."""
+        ...
+
+
 class Store:
     """What :func:`open_store` gives: the conversation store and the lease store of one backend.
 
@@ -159,16 +186,19 @@ class Store:
     ``aclose`` commits what is pending and closes connections.
     """
 
-    def __init__(self, conversations: ConversationStore, leases: "LeaseStore", *, closers: tuple[Any, ...] = ()) -> None:
+    def __init__(self, conversations: ConversationStore, leases: Leases, *, closers: tuple[Any, ...] = (),
+                 peers: Any = None) -> None:
         self.conversations = conversations
         self.leases = leases
         self.capabilities = conversations.capabilities
+        #: on a shared store, what this host does with the others (agentd.hosts.Peers); None on files
+        self.peers = peers
         self._closers = closers
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.conversations.run)
-            await nursery.start(self.leases.run)  # type: ignore[attr-defined]
+            await nursery.start(self.leases.run)
             task_status.started()
 
     async def aclose(self) -> None:
@@ -187,19 +217,18 @@ async def open_store(config: "Config", paths: "Paths", owner: str) -> Store:
     (its ``exit_code`` says whether a restart can help).
     """
     from ..journal import FsyncPolicy
-    from ..leases import FileLeaseStore
 
     conversations_dir = paths.state_dir / "conversations"
     fsync = FsyncPolicy(config.journal.fsync)
-    leases = FileLeaseStore(conversations_dir, owner=owner, ttl_s=config.leases.ttl_s, exclusive=True)
     if config.store.backend == "postgres":
-        from .postgres.journal import open_postgres
+        from .postgres import open_shared
 
-        store, close = await open_postgres(config, conversations_dir, fsync=fsync)
-        return Store(store, leases, closers=(close,))
-    from .file import FileStore
+        return await open_shared(config, paths, owner, fsync=fsync)
+    from ..leases import FileLeaseStore
+    from .file import FileLeases, FileStore
 
-    return Store(FileStore(conversations_dir, fsync=fsync, batch_ms=config.journal.batch_ms), leases)
+    leases = FileLeaseStore(conversations_dir, owner=owner, ttl_s=config.leases.ttl_s, exclusive=True)
+    return Store(FileStore(conversations_dir, fsync=fsync, batch_ms=config.journal.batch_ms), FileLeases(leases))
 
 
 async def read_published(journal: Journal, target: int, *, chunk: int = 512) -> list[bytes]:

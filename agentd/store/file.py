@@ -17,7 +17,7 @@ import trio
 from ..journal import FsyncPolicy, Journal, JournalStore
 from . import StorageCapabilities
 
-__all__ = ["FileJournal", "FileStore"]
+__all__ = ["FileJournal", "FileLeases", "FileStore"]
 
 CAPABILITIES = StorageCapabilities(backend="file")
 
@@ -102,3 +102,28 @@ class FileStore:
     async def aclose(self) -> None:
         self._journals.clear()
         await self.files.aclose()
+
+
+class FileLeases:
+    """:class:`agentd.leases.FileLeaseStore` behind the async :class:`agentd.store.Leases`: its calls
+    are short local file operations under the daemon lock, answered inline as the file reads are."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def acquire(self, key: str) -> Any:
+        return self.inner.acquire(key)
+
+    async def release(self, key: str) -> None:
+        self.inner.release(key)
+
+    async def get(self, key: str) -> Any:
+        return self.inner.get(key)
+
+    def held(self) -> list[str]:
+        return self.inner.held()
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        await self.inner.run(task_status=task_status)

@@ -25,7 +25,7 @@ from agentd.config import parse_config
 from agentd.conversations import JOURNAL_WRITE_FAILED, ConversationService
 from agentd.hub import Hub, Subscription
 from agentd.journal import FsyncPolicy, Journal
-from agentd.store.file import FileStore
+from agentd.store.file import FileLeases, FileStore
 from agentd.leases import FileLeaseStore
 from agentd.runtimes import Runtimes
 from daemon_harness import Daemon
@@ -236,7 +236,7 @@ async def test_a_failing_fsync_fails_the_turn_not_the_daemon(tmp_path: Path, mon
     config = parse_config(FAST)
     root = tmp_path / "state" / "conversations"
     store = FileStore(root, fsync=FsyncPolicy.BATCH, batch_ms=1)
-    leases = FileLeaseStore(root, owner="test", ttl_s=30)
+    leases = FileLeases(FileLeaseStore(root, owner="test", ttl_s=30))
     hub = Hub()
     runtimes = Runtimes(config, tmp_path / "state")
     service = ConversationService(store=store, leases=leases, runtimes=runtimes, hub=hub, fsync=FsyncPolicy.BATCH,

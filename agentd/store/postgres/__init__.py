@@ -16,6 +16,11 @@ contract in its own module's docstring:
 * :mod:`._mailbox`: :class:`Mailbox`, commands carried to a conversation's lease holder and answered.
 """
 
+from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING
+
 from ._dsn import StoreUnavailable, describe, masked, read_dsn_file, resolve
 from ._leases import Host, PgLease, PgLeaseStore
 from ._listen import Listener, Notification, Watch, notify
@@ -23,6 +28,11 @@ from ._mailbox import COMMANDS_CHANNEL, REPLIES_CHANNEL, Command, HolderSilent, 
 from ._migrate import MigrationReport, SchemaMismatch, migrate
 from ._pool import Pool, connect
 from ._tasks import PgTaskStore, TaskRecovery
+
+if TYPE_CHECKING:
+    from ...config import Config, Paths
+    from ...journal import FsyncPolicy
+    from .. import Store
 
 __all__ = [
     "COMMANDS_CHANNEL",
@@ -48,6 +58,36 @@ __all__ = [
     "masked",
     "migrate",
     "notify",
+    "open_shared",
     "read_dsn_file",
     "resolve",
 ]
+
+
+async def open_shared(config: Config, paths: Paths, owner: str, *, fsync: FsyncPolicy) -> Store:
+    """The ``postgres`` store, connected and migrated: journals and records, leases by the database's
+    clock (site ``<hostname>:<state dir>``), and the :class:`agentd.hosts.Peers` through which this
+    host follows and serves the others (a LISTEN connection, the commands mailbox).
+
+    Raises :class:`StoreUnavailable` (its ``exit_code`` says whether a restart can help), SchemaMismatch.
+    """
+    from ...hosts import Peers
+    from .. import Store
+    from .journal import CHANNEL, RECORDS_CHANNEL, open_postgres
+
+    conversations, close, dsn = await open_postgres(config, paths.state_dir / "conversations", fsync=fsync)
+    site = f"{socket.gethostname()}:{paths.state_dir}"
+    leases = PgLeaseStore(conversations.pool, owner=owner, ttl_s=config.leases.ttl_s, site=site)
+    listener = Listener(dsn, [CHANNEL, RECORDS_CHANNEL, COMMANDS_CHANNEL, REPLIES_CHANNEL])
+    peers = Peers(conversations=conversations, leases=leases, listener=listener,
+                  mailbox=Mailbox(conversations.pool, listener, owner=owner), owner=owner, site=site,
+                  journal_channel=CHANNEL, records_channel=RECORDS_CHANNEL)
+
+    async def close_all() -> None:
+        try:
+            await leases.retire()
+        except Exception:
+            pass  # the row expires by itself
+        await close()
+
+    return Store(conversations, leases, closers=(close_all,), peers=peers)

@@ -90,12 +90,13 @@ class Mailbox:
     # ------------------------------------------------------------------ the sender
 
     def _post(self, conn: psycopg.Connection[Any], conversation_id: str, op: str, request: bytes,
-              timeout_s: float) -> tuple[int, str]:
-        row = conn.execute("SELECT owner FROM leases WHERE key = %s AND expires_at > now()",
-                           (conversation_id,)).fetchone()
-        if row is None:
-            raise NoHolder(conversation_id)
-        target = row[0]
+              timeout_s: float, target: str | None) -> tuple[int, str]:
+        if target is None:
+            row = conn.execute("SELECT owner FROM leases WHERE key = %s AND expires_at > now()",
+                               (conversation_id,)).fetchone()
+            if row is None:
+                raise NoHolder(conversation_id)
+            target = row[0]
         cid = conn.execute(
             "INSERT INTO commands (conversation_id, target, sender, op, request, deadline) "
             "VALUES (%s, %s, %s, %s, %s, now() + %s * interval '1 second') RETURNING id",
@@ -121,8 +122,10 @@ class Mailbox:
             raise c.InternalError(f"agentd {target} failed to run the command on {conversation_id}: {error}")
         return None
 
-    async def call(self, conversation_id: str, op: str, request: bytes, *, timeout_s: float = 30.0) -> bytes:
-        """Have the holder of ``conversation_id``'s lease run ``op`` with ``request``; its response.
+    async def call(self, conversation_id: str, op: str, request: bytes, *, timeout_s: float = 30.0,
+                   target: str | None = None) -> bytes:
+        """Have the holder of ``conversation_id``'s lease (or the instance ``target``) run ``op`` with
+        ``request``; its response.
 
         Waits (a checkpoint) up to ``timeout_s``. Raises :class:`NoHolder` when no live host holds
         the lease, :class:`HolderSilent` when the holder did not take it in time (it did not run),
@@ -131,7 +134,7 @@ class Mailbox:
         On cancellation the command is expired if not yet taken (shielded).
         """
         with self.listener.watch(REPLIES_CHANNEL) as replies:  # before posting: no answer can slip by
-            command_id, target = await self.pool.run(self._post, conversation_id, op, request, timeout_s)
+            command_id, target = await self.pool.run(self._post, conversation_id, op, request, timeout_s, target)
             mine = f"{self.owner} {command_id}"
             done = False
             try:

@@ -45,11 +45,13 @@ from ...contract import Invalid
 from ...journal import FsyncPolicy, JournalCorrupt, _format_ms
 from .. import StorageCapabilities
 
-__all__ = ["CAPABILITIES", "CHANNEL", "PgConversationStore", "PgJournal"]
+__all__ = ["CAPABILITIES", "CHANNEL", "RECORDS_CHANNEL", "PgConversationStore", "PgJournal"]
 
 CAPABILITIES = StorageCapabilities(backend="postgres", shared=True, crash_safe_append=False, notify=True)
 #: the NOTIFY channel of committed journal rows; payload ``<conversation id>:<last seq>``
 CHANNEL = "agentd_journal"
+#: the NOTIFY channel of conversation records written or deleted; payload ``<conversation id>``
+RECORDS_CHANNEL = "agentd_record"
 #: records of a written journal kept in memory for reads (committed ones; pending ones are all kept)
 TAIL = 1024
 #: rows per read round trip when no limit is given
@@ -145,6 +147,24 @@ class PgJournal:
             if not rows:
                 raise JournalCorrupt(self._store.where(self.conversation_id), nxt, f"no record {nxt}")
         return out
+
+    def adopt(self, rows: list[tuple[int, bytes]]) -> None:
+        """Take ``rows`` (seq, line), committed by the host that writes this conversation, as the
+        journal's next records: ``last_seq`` moves to the last of them. For a journal this host does
+        not write (no pending row); raises ValueError for a gap or when rows are pending."""
+        if not rows:
+            return
+        if self._pending:
+            raise ValueError(f"journal of {self.conversation_id} has rows of its own pending")
+        if rows[0][0] != self.last_seq + 1 or rows[-1][0] != self.last_seq + len(rows):
+            raise ValueError(f"journal of {self.conversation_id}: rows {rows[0][0]}..{rows[-1][0]} "
+                             f"do not follow seq {self.last_seq}")
+        self.last_seq = self.durable_seq = rows[-1][0]
+        self._lines += [line for _, line in rows]
+        excess = len(self._lines) - TAIL
+        if excess > 0:
+            del self._lines[:excess]
+        self._first = self.last_seq + 1 - len(self._lines)
 
     # ------------------------------------------------------------------ the store's side
 
@@ -406,6 +426,12 @@ class PgConversationStore:
     async def _read_rows(self, conversation_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         return await self.pool.run(_rows, conversation_id, after, upto)
 
+    async def committed_after(self, conversation_id: str, after: int, limit: int = READ_CHUNK) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` committed rows ``(seq, line)`` of the conversation with ``seq > after``, from the
+        database (whoever wrote them), in seq order."""
+        self._check(conversation_id)
+        return await self.pool.run(_rows, conversation_id, after, after + limit)
+
 
 # ---------------------------------------------------------------------- SQL (worker threads)
 
@@ -428,6 +454,8 @@ def _write(conn: Any, journals: list[tuple[str, list[_Row]]], records: dict[str,
             list(records.items()))
     for cid, rows in journals:
         notify(conn, CHANNEL, f"{cid}:{rows[-1][0]}")
+    for cid in records:
+        notify(conn, RECORDS_CHANNEL, cid)
 
 
 def _timestamp(ms: int) -> str:
@@ -462,13 +490,16 @@ def _record(conn: Any, cid: str) -> bytes | None:
 
 
 def _delete(conn: Any, cid: str) -> None:
+    from . import notify
+
     conn.execute("DELETE FROM journal WHERE conversation_id = %s", (cid,))
     conn.execute("DELETE FROM conversations WHERE id = %s", (cid,))
+    notify(conn, RECORDS_CHANNEL, cid)
 
 
-async def open_postgres(config: Any, root: pathlib.Path, *, fsync: FsyncPolicy) -> tuple[PgConversationStore, Any]:
+async def open_postgres(config: Any, root: pathlib.Path, *, fsync: FsyncPolicy) -> tuple[PgConversationStore, Any, str]:
     """The conversation store on ``[store] dsn``/``dsn_file`` (or libpq's environment), connected and
-    migrated, and the coroutine function that closes its pool.
+    migrated, the coroutine function that closes its pool, and the DSN (for a LISTEN connection).
 
     Raises :class:`~agentd.store.postgres.StoreUnavailable` naming the target and the cause (its
     ``exit_code`` 78 when a restart cannot help), SchemaMismatch for a schema this agentd does not know.
@@ -484,4 +515,4 @@ async def open_postgres(config: Any, root: pathlib.Path, *, fsync: FsyncPolicy) 
         await pool.aclose()
         raise
     _log().info("store.opened", backend="postgres", target=describe(dsn))
-    return PgConversationStore(pool, root, fsync=fsync, batch_ms=config.journal.batch_ms), pool.aclose
+    return PgConversationStore(pool, root, fsync=fsync, batch_ms=config.journal.batch_ms), pool.aclose, dsn

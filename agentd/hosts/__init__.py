@@ -1,0 +1,251 @@
+"""Several agentd hosts on one shared store (``[store] backend = "postgres"``): what a host does
+with the others. See docs/scale-out.md for the topology and what a person sees.
+
+The rules (issue 20, and the agent-server seed's leases with TTL and takeover):
+
+* **One writer per conversation.** Only the host holding a conversation's lease (by the
+  database's clock) loads it: writes its journal and record and drives its runtime. Loading one
+  that a live other host holds raises :class:`~agentd.leases.LeaseHeld` (``busy``).
+* **Every host reads every conversation.** Records another host writes reach this one by
+  ``NOTIFY agentd_record`` (``ls``/``show`` see them at once); a journal another host writes is
+  read from the database up to its committed head before any read of it here (``history``,
+  ``export``, a subscriber's catch-up), and committed rows are relayed to this host's subscribers
+  as ``NOTIFY agentd_journal`` announces them: one relay step reads the rows after what this host
+  has, takes them into the journal and publishes them in one synchronous step, so a subscriber
+  (which catches up to the journal's last seq, then goes live) sees no gap and no duplicate.
+* **Commands reach the runtime's host.** ``send``, ``steer``, ``cancel`` and ``answer`` for a
+  conversation this host does not hold are carried through the database's ``commands`` table
+  (:class:`~agentd.store.postgres.Mailbox`) to the lease holder, or, when nobody holds it, to the
+  live host of the conversation's ``site``; that host answers with the very frame its own client
+  would get. A conversation whose site no live host serves gets an error naming the site: its
+  runtime's session state is on that host's disk, so no other host opens it.
+* **A dead host is noticed by its leases.** Every ``ttl_s / 3`` each host looks for leases that
+  expired (their holder stopped renewing); it takes one over, ends the turn that was running
+  ``run_interrupted`` (never resending its prompt, exactly as a restart's recovery does), then
+  gives the lease back: the conversation waits for its own site's agentd to come back.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import structlog
+import trio
+
+from .. import contract as c
+from .. import masking, wire
+from ..leases import LeaseHeld
+
+__all__ = ["CARRIED", "Peers"]
+
+log = structlog.get_logger("agentd.hosts")
+
+#: the requests answered by the host that runs the conversation: those that must reach the runtime,
+#: and ``show`` (its pending interactions and queue are that host's memory; read here when none runs it)
+CARRIED: dict[type, str] = {wire.Send: "send", wire.Steer: "steer", wire.Cancel: "cancel",
+                            wire.AnswerInteraction: "answer", wire.Show: "show"}
+#: of those, the ones answered here when no live host runs the conversation
+LOCAL_WHEN_UNHELD = frozenset({wire.Show})
+#: rows read per relay round trip
+RELAY_CHUNK = 2048
+#: how long a carried command may take to be answered (a send answers once the prompt is accepted), s
+CARRY_TIMEOUT_S = 60.0
+#: a carried ``show``, s
+SHOW_TIMEOUT_S = 10.0
+
+
+class Peers:
+    """This host's side of a shared store. Built by the store (``conversations``: the
+    PgConversationStore, ``leases``: PgLeaseStore, ``listener``: a Listener on the journal, record,
+    commands and replies channels, ``mailbox``); :meth:`attach` gives it the daemon's service, hub
+    and server; :meth:`run` serves until cancelled.
+    """
+
+    def __init__(self, *, conversations: Any, leases: Any, listener: Any, mailbox: Any, owner: str, site: str,
+                 journal_channel: str, records_channel: str) -> None:
+        self.conversations = conversations
+        self.leases = leases
+        self.listener = listener
+        self.mailbox = mailbox
+        self.owner = owner
+        self.site = site
+        self._journal_channel = journal_channel
+        self._records_channel = records_channel
+        self.carried = CARRIED
+        self.service: Any = None
+        self.hub: Any = None
+        self.server: Any = None
+        #: one relay step at a time per conversation
+        self._relaying: dict[str, trio.Lock] = {}
+
+    def attach(self, service: Any, hub: Any, server: Any) -> None:
+        self.service, self.hub, self.server = service, hub, server
+        service.shared = self
+        service.site = self.site
+        server.peers = self
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen, follow records and journals, serve carried commands and watch for dead hosts."""
+        assert self.service is not None, "Peers.attach() first"
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.listener.run)
+            await nursery.start(self._follow_records)
+            await nursery.start(self._relay_journals)
+            await nursery.start(self.mailbox.serve, self._serve_command)
+            nursery.start_soon(self._watch_leases)
+            task_status.started()
+
+    # ------------------------------------------------------------------ reading what others write
+
+    async def _follow_records(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with self.listener.watch(self._records_channel) as watch:
+            await self._reread_records()  # what changed between the service's load and the watch
+            task_status.started()
+            while True:
+                try:
+                    note = await watch.next()
+                except trio.EndOfChannel:
+                    return
+                try:
+                    if note is None:
+                        await self._reread_records()
+                    else:
+                        cid = note.payload
+                        self.service.remote_record(cid, await self.conversations.read_record(cid))
+                except c.AgentdError as exc:
+                    log.warning("hosts.record_refresh_failed", error=exc.message)
+
+    async def _reread_records(self) -> None:
+        records = await self.conversations.read_records()
+        for cid, data in records.items():
+            self.service.remote_record(cid, data)
+        for record in self.service.list(include_closed=True):
+            if record.id not in records and not self.service.is_loaded(record.id):
+                self.service.remote_record(record.id, None)
+
+    async def _relay_journals(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with self.listener.watch(self._journal_channel) as watch:
+            task_status.started()
+            while True:
+                try:
+                    note = await watch.next()
+                except trio.EndOfChannel:
+                    return
+                if note is None:  # some may have been missed: every followed conversation
+                    cids = [r.id for r in self.service.list(include_closed=True) if self.hub.subscribers(r.id)]
+                else:
+                    cids = [note.payload.rpartition(":")[0]]
+                for cid in cids:
+                    if self.hub.subscribers(cid) and not self.service.is_loaded(cid):
+                        try:
+                            await self.relay(cid)
+                        except (c.AgentdError, ValueError) as exc:
+                            log.warning("hosts.relay_failed", conversation=cid, error=str(exc))
+
+    async def relay(self, cid: str) -> int:
+        """Bring this host's copy of a journal another host writes up to its committed head, publishing
+        each row to this host's subscribers as it is taken; the journal's last seq after it."""
+        lock = self._relaying.setdefault(cid, trio.Lock())
+        async with lock:
+            journal = await self.conversations.open(cid)
+            while not self.service.is_loaded(cid):
+                rows = await self.conversations.committed_after(cid, journal.last_seq, RELAY_CHUNK)
+                if not rows or self.service.is_loaded(cid):
+                    break
+                # One synchronous step: the seq subscribers catch up to, and what is published past it.
+                journal.adopt(rows)
+                self.hub.publish_many(cid, [(seq, masking.mask_json(line)) for seq, line in rows])
+                if len(rows) < RELAY_CHUNK:
+                    break
+            return journal.last_seq
+
+    async def before_read(self, cid: str) -> None:
+        """Hook of ConversationService.reader: the journal read up to its committed head."""
+        await self.relay(cid)
+
+    async def before_load(self, cid: str) -> None:
+        """Hook of ConversationService._load, once this host holds the lease: the journal and the
+        record as the last holder left them (a record older than its journal caught up with it)."""
+        await self.relay(cid)
+        record = self.service.remote_record(cid, await self.conversations.read_record(cid))
+        if record is None:
+            raise c.NotFound(f"no conversation {cid!r}")
+        await self.service.catch_up(record)
+
+    # ------------------------------------------------------------------ commands for the runtime's host
+
+    async def carry(self, request: Any) -> bytes | None:
+        """The answer frame of ``request`` (one of :data:`CARRIED`) from the host that runs its
+        conversation, or None when that is this host (the caller runs it). Raises NotFound,
+        Closed (no live host serves the conversation's site), HolderSilent, SubmissionUncertain."""
+        cid = self.service.resolve(request.conversation)
+        if self.service.is_loaded(cid):
+            return None
+        target = None
+        lease = await self.leases.get(cid)
+        if lease is not None and not lease.expired:
+            if lease.owner == self.owner:
+                return None
+            target = lease.owner
+        else:
+            site = self.service.record(cid).site
+            if not site or site == self.site:
+                return None  # ours to open
+            hosts = [h for h in await self.leases.hosts() if h.alive and h.site == site]
+            if not hosts and type(request) in LOCAL_WHEN_UNHELD:
+                return None
+            if not hosts:
+                raise c.Closed(
+                    f"conversation {cid} runs on agentd {site}, which is not running: its runtime's session "
+                    "is on that host's disk; start agentd there (it can be read from here meanwhile)",
+                    details={"conversation": cid, "site": site})
+            target = hosts[-1].owner
+        timeout_s = SHOW_TIMEOUT_S if type(request) is wire.Show else CARRY_TIMEOUT_S
+        return await self.mailbox.call(cid, CARRIED[type(request)], wire.encode(request), timeout_s=timeout_s,
+                                       target=target)
+
+    async def _serve_command(self, cmd: Any) -> bytes:
+        """Run a command another host carried here; the answer frame its client gets."""
+        try:
+            request = wire.decode_request(cmd.request)
+        except wire.ProtocolError as exc:
+            return wire.encode_error(exc.request_id, exc)
+        if type(request) not in CARRIED:
+            return wire.encode_error(request.id, c.Invalid(f"{type(request).__name__} is not carried between hosts"))
+        try:
+            if self.service.resolve(request.conversation) != cmd.conversation_id:
+                raise c.Invalid("the command names another conversation than it was carried for")
+            # Answered here even if another host holds it now: the service loads it (LeaseHeld: busy).
+            conn = types.SimpleNamespace(peer=f"agentd {cmd.sender}")
+            result = await self.server._handlers[type(request)](conn, request)
+        except c.AgentdError as exc:
+            return masking.mask_json(wire.encode_error(request.id, exc))
+        return masking.mask_json(wire.encode_result(request.id, result))
+
+    # ------------------------------------------------------------------ dead hosts
+
+    async def _watch_leases(self) -> None:
+        interval = max(self.leases.ttl_s / 3, 0.1)
+        while True:
+            try:
+                for lease in await self.leases.expired():
+                    await self._take_over(lease.key, lease.owner)
+            except c.AgentdError as exc:
+                log.warning("hosts.lease_watch_failed", error=exc.message)
+            await trio.sleep(interval)
+
+    async def _take_over(self, cid: str, owner: str) -> None:
+        if self.service.is_loaded(cid):
+            return
+        try:
+            self.service.resolve(cid)
+        except c.NotFound:
+            return  # a lease of a conversation deleted meanwhile: its holder's to clean
+        try:
+            record = await self.service.recover(cid)
+        except LeaseHeld:
+            return  # another host was first
+        log.warning("hosts.taken_over", conversation=cid, previous_owner=owner, site=record.site)
+        if record.site and record.site != self.site:
+            await self.service.unload(cid)  # it waits for its own site's agentd

@@ -1,0 +1,183 @@
+"""Two and three real agentd processes on separate state dirs sharing one real PostgreSQL
+(``[store] backend = "postgres"``, agentd.hosts): a conversation made on host A is listed, shown,
+read, tailed from a seq and driven (send, answer) from host B; a SIGKILL of A mid-turn is noticed
+on B once A's leases expire, and the turn ends once, ``run_interrupted``, its prompt never resent."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import psycopg
+
+from daemon_harness import REPO, Daemon
+from pgcluster import PgDatabase
+
+SCRIPTS = REPO / "conf" / "scripts"
+TTL_S = 1.5
+
+
+def _json(cp: subprocess.CompletedProcess[str]) -> Any:
+    assert cp.returncode == 0, cp.stderr
+    return json.loads(cp.stdout)
+
+
+def _hosts(tmp_path: Path, dsn: str, names: str = "ab") -> list[Daemon]:
+    config = f'[store]\nbackend = "postgres"\ndsn = "{dsn}"\n[leases]\nttl_s = {TTL_S}\n'
+    out = []
+    for name in names:
+        (tmp_path / name).mkdir()
+        out.append(Daemon(tmp_path / name, config).start())
+    return out
+
+
+def _eventually(what: Callable[[], Any], timeout: float = 15.0, why: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = what()
+        if got:
+            return got
+        assert time.monotonic() < deadline, why or "condition never held"
+        time.sleep(0.05)
+
+
+def _listed(d: Daemon) -> list[str]:
+    return [c["id"] for c in _json(d.agentctl("ls", "--all", "--json"))["conversations"]]
+
+
+def _tail(d: Daemon, cid: str, *args: str) -> list[dict[str, Any]]:
+    cp = d.agentctl("tail", cid, "--no-follow", "--json", *args)
+    assert cp.returncode == 0, cp.stderr
+    return [json.loads(line) for line in cp.stdout.splitlines()][:-1]  # the last line is the snapshot
+
+
+def _ends(records: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
+    return [x for x in records if x["type"] == "turn" and x.get("run") == run
+            and x["data"]["state"] in ("completed", "failed", "cancelled")]
+
+
+def _seqs(dsn: str, cid: str) -> list[int]:
+    with psycopg.connect(dsn) as conn:
+        return [r[0] for r in conn.execute("SELECT seq FROM journal WHERE conversation_id = %s ORDER BY seq", (cid,))]
+
+
+class _Follower:
+    """``agentctl tail CID --after N --json`` on a host, read in the background."""
+
+    def __init__(self, d: Daemon, cid: str, after: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "agentctl", "--socket", str(d.socket), "tail", cid,
+                                      "--after", str(after), "--json"],
+                                     env=d.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[dict[str, Any]] = []
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(json.loads(line))
+
+    def records(self) -> list[dict[str, Any]]:
+        return [x for x in self.lines if "seq" in x]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def test_a_conversation_made_on_one_host_is_read_tailed_and_driven_from_another(tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    follower = None
+    try:
+        made = a.agentctl("run", "-p", "script", "-m", str(SCRIPTS / "echo.toml"), "--cwd", str(work),
+                          "hello from A", "--json", timeout=60)
+        assert made.returncode == 0, made.stderr
+        cid = json.loads(made.stdout.splitlines()[-1])["conversation"]
+        # Listed and shown on B at once (NOTIFY agentd_record), read from the database.
+        _eventually(lambda: cid in _listed(b), why="B never listed A's conversation")
+        shown = _json(b.agentctl("show", cid, "--json"))
+        assert shown["record"]["site"].endswith(str(a.state_dir)) and shown["record"]["state"] == "idle"
+        first = _tail(b, cid)
+        assert [r["seq"] for r in first] == _seqs(pg_db.dsn, cid) == list(range(1, len(first) + 1))
+        assert _tail(b, cid, "--after", "2") == first[2:]
+        history = _json(b.agentctl("history", cid, "--json"))
+        assert [e["item"]["text"] for e in history["items"] if e["item"]["kind"] == "user"] == ["hello from A"]
+
+        # B tails from a seq while A runs a turn that B sent (carried to A, the lease holder).
+        follower = _Follower(b, cid, after=len(first) - 1)
+        _eventually(lambda: follower.records(), why="B's tail never replayed the last record")
+        sent = b.agentctl("send", cid, "and hello from B", "--json")
+        assert sent.returncode == 0, sent.stderr
+        run = json.loads(sent.stdout)["run"]
+        _eventually(lambda: any(x["type"] == "turn" and x.get("run") == run and x["data"]["state"] == "completed"
+                                for x in follower.records()), why="B's tail never saw the carried turn end")
+        seen = [x["seq"] for x in follower.records()]
+        assert seen == list(range(len(first), seen[-1] + 1)), f"gap or duplicate in B's live tail: {seen}"
+        prompts = [x for x in _tail(a, cid) if x["type"] == "prompt"]
+        assert [json.loads(json.dumps(p["data"]))["text"] for p in prompts][-1] == "and hello from B"
+        assert _tail(a, cid) == _tail(b, cid)
+
+        # A permission asked on A's runtime, answered on B.
+        d = a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "tool.toml"), "--cwd", str(work), "--json")
+        tool = _json(d)["id"]
+        _eventually(lambda: tool in _listed(b))
+        assert b.agentctl("send", tool, "write the file").returncode == 0
+        pending = _eventually(lambda: _json(b.agentctl("show", tool, "--json")).get("pending"),
+                              why="B's show never had A's pending permission")
+        answered = b.agentctl("answer", tool, pending[0]["id"], "--allow")
+        assert answered.returncode == 0, answered.stderr
+        _eventually(lambda: (work / "agentd-tool.txt").exists(), why="the answer from B never reached A's runtime")
+        _eventually(lambda: _json(b.agentctl("show", tool, "--json"))["record"]["state"] == "idle")
+    finally:
+        if follower is not None:
+            follower.stop()
+        a.stop()
+        b.stop()
+
+
+def test_a_host_killed_mid_turn_is_noticed_by_the_others_and_its_turn_ends_once(tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b, c = _hosts(tmp_path, pg_db.dsn, "abc")
+    try:
+        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "wait.toml"), "--cwd", str(work),
+                               "--json"))["id"]
+        sent = a.agentctl("send", cid, "work until cancelled", "--json")
+        assert sent.returncode == 0, sent.stderr
+        run = json.loads(sent.stdout)["run"]
+        _eventually(lambda: cid in _listed(b) and cid in _listed(c))
+        _eventually(lambda: any(x["type"] == "item" for x in _tail(b, cid)))
+        a.stop(sig=signal.SIGKILL)
+        killed = time.monotonic()
+        # B or C takes the lease over after the TTL and ends the turn, once, without resending it.
+        ends = _eventually(lambda: _ends(_tail(c, cid), run), timeout=TTL_S * 10 + 15,
+                           why="no host ended the dead host's turn")
+        assert time.monotonic() - killed >= TTL_S * 0.9, [(x["seq"], x["type"], x["data"]) for x in _tail(c, cid)]
+        time.sleep(TTL_S * 2)  # every host has had rounds to (wrongly) end it again
+        records = _tail(b, cid)
+        ends = _ends(records, run)
+        assert len(ends) == 1 and ends[0]["data"]["state"] == "failed", ends
+        assert ends[0]["data"]["reason"] == "run_interrupted", ends
+        assert [x["type"] for x in records].count("prompt") == 1
+        assert [x["seq"] for x in records] == list(range(1, len(records) + 1))
+        taken = [x for x in records if x["type"] == "lease" and x["data"]["action"] == "taken_over"]
+        assert len(taken) == 1 and taken[0]["data"]["previous_owner"], taken
+        assert _json(b.agentctl("show", cid, "--json"))["record"]["state"] == "idle"
+        # Its runtime's session is on A's disk: no other host opens it, and the error says why.
+        refused = b.agentctl("send", cid, "anyone?")
+        assert refused.returncode != 0 and "not running" in refused.stderr and str(a.state_dir) in refused.stderr
+        # A comes back: it runs the conversation again.
+        a.start()
+        again = a.agentctl("send", cid, "steer me later", "--json")
+        assert again.returncode == 0, again.stderr
+    finally:
+        for d in (a, b, c):
+            d.stop()
