@@ -1559,8 +1559,13 @@ class ConversationService:
         except msgspec.DecodeError as exc:
             log.error("conversation.record_unreadable", conversation=cid, error=str(exc))
             return self._records.get(cid)
-        self._records[cid] = record
-        return record
+        kept = self._records.get(cid)
+        if kept is None:
+            self._records[cid] = record
+            return record
+        for name in record.__struct_fields__:  # in place: whoever holds the record sees the update
+            setattr(kept, name, getattr(record, name))
+        return kept
 
     async def catch_up(self, record: wire.ConversationRecord) -> None:
         """Bring a record older than its journal up to date (a turn's start is its prompt record)."""
