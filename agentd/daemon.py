@@ -99,7 +99,8 @@ async def _serve(config: Config, paths: Paths, config_path: Path | None, store: 
     from .checkpoints import Checkpoints
 
     service.checkpoints = Checkpoints(config.checkpoints, paths.state_dir / "checkpoints", paths.state_dir)
-    tasks = TaskService(service, hub, config.tasks, paths.state_dir / "tasks")
+    tasks = TaskService(service, hub, config.tasks, paths.state_dir / "tasks",
+                        shared=store.peers.tasks if store.peers is not None else None)
     server.tasks = tasks
     if store.peers is not None:  # a shared store: other hosts' conversations, commands carried to theirs
         store.peers.attach(service, hub, server)

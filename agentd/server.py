@@ -764,15 +764,19 @@ class Server:
         )
 
     async def _task_ls(self, conn: _Connection, req: wire.TaskList) -> wire.TaskListResult:
+        await self._task_service().refresh()  # a shared store: every host's tasks
         return wire.TaskListResult(tasks=self._task_service().list(req.status))
 
     async def _task_show(self, conn: _Connection, req: wire.TaskShow) -> wire.TaskInfo:
+        await self._task_service().refresh()
         return await self._task_service().info(req.task)
 
     async def _task_cancel(self, conn: _Connection, req: wire.TaskCancel) -> wire.TaskCancelResult:
+        await self._task_service().refresh()
         return await self._task_service().cancel(req.task)
 
     async def _task_comment(self, conn: _Connection, req: wire.TaskAddComment) -> wire.TaskCommentResult:
+        await self._task_service().refresh()
         return await self._task_service().comment(req.task, req.text)
 
     async def _shutdown(self, conn: _Connection, req: wire.Shutdown) -> Any:

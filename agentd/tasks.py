@@ -282,11 +282,15 @@ class TaskService:
     after the conversation service is running.
     """
 
-    def __init__(self, conversations: "ConversationService", hub: Hub, config: "TasksConfig", root: Path) -> None:
+    def __init__(self, conversations: "ConversationService", hub: Hub, config: "TasksConfig", root: Path,
+                 *, shared: Any = None) -> None:
         self.conversations = conversations
         self.hub = hub
         self.config = config
-        self.store = TaskStore(root)
+        #: on a store shared by several hosts, agentd.hosts.tasks.SharedTasks: records in the
+        #: database, queued tasks claimed by any host offering their provider
+        self.shared = shared
+        self.store: Any = shared if shared is not None else TaskStore(root)
         self._tasks: dict[str, wire.TaskRecord] = {}
         #: pending task ids per provider, oldest first
         self._queues: dict[str, deque[str]] = {}
@@ -314,6 +318,8 @@ class TaskService:
                     await self._recover(task)
                 except Exception:
                     log.exception("task.recovery_failed", task=task.id)
+            if self.shared is not None:
+                await nursery.start(self.shared.run, self)
             task_status.started()
             for provider in list(self._queues):
                 self._dispatch(provider)
@@ -429,8 +435,11 @@ class TaskService:
             self.store.save(task)
         except OSError as exc:
             raise c.InternalError(f"cannot write the task record: {exc.strerror or exc}") from None
+        if self.shared is not None:
+            await self.shared.durable()  # queued for every host once it is in the database
         self._tasks[task.id] = task
-        self._queues.setdefault(provider, deque()).append(task.id)
+        if self.shared is None:
+            self._queues.setdefault(provider, deque()).append(task.id)
         log.info("task.created", task=task.id, provider=provider, callback=bool(callback))
         self._dispatch(provider)
         return task
@@ -462,6 +471,13 @@ class TaskService:
         if task.status.terminal:
             raise c.Invalid(f"task {task.id} already ended: {task.status.value}")
         active = self._active.get(task.id)
+        if self.shared is not None and active is None:
+            if task.status is _T.PENDING and await self.shared.cancel_queued(task):
+                await self._finish(task, _T.CANCELLED, error="cancelled before it started", reason="cancelled")
+                return wire.TaskCancelResult(task=task, disposition="dequeued")
+            raise c.Busy(f"task {task.id} was claimed by another agentd host and runs there: cancel it on that "
+                         f"host, or cancel its turn from here (agentctl cancel {task.conversation or 'CONVERSATION'})",
+                         details={"task": task.id, "conversation": task.conversation})
         if task.status is _T.PENDING:
             queue = self._queues.get(task.provider)
             if queue is not None and task.id in queue:
@@ -518,15 +534,43 @@ class TaskService:
     # ------------------------------------------------------------------ running
 
     def _dispatch(self, provider: str) -> None:
-        """Start the provider's oldest pending tasks while it has free places (synchronous)."""
+        """Start the provider's oldest pending tasks while it has free places (synchronous).
+        On a shared store: look for queued tasks to claim (agentd.hosts.tasks)."""
+        if self.shared is not None:
+            self.shared.wake()
+            return
         queue = self._queues.get(provider)
-        while queue and self._running.get(provider, 0) < self._limit(provider):
+        while queue and self.free_places(provider) > 0:
             task = self._tasks.get(queue.popleft())
             if task is None or task.status is not _T.PENDING:
                 continue
-            self._running[provider] = self._running.get(provider, 0) + 1
-            self._active[task.id] = _Active()
-            self._spawn(self._run, task)
+            self.start_claimed(task)
+
+    def free_places(self, provider: str) -> int:
+        """How many more of the provider's tasks may run now (``[tasks] concurrency``)."""
+        return self._limit(provider) - self._running.get(provider, 0)
+
+    def start_claimed(self, task: wire.TaskRecord) -> None:
+        """Run ``task`` (``pending``, this host's to run) in a place of its provider."""
+        self._tasks[task.id] = task
+        self._running[task.provider] = self._running.get(task.provider, 0) + 1
+        self._active[task.id] = _Active()
+        self._spawn(self._run, task)
+
+    async def adopt_interrupted(self, task: wire.TaskRecord) -> None:
+        """A task a dead host was running, now this host's to end: ``run_interrupted`` (never run again)."""
+        self._tasks[task.id] = task
+        await self._recover(task)
+
+    def remote_task(self, task: wire.TaskRecord) -> None:
+        """A task record as the database has it; one running here keeps this host's copy."""
+        if task.id not in self._active:
+            self._tasks[task.id] = task
+
+    async def refresh(self) -> None:
+        """On a shared store: every host's tasks, as the database has them, before a listing or a lookup."""
+        if self.shared is not None:
+            await self.shared.refresh()
 
     async def _run(self, task: wire.TaskRecord) -> None:
         active = self._active[task.id]
@@ -554,6 +598,8 @@ class TaskService:
         task.status = _T.RUNNING
         task.started_at = _now()
         self._save(task)
+        if self.shared is not None:
+            await self.shared.durable()  # running before its prompt is sent: never run twice
         log.info("task.started", task=task.id, provider=task.provider)
         try:
             conv = await self.conversations.create(

@@ -63,13 +63,15 @@ class Peers:
     """
 
     def __init__(self, *, conversations: Any, leases: Any, listener: Any, mailbox: Any, owner: str, site: str,
-                 journal_channel: str, records_channel: str) -> None:
+                 journal_channel: str, records_channel: str, tasks: Any = None) -> None:
         self.conversations = conversations
         self.leases = leases
         self.listener = listener
         self.mailbox = mailbox
         self.owner = owner
         self.site = site
+        #: agentd.hosts.tasks.SharedTasks, for the daemon's TaskService
+        self.tasks = tasks
         self._journal_channel = journal_channel
         self._records_channel = records_channel
         self.carried = CARRIED
@@ -83,6 +85,7 @@ class Peers:
         self.service, self.hub, self.server = service, hub, server
         service.shared = self
         service.site = self.site
+        self.leases.providers = service.runtimes.names()  # in this host's row: who may claim what
         server.peers = self
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -122,7 +125,8 @@ class Peers:
             self.service.remote_record(cid, data)
         for record in self.service.list(include_closed=True):
             if record.id not in records and not self.service.is_loaded(record.id):
-                self.service.remote_record(record.id, None)
+                # Gone, or made here after that read: only its own read can tell.
+                self.service.remote_record(record.id, await self.conversations.read_record(record.id))
 
     async def _relay_journals(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self.listener.watch(self._journal_channel) as watch:

@@ -181,3 +181,58 @@ def test_a_host_killed_mid_turn_is_noticed_by_the_others_and_its_turn_ends_once(
     finally:
         for d in (a, b, c):
             d.stop()
+
+
+def _task(d: Daemon, tid: str) -> dict[str, Any]:
+    return _json(d.agentctl("task", "show", tid, "--json"))["task"]
+
+
+def test_tasks_queued_on_one_host_run_on_a_host_with_a_free_place_and_a_dead_hosts_task_ends_once(
+        tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    config = (f'[store]\nbackend = "postgres"\ndsn = "{pg_db.dsn}"\n[leases]\nttl_s = {TTL_S}\n'
+              '[tasks]\nconcurrency = 1\n')
+    (tmp_path / "a").mkdir()
+    a = Daemon(tmp_path / "a", config).start()
+    b = None
+    try:
+        def create(d: Daemon, script: str, text: str) -> str:
+            cp = d.agentctl("task", "create", "-p", "script", "-m", str(SCRIPTS / script), "--cwd", str(work), text,
+                            "--json")
+            assert cp.returncode == 0, cp.stderr
+            return json.loads(cp.stdout)["id"]
+
+        # A's one place is taken by a task that waits until cancelled; the next one waits for a place.
+        long = create(a, "wait.toml", "wait here")
+        _eventually(lambda: _task(a, long)["status"] == "running", why="A never started its task")
+        queued = create(a, "echo.toml", "quick one")
+        time.sleep(TTL_S)
+        assert _task(a, queued)["status"] == "pending"
+        # B comes up with a free place: it claims the queued task and runs it; A sees it end.
+        (tmp_path / "b").mkdir()
+        b = Daemon(tmp_path / "b", config).start()
+        done = _eventually(lambda: _task(a, queued)["status"] == "completed" and _task(a, queued),
+                           why="the task queued on A never completed")
+        assert _json(b.agentctl("show", done["conversation"], "--json"))["record"]["site"].endswith(str(b.state_dir))
+        listed = {t["id"] for t in _json(b.agentctl("task", "ls", "--json"))["tasks"]}
+        assert {long, queued} <= listed
+        # A task running on A cannot be cancelled as a task from B; the error says how.
+        refused = b.agentctl("task", "cancel", long)
+        assert refused.returncode != 0 and "another agentd host" in refused.stderr, refused.stderr
+        # A dies with its task running: B ends it once, run_interrupted, and never runs it again.
+        a.stop(sig=signal.SIGKILL)
+        ended = _eventually(lambda: (t := _task(b, long))["status"] == "failed" and t, timeout=TTL_S * 10 + 15,
+                            why="the dead host's running task never ended")
+        assert ended["reason"] == "run_interrupted", ended
+        records = _tail(b, ended["conversation"])
+        prompts = [x for x in records if x["type"] == "prompt"]
+        assert len(prompts) == 1
+        assert len(_ends(records, prompts[0]["run"])) == 1
+        time.sleep(TTL_S * 2)
+        assert _task(b, long)["status"] == "failed"
+        assert len(_ends(_tail(b, ended["conversation"]), prompts[0]["run"])) == 1
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()

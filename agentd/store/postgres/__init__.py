@@ -27,7 +27,7 @@ from ._listen import Listener, Notification, Watch, notify
 from ._mailbox import COMMANDS_CHANNEL, REPLIES_CHANNEL, Command, HolderSilent, Mailbox, NoHolder
 from ._migrate import MigrationReport, SchemaMismatch, migrate
 from ._pool import Pool, connect
-from ._tasks import PgTaskStore, TaskRecovery
+from ._tasks import TASKS_CHANNEL, PgTaskStore, TaskRecovery
 
 if TYPE_CHECKING:
     from ...config import Config, Paths
@@ -51,6 +51,7 @@ __all__ = [
     "REPLIES_CHANNEL",
     "SchemaMismatch",
     "StoreUnavailable",
+    "TASKS_CHANNEL",
     "TaskRecovery",
     "Watch",
     "connect",
@@ -72,16 +73,19 @@ async def open_shared(config: Config, paths: Paths, owner: str, *, fsync: FsyncP
     Raises :class:`StoreUnavailable` (its ``exit_code`` says whether a restart can help), SchemaMismatch.
     """
     from ...hosts import Peers
+    from ...hosts.tasks import SharedTasks
     from .. import Store
     from .journal import CHANNEL, RECORDS_CHANNEL, open_postgres
 
     conversations, close, dsn = await open_postgres(config, paths.state_dir / "conversations", fsync=fsync)
     site = f"{socket.gethostname()}:{paths.state_dir}"
     leases = PgLeaseStore(conversations.pool, owner=owner, ttl_s=config.leases.ttl_s, site=site)
-    listener = Listener(dsn, [CHANNEL, RECORDS_CHANNEL, COMMANDS_CHANNEL, REPLIES_CHANNEL])
+    listener = Listener(dsn, [CHANNEL, RECORDS_CHANNEL, COMMANDS_CHANNEL, REPLIES_CHANNEL, TASKS_CHANNEL])
+    tasks = SharedTasks(PgTaskStore(conversations.pool, owner=owner, site=site), listener, TASKS_CHANNEL,
+                        interval_s=max(config.leases.ttl_s / 3, 0.1))
     peers = Peers(conversations=conversations, leases=leases, listener=listener,
                   mailbox=Mailbox(conversations.pool, listener, owner=owner), owner=owner, site=site,
-                  journal_channel=CHANNEL, records_channel=RECORDS_CHANNEL)
+                  journal_channel=CHANNEL, records_channel=RECORDS_CHANNEL, tasks=tasks)
 
     async def close_all() -> None:
         try:

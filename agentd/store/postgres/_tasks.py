@@ -28,7 +28,10 @@ import structlog
 from ... import wire
 from ._pool import Pool
 
-__all__ = ["PgTaskStore", "TaskRecovery"]
+__all__ = ["TASKS_CHANNEL", "PgTaskStore", "TaskRecovery"]
+
+#: NOTIFY channel of tasks queued; payload: their provider
+TASKS_CHANNEL = "agentd_tasks"
 
 _encode = msgspec.json.Encoder().encode
 _decoder = msgspec.json.Decoder(wire.TaskRecord)
@@ -72,13 +75,30 @@ class PgTaskStore:
         self.owner = owner
         self.site = site
 
-    async def save(self, task: wire.TaskRecord) -> None:
-        """Insert or replace ``task``'s record (one transaction). Raises :class:`StoreUnavailable`."""
-        await self.pool.execute(
+    def _save(self, conn: psycopg.Connection[Any], task: wire.TaskRecord) -> None:
+        from ._listen import notify
+
+        conn.execute(
             "INSERT INTO tasks (id, provider, status, created_at, record) VALUES (%s, %s, %s, %s, %s) "
             "ON CONFLICT (id) DO UPDATE SET provider = EXCLUDED.provider, status = EXCLUDED.status, "
             "record = EXCLUDED.record, updated_at = now()",
             (task.id, task.provider, task.status.value, task.created_at, _encode(task)))
+        if task.status is wire.TaskStatus.PENDING:
+            notify(conn, TASKS_CHANNEL, task.provider)  # hosts offering it look for work
+
+    async def save(self, task: wire.TaskRecord) -> None:
+        """Insert or replace ``task``'s record (one transaction; a ``pending`` one also sends
+        ``NOTIFY agentd_tasks, '<provider>'``). Raises :class:`StoreUnavailable`."""
+        await self.pool.run(self._save, task)
+
+    async def cancel_queued(self, task_id: str, record: wire.TaskRecord) -> bool:
+        """Replace a task still queued and claimed by nobody with ``record`` (its ``cancelled`` end),
+        atomically against claims; False when a host claimed it first (or it is not queued)."""
+        rows = await self.pool.execute(
+            "UPDATE tasks SET status = %s, record = %s, updated_at = now() "
+            "WHERE id = %s AND status = 'pending' AND claimed_by = '' RETURNING id",
+            (record.status.value, _encode(record), task_id))
+        return bool(rows)
 
     async def load(self, *, claimed_by: str | None = None) -> list[wire.TaskRecord]:
         """Every readable record, oldest first (an unreadable one is logged and skipped).
