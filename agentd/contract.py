@@ -53,7 +53,9 @@ class NotFound(AgentdError):
 
 
 class ConversationNotFound(NotFound):
-    """The exact conversation id does not exist; the caller must not create a replacement."""
+    """The exact conversation id does not exist (a runtime that died before it saved the session
+    says so at its reopen). A provider never creates a replacement by itself; only the service may,
+    where the journal shows nothing the runtime kept is lost (agentd.lost_sessions)."""
 
 
 class Invalid(AgentdError):
@@ -1020,7 +1022,8 @@ class Conversation(Protocol):
 
         Raises :class:`Busy` if a turn runs (a provider never folds a prompt
         into a running turn), :class:`SubmissionUncertain` when the outcome
-        is unknown (never resent).
+        is unknown (never resent), :class:`ConversationNotFound` when its
+        restarted runtime no longer has the session (nothing was sent).
         """
         ...
 

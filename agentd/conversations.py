@@ -16,6 +16,9 @@ Rules kept here (from the provider contract):
   journal says it was automatic. A pending interaction may expire by policy
   (``interactions.timeout_s``): it is then denied, recorded ``by: timeout``.
 * ``SubmissionUncertain`` is surfaced to the caller and never retried.
+* A runtime that lost a conversation's session gets a fresh one only where the journal
+  shows it held no context (no completed turn); else the send fails saying the context
+  is lost (agentd.lost_sessions). Either way before the prompt reached a runtime.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import trio
 from . import attachments as _attachments
 from . import contract as c
 from . import itemids as _itemids
+from . import lost_sessions as _lost_sessions
 from . import masking
 from . import models as _models
 from . import runtime_output
@@ -698,9 +702,11 @@ class ConversationService:
             try:
                 conv = await self.runtimes.open(record.provider, request, live.sink)  # warm pool
             except c.ConversationNotFound as exc:
-                raise c.NotFound(
-                    f"the provider no longer has conversation {record.provider_conversation_id!r}: {exc.message}"
-                ) from None
+                if not request.conversation_id:
+                    raise c.NotFound(f"the provider could not open a conversation: {exc.message}") from None
+                # The runtime lost its session (it died before saving it, say): a fresh one when
+                # nothing it kept is lost, else NotFound saying so (agentd.lost_sessions).
+                conv = await _lost_sessions.reopen_lost(self, live, request, exc)
             live.conv = conv
             live.last_event = trio.current_time()  # just opened: idle from now (agentd.idle_release)
             if conv.id != record.provider_conversation_id:
@@ -1309,14 +1315,18 @@ class ConversationService:
                 if live.run != run:
                     await self._abandoned_open(live, run)
                     return after
-            live.sent_run = run
-            live.sink.tagger.begin(run)
+            prompt = c.Prompt(text=text, attachments=list(attachments or []))
             try:
-                await _slash.submit(self, live, conv, c.Prompt(text=text, attachments=list(attachments or [])))
-            except BaseException as exc:
-                if not isinstance(exc, c.SubmissionUncertain):
-                    live.sink.tagger.open = False  # the provider refused it: no turn of its own runs
-                raise
+                await self._submit(live, run, conv, prompt)
+            except c.ConversationNotFound as exc:
+                # The provider found, before it sent anything, that its runtime came back without
+                # the session: reopen (agentd.lost_sessions decides how) and hand it over once more.
+                log.warning("turn.session_lost_at_send", conversation=live.record.id, run=run, error=exc.message)
+                conv = await self._reopen_after_loss(live, conv)
+                if live.run != run:
+                    await self._abandoned_open(live, run)
+                    return after
+                await self._submit(live, run, conv, prompt)
         except c.SubmissionUncertain as exc:
             # The provider may be running it. Surface it; never resend. The turn stays active
             # until the provider reports its end or the user cancels it.
@@ -1347,6 +1357,29 @@ class ConversationService:
             live.last_event = trio.current_time()
             self._spawn(_turnwatch.watch, self, live, run)
         return after
+
+    async def _submit(self, live: _Live, run: str, conv: c.Conversation, prompt: c.Prompt) -> None:
+        """Hand ``run``'s prompt to ``conv`` (see agentd.slash_commands.submit); raises what it raises."""
+        live.sent_run = run
+        live.sink.tagger.begin(run)
+        try:
+            await _slash.submit(self, live, conv, prompt)
+        except BaseException as exc:
+            if not isinstance(exc, c.SubmissionUncertain):
+                live.sink.tagger.open = False  # the provider refused it: no turn of its own runs
+            raise
+
+    async def _reopen_after_loss(self, live: _Live, conv: c.Conversation) -> c.Conversation:
+        """``conv``'s runtime no longer has its session: close it, then open the conversation again.
+
+        Raises what :meth:`_ensure_open` raises (NotFound when the runtime's context is lost).
+        """
+        async with live.open_lock:
+            if live.conv is conv:
+                live.conv = None
+        with trio.CancelScope(shield=True), trio.move_on_after(INTERRUPT_WAIT_S):
+            await conv.close()
+        return await self._ensure_open(live)
 
     async def _abandoned_open(self, live: _Live, run: str) -> None:
         """``run`` ended while its provider conversation was being opened; its prompt is not sent.

@@ -105,18 +105,32 @@ COMMANDS: dict[str, Command] = {"read": read_file, "write": write_file, "garbage
 # --------------------------------------------------------------------------- the agent
 
 
+def _saved(path: str) -> set[str]:
+    try:
+        with open(path) as f:
+            return set(f.read().split())
+    except FileNotFoundError:
+        return set()
+
+
 def serve(
     *,
     name: str = "fake",
     load_session: bool = False,
     session_prefix: str = "fake",
     commands: Mapping[str, Command] = COMMANDS,
+    sessions_file: str | None = None,
 ) -> None:
     """Answer ACP on stdio until stdin closes.
 
     ``load_session``: advertise loadSession and answer session/load (with an
     empty result) instead of refusing it. A prompt whose first word is not in
     ``commands`` is echoed.
+
+    ``sessions_file``: the agent's session store, like a real agent's, that it
+    writes only when a turn ends (``end_turn``): a session id a line. A load of
+    a session not in it (the agent died during the session's first turn, or the
+    file was removed) answers ACP's "resource not found", as Copilot CLI does.
     """
     while True:
         msg = read()
@@ -130,7 +144,12 @@ def serve(
         elif method == "session/new":
             send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": f"{session_prefix}-{next(_sessions)}"}})
         elif method == "session/load" and load_session:
-            send({"jsonrpc": "2.0", "id": rid, "result": {}})
+            sid = params.get("sessionId")
+            if sessions_file is not None and sid not in _saved(sessions_file):
+                send({"jsonrpc": "2.0", "id": rid, "error": {
+                    "code": -32002, "message": f"Resource not found: Session {sid} not found"}})
+            else:
+                send({"jsonrpc": "2.0", "id": rid, "result": {}})
         elif method == "session/prompt":
             session = params["sessionId"]
             blocks = params.get("prompt", [])
@@ -144,6 +163,9 @@ def serve(
                 say(session, f"echo:{text}")
             elif command(session, rid, rest):
                 continue
+            if sessions_file is not None and session not in _saved(sessions_file):
+                with open(sessions_file, "a") as f:
+                    f.write(session + "\n")
             send({"jsonrpc": "2.0", "id": rid, "result": {"stopReason": "end_turn"}})
         elif method == "session/cancel":
             pass

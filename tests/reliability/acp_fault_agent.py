@@ -37,7 +37,9 @@ Every start writes the agent's environment, as a JSON object, to ``$FAULT_ENV_DU
 set). Every start appends a line to ``$FAULT_AGENT_LOG`` (when set), so a test can
 count restarts and see when they happened; every prompt received appends its
 text, JSON-encoded, as a line to ``$FAULT_AGENT_PROMPTS`` (when set), so a test
-can tell which prompts reached the agent. Standard library only.
+can tell which prompts reached the agent. With ``$FAULT_SESSIONS`` set, that file is the agent's
+session store, written only as a turn ends: a load of a session not in it answers "resource not
+found" (a real agent that died before it saved the session). Standard library only.
 """
 
 from __future__ import annotations
@@ -222,7 +224,8 @@ def main() -> None:
     prompts = os.environ.get("FAULT_AGENT_PROMPTS")
     if prompts:
         log_prompts(prompts)
-    fake.serve(name="fault", load_session=True, session_prefix=f"fault-{os.getpid()}", commands=COMMANDS)
+    fake.serve(name="fault", load_session=True, session_prefix=f"fault-{os.getpid()}", commands=COMMANDS,
+               sessions_file=os.environ.get("FAULT_SESSIONS"))
 
 
 if __name__ == "__main__":

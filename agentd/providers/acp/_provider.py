@@ -5,10 +5,19 @@ One provider per ``[providers.acp.<agent>]`` table, named ``acp:<agent>``. With
 process started in the conversation's workdir; with ``"shared"`` one process
 serves every conversation and the workdir is passed per session only.
 
-A conversation's id is the agent's ACP session id. agentd keeps, under
+A conversation's id here is the agent's ACP session id (agentd's own conversation id maps to it
+through the conversation record's ``provider_conversation_id``). agentd keeps, under
 ``<state_dir>/providers/acp/<agent>/conversations/``, one small record per
 conversation (its workdir, title, creation time) so that a later daemon can
 reopen it by id alone; the transcript itself stays with the agent.
+
+An agent process that dies is replaced at the next request, which loads (or resumes) the session
+into the new one. An agent that never saved the session (Copilot CLI killed during the session's
+first turn) answers "not found": :meth:`AcpProvider.open` then raises ConversationNotFound, and so
+does ``send`` when the session was open here, before anything is sent. This provider never makes a
+replacement session by itself; agentd.lost_sessions decides from the journal whether one may be
+made (no turn had completed: a fresh session/new, the conversation goes on with a notice) or the
+agent's context is lost (a clear ``not_found``).
 
 Capabilities are what the agent advertised in ``initialize`` (session/load ->
 history and reopen, session/resume -> reopen, session/list -> import) and
@@ -841,7 +850,9 @@ class AcpConversation:
         the provider's nursery and ends with exactly one terminal TurnEvent. If
         the agent process is gone, a fresh one is started first and the session
         loaded (or resumed) into it. Raises Busy while a turn runs, Closed when
-        closed or the session cannot be brought back, RuntimeUnavailable when
+        closed or the agent can neither load nor resume, ConversationNotFound
+        when the restarted agent no longer has the session (nothing was sent;
+        agentd.lost_sessions decides what follows), RuntimeUnavailable when
         the agent cannot start. A prompt that cannot be written fails its turn
         (the agent never saw a whole request); it is never resent.
         """
@@ -1125,7 +1136,8 @@ class AcpConversation:
 
     async def _ensure_agent(self) -> _Agent:
         """The live agent of this session, starting a fresh process and loading the session into it
-        when the previous one exited. Raises Closed, RuntimeUnavailable."""
+        when the previous one exited. Raises Closed, ConversationNotFound (the new process does not
+        have the session), RuntimeUnavailable."""
         async with self._revive_lock:
             agent = self._agent
             if agent is not None and agent.alive:
@@ -1145,9 +1157,10 @@ class AcpConversation:
                 # resume keeps our transcript; a load replays the agent's own, which then replaces it
                 await self._attach(agent, "session/resume" if resume else "session/load")
             except ConversationNotFound as exc:
+                # Nothing was sent: the caller may reopen it afresh (agentd.lost_sessions decides).
                 with trio.CancelScope(shield=True):
                     await self._provider._release(agent)
-                raise Closed(f"the agent restarted but no longer has this session: {exc.message}") from None
+                raise ConversationNotFound(f"the agent restarted but no longer has this session: {exc.message}") from None
             except BaseException as exc:
                 if isinstance(exc, RuntimeUnavailable):
                     self._provider._start_failed(agent, exc)
