@@ -51,6 +51,7 @@ BENCHMARKS: dict[str, str] = {
     "masking": "bench_masking:bench_masking",
     "checkpoints": "bench_checkpoints:bench_checkpoints",
     "pg-notify": "bench_pg:bench_pg_notify",
+    "cross-host": "bench_pg:bench_cross_host",
     "store-append": "bench_store:bench_store_append",
 }
 

@@ -31,7 +31,7 @@ def test_quick_mode_runs_every_benchmark_to_a_number(tmp_path: Path) -> None:
     keys = {r["key"] for r in results}
     assert {"journal-batch", "journal-always", "fanout", "latency", "status", "tail", "startup", "rss", "history",
             "copilot", "codex", "warm", "claude-idle", "masking", "checkpoints", "pg-notify",
-            "store-append"} <= keys
+            "store-append", "cross-host"} <= keys
     ci = os.environ.get("CI", "").lower() not in ("", "0", "false")
     for r in results:
         if not ci and r["key"] in ("copilot", "codex", "warm", "claude-idle") and r["skipped"] and not r["failed"]:
