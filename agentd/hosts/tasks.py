@@ -105,7 +105,7 @@ class SharedTasks:
                 for task in batch:
                     await self.store.save(task)
                 self._error = None
-            except (c.AgentdError, OSError) as exc:
+            except Exception as exc:  # retried; never takes the daemon down
                 log.error("task.record_write_failed", tasks=[t.id for t in batch], error=str(exc))
                 self._error = exc
                 for task in batch:  # retried, unless saved again meanwhile
@@ -145,7 +145,7 @@ class SharedTasks:
             try:
                 await self._settle_dead()
                 await self._claim_all()
-            except (c.AgentdError, OSError) as exc:
+            except Exception as exc:  # looked at again next round
                 log.warning("task.claim_failed", error=str(exc))
             with trio.move_on_after(self.interval_s):
                 await self._wake_claims.wait()
