@@ -104,13 +104,18 @@ class SharedTasks:
             try:
                 for task in batch:
                     await self.store.save(task)
-                self._error = None
             except Exception as exc:  # retried; never takes the daemon down
                 log.error("task.record_write_failed", tasks=[t.id for t in batch], error=str(exc))
-                self._error = exc
-                for task in batch:  # retried, unless saved again meanwhile
-                    self._unwritten.setdefault(task.id, task)
+                self._error = exc  # the waiters raise it
+                for task in reversed(batch):  # retried first, unless saved again meanwhile
+                    if task.id not in self._unwritten:
+                        self._unwritten[task.id] = task
+                        self._unwritten.move_to_end(task.id, last=False)
+                self._wrote.set()
+                self._wrote = trio.Event()
                 await trio.sleep(1.0)
+                continue
+            self._error = None
             self._written = upto
             self._wrote.set()
             self._wrote = trio.Event()
