@@ -116,8 +116,8 @@ class Peers:
                     else:
                         cid = note.payload
                         self.service.remote_record(cid, await self.conversations.read_record(cid))
-                except c.AgentdError as exc:
-                    log.warning("hosts.record_refresh_failed", error=exc.message)
+                except Exception as exc:  # a background loop: never takes the daemon down
+                    log.warning("hosts.record_refresh_failed", error=str(exc))
 
     async def _reread_records(self) -> None:
         records = await self.conversations.read_records()
@@ -144,7 +144,7 @@ class Peers:
                     if self.hub.subscribers(cid) and not self.service.is_loaded(cid):
                         try:
                             await self.relay(cid)
-                        except (c.AgentdError, ValueError) as exc:
+                        except Exception as exc:  # the next notification, or a reader, tries again
                             log.warning("hosts.relay_failed", conversation=cid, error=str(exc))
 
     async def relay(self, cid: str) -> int:
@@ -234,9 +234,12 @@ class Peers:
         while True:
             try:
                 for lease in await self.leases.expired():
-                    await self._take_over(lease.key, lease.owner)
-            except c.AgentdError as exc:
-                log.warning("hosts.lease_watch_failed", error=exc.message)
+                    try:
+                        await self._take_over(lease.key, lease.owner)
+                    except Exception:  # this one next round; the others now
+                        log.exception("hosts.take_over_failed", conversation=lease.key)
+            except Exception as exc:
+                log.warning("hosts.lease_watch_failed", error=str(exc))
             await trio.sleep(interval)
 
     async def _take_over(self, cid: str, owner: str) -> None:

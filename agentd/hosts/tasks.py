@@ -104,13 +104,18 @@ class SharedTasks:
             try:
                 for task in batch:
                     await self.store.save(task)
-                self._error = None
-            except (c.AgentdError, OSError) as exc:
+            except Exception as exc:  # retried; never takes the daemon down
                 log.error("task.record_write_failed", tasks=[t.id for t in batch], error=str(exc))
-                self._error = exc
-                for task in batch:  # retried, unless saved again meanwhile
-                    self._unwritten.setdefault(task.id, task)
+                self._error = exc  # the waiters raise it
+                for task in reversed(batch):  # retried first, unless saved again meanwhile
+                    if task.id not in self._unwritten:
+                        self._unwritten[task.id] = task
+                        self._unwritten.move_to_end(task.id, last=False)
+                self._wrote.set()
+                self._wrote = trio.Event()
                 await trio.sleep(1.0)
+                continue
+            self._error = None
             self._written = upto
             self._wrote.set()
             self._wrote = trio.Event()
@@ -145,7 +150,7 @@ class SharedTasks:
             try:
                 await self._settle_dead()
                 await self._claim_all()
-            except (c.AgentdError, OSError) as exc:
+            except Exception as exc:  # looked at again next round
                 log.warning("task.claim_failed", error=str(exc))
             with trio.move_on_after(self.interval_s):
                 await self._wake_claims.wait()
