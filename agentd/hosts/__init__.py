@@ -28,6 +28,7 @@ The rules (issue 20, and the agent-server seed's leases with TTL and takeover):
 from __future__ import annotations
 
 import types
+import typing
 from typing import Any
 
 import structlog
@@ -41,12 +42,18 @@ __all__ = ["CARRIED", "Peers"]
 
 log = structlog.get_logger("agentd.hosts")
 
-#: the requests answered by the host that runs the conversation: those that must reach the runtime,
-#: and ``show`` (its pending interactions and queue are that host's memory; read here when none runs it)
-CARRIED: dict[type, str] = {wire.Send: "send", wire.Steer: "steer", wire.Cancel: "cancel",
-                            wire.AnswerInteraction: "answer", wire.Show: "show"}
-#: of those, the ones answered here when no live host runs the conversation
-LOCAL_WHEN_UNHELD = frozenset({wire.Show})
+#: requests on a conversation that any host answers from the database
+LOCAL_READS = frozenset({wire.Subscribe, wire.Export, wire.History})
+#: host tools belong to the connection that registered them, on the host whose runtime calls them
+HOST_TOOLS = frozenset({wire.RegisterTool, wire.UnregisterTool, wire.NextToolCall, wire.ToolResult,
+                        wire.ListHostTools, wire.CallHostTool})
+#: every other request on a conversation is answered by the host that runs it (its runtime, its
+#: memory, its host-local files: checkpoints, whole tool outputs), by the request's tag
+CARRIED: dict[type, str] = {
+    t: t.__struct_config__.tag for t in typing.get_args(wire.Request)
+    if "conversation" in t.__struct_fields__ and t not in LOCAL_READS | HOST_TOOLS}
+#: of those, the ones that touch only the record and journal: answered here when no live host runs it
+LOCAL_WHEN_UNHELD = frozenset({wire.Show, wire.Close, wire.Remove, wire.SetTitle, wire.SetBudget})
 #: rows read per relay round trip
 RELAY_CHUNK = 2048
 #: how long a carried command may take to be answered (a send answers once the prompt is accepted), s
@@ -74,7 +81,8 @@ class Peers:
         self.tasks = tasks
         self._journal_channel = journal_channel
         self._records_channel = records_channel
-        self.carried = CARRIED
+        #: what the server hands to :meth:`carry` before answering it itself
+        self.carried = frozenset(CARRIED) | HOST_TOOLS
         self.service: Any = None
         self.hub: Any = None
         self.server: Any = None
@@ -182,7 +190,8 @@ class Peers:
     async def carry(self, request: Any) -> bytes | None:
         """The answer frame of ``request`` (one of :data:`CARRIED`) from the host that runs its
         conversation, or None when that is this host (the caller runs it). Raises NotFound,
-        Closed (no live host serves the conversation's site), HolderSilent, SubmissionUncertain."""
+        Closed (no live host serves the conversation's site), Unsupported (a host tool op for a
+        conversation another host runs), HolderSilent, SubmissionUncertain."""
         cid = self.service.resolve(request.conversation)
         if self.service.is_loaded(cid):
             return None
@@ -205,6 +214,11 @@ class Peers:
                     "is on that host's disk; start agentd there (it can be read from here meanwhile)",
                     details={"conversation": cid, "site": site})
             target = hosts[-1].owner
+        if type(request) in HOST_TOOLS:
+            raise c.Unsupported(
+                f"conversation {cid} runs on another agentd host ({self.service.record(cid).site}): host tools "
+                "are registered with, and called through, the agentd that runs it; connect to that one",
+                details={"conversation": cid})
         timeout_s = SHOW_TIMEOUT_S if type(request) is wire.Show else CARRY_TIMEOUT_S
         return await self.mailbox.call(cid, CARRIED[type(request)], wire.encode(request), timeout_s=timeout_s,
                                        target=target)
@@ -215,7 +229,7 @@ class Peers:
             request = wire.decode_request(cmd.request)
         except wire.ProtocolError as exc:
             return wire.encode_error(exc.request_id, exc)
-        if type(request) not in CARRIED:
+        if type(request) not in CARRIED or CARRIED[type(request)] != cmd.op:
             return wire.encode_error(request.id, c.Invalid(f"{type(request).__name__} is not carried between hosts"))
         try:
             if self.service.resolve(request.conversation) != cmd.conversation_id:

@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import psycopg
 
+from agentd import contract as c
+from agentd import wire
 from daemon_harness import REPO, Daemon
 from pgcluster import PgDatabase
 
@@ -136,6 +138,23 @@ def test_a_conversation_made_on_one_host_is_read_tailed_and_driven_from_another(
         assert answered.returncode == 0, answered.stderr
         _eventually(lambda: (work / "agentd-tool.txt").exists(), why="the answer from B never reached A's runtime")
         _eventually(lambda: _json(b.agentctl("show", tool, "--json"))["record"]["state"] == "idle")
+
+        # Record changes asked on B are made by A, which holds the conversation; so is a removal.
+        assert b.agentctl("title", cid, "renamed on B").returncode == 0
+        assert _json(a.agentctl("show", cid, "--json"))["record"]["title"] == "renamed on B"
+        removed = b.agentctl("rm", tool)
+        assert removed.returncode == 0, removed.stderr
+        _eventually(lambda: tool not in _listed(a) and tool not in _listed(b), why="the removal did not reach both")
+        assert _seqs(pg_db.dsn, tool) == []
+        # Host tools belong to the agentd that runs the conversation: B says so.
+        with b.client() as client:
+            try:
+                client.request(wire.RegisterTool, conversation=cid, name="stamp", description="d",
+                               input_schema={"type": "object"})
+            except c.AgentdError as exc:
+                assert exc.code == "unsupported" and "another agentd host" in exc.message, exc
+            else:
+                raise AssertionError("B registered a host tool for a conversation A runs")
     finally:
         if follower is not None:
             follower.stop()
