@@ -380,6 +380,7 @@ def _describe(exc: AgentdError) -> str:
 #: Every command: name -> "module:attribute" in agentctl.commands.
 COMMANDS: dict[str, str] = {
     "status": "daemon:status",
+    "hosts": "daemon:hosts",
     "providers": "accounts:providers",
     "models": "accounts:models",
     "stop": "daemon:stop",

@@ -273,6 +273,7 @@ class Server:
         self.connections = 0
         self._handlers: dict[type, Callable[[_Connection, Any], Awaitable[Any]]] = {
             wire.Status: self._status,
+            wire.Hosts: self._hosts,
             wire.Providers: self._providers,
             wire.Models: self._models,
             wire.New: self._new,
@@ -533,6 +534,12 @@ class Server:
             running=self.service.running(),
             providers=self.service.runtimes.names(),
         )
+
+    async def _hosts(self, conn: _Connection, req: wire.Hosts) -> wire.HostsResult:
+        if self.peers is None:
+            raise c.Unsupported('this agentd keeps its conversations in files: it is the only host '
+                                '(several hosts share a [store] backend = "postgres"; docs/scale-out.md)')
+        return await self.peers.hosts()
 
     async def _providers(self, conn: _Connection, req: wire.Providers) -> list[wire.ProviderInfo]:
         from . import accounts

@@ -109,6 +109,10 @@ class Status(_Request, tag="status"):
     pass
 
 
+class Hosts(_Request, tag="hosts"):
+    """The agentd hosts sharing this store (``[store] backend = "postgres"``; agentd.hosts)."""
+
+
 class Providers(_Request, tag="providers"):
     #: "" = every provider; else only this one
     provider: str = ""
@@ -749,6 +753,7 @@ class HostToolCallResult(msgspec.Struct, frozen=True, omit_defaults=True):
 Request = Union[
     Hello,
     Status,
+    Hosts,
     Providers,
     Models,
     New,
@@ -834,6 +839,30 @@ class StatusResult(msgspec.Struct, frozen=True, omit_defaults=True):
     conversations: int
     running: int
     providers: list[str]
+
+
+class HostInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One agentd instance registered in the shared store (its heartbeat row).
+
+    ``alive``: its heartbeat had not expired when read (database clock). ``leases``: the
+    conversations it holds open now. ``this``: the agentd that answered.
+    """
+
+    owner: str
+    hostname: str
+    pid: int
+    site: str
+    started_at: str
+    alive: bool
+    providers: list[str] = []
+    leases: int = 0
+    this: bool = False
+
+
+class HostsResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """``hosts``: every agentd instance of the shared store, alive or not, by hostname then start."""
+
+    hosts: list[HostInfo]
 
 
 class ShutdownResult(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -47,6 +47,40 @@ def status() -> None:
 
 
 @click.command()
+@common
+def hosts() -> None:
+    """List the agentd hosts sharing this daemon's PostgreSQL store, alive or not.
+
+    Each host is one agentd instance: its hostname, site (the state dir it runs
+    on, where its runtimes keep their sessions), pid, whether its heartbeat is
+    current, the conversations it holds open and its providers. A host whose
+    heartbeat expired has died or stalled; another host ends its running turns
+    once its leases expire. On the file store there is one host: exit 1 says so.
+
+    \b
+    Examples:
+      agentctl hosts
+      agentctl hosts --json | jq -r '.hosts[] | select(.alive | not) | .site'
+    """
+    from ..jsonout import full
+
+    o = _opts()
+    r = o.client().call(wire.Hosts, wire.HostsResult)
+    if o.json:
+        return _json(full(r))
+    from agentd.termsafe import visible
+
+    rows = [("HOST", "SITE", "PID", "STATE", "OPEN", "PROVIDERS")]
+    for h in r.hosts:
+        state = ("alive" if h.alive else "gone") + (" (this)" if h.this else "")
+        rows.append((visible(h.hostname), visible(h.site), str(h.pid), state, str(h.leases),
+                     visible(", ".join(h.providers)) or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+
+
+@click.command()
 @click.option("--timeout", type=click.FloatRange(min=0), default=STOP_TIMEOUT_S, show_default=True,
               metavar="SECONDS", help="How long to wait for agentd to exit (then exit 1).")
 @common

@@ -241,6 +241,14 @@ class Peers:
             return masking.mask_json(wire.encode_error(request.id, exc))
         return masking.mask_json(wire.encode_result(request.id, result))
 
+    async def hosts(self) -> wire.HostsResult:
+        """Every registered instance, with the conversations it holds open now."""
+        held = await self.leases.held_counts()
+        return wire.HostsResult(hosts=[
+            wire.HostInfo(owner=h.owner, hostname=h.hostname, pid=h.pid, site=h.site, started_at=h.started_at,
+                          alive=h.alive, providers=h.providers, leases=held.get(h.owner, 0), this=h.owner == self.owner)
+            for h in await self.leases.hosts()])
+
     # ------------------------------------------------------------------ dead hosts
 
     async def _watch_leases(self) -> None:

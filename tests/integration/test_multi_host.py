@@ -190,6 +190,10 @@ def test_a_host_killed_mid_turn_is_noticed_by_the_others_and_its_turn_ends_once(
         taken = [x for x in records if x["type"] == "lease" and x["data"]["action"] == "taken_over"]
         assert len(taken) == 1 and taken[0]["data"]["previous_owner"], taken
         assert _json(b.agentctl("show", cid, "--json"))["record"]["state"] == "idle"
+        hosts = {h["site"].split(":", 1)[1]: h for h in _json(b.agentctl("hosts", "--json"))["hosts"]}
+        assert not hosts[str(a.state_dir)]["alive"] and hosts[str(a.state_dir)]["leases"] == 0
+        assert hosts[str(b.state_dir)]["alive"] and hosts[str(b.state_dir)]["this"]
+        assert hosts[str(c.state_dir)]["alive"] and "script" in hosts[str(c.state_dir)]["providers"]
         # Its runtime's session is on A's disk: no other host opens it, and the error says why.
         refused = b.agentctl("send", cid, "anyone?")
         assert refused.returncode != 0 and "not running" in refused.stderr and str(a.state_dir) in refused.stderr

@@ -134,6 +134,11 @@ class PgLeaseStore:
         return [Host(owner=o, hostname=h, pid=p, site=s, providers=list(pr), started_at=_rfc3339(st), expires_at=e,
                      alive=a, data=d or {}) for o, h, p, s, pr, st, e, a, d in rows]
 
+    async def held_counts(self) -> dict[str, int]:
+        """How many live (unexpired) leases each owner holds."""
+        rows = await self.pool.execute("SELECT owner, count(*) FROM leases WHERE expires_at > now() GROUP BY owner")
+        return {owner: int(n) for owner, n in rows}
+
     async def retire(self) -> None:
         """Remove this instance's ``hosts`` row (a clean stop); its leases are the caller's to release first."""
         with trio.CancelScope(shield=True):  # part of shutdown

@@ -213,6 +213,8 @@ class PgConversationStore:
         self._dirty: dict[PgJournal, None] = {}
         #: records written, not committed yet: id -> bytes (the last write wins)
         self._records: dict[str, bytes] = {}
+        #: records of the commit in flight: still this host's to answer reads with until it ends
+        self._inflight: dict[str, bytes] = {}
         #: journal heads read at start-up (read_records), for journal_size
         self._heads: dict[str, int] = {}
         self._dirty_since = 0.0
@@ -299,11 +301,14 @@ class PgConversationStore:
         if not journals and not records:
             return True
         batch = [(j, list(j._pending)) for j in journals]
+        self._inflight = records
         try:
             await self.pool.run(_write, [(j.conversation_id, rows) for j, rows in batch], records,
                                 self.fsync is FsyncPolicy.NEVER)
         except Exception as exc:
             return await self._commit_failed(batch, records, exc)
+        finally:
+            self._inflight = {}
         for j, rows in batch:
             self._done_with(j, rows)
         if self._failures:
@@ -377,15 +382,19 @@ class PgConversationStore:
         rows = await self.pool.run(_records_and_heads)
         self._heads = {cid: head or 0 for cid, _, head in rows}
         out = {cid: bytes(data) for cid, data, _ in rows}
+        out.update(self._inflight)
         out.update(self._records)
         return out
 
     async def read_record(self, conversation_id: str) -> bytes | None:
-        if conversation_id in self._records:
-            return self._records[conversation_id]
+        mine = self._records.get(conversation_id) or self._inflight.get(conversation_id)
+        if mine is not None:
+            return mine
         if not _fsutil.is_safe_name(conversation_id):
             return None
-        return await self.pool.run(_record, conversation_id)
+        data = await self.pool.run(_record, conversation_id)
+        # Written meanwhile: the database's copy may predate it (or not be committed yet).
+        return self._records.get(conversation_id) or self._inflight.get(conversation_id) or data
 
     def write_record(self, conversation_id: str, data: bytes) -> None:
         self._check(conversation_id)
