@@ -269,6 +269,8 @@ class ConversationService:
         self._live: dict[str, _Live] = {}
         #: conversations being loaded, each under its lock
         self._loading: dict[str, trio.Lock] = {}
+        #: conversations a dead holder left, being ended by :meth:`recover`, each under its lock
+        self._recovering: dict[str, trio.Lock] = {}
         #: on a store shared by several hosts (agentd.hosts.Peers), set by the daemon: what brings a
         #: conversation another host wrote up to date before this one reads or loads it
         self.shared: Any = None
@@ -1607,9 +1609,13 @@ class ConversationService:
     async def recover(self, cid: str) -> wire.ConversationRecord:
         """Load ``cid`` (taking its lease: LeaseHeld when a live host holds it) and end what a dead
         holder left running, ``run_interrupted``, as recovery at start does; the record after that."""
-        live = await self._load(cid)
-        if live.record.active_run or live.record.queued:
-            await self._recover_one(live.record)
+        lock = self._recovering.setdefault(cid, trio.Lock())
+        async with lock:  # two callers (a lease takeover, a task's) must not both end the run
+            live = await self._load(cid)
+            if live.record.active_run or live.record.queued:
+                await self._recover_one(live.record)
+        if not lock.locked() and not lock.statistics().tasks_waiting:
+            self._recovering.pop(cid, None)
         return live.record
 
     async def unload(self, cid: str) -> bool:
