@@ -99,9 +99,14 @@ def test_an_answer_over_the_64_mib_ceiling_fails_the_turn_with_its_size_and_the_
             # the frame on the wire: the whole answer and its event around it, past the ceiling
             assert int(size[1].replace(",", "")) > len(HUGE_TEXT) > MAX_MESSAGE_BYTES, error
             assert int(size[2].replace(",", "")) == MAX_MESSAGE_BYTES
+            assert not ends[-1].get("inferred"), ends[-1]  # the CLI ended its (aborted) turn itself
             notices = [r["data"]["text"] for r in d.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "notice"]
             assert f"error: {error}" in notices, notices
             events = d.log_events()
+            refused = [e for e in events if e.get("event") == "copilot.message_refused"]
+            # the answer's one event agentd reads; the CLI's model.* telemetry holding it too is only logged
+            sid = d.record(cid)["provider_conversation_id"]
+            assert [(e["event_type"], e["session"]) for e in refused] == [("assistant.message", sid)], refused
             assert not [e for e in events if e.get("event") == "copilot.runtime_exited"], "the runtime was lost"
             assert len([e for e in events if e.get("event") == "copilot.runtime_started"]) == 1
             rt.text_only("Short again.")

@@ -80,7 +80,7 @@ class _Reader:
         self.client.set_notification_handler(self._note)
         self.client.on_close = self.closed.set
         if isinstance(self.client, BoundedJsonRpcClient):
-            self.client.on_refused = lambda sid, text: (self.refused.append((sid, text)), self.event.set())
+            self.client.on_refused = lambda head, text: (self.refused.append((head.session_id, text)), self.event.set())
         self.client.start(self.loop)
 
     def _note(self, method: str, params: Any) -> None:
@@ -218,6 +218,8 @@ def test_broken_framing_ends_the_connection_and_says_why(reader: _Reader) -> Non
 def test_the_head_of_a_frame_names_its_id_method_and_session_even_cut_anywhere() -> None:
     whole = b'{"jsonrpc":"2.0","id":12,"method":"tool.call","params":{"x":{"sessionId":"no","s":"}"},"sessionId":"s\\u00e9","more":1}}'
     assert peek(whole) == _reader.FrameHead(id=12, method="tool.call", session_id="s\u00e9")
+    event = b'{"jsonrpc":"2.0","method":"session.event","params":{"sessionId":"s1","event":{"id":"e","type":"model.messages_snapshot","data":{"m'
+    assert peek(event) == _reader.FrameHead(method="session.event", session_id="s1", event_type="model.messages_snapshot")
     for cut in range(len(whole)):
         head = peek(whole[:cut])  # never raises; what it names is right
         assert head.id in (None, 12) and head.method in ("", "tool.call") and head.session_id in ("", "s\u00e9")
@@ -227,15 +229,15 @@ def test_the_head_of_a_frame_names_its_id_method_and_session_even_cut_anywhere()
 
 def test_the_copilot_client_reads_with_agentds_reader_and_the_sdk_shape_is_checked() -> None:
     _reader.check_sdk()  # the installed SDK has every hook the reader relies on
-    seen: list[tuple[str, str]] = []
+    seen: list[tuple[_reader.FrameHead, str]] = []
     # a path given: the SDK never looks for (or downloads) a CLI; nothing is started here
     client = AgentdCopilotClient(connection=RuntimeConnection.for_stdio(path="/bin/true"),
-                                 on_refused=lambda sid, text: seen.append((sid, text)))
+                                 on_refused=lambda head, text: seen.append((head, text)))
     assert client._client is None
     client._client = JsonRpcClient(_Process(io.BufferedReader(io.BytesIO(b""))))  # as _connect_via_stdio does
     assert isinstance(client._client, BoundedJsonRpcClient)
-    client._client.on_refused("s", "t")  # type: ignore[misc]
-    assert seen == [("s", "t")]
+    client._client.on_refused(_reader.FrameHead(session_id="s"), "t")  # type: ignore[misc]
+    assert seen == [(_reader.FrameHead(session_id="s"), "t")]
     client._client = None
     assert client._client is None
 
@@ -263,3 +265,36 @@ def test_a_streamed_message_past_the_ceiling_keeps_its_start_and_says_how_much_w
                                       "parentId": None, "type": "assistant.message_delta",
                                       "data": {"messageId": "m2", "deltaContent": "whole"}}))
     assert [e.item.text for e in small.finish_turn() if isinstance(e, ItemEvent)] == ["whole"]
+
+
+def test_a_refused_event_fails_only_its_own_sessions_turn_and_refused_telemetry_fails_none(tmp_path: Any) -> None:
+    """The CLI's model.* telemetry (model.messages_snapshot holds the whole history) passes the ceiling in a long
+    session of small messages; agentd drops those events unread anyway, so they must fail no turn."""
+    from agentd.config import CopilotConfig
+    from agentd.providers.copilot import CopilotProvider
+
+    provider = CopilotProvider(CopilotConfig(), state_dir=tmp_path)
+    failed: list[tuple[str, str]] = []
+
+    class Conv:  # what the provider reads of an open conversation
+        def __init__(self, sid: str, generation: int = 1) -> None:
+            self.id, self._runtime = sid, _Runtime(generation)
+
+        def message_refused(self, text: str) -> None:
+            failed.append((self.id, text))
+
+    class _Runtime:
+        def __init__(self, generation: int) -> None:
+            self.generation = generation
+
+    conv = Conv
+
+    provider._conversations.update({conv("s1"), conv("s2"), conv("s1", generation=0)})  # type: ignore[arg-type]
+    head = _reader.FrameHead(method="session.event", session_id="s1")
+    for telemetry in ("model.messages_snapshot", "model.response", "assistant.streaming_delta"):
+        provider._message_refused(1, _reader.FrameHead(method="session.event", session_id="s1", event_type=telemetry), "t")
+    assert failed == []
+    provider._message_refused(1, _reader.FrameHead(method="session.event", session_id="s1", event_type="assistant.message"), "big")
+    provider._message_refused(1, head, "no type seen")  # the head told no type: it may be anything
+    provider._message_refused(1, _reader.FrameHead(id="r1"), "an answer")  # no session: its request failed instead
+    assert failed == [("s1", "big"), ("s1", "no type seen")]

@@ -98,6 +98,10 @@ SUBMIT_TIMEOUT_S = 30.0
 RPC_TIMEOUT_S = 30.0
 #: After a cancel, the turn is ended by us if the CLI has not ended it within this long.
 CANCEL_GRACE_S = 5.0
+#: After the abort of a turn whose message was refused, the turn is ended by us if the CLI has not
+#: ended it within this long (longer than a cancel's: the CLI may still be writing that huge message
+#: into its other events, seconds each).
+REFUSED_GRACE_S = 30.0
 #: After the final assistant.turn_end, how long session.idle may take before the session's state is read.
 IDLE_GRACE_S = 2.0
 #: A turn quiet this long (nobody asked anything) has the session's state read too.
@@ -160,6 +164,8 @@ class CopilotConversation:
         self._turn_error = ""
         #: the reader refused a message of the running turn: the turn's error (it wins over the CLI's)
         self._refused = ""
+        #: set once the abort of a turn whose message was refused reached the CLI (the next send waits for it)
+        self._refused_abort: trio.Event | None = None
         self._aborted = ""
         #: id of the running turn's root user.message event (its Turn.marker)
         self._user_event = ""
@@ -533,7 +539,7 @@ class CopilotConversation:
         """The reader refused a message of this session; ``text`` says why (its size and the ceiling).
 
         Running turn: a notice item, the CLI's turn aborted, and the turn ends
-        ``failed`` with ``text`` when the CLI ends it (or CANCEL_GRACE_S after
+        ``failed`` with ``text`` when the CLI ends it (or REFUSED_GRACE_S after
         the abort, ``inferred``). No turn: the notice item only. While the
         prompt is submitted it waits with the held events.
         """
@@ -547,15 +553,18 @@ class CopilotConversation:
         if self._phase is not _TurnPhase.RUNNING or self._refused:
             return
         self._refused = text
-        self._provider._spawn(self._abort_refused, self._turn_no)
+        self._refused_abort = trio.Event()
+        self._provider._spawn(self._abort_refused, self._turn_no, self._refused_abort)
 
-    async def _abort_refused(self, turn: int) -> None:
+    async def _abort_refused(self, turn: int, sent: trio.Event) -> None:
         """Stop the CLI's turn ``turn`` whose message was refused; end it ourselves if the CLI does not."""
         try:
             await self._call("abort", self.session.abort)
         except Exception as exc:  # it may have ended already; the deadline below still holds
             log.debug("copilot.refused_abort_failed", conversation=self._id, error=str(exc))
-        await trio.sleep(CANCEL_GRACE_S)
+        finally:
+            sent.set()
+        await trio.sleep(REFUSED_GRACE_S)
         if not self._closed and self._turn_no == turn and self._phase is _TurnPhase.RUNNING and self._refused:
             log.warning("copilot.refused_turn_unended", conversation=self._id)
             self._end_turn(TurnState.FAILED, error=self._refused, reason="error", inferred=True)
@@ -618,6 +627,9 @@ class CopilotConversation:
         self._phase = _TurnPhase.SUBMITTING
         try:
             with trio.fail_after(SUBMIT_TIMEOUT_S):
+                abort = self._refused_abort
+                if abort is not None:  # the last turn's abort must not reach the CLI after this prompt
+                    await abort.wait()
                 await self._bridge.run(self.session.send, prompt.text, attachments=attachments or None,
                                        display_prompt=display)
         except JsonRpcError as exc:

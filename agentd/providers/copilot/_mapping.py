@@ -631,6 +631,12 @@ INERT = frozenset(
 #: (model.log, model.messages_snapshot with the whole context, model.response, ...), sent on
 #: every model call and of no use to a transcript. Dropped with the inert ones.
 INERT_RAW_PREFIXES = ("model.",)
+_INERT_NAMES = frozenset(t.value for t in INERT)
+
+
+def inert_type(name: str) -> bool:
+    """Whether events of type ``name`` (the CLI's type string) are dropped unseen, as :func:`inert` says."""
+    return name.startswith(INERT_RAW_PREFIXES) or name in _INERT_NAMES
 
 
 def inert(event: se.SessionEvent) -> bool:

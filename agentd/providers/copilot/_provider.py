@@ -62,7 +62,7 @@ from . import _mapping as m
 from ._bridge import AsyncioBridge, BridgeClosed
 from .._mcp import McpStates
 from ._conversation import CopilotConversation, clean_title
-from ._reader import AgentdCopilotClient, SdkChanged, check_sdk
+from ._reader import AgentdCopilotClient, FrameHead, SdkChanged, check_sdk
 
 log = structlog.get_logger(__name__)
 
@@ -484,8 +484,8 @@ class CopilotProvider:
             self._generation += 1
             generation = self._generation
 
-            def refused(session_id: str, text: str) -> None:  # the asyncio thread, in order with the events
-                bridge.to_trio(self._message_refused, generation, session_id, text)
+            def refused(head: FrameHead, text: str) -> None:  # the asyncio thread, in order with the events
+                bridge.to_trio(self._message_refused, generation, head, text)
 
             async def start() -> AgentdCopilotClient:
                 client = AgentdCopilotClient(
@@ -544,13 +544,21 @@ class CopilotProvider:
         if proc is not None:
             self._spawn(self._wait_process, rt, proc)
 
-    def _message_refused(self, generation: int, session_id: str, text: str) -> None:
-        """The reader refused a message of runtime ``generation`` (trio thread): its session's turn fails."""
-        convs = [c for c in self._conversations
-                 if c._runtime.generation == generation and session_id and c.id == session_id]
-        if not convs:
-            # A frame naming no open session (a response: its request failed with the text instead).
-            log.warning("copilot.message_refused_unowned", provider=self.name, session=session_id, why=text)
+    def _message_refused(self, generation: int, head: FrameHead, text: str) -> None:
+        """The reader refused a frame of runtime ``generation`` (trio thread): its session's turn fails.
+
+        Not for an event agentd drops unseen anyway (the CLI's ``model.*`` telemetry, whose
+        ``model.messages_snapshot`` holds the whole history and so passes the ceiling in a long
+        session of small messages): that one is only logged.
+        """
+        if head.method == "session.event" and m.inert_type(head.event_type):
+            log.info("copilot.inert_event_refused", provider=self.name, session=head.session_id,
+                     event_type=head.event_type, why=text)
+            return
+        log.warning("copilot.message_refused", provider=self.name, session=head.session_id, method=head.method,
+                    event_type=head.event_type, why=text)
+        sid = head.session_id
+        convs = [c for c in self._conversations if c._runtime.generation == generation and sid and c.id == sid]
         for conv in convs:
             conv.message_refused(text)
 

@@ -15,7 +15,7 @@ dispatch of a message), applying agentd.runtime_output's rules:
   broken, that is no JSON-RPC object, or that the SDK's dispatch cannot take
   is dropped too. Each is *refused*: a response to one of our requests fails
   that request with :class:`MessageRefused`; a request of the CLI is answered
-  with an error; and ``on_refused(session_id, text)`` runs on the SDK's asyncio
+  with an error; and ``on_refused(head, text)`` runs on the SDK's asyncio
   loop, in order with the session's events, so that the provider fails that
   session's running turn with the text (:func:`~agentd.runtime_output.too_big`'s
   for a frame over the ceiling). The connection and the other sessions go on;
@@ -64,8 +64,18 @@ HEADER_LINE_MAX = 8 << 10
 INVALID_REQUEST = -32600
 INTERNAL_ERROR = -32603
 
-#: on_refused(session_id or "", text): called on the SDK's asyncio loop
-OnRefused = Callable[[str, str], None]
+#: on_refused(head, text): called on the SDK's asyncio loop
+OnRefused = Callable[["FrameHead", str], None]
+
+
+class FrameHead(msgspec.Struct, frozen=True):
+    """What the start of a frame tells: its top-level ``id`` and ``method``, ``params.sessionId``,
+    and for a ``session.event`` its ``params.event.type``."""
+
+    id: str | int | None = None
+    method: str = ""
+    session_id: str = ""
+    event_type: str = ""
 
 
 class MessageRefused(JsonRpcError):
@@ -73,14 +83,6 @@ class MessageRefused(JsonRpcError):
 
     def __init__(self, text: str) -> None:
         super().__init__(INTERNAL_ERROR, text)
-
-
-class FrameHead(msgspec.Struct, frozen=True):
-    """What the start of a frame tells: its top-level ``id`` and ``method``, and ``params.sessionId``."""
-
-    id: str | int | None = None
-    method: str = ""
-    session_id: str = ""
 
 
 class BoundedJsonRpcClient(JsonRpcClient):
@@ -184,7 +186,8 @@ class BoundedJsonRpcClient(JsonRpcClient):
 
     def _refuse(self, head: FrameHead, text: str) -> None:
         """Fail what the refused frame was: our request's wait, or the CLI's request; then tell its session."""
-        log.warning("copilot.message_refused", method=head.method, id=head.id, session=head.session_id, why=text)
+        log.info("copilot.frame_refused", method=head.method, id=head.id, session=head.session_id,
+                 event_type=head.event_type, why=text)
         if head.id is not None and not head.method:
             with self._pending_lock:
                 future = self.pending_requests.get(head.id)  # type: ignore[call-overload]
@@ -195,12 +198,12 @@ class BoundedJsonRpcClient(JsonRpcClient):
             asyncio.run_coroutine_threadsafe(self._send_error_response(head.id, INVALID_REQUEST, text, None), self._loop)
         if self.on_refused is not None and self._loop is not None:
             # on the loop the session events are dispatched on, so it comes in order with them
-            self._loop.call_soon_threadsafe(self._report, head.session_id, text)
+            self._loop.call_soon_threadsafe(self._report, head, text)
 
-    def _report(self, session_id: str, text: str) -> None:
+    def _report(self, head: FrameHead, text: str) -> None:
         try:
             if self.on_refused is not None:
-                self.on_refused(session_id, text)
+                self.on_refused(head, text)
         except Exception:
             log.exception("copilot.on_refused_failed")
 
@@ -226,8 +229,8 @@ def _preview(data: bytes, limit: int = 200) -> str:
 class AgentdCopilotClient(CopilotClient):
     """``CopilotClient`` whose JSON-RPC connection reads with :class:`BoundedJsonRpcClient`.
 
-    ``on_refused(session_id, text)`` is called on the SDK's asyncio loop for
-    each refused frame (session id "" when the frame names none).
+    ``on_refused(head, text)`` is called on the SDK's asyncio loop for each
+    refused frame (:class:`FrameHead`: what its start names, "" for what it does not).
     """
 
     def __init__(self, *args: Any, on_refused: OnRefused | None = None, **kwargs: Any) -> None:
@@ -314,9 +317,19 @@ def peek(head: bytes) -> FrameHead:
     s = runtime_output.decode(head)
     found: dict[str, Any] = {}
 
+    def event(key: str, i: int) -> int:
+        return _take(s, i, found, "event_type") if key == "type" else _skip(s, i)
+
+    def params(key: str, i: int) -> int:
+        if key == "sessionId":
+            return _take(s, i, found, "session_id")
+        if key == "event" and s[i:i + 1] == "{":
+            return _object(s, i, event)
+        return _skip(s, i)
+
     def top(key: str, i: int) -> int:
         if key == "params" and s[i:i + 1] == "{":
-            return _object(s, i, lambda k, j: _take(s, j, found, "session_id") if k == "sessionId" else _skip(s, j))
+            return _object(s, i, params)
         if key == "id":
             return _take(s, i, found, "id")
         if key == "method":
@@ -329,12 +342,9 @@ def peek(head: bytes) -> FrameHead:
             _object(s, i, top)
     except _Cut:
         pass
-    method = found.get("method")
-    sid = found.get("session_id")
     rid = found.get("id")
     return FrameHead(id=rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None,
-                     method=method if isinstance(method, str) else "",
-                     session_id=sid if isinstance(sid, str) else "")
+                     **{k: v for k in ("method", "session_id", "event_type") if isinstance(v := found.get(k), str)})
 
 
 def _object(s: str, i: int, member: Callable[[str, int], int]) -> int:
