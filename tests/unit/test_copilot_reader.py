@@ -298,3 +298,86 @@ def test_a_refused_event_fails_only_its_own_sessions_turn_and_refused_telemetry_
     provider._message_refused(1, head, "no type seen")  # the head told no type: it may be anything
     provider._message_refused(1, _reader.FrameHead(id="r1"), "an answer")  # no session: its request failed instead
     assert failed == [("s1", "big"), ("s1", "no type seen")]
+
+
+def test_a_message_the_sdks_dispatch_cannot_take_is_refused_and_the_connection_goes_on(reader: _Reader) -> None:
+    """An error answer whose "error" is no object raised in the SDK's read thread (AttributeError) and ended it."""
+    async def ask() -> Any:
+        return await reader.client.request("session.abort", {"sessionId": "s6"})
+
+    pending = asyncio.run_coroutine_threadsafe(ask(), reader.loop)
+    for _ in range(100):
+        if reader.client.pending_requests:
+            break
+        threading.Event().wait(0.02)
+    (rid,) = reader.client.pending_requests
+    reader.write(_frame(json.dumps({"jsonrpc": "2.0", "id": rid, "error": "flat"}).encode()), _frame(_event("s6", "after")))
+    with pytest.raises(MessageRefused) as refused:
+        pending.result(10)
+    assert "cannot take" in refused.value.message
+    reader.wait(2)
+    assert reader.got[-1][1]["event"]["data"]["content"] == "after"
+    assert not reader.closed.is_set()
+
+
+async def test_a_refused_message_fails_the_running_turn_after_its_abort_which_the_next_prompt_waits_for(nursery: Any) -> None:
+    """Through CopilotConversation with a stand-in SDK session: a notice, the CLI's turn aborted, the CLI's idle
+    ends the turn failed with the reader's text, and the next prompt reaches the CLI only after the abort."""
+    import trio
+    from copilot.generated.session_events import SessionEvent
+
+    from agentd.contract import ItemEvent, Prompt, TurnEvent, TurnState
+    from agentd.providers.copilot._conversation import CopilotConversation
+
+    calls: list[str] = []
+    emitted: list[Any] = []
+
+    class Bridge:
+        async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            return await fn(*args, **kwargs)
+
+        def call_soon(self, fn: Any, *args: Any) -> None:
+            pass
+
+    class Restarts:
+        def succeeded(self, **_: Any) -> None:
+            pass
+
+    class Provider:
+        _restarts = Restarts()
+
+        def _require_bridge(self) -> Bridge:
+            return Bridge()
+
+        def _spawn(self, fn: Any, *args: Any) -> None:
+            nursery.start_soon(fn, *args)
+
+    class Runtime:
+        alive, exit_reason = True, ""
+
+    class Session:
+        async def send(self, text: str, **_: Any) -> str:
+            calls.append(f"send {text}")
+            return "m"
+
+        async def abort(self) -> None:
+            await trio.sleep(0.2)  # the CLI busy with the huge message's other events
+            calls.append("abort")
+
+    class Sink:
+        def emit(self, event: Any) -> None:
+            emitted.append(event)
+
+    conv = CopilotConversation(Provider(), Runtime(), Sink(), workdir="/", model="m", effort="")  # type: ignore[arg-type]
+    conv.session = Session()
+    await conv.send(Prompt(text="one"))
+    conv.message_refused("too big: 68 MB")
+    await trio.sleep(0)
+    assert [e.item.text for e in emitted if isinstance(e, ItemEvent)] == ["error: too big: 68 MB"]
+    conv._handle(SessionEvent.from_dict({"id": "00000000-0000-4000-8000-000000000009", "timestamp": "2026-12-01T10:00:00.000Z",
+                                         "parentId": None, "type": "session.idle", "ephemeral": True, "data": {"aborted": True}}))
+    ends = [e.turn for e in emitted if isinstance(e, TurnEvent) and e.turn.state is not TurnState.WORKING]
+    assert [(t.state, t.error, t.reason) for t in ends] == [(TurnState.FAILED, "too big: 68 MB", "error")]
+    await conv.send(Prompt(text="two"))
+    assert calls == ["send one", "abort", "send two"]
+    nursery.cancel_scope.cancel()

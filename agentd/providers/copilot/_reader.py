@@ -209,11 +209,15 @@ class BoundedJsonRpcClient(JsonRpcClient):
 
 
 def _head_of(message: dict[str, Any]) -> FrameHead:
+    """The FrameHead of a decoded message (what :func:`peek` finds in its bytes)."""
     params = message.get("params")
-    sid = params.get("sessionId") if isinstance(params, dict) else None
-    rid, method = message.get("id"), message.get("method")
+    params = params if isinstance(params, dict) else {}
+    event = params.get("event")
+    found = {"method": message.get("method"), "session_id": params.get("sessionId"),
+             "event_type": event.get("type") if isinstance(event, dict) else None}
+    rid = message.get("id")
     return FrameHead(id=rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None,
-                     method=method if isinstance(method, str) else "", session_id=sid if isinstance(sid, str) else "")
+                     **{k: v for k, v in found.items() if isinstance(v, str)})
 
 
 def _fail(future: Any, exc: BaseException) -> None:
