@@ -33,10 +33,10 @@ CEILING = runtime_output.MAX_MESSAGE_BYTES
 class _Process:
     """What JsonRpcClient needs of a process: stdout to read, stdin to write its answers to."""
 
-    def __init__(self, stdout: io.BufferedReader) -> None:
+    def __init__(self, stdout: io.BufferedReader, stderr: io.BufferedReader | None = None) -> None:
         self.stdout = stdout
         self.stdin = io.BytesIO()
-        self.stderr = None
+        self.stderr = stderr
 
 
 def _frame(body: bytes) -> bytes:
@@ -66,9 +66,14 @@ def _big_frame(prefix: bytes, size: int) -> Iterator[bytes]:
 class _Reader:
     """A BoundedJsonRpcClient started on a pipe with an asyncio loop; records what it dispatched."""
 
-    def __init__(self, client_class: type[JsonRpcClient] = BoundedJsonRpcClient) -> None:
+    def __init__(self, client_class: type[JsonRpcClient] = BoundedJsonRpcClient, *, stderr: bool = False) -> None:
         r, self._w = os.pipe()
-        self.process = _Process(open(r, "rb"))
+        self.err_w = -1
+        err = None
+        if stderr:
+            er, self.err_w = os.pipe()
+            err = open(er, "rb")
+        self.process = _Process(open(r, "rb"), err)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -110,6 +115,9 @@ class _Reader:
         self.thread.join(5)
         self.loop.close()
         self.process.stdout.close()
+        if self.err_w >= 0:
+            os.close(self.err_w)
+            self.process.stderr.close()
 
 
 @pytest.fixture
@@ -381,3 +389,24 @@ async def test_a_refused_message_fails_the_running_turn_after_its_abort_which_th
     await conv.send(Prompt(text="two"))
     assert calls == ["send one", "abort", "send two"]
     nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("client_class", [BoundedJsonRpcClient, JsonRpcClient])
+def test_odd_bytes_on_the_clis_stderr_become_u_fffd_and_it_is_still_drained(client_class: type[JsonRpcClient]) -> None:
+    """The SDK's stderr reader stopped at the first odd byte (and kept every line): the CLI would then block
+    on a full pipe. agentd's reads on, keeping the last lines for an exit's explanation."""
+    r = _Reader(client_class, stderr=True)
+    try:
+        n_lines = _reader.STDERR_TAIL + 5
+        os.write(r.err_w, b"".join(b"line %d\n" % n for n in range(n_lines)) + b"odd \xff byte\nafter\n")
+        for _ in range(200):
+            if "after" in r.client.get_stderr_output():
+                break
+            threading.Event().wait(0.02)
+        out = r.client.get_stderr_output().splitlines()
+        if client_class is JsonRpcClient:
+            assert out == [f"line {n}" for n in range(n_lines)], out  # the SDK's: nothing read past the odd byte
+            return
+        assert out == [f"line {n}" for n in range(7, n_lines)] + ["odd \ufffd byte", "after"]
+    finally:
+        r.close()

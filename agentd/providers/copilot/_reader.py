@@ -21,7 +21,8 @@ dispatch of a message), applying agentd.runtime_output's rules:
   for a frame over the ceiling). The connection and the other sessions go on;
 * only broken framing (a header that is not ``Content-Length``, the stream
   ending inside a frame) ends the connection, :attr:`BoundedJsonRpcClient.violation`
-  saying why.
+  saying why;
+* the CLI's stderr is read by the same rule (its last STDERR_TAIL lines kept).
 
 :class:`AgentdCopilotClient` is the SDK's ``CopilotClient`` with this reader
 installed: the SDK builds its ``JsonRpcClient`` inside ``_connect_via_stdio``
@@ -47,6 +48,7 @@ import structlog
 from copilot import CopilotClient
 from copilot import client as _sdk_client
 from copilot._jsonrpc import JsonRpcClient, JsonRpcError
+from copilot._jsonrpc import logger as _sdk_logger
 
 from ... import runtime_output
 
@@ -60,6 +62,8 @@ HEAD_BYTES = 8 << 10
 DRAIN_CHUNK = 1 << 20
 #: A header line longer than this is broken framing.
 HEADER_LINE_MAX = 8 << 10
+#: stderr lines kept to explain an exit (the SDK kept every line for the CLI's life).
+STDERR_TAIL = 40
 #: JSON-RPC "invalid request": what a refused request of the CLI is answered with.
 INVALID_REQUEST = -32600
 INTERNAL_ERROR = -32603
@@ -126,6 +130,23 @@ class BoundedJsonRpcClient(JsonRpcClient):
         except Exception as exc:
             self._refuse(_head_of(message), f"the Copilot CLI sent a message the SDK cannot take "
                                             f"({type(exc).__name__}: {exc}): {_preview(json.dumps(message).encode())}")
+
+    def _stderr_loop(self) -> None:
+        # The SDK's decoded each stderr line as strict UTF-8: one odd byte ended this loop, after
+        # which nobody drained the pipe and the CLI blocked once it filled. Its lines were all kept.
+        stderr = self.process.stderr
+        try:
+            while self._running and stderr:
+                line = stderr.readline(HEADER_LINE_MAX)
+                if not line:
+                    break
+                text = runtime_output.decode(line) if isinstance(line, bytes) else runtime_output.clean(line)
+                _sdk_logger.warning("[CLI] %s", text.rstrip())
+                with self._stderr_lock:
+                    self._stderr_output.append(text)
+                    del self._stderr_output[:-STDERR_TAIL]
+        except Exception:
+            log.debug("copilot.stderr_unreadable", exc_info=True)
 
     def _read_header(self) -> int | None:
         """The Content-Length of the next frame; None at EOF or broken framing (then :attr:`violation`)."""
@@ -270,7 +291,8 @@ def check_sdk() -> None:
     problems: list[str] = []
     if list(inspect.signature(JsonRpcClient.__init__).parameters) != ["self", "process"]:
         problems.append("JsonRpcClient(process) takes other arguments")
-    for name in ("_read_message", "_read_exact", "_read_loop", "_send_error_response", "_handle_message"):
+    for name in ("_read_message", "_read_exact", "_read_loop", "_send_error_response", "_handle_message",
+                 "_stderr_loop", "get_stderr_output"):
         if not callable(getattr(JsonRpcClient, name, None)):
             problems.append(f"JsonRpcClient.{name} is gone")
     if "_client" in vars(CopilotClient):
@@ -278,11 +300,13 @@ def check_sdk() -> None:
     if getattr(_sdk_client, "JsonRpcClient", None) is not JsonRpcClient:
         problems.append("copilot.client no longer builds copilot._jsonrpc.JsonRpcClient")
     probe = JsonRpcClient(None)
-    for attr in ("pending_requests", "_pending_inline_callbacks", "_pending_lock", "_loop"):
+    for attr in ("pending_requests", "_pending_inline_callbacks", "_pending_lock", "_loop", "_running",
+                 "_stderr_output", "_stderr_lock"):
         if not hasattr(probe, attr):
             problems.append(f"JsonRpcClient has no {attr}")
     for owner, fn, needle in ((JsonRpcClient, "_read_loop", "self._read_message()"),
                               (JsonRpcClient, "_read_exact", "self.process.stdout.read("),
+                              (JsonRpcClient, "start", "target=self._stderr_loop"),
                               (CopilotClient, "_connect_via_stdio", "self._client = JsonRpcClient(self._process)")):
         try:
             source = inspect.getsource(getattr(owner, fn))
