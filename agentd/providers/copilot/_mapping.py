@@ -239,7 +239,7 @@ class _Stream:
         """The streamed text; over the ceiling, its first STREAM_KEEP_BYTES and how much was cut."""
         whole = "".join(self.parts)
         if self.size <= runtime_output.MAX_MESSAGE_BYTES:
-            self.parts = [whole] if whole else []
+            self.parts = [whole] if whole else []  # joined once
             return whole
         kept = whole.encode("utf-8", "replace")[:STREAM_KEEP_BYTES].decode("utf-8", "ignore")
         cut = self.size - len(kept.encode("utf-8", "replace"))

@@ -129,13 +129,14 @@ _URL = re.compile(r"https?://[^\s'\")\x1b]+")
 _sdk_checked = False
 
 
-def _check_sdk() -> None:
-    """:func:`check_sdk` once per process; RuntimeUnavailable when the SDK's shape changed."""
+async def _check_sdk() -> None:
+    """:func:`check_sdk` once per process (in a worker thread: it reads the SDK's files);
+    RuntimeUnavailable when the SDK's shape changed."""
     global _sdk_checked
     if _sdk_checked:
         return
     try:
-        check_sdk()
+        await trio.to_thread.run_sync(check_sdk)
     except SdkChanged as exc:
         raise RuntimeUnavailable(str(exc)) from None
     _sdk_checked = True
@@ -453,7 +454,7 @@ class CopilotProvider:
 
     async def check(self) -> None:
         """Raise :class:`RuntimeUnavailable` when the CLI is missing, the BYOK key is unset, or the SDK changed."""
-        _check_sdk()
+        await _check_sdk()
         resolve_cli_path(self.config.cli_path, self.config.env or {})
         self._api_key()
         if self.byok is not None and not (self.byok.model or self.config.model):
@@ -467,7 +468,7 @@ class CopilotProvider:
             if rt is not None and rt.alive:
                 return rt
             await self._restarts.wait()
-            _check_sdk()
+            await _check_sdk()
             cli = resolve_cli_path(self.config.cli_path, self.config.env or {})
             self._api_key()  # fail early (and register the secret) before spawning
             home = self.copilot_home

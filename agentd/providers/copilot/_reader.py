@@ -18,7 +18,9 @@ dispatch of a message), applying agentd.runtime_output's rules:
   with an error; and ``on_refused(head, text)`` runs on the SDK's asyncio
   loop, in order with the session's events, so that the provider fails that
   session's running turn with the text (:func:`~agentd.runtime_output.too_big`'s
-  for a frame over the ceiling). The connection and the other sessions go on;
+  for a frame over the ceiling), unless the frame is an event agentd drops
+  unread (the CLI's ``model.*`` telemetry). The connection and the other
+  sessions go on;
 * only broken framing (a header that is not ``Content-Length``, the stream
   ending inside a frame) ends the connection, :attr:`BoundedJsonRpcClient.violation`
   saying why;
