@@ -410,3 +410,19 @@ def test_odd_bytes_on_the_clis_stderr_become_u_fffd_and_it_is_still_drained(clie
         assert out == [f"line {n}" for n in range(7, n_lines)] + ["odd \ufffd byte", "after"]
     finally:
         r.close()
+
+
+def test_an_sdk_that_changed_what_the_reader_relies_on_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from copilot import CopilotClient
+
+    async def _connect_via_stdio(self: Any) -> None:  # a release that builds its client elsewhere
+        self._client = self._make_rpc()
+
+    monkeypatch.setattr(CopilotClient, "_connect_via_stdio", _connect_via_stdio)
+    monkeypatch.delattr(JsonRpcClient, "_stderr_loop")
+    with pytest.raises(_reader.SdkChanged) as changed:
+        _reader.check_sdk()
+    text = str(changed.value)
+    assert f"agentd is built for {_reader.SDK_VERSION}" in text
+    assert "JsonRpcClient._stderr_loop is gone" in text
+    assert "CopilotClient._connect_via_stdio no longer does 'self._client = JsonRpcClient(self._process)'" in text
