@@ -102,6 +102,12 @@ def test_an_answer_over_the_64_mib_ceiling_fails_the_turn_with_its_size_and_the_
             assert not ends[-1].get("inferred"), ends[-1]  # the CLI ended its (aborted) turn itself
             notices = [r["data"]["text"] for r in d.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "notice"]
             assert f"error: {error}" in notices, notices
+            # what was streamed of it: its start (16 MiB), saying how much was cut, a record a client can read
+            (kept,) = [r["data"]["text"] for r in d.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "assistant"]
+            head, _, note = kept.rpartition("\n")
+            assert HUGE_TEXT.startswith(head) and len(head) == MAX_MESSAGE_BYTES // 4, len(head)
+            assert note == f"[{len(HUGE_TEXT) - len(head)} more bytes cut: the streamed message passed agentd's ceiling " \
+                           f"of {MAX_MESSAGE_BYTES:,} bytes]", note
             events = d.log_events()
             refused = [e for e in events if e.get("event") == "copilot.message_refused"]
             # the answer's one event agentd reads; the CLI's model.* telemetry holding it too is only logged
