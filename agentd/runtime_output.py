@@ -2,8 +2,8 @@
 
 A runtime is untrusted and may be newer than agentd. Three rules, each kept
 here once and called by every reader of runtime output (ACP stdio and stderr,
-the Copilot and Claude mappings, the script provider's tool commands, the
-conversation service's journal encoder):
+the Copilot JSON-RPC reader and mapping, the Claude mapping, the script
+provider's tool commands, the conversation service's journal encoder):
 
 * **Odd bytes** (:func:`clean`, :func:`decode`, :func:`decode_json`,
   :data:`encoder`): invalid UTF-8 and lone UTF-16 surrogates (raw, or as a JSON

@@ -10,8 +10,11 @@ events that arrive before the CLI's answer are held back, so the
 ``TurnEvent(working)`` always comes first. The CLI's ``session.idle`` ends
 the turn: ``failed`` after a ``session.error``, ``cancelled`` after an abort
 (ours, or the CLI's own after a denied permission), else ``completed``. A
-runtime exit ends it ``failed`` with reason ``runtime_exit``. Each turn gets
-exactly one terminal ``TurnEvent``.
+runtime exit ends it ``failed`` with reason ``runtime_exit``. A message of the
+session that agentd's reader refused (over the 64 MiB ceiling, or no JSON-RPC;
+agentd.providers.copilot._reader) is a notice item where it was lost; the CLI's
+turn is aborted, and ends ``failed`` with the reader's text (reason ``error``).
+Each turn gets exactly one terminal ``TurnEvent``.
 
 ``session.idle`` is ephemeral (the CLI keeps it in no record) and can be
 lost, so the end does not hang on it alone: once the main agent's
@@ -51,6 +54,8 @@ from ...contract import (
     HistoryRecord,
     Interaction,
     InteractionEvent,
+    Item,
+    ItemKind,
     InteractionGone,
     InteractionState,
     InternalError,
@@ -66,6 +71,7 @@ from ...contract import (
     TurnEvent,
     TurnState,
     Busy,
+    utcnow,
     validate_answer,
 )
 from .._mcp import McpStates
@@ -92,6 +98,10 @@ SUBMIT_TIMEOUT_S = 30.0
 RPC_TIMEOUT_S = 30.0
 #: After a cancel, the turn is ended by us if the CLI has not ended it within this long.
 CANCEL_GRACE_S = 5.0
+#: After the abort of a turn whose message was refused, the turn is ended by us if the CLI has not
+#: ended it within this long (longer than a cancel's: the CLI may still be writing that huge message
+#: into its other events, seconds each).
+REFUSED_GRACE_S = 30.0
 #: After the final assistant.turn_end, how long session.idle may take before the session's state is read.
 IDLE_GRACE_S = 2.0
 #: A turn quiet this long (nobody asked anything) has the session's state read too.
@@ -107,6 +117,13 @@ class _TurnPhase(enum.Enum):
     SUBMITTING = "submitting"  # send() is waiting for the CLI; events are held back
     UNCERTAIN = "uncertain"  # send() gave up waiting; the CLI may or may not run it
     RUNNING = "running"
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """A refused message of the session, held back with the events while the prompt is submitted."""
+
+    text: str
 
 
 @dataclass
@@ -140,11 +157,15 @@ class CopilotConversation:
         self._closed = False
         self._closed_reason = ""
         self._phase = _TurnPhase.IDLE
-        self._held: list[se.SessionEvent] = []
+        self._held: list[se.SessionEvent | _Refused] = []
         #: steers the CLI took and has not delivered yet (no steering user.message came), oldest first
         self._steers: list[str] = []
         self._turn_no = 0
         self._turn_error = ""
+        #: the reader refused a message of the running turn: the turn's error (it wins over the CLI's)
+        self._refused = ""
+        #: set once the abort of a turn whose message was refused reached the CLI (the next send waits for it)
+        self._refused_abort: trio.Event | None = None
         self._aborted = ""
         #: id of the running turn's root user.message event (its Turn.marker)
         self._user_event = ""
@@ -382,7 +403,7 @@ class CopilotConversation:
                 continue
             log.warning("copilot.end_event_lost", conversation=self._id, final=self._final_end,
                         why="no session.idle came, and the session is no longer processing")
-            if self._turn_error or self._aborted or self._final_end:
+            if self._turn_error or self._refused or self._aborted or self._final_end:
                 self._idle(False, inferred=True)
             else:
                 self._end_turn(TurnState.FAILED, reason=END_EVENT_LOST, inferred=True,
@@ -394,6 +415,7 @@ class CopilotConversation:
         self._final_end = self._final_message = False
         self._held = []
         self._turn_error = ""
+        self._refused = ""
         self._aborted = ""
         self._cancel_requested = False
         self._denied = False
@@ -402,8 +424,8 @@ class CopilotConversation:
         """End the turn as the session says; ``inferred``: read from its state, no idle came."""
         if self._phase is _TurnPhase.IDLE:
             return  # an idle with no turn of ours (e.g. right after resume)
-        if self._turn_error:
-            self._end_turn(TurnState.FAILED, error=self._turn_error, reason="error", inferred=inferred)
+        if self._refused or self._turn_error:
+            self._end_turn(TurnState.FAILED, error=self._refused or self._turn_error, reason="error", inferred=inferred)
         elif aborted or self._aborted:
             if self._cancel_requested:
                 reason = "cancelled"
@@ -511,6 +533,42 @@ class CopilotConversation:
                 self._bridge.call_soon(_cancel_future, p.future)
             self._close_interaction(p, InteractionState.EXPIRED, resolution)
 
+    # ------------------------------------------------------------------ refused messages (trio thread)
+
+    def message_refused(self, text: str) -> None:
+        """The reader refused a message of this session; ``text`` says why (its size and the ceiling).
+
+        Running turn: a notice item, the CLI's turn aborted, and the turn ends
+        ``failed`` with ``text`` when the CLI ends it (or REFUSED_GRACE_S after
+        the abort, ``inferred``). No turn: the notice item only. While the
+        prompt is submitted it waits with the held events.
+        """
+        if self._closed:
+            return
+        if self._phase is _TurnPhase.SUBMITTING:
+            self._held.append(_Refused(text))
+            return
+        self._emit(ItemEvent(item=Item(id=f"refused-{uuid.uuid4().hex[:12]}", kind=ItemKind.NOTICE,
+                                       text=f"error: {text}", time=utcnow())))
+        if self._phase is not _TurnPhase.RUNNING or self._refused:
+            return
+        self._refused = text
+        self._refused_abort = trio.Event()
+        self._provider._spawn(self._abort_refused, self._turn_no, self._refused_abort)
+
+    async def _abort_refused(self, turn: int, sent: trio.Event) -> None:
+        """Stop the CLI's turn ``turn`` whose message was refused; end it ourselves if the CLI does not."""
+        try:
+            await self._call("abort", self.session.abort)
+        except Exception as exc:  # it may have ended already; the deadline below still holds
+            log.debug("copilot.refused_abort_failed", conversation=self._id, error=str(exc))
+        finally:
+            sent.set()
+        await trio.sleep(REFUSED_GRACE_S)
+        if not self._closed and self._turn_no == turn and self._phase is _TurnPhase.RUNNING and self._refused:
+            log.warning("copilot.refused_turn_unended", conversation=self._id)
+            self._end_turn(TurnState.FAILED, error=self._refused, reason="error", inferred=True)
+
     # ------------------------------------------------------------------ runtime exit (trio thread)
 
     def runtime_exited(self, reason: str) -> None:
@@ -569,6 +627,9 @@ class CopilotConversation:
         self._phase = _TurnPhase.SUBMITTING
         try:
             with trio.fail_after(SUBMIT_TIMEOUT_S):
+                abort = self._refused_abort
+                if abort is not None:  # the last turn's abort must not reach the CLI after this prompt
+                    await abort.wait()
                 await self._bridge.run(self.session.send, prompt.text, attachments=attachments or None,
                                        display_prompt=display)
         except JsonRpcError as exc:
@@ -597,11 +658,14 @@ class CopilotConversation:
         self._phase = _TurnPhase.UNCERTAIN
         self._replay(held)
 
-    def _replay(self, held: list[se.SessionEvent]) -> None:
+    def _replay(self, held: list[se.SessionEvent | _Refused]) -> None:
         for event in held:
             if self._closed:
                 return
-            self._handle(event)
+            if isinstance(event, _Refused):
+                self.message_refused(event.text)
+            else:
+                self._handle(event)
 
     async def _agent_task(self, agent_id: str) -> Any:
         sub = self._mapper.subagents.get(agent_id)

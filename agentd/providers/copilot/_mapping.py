@@ -214,12 +214,37 @@ class _Tool:
     dirty: bool = False
 
 
+#: What is kept of a streamed message over agentd's ceiling whose whole message never came (the
+#: reader refuses it): its start, small enough that the item's record fits a client's frame.
+STREAM_KEEP_BYTES = runtime_output.MAX_MESSAGE_BYTES // 4
+
+
 @dataclass
 class _Stream:
+    """A message streamed in deltas; its parts are kept up to the ceiling, past it only counted."""
+
     kind: ItemKind
     agent_id: str
-    text: str = ""
     time: _dt.datetime | None = None
+    parts: list[str] = field(default_factory=list)  # a list: += on a long str copies it at each delta
+    size: int = 0  # UTF-8 bytes streamed
+
+    def add(self, text: str) -> None:
+        if self.size <= runtime_output.MAX_MESSAGE_BYTES:
+            self.parts.append(text)
+        self.size += len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
+
+    @property
+    def text(self) -> str:
+        """The streamed text; over the ceiling, its first STREAM_KEEP_BYTES and how much was cut."""
+        whole = "".join(self.parts)
+        if self.size <= runtime_output.MAX_MESSAGE_BYTES:
+            self.parts = [whole] if whole else []  # joined once
+            return whole
+        kept = whole.encode("utf-8", "replace")[:STREAM_KEEP_BYTES].decode("utf-8", "ignore")
+        cut = self.size - len(kept.encode("utf-8", "replace"))
+        return kept + f"\n[{cut} more bytes cut: the streamed message passed agentd's ceiling of " \
+                      f"{runtime_output.MAX_MESSAGE_BYTES:,} bytes]"
 
 
 class EventMapper:
@@ -388,7 +413,7 @@ class EventMapper:
         stream = self._streams.get(item_id)
         if stream is None:
             stream = self._streams[item_id] = _Stream(kind=kind, agent_id=agent, time=utc(at))
-        stream.text += text
+        stream.add(text)
         if not self.live:
             return []
         return [DeltaEvent(delta=Delta(item_id=item_id, kind=kind, text=text, agent_id=agent))]
@@ -606,6 +631,12 @@ INERT = frozenset(
 #: (model.log, model.messages_snapshot with the whole context, model.response, ...), sent on
 #: every model call and of no use to a transcript. Dropped with the inert ones.
 INERT_RAW_PREFIXES = ("model.",)
+_INERT_NAMES = frozenset(t.value for t in INERT)
+
+
+def inert_type(name: str) -> bool:
+    """Whether events of type ``name`` (the CLI's type string) are dropped unseen, as :func:`inert` says."""
+    return name.startswith(INERT_RAW_PREFIXES) or name in _INERT_NAMES
 
 
 def inert(event: se.SessionEvent) -> bool:

@@ -33,7 +33,7 @@ from typing import Any
 import msgspec
 import structlog
 import trio
-from copilot import CopilotClient, RuntimeConnection, SessionListFilter
+from copilot import RuntimeConnection, SessionListFilter
 from copilot._jsonrpc import JsonRpcError, ProcessExitedError
 
 from ... import _fsutil, procs
@@ -62,6 +62,7 @@ from . import _mapping as m
 from ._bridge import AsyncioBridge, BridgeClosed
 from .._mcp import McpStates
 from ._conversation import CopilotConversation, clean_title
+from ._reader import AgentdCopilotClient, FrameHead, SdkChanged, check_sdk
 
 log = structlog.get_logger(__name__)
 
@@ -123,6 +124,22 @@ _AUTH_SOURCES = {"user": "stored", "env": "env", "gh-cli": "gh-cli", "api-key": 
 _TOKEN_VARS = ("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN")
 _CODE = re.compile(r"\b([A-Z0-9]{4}-[A-Z0-9]{4})\b")
 _URL = re.compile(r"https?://[^\s'\")\x1b]+")
+
+
+_sdk_checked = False
+
+
+async def _check_sdk() -> None:
+    """:func:`check_sdk` once per process (in a worker thread: it reads the SDK's files);
+    RuntimeUnavailable when the SDK's shape changed."""
+    global _sdk_checked
+    if _sdk_checked:
+        return
+    try:
+        await trio.to_thread.run_sync(check_sdk)
+    except SdkChanged as exc:
+        raise RuntimeUnavailable(str(exc)) from None
+    _sdk_checked = True
 
 
 def _model(info: Any) -> Model:
@@ -229,7 +246,7 @@ def _describe_exit(code: int | None) -> str:
 class _Runtime:
     """One Copilot CLI process and the SDK client that speaks to it."""
 
-    def __init__(self, client: CopilotClient, generation: int, started: float) -> None:
+    def __init__(self, client: AgentdCopilotClient, generation: int, started: float) -> None:
         self.client = client
         self.generation = generation
         self.started = started
@@ -252,6 +269,11 @@ class _Runtime:
         getter = getattr(rpc, "get_stderr_output", None)
         text = getter() if callable(getter) else ""
         return text[-limit:].strip() if text else ""
+
+    @property
+    def violation(self) -> str:
+        """How the CLI broke the JSON-RPC framing (which ended the connection), or ""."""
+        return str(getattr(getattr(self.client, "_client", None), "violation", "") or "")
 
 
 def _mcp_config(server: McpServer, workdir: str) -> dict[str, Any]:
@@ -431,7 +453,8 @@ class CopilotProvider:
         return cfg
 
     async def check(self) -> None:
-        """Raise :class:`RuntimeUnavailable` when the CLI is missing or the BYOK key is unset."""
+        """Raise :class:`RuntimeUnavailable` when the CLI is missing, the BYOK key is unset, or the SDK changed."""
+        await _check_sdk()
         resolve_cli_path(self.config.cli_path, self.config.env or {})
         self._api_key()
         if self.byok is not None and not (self.byok.model or self.config.model):
@@ -445,6 +468,7 @@ class CopilotProvider:
             if rt is not None and rt.alive:
                 return rt
             await self._restarts.wait()
+            await _check_sdk()
             cli = resolve_cli_path(self.config.cli_path, self.config.env or {})
             self._api_key()  # fail early (and register the secret) before spawning
             home = self.copilot_home
@@ -461,14 +485,18 @@ class CopilotProvider:
             self._generation += 1
             generation = self._generation
 
-            async def start() -> CopilotClient:
-                client = CopilotClient(
+            def refused(head: FrameHead, text: str) -> None:  # the asyncio thread, in order with the events
+                bridge.to_trio(self._message_refused, generation, head, text)
+
+            async def start() -> AgentdCopilotClient:
+                client = AgentdCopilotClient(
                     connection=RuntimeConnection.for_stdio(path=launcher),
                     working_directory=str(workdir),
                     env=self._cli_env(),
                     base_directory=str(home),
                     use_logged_in_user=self.byok is None,
                     client_info={"application_name": "agentd"},
+                    on_refused=refused,
                 )
                 try:
                     await client.start()
@@ -517,6 +545,24 @@ class CopilotProvider:
         if proc is not None:
             self._spawn(self._wait_process, rt, proc)
 
+    def _message_refused(self, generation: int, head: FrameHead, text: str) -> None:
+        """The reader refused a frame of runtime ``generation`` (trio thread): its session's turn fails.
+
+        Not for an event agentd drops unseen anyway (the CLI's ``model.*`` telemetry, whose
+        ``model.messages_snapshot`` holds the whole history and so passes the ceiling in a long
+        session of small messages): that one is only logged.
+        """
+        if head.method == "session.event" and m.inert_type(head.event_type):
+            log.info("copilot.inert_event_refused", provider=self.name, session=head.session_id,
+                     event_type=head.event_type, why=text)
+            return
+        log.warning("copilot.message_refused", provider=self.name, session=head.session_id, method=head.method,
+                    event_type=head.event_type, why=text)
+        sid = head.session_id
+        convs = [c for c in self._conversations if c._runtime.generation == generation and sid and c.id == sid]
+        for conv in convs:
+            conv.message_refused(text)
+
     async def _wait_process(self, rt: _Runtime, proc: subprocess.Popen[bytes]) -> None:
         await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True)
         self._runtime_lost(rt)
@@ -538,11 +584,17 @@ class CopilotProvider:
         if proc is not None:
             with trio.move_on_after(1.0):
                 code = await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True)
+            if code is None and rt.violation and rt.pid is not None:
+                procs.kill(rt.pid)  # it still runs, on a connection agentd gave up
+                with trio.move_on_after(STOP_TIMEOUT_S):
+                    code = await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True)
         if code is not None:
             procs.ended(rt.pid, self.state_dir)
         reason = f"the Copilot CLI exited unexpectedly ({_describe_exit(code)})"
         tail = rt.stderr_tail()
-        if tail:
+        if rt.violation:  # the CLI still ran: agentd ended the connection it broke
+            reason = f"the Copilot CLI broke the JSON-RPC framing ({rt.violation}); agentd stopped it"
+        elif tail:
             reason += f": {tail.splitlines()[-1][:300]}"
         rt.exit_reason = reason
         self._restarts.explain("", reason)

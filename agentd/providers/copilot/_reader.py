@@ -1,0 +1,442 @@
+"""agentd's reader of the Copilot CLI's JSON-RPC frames, in place of the SDK's own.
+
+The SDK's reader (``copilot._jsonrpc.JsonRpcClient._read_message``) reads a
+``Content-Length`` frame of any size into memory and decodes it with
+``bytes.decode("utf-8")`` and ``json.loads``: invalid UTF-8 raised in its read
+thread, which ended the read loop and with it the connection to the CLI (every
+session's turn failed), and a frame over agentd's ceiling was taken whole.
+:class:`BoundedJsonRpcClient` overrides that method (and guards the SDK's
+dispatch of a message), applying agentd.runtime_output's rules:
+
+* a frame up to :data:`~agentd.runtime_output.MAX_MESSAGE_BYTES` is decoded by
+  the odd-bytes rule (:func:`~agentd.runtime_output.decode_json`);
+* a frame over it is drained in chunks, never held (its first
+  :data:`HEAD_BYTES` are kept to tell what it was); a frame whose JSON stays
+  broken, that is no JSON-RPC object, or that the SDK's dispatch cannot take
+  is dropped too. Each is *refused*: a response to one of our requests fails
+  that request with :class:`MessageRefused`; a request of the CLI is answered
+  with an error; and ``on_refused(head, text)`` runs on the SDK's asyncio
+  loop, in order with the session's events, so that the provider fails that
+  session's running turn with the text (:func:`~agentd.runtime_output.too_big`'s
+  for a frame over the ceiling), unless the frame is an event agentd drops
+  unread (the CLI's ``model.*`` telemetry). The connection and the other
+  sessions go on;
+* only broken framing (a header that is not ``Content-Length``, the stream
+  ending inside a frame) ends the connection, :attr:`BoundedJsonRpcClient.violation`
+  saying why;
+* the CLI's stderr is read by the same rule (its last STDERR_TAIL lines kept).
+
+:class:`AgentdCopilotClient` is the SDK's ``CopilotClient`` with this reader
+installed: the SDK builds its ``JsonRpcClient`` inside ``_connect_via_stdio``
+and starts it at once, so the subclass catches the assignment to ``_client``
+(a property) and puts the bounded reader in its place before it starts.
+Both depend on the SDK's private shape; :func:`check_sdk` verifies it (run
+before each CLI start) and refuses to start on an SDK that changed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import inspect
+import json
+import re
+from collections.abc import Callable
+from json.decoder import scanstring
+from typing import Any
+
+import msgspec
+import structlog
+from copilot import CopilotClient
+from copilot import client as _sdk_client
+from copilot._jsonrpc import JsonRpcClient, JsonRpcError
+from copilot._jsonrpc import logger as _sdk_logger
+
+from ... import runtime_output
+
+log = structlog.get_logger(__name__)
+
+#: The github-copilot-sdk release whose private reader this module replaces (pinned in pyproject.toml).
+SDK_VERSION = "1.0.27"
+#: How much of a refused frame is kept to tell what it was (its id, method and sessionId come first).
+HEAD_BYTES = 8 << 10
+#: Chunk size for draining a refused frame.
+DRAIN_CHUNK = 1 << 20
+#: A header line longer than this is broken framing.
+HEADER_LINE_MAX = 8 << 10
+#: stderr lines kept to explain an exit (the SDK kept every line for the CLI's life).
+STDERR_TAIL = 40
+#: JSON-RPC "invalid request": what a refused request of the CLI is answered with.
+INVALID_REQUEST = -32600
+INTERNAL_ERROR = -32603
+
+#: on_refused(head, text): called on the SDK's asyncio loop
+OnRefused = Callable[["FrameHead", str], None]
+
+
+class FrameHead(msgspec.Struct, frozen=True):
+    """What the start of a frame tells: its top-level ``id`` and ``method``, ``params.sessionId``,
+    and for a ``session.event`` its ``params.event.type``."""
+
+    id: str | int | None = None
+    method: str = ""
+    session_id: str = ""
+    event_type: str = ""
+
+
+class MessageRefused(JsonRpcError):
+    """The CLI's answer to a request was refused (over the ceiling, or broken JSON); the message says which."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(INTERNAL_ERROR, text)
+
+
+class BoundedJsonRpcClient(JsonRpcClient):
+    """The SDK's JSON-RPC client with agentd's reader (see the module docstring).
+
+    ``on_refused`` is set by :class:`AgentdCopilotClient` before :meth:`start`.
+    """
+
+    def __init__(self, process: Any, on_refused: OnRefused | None = None) -> None:
+        super().__init__(process)
+        self.on_refused = on_refused
+        #: why the framing broke (the connection then ended), for the runtime's exit reason
+        self.violation = ""
+
+    def _read_message(self) -> dict[str, Any] | None:
+        """The next usable message; refused frames are reported and skipped. None: the stream ended."""
+        while True:
+            length = self._read_header()
+            if length is None:
+                return None
+            if length > runtime_output.MAX_MESSAGE_BYTES:
+                head = self._drain(length)
+                self._refuse(peek(head), runtime_output.too_big(length))
+                continue
+            data = self._read_exact(length)
+            try:
+                message = runtime_output.decode_json(data)  # odd bytes become U+FFFD
+            except msgspec.DecodeError:
+                message = None
+            # the SDK's read loop takes a falsy message for the end of the stream, and a non-dict breaks it
+            if isinstance(message, dict) and message:
+                return message
+            self._refuse(peek(data[:HEAD_BYTES]), f"the Copilot CLI sent a message that is not JSON-RPC: "
+                                                   f"{_preview(data)}")
+
+    def _handle_message(self, message: dict[str, Any]) -> None:
+        # A message the SDK's dispatch cannot take (say, an "error" that is no object) raised in
+        # the read thread and ended the connection: it is refused like a frame that is no JSON-RPC.
+        try:
+            super()._handle_message(message)
+        except Exception as exc:
+            self._refuse(_head_of(message), f"the Copilot CLI sent a message the SDK cannot take "
+                                            f"({type(exc).__name__}: {exc}): {_preview(json.dumps(message).encode())}")
+
+    def _stderr_loop(self) -> None:
+        # The SDK's decoded each stderr line as strict UTF-8: one odd byte ended this loop, after
+        # which nobody drained the pipe and the CLI blocked once it filled. Its lines were all kept.
+        stderr = self.process.stderr
+        try:
+            while self._running and stderr:
+                line = stderr.readline(HEADER_LINE_MAX)
+                if not line:
+                    break
+                text = runtime_output.decode(line) if isinstance(line, bytes) else runtime_output.clean(line)
+                _sdk_logger.warning("[CLI] %s", text.rstrip())
+                with self._stderr_lock:
+                    self._stderr_output.append(text)
+                    del self._stderr_output[:-STDERR_TAIL]
+        except Exception:
+            log.debug("copilot.stderr_unreadable", exc_info=True)
+
+    def _read_header(self) -> int | None:
+        """The Content-Length of the next frame; None at EOF or broken framing (then :attr:`violation`)."""
+        stdout = self.process.stdout
+        length: int | None = None
+        first = True
+        while True:
+            line = stdout.readline(HEADER_LINE_MAX)
+            if not line:
+                if not first:
+                    self._broken("the stream ended inside a frame header")
+                return None
+            first = False
+            text = line.decode("latin-1").strip()
+            if not text:
+                if length is None:
+                    self._broken("a frame header without Content-Length")
+                return length
+            name, sep, value = text.partition(":")
+            if not sep or not line.endswith(b"\n"):
+                self._broken(f"not a frame header: {text[:200]!r}")
+                return None
+            if name.strip().lower() == "content-length":
+                try:
+                    length = int(value.strip())
+                except ValueError:
+                    length = -1
+                if length < 0:
+                    self._broken(f"a bad Content-Length: {value.strip()[:50]!r}")
+                    return None
+
+    def _drain(self, length: int) -> bytes:
+        """Read and drop ``length`` bytes of a frame, keeping its first HEAD_BYTES; EOFError at a short stream."""
+        stdout = self.process.stdout
+        head = bytearray()
+        left = length
+        while left > 0:
+            chunk = stdout.read(min(left, DRAIN_CHUNK))
+            if not chunk:
+                self._broken(f"the stream ended inside a frame of {length:,} bytes")
+                raise EOFError("the stream ended inside a frame")
+            if len(head) < HEAD_BYTES:
+                head += chunk[: HEAD_BYTES - len(head)]
+            left -= len(chunk)
+        return bytes(head)
+
+    def _read_exact(self, num_bytes: int) -> bytes:
+        try:
+            return super()._read_exact(num_bytes)
+        except EOFError:
+            self._broken(f"the stream ended inside a frame of {num_bytes:,} bytes")
+            raise
+
+    def _broken(self, why: str) -> None:
+        if not self.violation:
+            self.violation = why
+            log.warning("copilot.frame_broken", why=why)
+
+    def _refuse(self, head: FrameHead, text: str) -> None:
+        """Fail what the refused frame was: our request's wait, or the CLI's request; then tell its session."""
+        log.info("copilot.frame_refused", method=head.method, id=head.id, session=head.session_id,
+                 event_type=head.event_type, why=text)
+        if head.id is not None and not head.method:
+            with self._pending_lock:
+                future = self.pending_requests.get(head.id)  # type: ignore[call-overload]
+                self._pending_inline_callbacks.pop(head.id, None)  # type: ignore[call-overload]
+            if future is not None:
+                future.get_loop().call_soon_threadsafe(_fail, future, MessageRefused(text))
+        elif head.id is not None and self._loop is not None:  # the CLI waits for an answer
+            asyncio.run_coroutine_threadsafe(self._send_error_response(head.id, INVALID_REQUEST, text, None), self._loop)
+        if self.on_refused is not None and self._loop is not None:
+            # on the loop the session events are dispatched on, so it comes in order with them
+            self._loop.call_soon_threadsafe(self._report, head, text)
+
+    def _report(self, head: FrameHead, text: str) -> None:
+        try:
+            if self.on_refused is not None:
+                self.on_refused(head, text)
+        except Exception:
+            log.exception("copilot.on_refused_failed")
+
+
+def _head_of(message: dict[str, Any]) -> FrameHead:
+    """The FrameHead of a decoded message (what :func:`peek` finds in its bytes)."""
+    params = message.get("params")
+    params = params if isinstance(params, dict) else {}
+    event = params.get("event")
+    found = {"method": message.get("method"), "session_id": params.get("sessionId"),
+             "event_type": event.get("type") if isinstance(event, dict) else None}
+    rid = message.get("id")
+    return FrameHead(id=rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None,
+                     **{k: v for k, v in found.items() if isinstance(v, str)})
+
+
+def _fail(future: Any, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def _preview(data: bytes, limit: int = 200) -> str:
+    text = runtime_output.decode(data[: limit * 4]).strip()
+    return repr(text[:limit] + ("..." if len(text) > limit or len(data) > limit * 4 else ""))
+
+
+class AgentdCopilotClient(CopilotClient):
+    """``CopilotClient`` whose JSON-RPC connection reads with :class:`BoundedJsonRpcClient`.
+
+    ``on_refused(head, text)`` is called on the SDK's asyncio loop for each
+    refused frame (:class:`FrameHead`: what its start names, "" for what it does not).
+    """
+
+    def __init__(self, *args: Any, on_refused: OnRefused | None = None, **kwargs: Any) -> None:
+        self._agentd_on_refused = on_refused
+        super().__init__(*args, **kwargs)
+
+    @property
+    def _client(self) -> JsonRpcClient | None:  # type: ignore[override]
+        return self.__dict__.get("_agentd_rpc")
+
+    @_client.setter
+    def _client(self, value: JsonRpcClient | None) -> None:
+        # The SDK assigns a JsonRpcClient it just built (not started yet): ours takes its place.
+        if value is not None and not isinstance(value, BoundedJsonRpcClient):
+            value = BoundedJsonRpcClient(value.process, self.__dict__.get("_agentd_on_refused"))
+        self.__dict__["_agentd_rpc"] = value
+
+
+class SdkChanged(RuntimeError):
+    """The installed github-copilot-sdk no longer has the shape agentd's reader relies on."""
+
+
+def check_sdk() -> None:
+    """Raise :class:`SdkChanged` when the SDK's private shape that this module relies on changed.
+
+    The release is pinned (:data:`SDK_VERSION`); another release is accepted
+    only while every hook below is still there as in that one.
+    """
+    try:
+        installed = importlib.metadata.version("github-copilot-sdk")
+    except importlib.metadata.PackageNotFoundError:
+        installed = "?"
+    problems: list[str] = []
+    if list(inspect.signature(JsonRpcClient.__init__).parameters) != ["self", "process"]:
+        problems.append("JsonRpcClient(process) takes other arguments")
+    for name in ("_read_message", "_read_exact", "_read_loop", "_send_error_response", "_handle_message",
+                 "_stderr_loop", "get_stderr_output"):
+        if not callable(getattr(JsonRpcClient, name, None)):
+            problems.append(f"JsonRpcClient.{name} is gone")
+    if "_client" in vars(CopilotClient):
+        problems.append("CopilotClient defines _client itself")
+    if getattr(_sdk_client, "JsonRpcClient", None) is not JsonRpcClient:
+        problems.append("copilot.client no longer builds copilot._jsonrpc.JsonRpcClient")
+    probe = JsonRpcClient(None)
+    for attr in ("pending_requests", "_pending_inline_callbacks", "_pending_lock", "_loop", "_running",
+                 "_stderr_output", "_stderr_lock"):
+        if not hasattr(probe, attr):
+            problems.append(f"JsonRpcClient has no {attr}")
+    for owner, fn, needle in ((JsonRpcClient, "_read_loop", "self._read_message()"),
+                              (JsonRpcClient, "_read_exact", "self.process.stdout.read("),
+                              (JsonRpcClient, "start", "target=self._stderr_loop"),
+                              (CopilotClient, "_connect_via_stdio", "self._client = JsonRpcClient(self._process)")):
+        try:
+            source = inspect.getsource(getattr(owner, fn))
+        except (OSError, TypeError, AttributeError):
+            if installed != SDK_VERSION:
+                problems.append(f"{owner.__name__}.{fn}'s source cannot be read to check it")
+            continue
+        if needle not in source:
+            problems.append(f"{owner.__name__}.{fn} no longer does {needle!r}")
+    if problems:
+        raise SdkChanged(
+            f"github-copilot-sdk {installed} changed what agentd's Copilot reader relies on "
+            f"(agentd is built for {SDK_VERSION}): " + "; ".join(problems))
+    if installed != SDK_VERSION:
+        log.warning("copilot.sdk_version", installed=installed, expected=SDK_VERSION,
+                    note="the JSON-RPC reader hooks agentd relies on are still there")
+
+
+# --------------------------------------------------------------------------- the head of a frame
+
+_WS = re.compile(r"[ \t\n\r]*")
+_SCALAR = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null")
+_STRUCTURAL = re.compile(r'["{}\[\]]')
+
+
+class _Cut(Exception):
+    """The head ends (or breaks) before what is looked for."""
+
+
+def peek(head: bytes) -> FrameHead:
+    """The top-level ``id`` and ``method`` and the ``params.sessionId`` found in the start of a JSON-RPC frame.
+
+    ``head`` may be cut anywhere (and hold odd bytes); what lies past the cut is
+    simply not found. Never raises.
+    """
+    s = runtime_output.decode(head)
+    found: dict[str, Any] = {}
+
+    def event(key: str, i: int) -> int:
+        return _take(s, i, found, "event_type") if key == "type" else _skip(s, i)
+
+    def params(key: str, i: int) -> int:
+        if key == "sessionId":
+            return _take(s, i, found, "session_id")
+        if key == "event" and s[i:i + 1] == "{":
+            return _object(s, i, event)
+        return _skip(s, i)
+
+    def top(key: str, i: int) -> int:
+        if key == "params" and s[i:i + 1] == "{":
+            return _object(s, i, params)
+        if key == "id":
+            return _take(s, i, found, "id")
+        if key == "method":
+            return _take(s, i, found, "method")
+        return _skip(s, i)
+
+    try:
+        i = _WS.match(s, 0).end()  # type: ignore[union-attr]
+        if s[i:i + 1] == "{":
+            _object(s, i, top)
+    except _Cut:
+        pass
+    rid = found.get("id")
+    return FrameHead(id=rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None,
+                     **{k: v for k in ("method", "session_id", "event_type") if isinstance(v := found.get(k), str)})
+
+
+def _object(s: str, i: int, member: Callable[[str, int], int]) -> int:
+    """Walk the object at ``s[i] == "{"``, calling ``member(key, value_start)`` (it returns the value's end)."""
+    i += 1
+    while True:
+        i = _WS.match(s, i).end()  # type: ignore[union-attr]
+        c = s[i:i + 1]
+        if c == "}":
+            return i + 1
+        if c == ",":
+            i += 1
+            continue
+        if c != '"':
+            raise _Cut
+        key, i = _string(s, i)
+        i = _WS.match(s, i).end()  # type: ignore[union-attr]
+        if s[i:i + 1] != ":":
+            raise _Cut
+        i = _WS.match(s, i + 1).end()  # type: ignore[union-attr]
+        i = member(key, i)
+
+
+def _string(s: str, i: int) -> tuple[str, int]:
+    try:
+        return scanstring(s, i + 1)
+    except (ValueError, IndexError):
+        raise _Cut from None
+
+
+def _take(s: str, i: int, found: dict[str, Any], name: str) -> int:
+    """Read the scalar value at ``i`` into ``found[name]``; a container is skipped."""
+    if s[i:i + 1] == '"':
+        found[name], end = _string(s, i)
+        return end
+    m = _SCALAR.match(s, i)
+    if m is not None and m.end() < len(s):  # a number cut by the head's end is not taken
+        found[name] = json.loads(m.group())
+        return m.end()
+    return _skip(s, i)
+
+
+def _skip(s: str, i: int) -> int:
+    """The end of the JSON value at ``i``."""
+    c = s[i:i + 1]
+    if c == '"':
+        return _string(s, i)[1]
+    if c not in ("{", "["):
+        m = _SCALAR.match(s, i)
+        if m is None or m.end() >= len(s):
+            raise _Cut
+        return m.end()
+    depth = 0
+    while True:
+        m = _STRUCTURAL.search(s, i)
+        if m is None:
+            raise _Cut
+        c, i = m.group(), m.start()
+        if c == '"':
+            i = _string(s, i)[1]
+            continue
+        depth += 1 if c in "{[" else -1
+        i += 1
+        if depth == 0:
+            return i

@@ -1,0 +1,428 @@
+"""agentd's reader of the Copilot CLI's JSON-RPC frames (agentd.providers.copilot._reader), on a real pipe.
+
+The SDK's own reader took a frame of any size whole and raised on invalid
+UTF-8, which ended the connection. Here the frames go through an OS pipe to
+the SDK's read thread running agentd's reader, as the CLI's stdout would: an
+over-ceiling frame is drained without being held and reported with its size;
+a frame with invalid UTF-8 is decoded with U+FFFD; and the frame after each is
+still read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import threading
+import tracemalloc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from copilot import RuntimeConnection
+from copilot._jsonrpc import JsonRpcClient
+
+from agentd import runtime_output
+from agentd.providers.copilot import _reader
+from agentd.providers.copilot._reader import AgentdCopilotClient, BoundedJsonRpcClient, MessageRefused, peek
+
+CEILING = runtime_output.MAX_MESSAGE_BYTES
+
+
+class _Process:
+    """What JsonRpcClient needs of a process: stdout to read, stdin to write its answers to."""
+
+    def __init__(self, stdout: io.BufferedReader, stderr: io.BufferedReader | None = None) -> None:
+        self.stdout = stdout
+        self.stdin = io.BytesIO()
+        self.stderr = stderr
+
+
+def _frame(body: bytes) -> bytes:
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def _event(session: str, text: str) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "method": "session.event",
+                       "params": {"sessionId": session, "event": {"type": "assistant.message", "data": {"content": text}}}},
+                      separators=(",", ":")).encode()
+
+
+def _big_frame(prefix: bytes, size: int) -> Iterator[bytes]:
+    """A frame of ``size`` bytes of body, ``prefix`` then a JSON string of x's, in 1 MiB pieces (never whole here)."""
+    tail = b'"}}}}'
+    yield b"Content-Length: %d\r\n\r\n" % size
+    yield prefix
+    left = size - len(prefix) - len(tail)
+    piece = b"x" * (1 << 20)
+    while left > 0:
+        n = min(left, len(piece))
+        yield piece if n == len(piece) else piece[:n]
+        left -= n
+    yield tail
+
+
+class _Reader:
+    """A BoundedJsonRpcClient started on a pipe with an asyncio loop; records what it dispatched."""
+
+    def __init__(self, client_class: type[JsonRpcClient] = BoundedJsonRpcClient, *, stderr: bool = False) -> None:
+        r, self._w = os.pipe()
+        self.err_w = -1
+        err = None
+        if stderr:
+            er, self.err_w = os.pipe()
+            err = open(er, "rb")
+        self.process = _Process(open(r, "rb"), err)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.got: list[tuple[str, Any]] = []
+        self.refused: list[tuple[str, str]] = []
+        self.closed = threading.Event()
+        self.event = threading.Event()
+        self.client = client_class(self.process)
+        self.client.set_notification_handler(self._note)
+        self.client.on_close = self.closed.set
+        if isinstance(self.client, BoundedJsonRpcClient):
+            self.client.on_refused = lambda head, text: (self.refused.append((head.session_id, text)), self.event.set())
+        self.client.start(self.loop)
+
+    def _note(self, method: str, params: Any) -> None:
+        self.got.append((method, params))
+        self.event.set()
+
+    def write(self, *parts: bytes) -> None:
+        for part in parts:
+            view = memoryview(part)
+            while view:
+                view = view[os.write(self._w, view):]
+
+    def wait(self, count: int, timeout: float = 30.0) -> None:
+        """Until ``count`` notifications and refusals in all came."""
+        for _ in range(int(timeout * 20)):
+            if len(self.got) + len(self.refused) >= count:
+                return
+            self.event.wait(0.05)
+            self.event.clear()
+        raise AssertionError(f"only {self.got!r} and {self.refused!r} came")
+
+    def close(self) -> None:
+        os.close(self._w)
+        self.closed.wait(5)
+        self.client._running = False
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+        self.process.stdout.close()
+        if self.err_w >= 0:
+            os.close(self.err_w)
+            self.process.stderr.close()
+
+
+@pytest.fixture
+def reader() -> Iterator[_Reader]:
+    r = _Reader()
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def test_an_over_ceiling_frame_is_drained_unheld_and_reported_with_its_size_and_the_next_frame_is_read(reader: _Reader) -> None:
+    size = CEILING + (3 << 20)
+    prefix = b'{"jsonrpc":"2.0","method":"session.event","params":{"sessionId":"s-big","event":{"type":"assistant.message","data":{"content":"'
+    tracemalloc.start()
+    try:
+        writer = threading.Thread(target=lambda: [reader.write(p) for p in _big_frame(prefix, size)])
+        writer.start()
+        writer.join(60)
+        reader.write(_frame(_event("s-big", "after")))
+        reader.wait(2)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert reader.refused == [("s-big", runtime_output.too_big(size))]
+    assert f"{size:,} bytes" in reader.refused[0][1] and f"{CEILING:,}" in reader.refused[0][1]
+    assert reader.got == [("session.event", json.loads(_event("s-big", "after"))["params"])]
+    assert peak < 16 << 20, f"the reader held {peak:,} bytes for a frame of {size:,}"
+    assert not reader.closed.is_set()
+
+
+def test_a_frame_with_invalid_utf8_is_decoded_with_u_fffd_and_the_next_frame_is_read(reader: _Reader) -> None:
+    body = _event("s1", "odd TEXT here").replace(b"TEXT", b"\xff\xfe \xed\xa0\x80 ok \\ud800")
+    reader.write(_frame(body), _frame(_event("s1", "after")))
+    reader.wait(2)
+    assert [p["event"]["data"]["content"] for _, p in reader.got] == ["odd \ufffd\ufffd \ufffd\ufffd\ufffd ok \ufffd here", "after"]
+    assert reader.refused == []
+    assert not reader.closed.is_set()
+
+
+def test_the_sdks_own_reader_loses_the_connection_on_invalid_utf8() -> None:
+    """Why agentd's reader exists: the SDK's ends its read loop (and the connection) at the first odd byte."""
+    r = _Reader(JsonRpcClient)
+    try:
+        r.write(_frame(_event("s1", "odd TEXT").replace(b"TEXT", b"\xff")), _frame(_event("s1", "after")))
+        assert r.closed.wait(10), "the SDK's reader went on"
+        assert all(p["event"]["data"]["content"] != "after" for _, p in r.got)
+    finally:
+        r.close()
+
+
+def test_broken_json_in_a_whole_frame_is_refused_for_its_session_and_the_next_frame_is_read(reader: _Reader) -> None:
+    reader.write(_frame(b'{"jsonrpc":"2.0","method":"session.event","params":{"sessionId":"s2","event":{'),
+                 _frame(b"[]"), _frame(_event("s2", "after")))
+    reader.wait(3)
+    assert [sid for sid, _ in reader.refused] == ["s2", ""]
+    assert "not JSON-RPC" in reader.refused[0][1]
+    assert [p["event"]["data"]["content"] for _, p in reader.got] == ["after"]
+
+
+def test_an_over_ceiling_answer_fails_the_request_waiting_for_it_and_the_connection_goes_on(reader: _Reader) -> None:
+    async def ask() -> Any:
+        return await reader.client.request("session.getMessages", {"sessionId": "s3"})
+
+    pending = asyncio.run_coroutine_threadsafe(ask(), reader.loop)
+    for _ in range(100):
+        if reader.client.pending_requests:
+            break
+        threading.Event().wait(0.02)
+    (rid,) = reader.client.pending_requests
+    size = CEILING + 1
+    prefix = b'{"jsonrpc":"2.0","id":"%s","result":{"events":["' % rid.encode()
+    for part in _big_frame(prefix, size):
+        reader.write(part)
+    with pytest.raises(MessageRefused) as refused:
+        pending.result(30)
+    assert refused.value.message == runtime_output.too_big(size)
+    reader.write(_frame(_event("s3", "after")))
+    reader.wait(2)
+    assert reader.got[-1][1]["event"]["data"]["content"] == "after"
+
+
+def test_an_over_ceiling_request_of_the_cli_is_answered_with_an_error(reader: _Reader) -> None:
+    size = CEILING + 10
+    prefix = b'{"jsonrpc":"2.0","id":7,"method":"userInput.request","params":{"sessionId":"s4","question":"'
+    for part in _big_frame(prefix, size):
+        reader.write(part)
+    reader.wait(1)
+    assert reader.refused == [("s4", runtime_output.too_big(size))]
+    for _ in range(100):
+        if reader.process.stdin.getvalue():
+            break
+        threading.Event().wait(0.02)
+    header, _, body = reader.process.stdin.getvalue().partition(b"\r\n\r\n")
+    answer = json.loads(body)
+    assert answer["id"] == 7 and answer["error"]["message"] == runtime_output.too_big(size)
+
+
+def test_broken_framing_ends_the_connection_and_says_why(reader: _Reader) -> None:
+    reader.write(_frame(_event("s5", "before")), b"garbage\r\n")
+    assert reader.closed.wait(10)
+    assert reader.client.violation == "not a frame header: 'garbage'"
+    assert [p["event"]["data"]["content"] for _, p in reader.got] == ["before"]
+
+
+def test_the_head_of_a_frame_names_its_id_method_and_session_even_cut_anywhere() -> None:
+    whole = b'{"jsonrpc":"2.0","id":12,"method":"tool.call","params":{"x":{"sessionId":"no","s":"}"},"sessionId":"s\\u00e9","more":1}}'
+    assert peek(whole) == _reader.FrameHead(id=12, method="tool.call", session_id="s\u00e9")
+    event = b'{"jsonrpc":"2.0","method":"session.event","params":{"sessionId":"s1","event":{"id":"e","type":"model.messages_snapshot","data":{"m'
+    assert peek(event) == _reader.FrameHead(method="session.event", session_id="s1", event_type="model.messages_snapshot")
+    for cut in range(len(whole)):
+        head = peek(whole[:cut])  # never raises; what it names is right
+        assert head.id in (None, 12) and head.method in ("", "tool.call") and head.session_id in ("", "s\u00e9")
+    assert peek(b'{"id":"a","result":{"sessionId":"not-params"}}') == _reader.FrameHead(id="a")
+    assert peek(b"\xff\xfe{") == _reader.FrameHead()
+
+
+def test_the_copilot_client_reads_with_agentds_reader_and_the_sdk_shape_is_checked() -> None:
+    _reader.check_sdk()  # the installed SDK has every hook the reader relies on
+    seen: list[tuple[_reader.FrameHead, str]] = []
+    # a path given: the SDK never looks for (or downloads) a CLI; nothing is started here
+    client = AgentdCopilotClient(connection=RuntimeConnection.for_stdio(path="/bin/true"),
+                                 on_refused=lambda head, text: seen.append((head, text)))
+    assert client._client is None
+    client._client = JsonRpcClient(_Process(io.BufferedReader(io.BytesIO(b""))))  # as _connect_via_stdio does
+    assert isinstance(client._client, BoundedJsonRpcClient)
+    client._client.on_refused(_reader.FrameHead(session_id="s"), "t")  # type: ignore[misc]
+    assert seen == [(_reader.FrameHead(session_id="s"), "t")]
+    client._client = None
+    assert client._client is None
+
+
+def test_a_streamed_message_past_the_ceiling_keeps_its_start_and_says_how_much_was_cut() -> None:
+    """Its whole message (the CLI's assistant.message) is refused, so the streamed deltas are all there is:
+    they are kept up to the ceiling while they come, and the item keeps their start, small enough for a frame."""
+    from copilot.generated.session_events import SessionEvent
+
+    from agentd.contract import ItemEvent
+    from agentd.providers.copilot._mapping import STREAM_KEEP_BYTES, EventMapper
+
+    mapper = EventMapper()
+    piece = "z" * (1 << 20)
+    for n in range(65):
+        mapper.map(SessionEvent.from_dict({"id": f"00000000-0000-4000-8000-{n:012d}", "timestamp": "2026-12-01T10:00:00.000Z",
+                                           "parentId": None, "type": "assistant.message_delta",
+                                           "data": {"messageId": "m1", "deltaContent": piece}}))
+    (item,) = [e.item for e in mapper.finish_turn() if isinstance(e, ItemEvent)]
+    kept, _, note = item.text.rpartition("\n")
+    assert kept == "z" * STREAM_KEEP_BYTES
+    assert note == f"[{65 * len(piece) - STREAM_KEEP_BYTES} more bytes cut: the streamed message passed agentd's ceiling of {CEILING:,} bytes]"
+    small = EventMapper()
+    small.map(SessionEvent.from_dict({"id": "00000000-0000-4000-8000-000000000001", "timestamp": "2026-12-01T10:00:00.000Z",
+                                      "parentId": None, "type": "assistant.message_delta",
+                                      "data": {"messageId": "m2", "deltaContent": "whole"}}))
+    assert [e.item.text for e in small.finish_turn() if isinstance(e, ItemEvent)] == ["whole"]
+
+
+def test_a_refused_event_fails_only_its_own_sessions_turn_and_refused_telemetry_fails_none(tmp_path: Any) -> None:
+    """The CLI's model.* telemetry (model.messages_snapshot holds the whole history) passes the ceiling in a long
+    session of small messages; agentd drops those events unread anyway, so they must fail no turn."""
+    from agentd.config import CopilotConfig
+    from agentd.providers.copilot import CopilotProvider
+
+    provider = CopilotProvider(CopilotConfig(), state_dir=tmp_path)
+    failed: list[tuple[str, str]] = []
+
+    class Conv:  # what the provider reads of an open conversation
+        def __init__(self, sid: str, generation: int = 1) -> None:
+            self.id, self._runtime = sid, _Runtime(generation)
+
+        def message_refused(self, text: str) -> None:
+            failed.append((self.id, text))
+
+    class _Runtime:
+        def __init__(self, generation: int) -> None:
+            self.generation = generation
+
+    conv = Conv
+
+    provider._conversations.update({conv("s1"), conv("s2"), conv("s1", generation=0)})  # type: ignore[arg-type]
+    head = _reader.FrameHead(method="session.event", session_id="s1")
+    for telemetry in ("model.messages_snapshot", "model.response", "assistant.streaming_delta"):
+        provider._message_refused(1, _reader.FrameHead(method="session.event", session_id="s1", event_type=telemetry), "t")
+    assert failed == []
+    provider._message_refused(1, _reader.FrameHead(method="session.event", session_id="s1", event_type="assistant.message"), "big")
+    provider._message_refused(1, head, "no type seen")  # the head told no type: it may be anything
+    provider._message_refused(1, _reader.FrameHead(id="r1"), "an answer")  # no session: its request failed instead
+    assert failed == [("s1", "big"), ("s1", "no type seen")]
+
+
+def test_a_message_the_sdks_dispatch_cannot_take_is_refused_and_the_connection_goes_on(reader: _Reader) -> None:
+    """An error answer whose "error" is no object raised in the SDK's read thread (AttributeError) and ended it."""
+    async def ask() -> Any:
+        return await reader.client.request("session.abort", {"sessionId": "s6"})
+
+    pending = asyncio.run_coroutine_threadsafe(ask(), reader.loop)
+    for _ in range(100):
+        if reader.client.pending_requests:
+            break
+        threading.Event().wait(0.02)
+    (rid,) = reader.client.pending_requests
+    reader.write(_frame(json.dumps({"jsonrpc": "2.0", "id": rid, "error": "flat"}).encode()), _frame(_event("s6", "after")))
+    with pytest.raises(MessageRefused) as refused:
+        pending.result(10)
+    assert "cannot take" in refused.value.message
+    reader.wait(2)
+    assert reader.got[-1][1]["event"]["data"]["content"] == "after"
+    assert not reader.closed.is_set()
+
+
+async def test_a_refused_message_fails_the_running_turn_after_its_abort_which_the_next_prompt_waits_for(nursery: Any) -> None:
+    """Through CopilotConversation with a stand-in SDK session: a notice, the CLI's turn aborted, the CLI's idle
+    ends the turn failed with the reader's text, and the next prompt reaches the CLI only after the abort."""
+    import trio
+    from copilot.generated.session_events import SessionEvent
+
+    from agentd.contract import ItemEvent, Prompt, TurnEvent, TurnState
+    from agentd.providers.copilot._conversation import CopilotConversation
+
+    calls: list[str] = []
+    emitted: list[Any] = []
+
+    class Bridge:
+        async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            return await fn(*args, **kwargs)
+
+        def call_soon(self, fn: Any, *args: Any) -> None:
+            pass
+
+    class Restarts:
+        def succeeded(self, **_: Any) -> None:
+            pass
+
+    class Provider:
+        _restarts = Restarts()
+
+        def _require_bridge(self) -> Bridge:
+            return Bridge()
+
+        def _spawn(self, fn: Any, *args: Any) -> None:
+            nursery.start_soon(fn, *args)
+
+    class Runtime:
+        alive, exit_reason = True, ""
+
+    class Session:
+        async def send(self, text: str, **_: Any) -> str:
+            calls.append(f"send {text}")
+            return "m"
+
+        async def abort(self) -> None:
+            await trio.sleep(0.2)  # the CLI busy with the huge message's other events
+            calls.append("abort")
+
+    class Sink:
+        def emit(self, event: Any) -> None:
+            emitted.append(event)
+
+    conv = CopilotConversation(Provider(), Runtime(), Sink(), workdir="/", model="m", effort="")  # type: ignore[arg-type]
+    conv.session = Session()
+    await conv.send(Prompt(text="one"))
+    conv.message_refused("too big: 68 MB")
+    await trio.sleep(0)
+    assert [e.item.text for e in emitted if isinstance(e, ItemEvent)] == ["error: too big: 68 MB"]
+    conv._handle(SessionEvent.from_dict({"id": "00000000-0000-4000-8000-000000000009", "timestamp": "2026-12-01T10:00:00.000Z",
+                                         "parentId": None, "type": "session.idle", "ephemeral": True, "data": {"aborted": True}}))
+    ends = [e.turn for e in emitted if isinstance(e, TurnEvent) and e.turn.state is not TurnState.WORKING]
+    assert [(t.state, t.error, t.reason) for t in ends] == [(TurnState.FAILED, "too big: 68 MB", "error")]
+    await conv.send(Prompt(text="two"))
+    assert calls == ["send one", "abort", "send two"]
+    nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("client_class", [BoundedJsonRpcClient, JsonRpcClient])
+def test_odd_bytes_on_the_clis_stderr_become_u_fffd_and_it_is_still_drained(client_class: type[JsonRpcClient]) -> None:
+    """The SDK's stderr reader stopped at the first odd byte (and kept every line): the CLI would then block
+    on a full pipe. agentd's reads on, keeping the last lines for an exit's explanation."""
+    r = _Reader(client_class, stderr=True)
+    try:
+        n_lines = _reader.STDERR_TAIL + 5
+        os.write(r.err_w, b"".join(b"line %d\n" % n for n in range(n_lines)) + b"odd \xff byte\nafter\n")
+        for _ in range(200):
+            if "after" in r.client.get_stderr_output():
+                break
+            threading.Event().wait(0.02)
+        out = r.client.get_stderr_output().splitlines()
+        if client_class is JsonRpcClient:
+            assert out == [f"line {n}" for n in range(n_lines)], out  # the SDK's: nothing read past the odd byte
+            return
+        assert out == [f"line {n}" for n in range(7, n_lines)] + ["odd \ufffd byte", "after"]
+    finally:
+        r.close()
+
+
+def test_an_sdk_that_changed_what_the_reader_relies_on_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from copilot import CopilotClient
+
+    async def _connect_via_stdio(self: Any) -> None:  # a release that builds its client elsewhere
+        self._client = self._make_rpc()
+
+    monkeypatch.setattr(CopilotClient, "_connect_via_stdio", _connect_via_stdio)
+    monkeypatch.delattr(JsonRpcClient, "_stderr_loop")
+    with pytest.raises(_reader.SdkChanged) as changed:
+        _reader.check_sdk()
+    text = str(changed.value)
+    assert f"agentd is built for {_reader.SDK_VERSION}" in text
+    assert "JsonRpcClient._stderr_loop is gone" in text
+    assert "CopilotClient._connect_via_stdio no longer does 'self._client = JsonRpcClient(self._process)'" in text
