@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,7 @@ def _marked(token: bytes) -> list[int]:
     return out
 
 
-def _wait(cond, timeout: float) -> bool:
+def _wait(cond: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
