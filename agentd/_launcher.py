@@ -12,7 +12,8 @@ and the SDKs' threads, which end long before the runtime should. So:
 * this keeper gets ``PR_SET_PDEATHSIG`` SIGUSR1 and, on it, looks at
   ``getppid()``: the same agentd process means only a thread of it ended
   (ignored); another means agentd died, and it ends the runtime: SIGTERM to
-  its group and every descendant, then SIGKILL after ``--grace`` seconds;
+  its group and every descendant (and to those that appear later), then
+  SIGKILL after ``--grace`` seconds;
 * it is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so a tool shell that
   ``setsid``-ed itself away from the group and lost its parent is reparented
   here, not to init, and is still found as a descendant.
@@ -24,6 +25,14 @@ the descendants that left its group. When the runtime exits, what is left of its
 descendants is SIGKILLed, the record removed, and the keeper exits the way
 the runtime did (same code, or the same signal). Its stdio is /dev/null
 after the fork, so the runtime's pipes close when the runtime's do.
+
+Every SIGKILL is :func:`_kill_below`: rounds of scan and SIGKILL until this
+keeper has no child left (as a subreaper, no child means nothing below it),
+for at most ``KILL_S`` seconds, and only then does the keeper exit. One
+scan is not enough: a process may fork between the scan that finds it and
+its SIGKILL (a tool shell, ``timeout`` passing on a signal, a runtime's own
+shutdown), and the scan of /proc is not atomic. The record stays when
+something could not be ended, for the reaper at agentd's next start.
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 WATCH = signal.SIGUSR1
 #: agentd's "SIGKILL all of it": a SIGKILL of the keeper itself would leave setsid-ed descendants behind.
 KILL_ALL = signal.SIGUSR2
+#: at most this long of SIGKILL rounds (against a descendant that keeps forking)
+KILL_S = 5.0
 
 
 def _prctl(option: int, arg: int) -> int:
@@ -55,18 +66,24 @@ def _prctl(option: int, arg: int) -> int:
         return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
 
 
-def stat(pid: int) -> tuple[int, int, int] | None:
-    """(ppid, pgid, start time) of a live PID from /proc/PID/stat (start time: field 22, clock
-    ticks after boot); None when it is gone or a zombie (which needs no signal)."""
+def _stat(pid: int) -> tuple[bool, int, int, int] | None:
+    """(zombie, ppid, pgid, start time) of PID from /proc/PID/stat (start time: field 22, clock
+    ticks after boot); None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-    except OSError:
+        fields = data[data.rindex(b")") + 2:].split()
+        return fields[0] == b"Z", int(fields[1]), int(fields[2]), int(fields[19])
+    except (OSError, ValueError, IndexError):  # gone (a torn read of an exiting one, too)
         return None
-    fields = data[data.rindex(b")") + 2:].split()
-    if fields[0] == b"Z":
+
+
+def stat(pid: int) -> tuple[int, int, int] | None:
+    """(ppid, pgid, start time) of a live PID; None when it is gone or a zombie (which needs no signal)."""
+    st = _stat(pid)
+    if st is None or st[0]:
         return None
-    return int(fields[1]), int(fields[2]), int(fields[19])
+    return st[1:]
 
 
 def start_time(pid: int) -> int | None:
@@ -74,14 +91,14 @@ def start_time(pid: int) -> int | None:
     return st[2] if st is not None else None
 
 
-def table() -> dict[int, tuple[int, int, int]]:
-    """``stat`` of every live process."""
+def table(zombies: bool = False) -> dict[int, tuple[int, int, int]]:
+    """``stat`` of every live process (and of every zombie too with ``zombies``)."""
     out = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
-            st = stat(int(name))
-            if st is not None:
-                out[int(name)] = st
+            st = _stat(int(name))
+            if st is not None and (zombies or not st[0]):
+                out[int(name)] = st[1:]
     return out
 
 
@@ -96,8 +113,47 @@ def group_and_below(pgid: int, procs: dict[int, tuple[int, int, int]]) -> set[in
 
 
 def _others(me: int) -> list[int]:
-    """Processes in my group or below me, without me."""
-    return sorted(group_and_below(me, table()) - {me})
+    """Live processes in my group or below me, without me.
+
+    Zombies are walked through, not returned: the scan is not atomic, and a child read
+    before its parent died still names that parent (by now a zombie) as its ppid.
+    """
+    procs = table(zombies=True)
+    return sorted(pid for pid in group_and_below(me, procs) - {me} if stat(pid) is not None)
+
+
+def _children(me: int) -> list[int]:
+    """My direct children, zombies too, from one small read; [] where the kernel does not list them."""
+    try:
+        with open(f"/proc/{me}/task/{me}/children", "rb") as f:
+            return [int(pid) for pid in f.read().split()]
+    except OSError:
+        return []
+
+
+def _kill_below(me: int, deadline: float) -> bool:
+    """SIGKILL everything in my group or below me, round after round, until no child is left
+    (reaped), or ``deadline`` (monotonic) passes; whether nothing is left.
+
+    A round: a /proc scan and SIGKILL of what it found, then quick SIGKILL passes over my
+    direct children (an orphan comes here, so a process that forks and exits faster than a
+    scan reads /proc is caught one generation at a time), then a reap. A SIGKILLed process
+    can fork no more, so each round leaves only what forked before its SIGKILL.
+    """
+    while _reap_any():
+        killed = _others(me)
+        _signal_all(killed, signal.SIGKILL)
+        seen = set(killed)
+        for _ in range(1000):
+            kids = [pid for pid in _children(me) if pid not in seen]
+            if not kids:
+                break
+            _signal_all(kids, signal.SIGKILL)
+            seen.update(kids)
+        if time.monotonic() >= deadline:
+            return not _reap_any()
+        time.sleep(0.005)  # the SIGKILLed take a moment to die: poll, do not spin
+    return True
 
 
 def _signal_all(pids: list[int], sig: int) -> None:
@@ -141,18 +197,17 @@ def main(argv: list[str]) -> int:
         ending = True
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_IGN)
-        targets = _others(me)
-        _signal_all(targets, signal.SIGTERM)
-        _signal_all(targets, signal.SIGCONT)
+        termed: set[int] = set()
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            _reap_any()
-            if not _others(me):
-                break
+        while _reap_any() and time.monotonic() < deadline:
+            # what forked since (a tool shell's child, a runtime's shutdown hook) gets its SIGTERM too
+            new = [pid for pid in _others(me) if pid not in termed]
+            _signal_all(new, signal.SIGTERM)
+            _signal_all(new, signal.SIGCONT)
+            termed.update(new)
             time.sleep(0.05)
-        _signal_all(_others(me), signal.SIGKILL)
-        _reap_any()
-        _unlink(record)
+        if _kill_below(me, time.monotonic() + KILL_S):
+            _unlink(record)
 
     def on_watch(signum: int, frame: object) -> None:
         if os.getppid() != parent and not ending:
@@ -164,13 +219,8 @@ def main(argv: list[str]) -> int:
         ending = True
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_IGN)
-        for _ in range(5):  # a member may fork while we look
-            left = _others(me)
-            if not left:
-                break
-            _signal_all(left, signal.SIGKILL)
-            _reap_any()
-        _unlink(record)
+        if _kill_below(me, time.monotonic() + KILL_S):
+            _unlink(record)
         os.kill(me, signal.SIGKILL)  # ends the way agentd asked for: killed by SIGKILL
 
     signal.signal(WATCH, on_watch)
@@ -223,10 +273,9 @@ def main(argv: list[str]) -> int:
             break
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_IGN)
-    if _reap_any():  # leftovers: background jobs, setsid-ed tool shells
-        _signal_all(_others(me), signal.SIGKILL)
-        _reap_any()
-    _unlink(record)
+    # leftovers: background jobs, setsid-ed tool shells (no child left: nothing left, and no scan)
+    if _kill_below(me, time.monotonic() + KILL_S):
+        _unlink(record)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         import resource
