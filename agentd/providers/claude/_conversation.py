@@ -507,10 +507,16 @@ class ClaudeConversation:
             return
         prompt = turn.steers.pop(mid)
         self._emit(ItemEvent(item=unused_steer(f"steer-{mid}", prompt.text)))
-        if not turn.steers and turn.deferred is not None:
-            state, error, reason = turn.deferred
-            self._end_turn(turn, state, error=error, reason=reason)
-            self._provider.spawn(self._save_quietly)
+        self._end_deferred(turn)
+
+    def _end_deferred(self, turn: _Turn) -> None:
+        """End a turn whose result came while steers were queued, once none is left
+        (``cancelled`` when a cancel withdrew them: no result of the CLI ends it then)."""
+        if turn.steers or turn.deferred is None or turn.ended:
+            return
+        state, error, reason = (TurnState.CANCELLED, "", "") if turn.cancelling else turn.deferred
+        self._end_turn(turn, state, error=error, reason=reason)
+        self._provider.spawn(self._save_quietly)
 
     def _steer_used(self, turn: _Turn, mid: str) -> None:
         """The CLI took the steer written as ``mid`` into the turn: its user item (delivery steer)."""
@@ -569,8 +575,9 @@ class ClaudeConversation:
         """Interrupt the CLI's turn, withdrawing its queued steers; returns the uuids of those it keeps.
 
         A CLI without ``interrupt_cancel_queued_v1`` gets a plain interrupt, after
-        which it answers every steer still queued: all of them count as kept.
-        Raises what the SDK raises when the CLI does not answer.
+        which it answers every steer still queued: all of them count as kept. A
+        withdrawn steer ends as a notice (and a turn that only waited for steers
+        ends). Raises what the SDK raises when the CLI does not answer.
         """
         query = getattr(session.client, "_query", None)
         if query is None or CANCEL_QUEUED not in session.capabilities:
@@ -578,13 +585,16 @@ class ClaudeConversation:
             return list(turn.steers)
         answer = await query._send_control_request({"subtype": "interrupt", "cancel_queued": True})
         receipt = msgspec.convert(answer, _InterruptReceipt)
-        kept = []
+        withdrawn, kept = list(receipt.cancelled), []
         for mid in receipt.still_queued:  # one it could no longer recall with the abort
             if mid in turn.steers:
                 answer = await query._send_control_request({"subtype": "cancel_async_message", "message_uuid": mid})
-                if not msgspec.convert(answer, _Withdrawal).cancelled:
-                    kept.append(mid)
-        log.info("claude.interrupted", conversation=self.id, withdrawn=len(receipt.cancelled), kept=len(kept))
+                (withdrawn if msgspec.convert(answer, _Withdrawal).cancelled else kept).append(mid)
+        log.info("claude.interrupted", conversation=self.id, withdrawn=len(withdrawn), kept=len(kept))
+        for mid in withdrawn:
+            if mid in turn.steers:
+                self._emit(ItemEvent(item=unused_steer(f"steer-{mid}", turn.steers.pop(mid).text)))
+        self._end_deferred(turn)  # a steer it already started is cut off by the abort: its result ends the turn
         return kept
 
     async def respond(self, interaction_id: str, answer: Answer) -> None:
