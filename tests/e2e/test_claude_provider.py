@@ -257,6 +257,65 @@ async def test_cancel_during_a_slow_answer_ends_cancelled_within_a_second(
     assert len(sink.terminal_turns()) == 2
 
 
+async def test_cancel_withdraws_a_steer_claude_code_holds_and_nothing_runs_it_later(
+    provider: ClaudeProvider, model_server: ModelServer, workdir: pathlib.Path
+) -> None:
+    # Claude Code holds a steer sent during a text answer until that answer ends. A plain
+    # interrupt leaves it queued, and the CLI then answers it in a turn of its own that no
+    # agentd turn owns: its output came between turns and its result ended the next one.
+    late = "STEER-WITHDRAWN-4417"
+    model_server.answer_text_only()
+    model_server.stream_slowly(0.25)
+    conv, sink = await open_conv(provider, workdir)
+    await conv.send(c.Prompt(text="Talk slowly"))
+    await sink.wait_for(lambda: sink.of(c.DeltaEvent), what="the first delta")
+    await conv.steer(c.Prompt(text=late))
+    with trio.fail_after(10):
+        await conv.cancel()
+    assert [t.state for t in sink.terminal_turns()] == [c.TurnState.CANCELLED]
+    assert [i.kind for i in sink.items() if late in i.text] == [c.ItemKind.NOTICE]
+    ended = len(sink.events)
+
+    model_server.stream_slowly(0)
+    await conv.send(c.Prompt(text="Now quickly"))
+    turn = await sink.wait_turns(2)
+    assert turn.state is c.TurnState.COMPLETED, turn
+    later = sink.events[ended:]
+    assert isinstance(later[0], c.ItemEvent) and later[0].item.text == "Now quickly", later[:3]
+    assert sink.items(c.ItemKind.ASSISTANT)[-1].text == DEFAULT_TEXT
+    # The CLI answers what it holds in order: a steer it kept would have reached the model by now.
+    assert not [r for r in model_server.requests if late in sent_text(r)]
+    assert [i.kind for i in sink.items() if late in i.text] == [c.ItemKind.NOTICE]
+
+
+async def test_a_steer_queued_when_the_answer_fails_is_answered_in_the_same_turn(
+    claude_cli: str, model_server: ModelServer, workdir: pathlib.Path, tmp_path: pathlib.Path, model_key_env: str,
+    nursery: trio.Nursery,
+) -> None:
+    # After a failed answer Claude Code goes on with the steers it holds: that is still this turn.
+    config = claude_config_for(claude_cli, model_server, tmp_path, model_key_env,
+                               CLAUDE_CODE_DISABLE_NONSTREAMING_FALLBACK="1")
+    provider, _ = await start_provider(nursery, config, tmp_path / "state")
+    steer = "STEER-AFTER-FAILURE-2290"
+    story = " ".join(f"word{i}" for i in range(60))
+    model_server.answer_text_only(story)
+    model_server.stream_slowly(0.1)
+    model_server.drop_stream(after_chunks=15)  # the answer fails after about 1.5 s
+    conv, sink = await open_conv(provider, workdir)
+    await conv.send(c.Prompt(text="Hello?"))
+    await sink.wait_for(lambda: sink.of(c.DeltaEvent), what="the first delta")
+    await conv.steer(c.Prompt(text=steer))
+    await sink.wait_for(lambda: [r for r in model_server.requests if steer in sent_text(r)], what="the steer's request")
+    model_server.reset()  # the steer's answer streams whole
+    turn = await sink.wait_turns(1)
+    assert turn.state is c.TurnState.COMPLETED, turn
+    assert any("API Error" in i.text for i in sink.items(c.ItemKind.NOTICE)), "the answer did not fail"
+    assert [(i.kind, i.delivery) for i in sink.items() if i.text == steer] == [(c.ItemKind.USER, "steer")]
+    first, last = [i.text for i in sink.items(c.ItemKind.ASSISTANT)]
+    assert story.startswith(first) and first != story and last == story, (first, last)
+    assert len(sink.terminal_turns()) == 1
+
+
 async def test_cancel_while_a_permission_is_pending_expires_it(
     provider: ClaudeProvider, model_server: ModelServer, workdir: pathlib.Path
 ) -> None:

@@ -35,6 +35,8 @@ NAME = "conform"
 #: in the command's own text only: a model request carrying it got it from the runtime's expansion
 MARKER = "CONFORM-COMMAND-BODY-7431"
 STEER = "STEERED-TEXT-5512 mention the steer"
+#: the answer to the prompt after a cancelled turn: any other text in that turn came from an earlier one
+NEXT_ANSWER = "The next answer, NEXT-ANSWER-3306."
 
 
 def _write_commands(workdir: Path) -> None:
@@ -118,22 +120,45 @@ def test_a_steer_during_a_slow_answer_reaches_the_next_model_request(runtime: Ru
     follower = Follower(daemon, cid, "Another long story")
     follower.wait_for(lambda line: line.get("type") == "delta", timeout=120)
     assert daemon.agentctl("steer", cid, late).returncode == 0
-    # A runtime may carry the steer to the model at once (Claude Code restarts its request with
-    # it): then the runtime's own echo of it must be journaled as used before the cancel, which
-    # would otherwise race that echo. A steer not carried within a moment is cancelled unused.
+    # A runtime may carry the steer to the model at once: then its own report of that must be
+    # journaled as used before the cancel, which would otherwise race that report.
     deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and not any(late in json.dumps(r) for r in runtime.server.requests):
+    while time.monotonic() < deadline and not _carried(runtime, late):
         time.sleep(0.05)
-    if any(late in json.dumps(r) for r in runtime.server.requests):
+    if _carried(runtime, late):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(
                 r["type"] == "item" and late in r["data"].get("text", "") for r in daemon.journal(cid)):
             time.sleep(0.1)
+    carried = _carried(runtime, late)  # judged at the cancel; what comes after is checked below
     assert daemon.agentctl("cancel", cid).returncode in (0, 9)
     follower.finish(timeout=60)
     outcome = _steer_outcome(daemon, cid, late)
-    carried = any(late in json.dumps(r) for r in runtime.server.requests)
-    assert outcome == ("used" if carried else "notice"), (outcome, carried)
+    assert outcome == "used" or not carried, f"a model request carried the steer, yet it is journaled {outcome}"
+    # Whatever the runtime still does with the steer shows before its next prompt is answered
+    # (it answers what it holds first): that prompt's turn is the next one and ends once, its
+    # answer is its own, nothing came between the turns, and a steer journaled as not
+    # delivered reached no model request, then or later.
+    runtime.server.reset()
+    runtime.server.answer_text_only(NEXT_ANSWER)
+    sent = daemon.agentctl("send", cid, "One more thing", "--follow", "--json", timeout=180)
+    assert sent.returncode == 0, sent.stderr
+    journal = daemon.journal(cid)
+    start = max(n for n, r in enumerate(journal) if r["type"] == "prompt")
+    ended = max(n for n, r in enumerate(journal[:start]) if r["type"] == "turn" and r["data"]["state"] != "working")
+    between = [r for r in journal[ended + 1:start] if r["type"] in ("item", "delta", "turn")]
+    assert not between, f"{runtime.name} went on after the cancelled turn's end: {between}"
+    after = journal[start:]
+    assert [r["data"]["state"] for r in after if r["type"] == "turn"] == ["working", "completed"], after
+    answers = [r["data"]["text"] for r in after if r["type"] == "item" and r["data"]["kind"] == "assistant"]
+    assert answers == [NEXT_ANSWER], answers
+    assert outcome == ("used" if _carried(runtime, late) else "notice"), (outcome, carried)
+
+
+def _carried(runtime: Runtime, text: str) -> bool:
+    """Whether a model request the scripted server got so far carries ``text``."""
+    assert runtime.server is not None
+    return any(text in json.dumps(r) for r in list(runtime.server.requests))
 
 
 def _slowish(runtime: Runtime) -> None:

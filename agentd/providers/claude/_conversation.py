@@ -21,6 +21,13 @@ last stderr line as the error) and an ``ExitEvent`` follows; the next
 restart backoff (:mod:`agentd.providers._restart`) allows it. Every turn
 gets exactly one terminal ``TurnEvent``.
 
+Steers. A steer is a user message written while the turn runs; the CLI
+queues it and takes it at the answer's next step. What the CLI holds
+queued when a result comes it answers next, as a turn of its own: so an
+agentd turn goes on until no steer it took is left queued, and a cancel
+withdraws them with the interrupt (``cancel_queued``) or, when the CLI keeps
+one, stops the process. No runtime turn ever runs outside an agentd turn.
+
 Mapping. Partial messages (``include_partial_messages``) give
 ``DeltaEvent``s for text and thinking; each finished content block becomes
 an item with id ``<message id>-<block index>`` (a tool call's id is its
@@ -114,6 +121,22 @@ STOP_TIMEOUT_S = 30.0
 STDERR_LINES = 20
 #: Effort levels Claude Code accepts.
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
+#: The capability (system/init) of a CLI whose interrupt can withdraw the user messages it holds queued.
+CANCEL_QUEUED = "interrupt_cancel_queued_v1"
+
+
+class _InterruptReceipt(msgspec.Struct):
+    """The CLI's answer to an interrupt (capability ``interrupt_receipt_v1``): uuids of the
+    queued user messages that survive it, and of those it withdrew (``cancel_queued``)."""
+
+    still_queued: list[str] = []
+    cancelled: list[str] = []
+
+
+class _Withdrawal(msgspec.Struct):
+    """The CLI's answer to ``cancel_async_message``: whether the queued message will not run."""
+
+    cancelled: bool = False
 
 
 #: Images up to this size go to the model inline; bigger ones only by path.
@@ -201,8 +224,12 @@ class _Turn:
         self.last_usage: dict[str, Any] = {}
         #: uuid of the turn's last main-chain transcript entry seen: where a fork or rewind resumes
         self.last_uuid = ""
-        #: steers written to the CLI that it has not taken yet (no echo of them came), oldest first
-        self.steers: list[tuple[str, Prompt]] = []
+        #: steers written to the CLI that it has not taken yet, by their message uuid, oldest first
+        self.steers: dict[str, Prompt] = {}
+        #: held while a steer is written: an interrupt goes to the CLI after every steer, never between
+        self.writing = trio.Lock()
+        #: how the turn ends once no steer is left queued: (state, error, reason) of a result that came first
+        self.deferred: tuple[TurnState, str, str] | None = None
 
 
 class _Session:
@@ -223,6 +250,8 @@ class _Session:
         self.cost_seen: float | None = None
         #: options changed (effort): replace the process before the next turn
         self.stale = False
+        #: what the CLI says it can do (its system/init ``capabilities``)
+        self.capabilities: frozenset[str] = frozenset()
 
     def on_stderr(self, line: str) -> None:
         self.stderr.append(line)
@@ -420,7 +449,8 @@ class ClaudeConversation:
         Claude Code takes it at its next step (with the running tool calls' results),
         or, when the answer has no next step, right after it: the agentd turn then
         goes on until that is answered too. Its user item (delivery ``steer``) comes
-        when the CLI echoes it as taken; a turn that ends first (a cancel) ends with
+        when the CLI announces the model request carrying it, or echoes it as taken;
+        a turn that ends first (a cancel, which withdraws it from the CLI) ends with
         a notice item saying it was not used. Raises Invalid when no turn runs,
         SubmissionUncertain when the write failed part-way (never resent).
         """
@@ -432,21 +462,30 @@ class ClaudeConversation:
         if prompt.attachments:
             content = await trio.to_thread.run_sync(prompt_content, prompt)
         mid = str(uuid.uuid4())
-        turn.steers.append((f"steer-{mid}", prompt))  # noted first: the echo may come before the write returns
         message = {"type": "user", "message": {"role": "user", "content": content}, "parent_tool_use_id": None,
                    "session_id": self.id, "uuid": mid}
         with trio.CancelScope(shield=True):
-            try:
-                with trio.fail_after(SUBMIT_TIMEOUT_S):
-                    await session.client.query(_one(message))
-            except (Exception, trio.TooSlowError) as exc:
-                raise SubmissionUncertain(f"the steer may or may not have reached Claude Code ({exc}); "
-                                          "it is not resent") from None
+            async with turn.writing:
+                if turn.ended or turn.cancelling:
+                    raise Invalid("the turn is ending; send the prompt instead")
+                turn.steers[mid] = prompt  # noted first: the echo may come before the write returns
+                try:
+                    with trio.fail_after(SUBMIT_TIMEOUT_S):
+                        await session.client.query(_one(message))
+                except (Exception, trio.TooSlowError) as exc:
+                    raise SubmissionUncertain(f"the steer may or may not have reached Claude Code ({exc}); "
+                                              "it is not resent") from None
 
     def _echoed(self, data: dict[str, Any]) -> None:
-        """A user message the CLI took (``--replay-user-messages``): a steer's, when one waits."""
+        """A user message the CLI took (``--replay-user-messages``): a steer's, when one waits.
+
+        Known by the uuid it was written with; by its text from a CLI that echoes another uuid.
+        """
         turn = self._turn
         if turn is None or not turn.steers:
+            return
+        if str(data.get("uuid") or "") in turn.steers:
+            self._steer_used(turn, str(data["uuid"]))
             return
         content = (data.get("message") or {}).get("content")
         blocks = isinstance(content, list)
@@ -454,21 +493,49 @@ class ClaudeConversation:
             content = "\n".join(str(b.get("text") or "") for b in content if isinstance(b, dict) and b.get("type") == "text")
         if not isinstance(content, str):
             return
-        for n, (key, prompt) in enumerate(turn.steers):
+        for mid, prompt in turn.steers.items():
             if prompt.text == content or (blocks and prompt.text and content.startswith(prompt.text)):
-                del turn.steers[n]
-                self._emit(ItemEvent(item=Item(id=key, kind=ItemKind.USER, text=prompt.text, time=utcnow(),
-                                               delivery="steer", attachments=list(prompt.attachments))))
+                self._steer_used(turn, mid)
                 return
+
+    def _lifecycle(self, data: dict[str, Any]) -> None:
+        """A queued user message's ``command_lifecycle``: a steer the CLI says it will not run is
+        not waited for; a turn whose result came while it waited ends then."""
+        turn = self._turn
+        mid = str(data.get("command_uuid") or "")
+        if turn is None or mid not in turn.steers or data.get("state") not in ("cancelled", "discarded", "refused"):
+            return
+        prompt = turn.steers.pop(mid)
+        self._emit(ItemEvent(item=unused_steer(f"steer-{mid}", prompt.text)))
+        self._end_deferred(turn)
+
+    def _end_deferred(self, turn: _Turn) -> None:
+        """End a turn whose result came while steers were queued, once none is left
+        (``cancelled`` when a cancel withdrew them: no result of the CLI ends it then)."""
+        if turn.steers or turn.deferred is None or turn.ended:
+            return
+        state, error, reason = (TurnState.CANCELLED, "", "") if turn.cancelling else turn.deferred
+        self._end_turn(turn, state, error=error, reason=reason)
+        self._provider.spawn(self._save_quietly)
+
+    def _steer_used(self, turn: _Turn, mid: str) -> None:
+        """The CLI took the steer written as ``mid`` into the turn: its user item (delivery steer)."""
+        prompt = turn.steers.pop(mid)
+        self._emit(ItemEvent(item=Item(id=f"steer-{mid}", kind=ItemKind.USER, text=prompt.text, time=utcnow(),
+                                       delivery="steer", attachments=list(prompt.attachments))))
 
     async def cancel(self) -> None:
         """Interrupt the running turn and wait until it ended ``cancelled``; no turn: a no-op.
 
-        Sends the CLI an interrupt (it ends the turn within about 100 ms).
-        If the CLI does not acknowledge it within 5 s, or does not end the
-        turn 5 s after, its process is killed (the next ``send`` starts a
-        new one). Pending interactions end ``expired``, streamed items keep
-        their text so far, running tools end ``failed``.
+        Sends the CLI an interrupt (it ends the turn within about 100 ms) that
+        also withdraws the steers it has not taken yet: left queued, the CLI
+        would answer them in a turn of its own after this one, which no agentd
+        turn owns. A CLI that keeps one (or cannot withdraw them) is stopped.
+        If the CLI does not acknowledge the interrupt within 5 s, or does not
+        end the turn 5 s after, its process is killed (the next ``send``
+        starts a new one). Pending interactions end ``expired``, streamed
+        items keep their text so far, running tools end ``failed``, steers not
+        taken end as notices.
         """
         self._check_open()
         turn = self._turn
@@ -479,11 +546,20 @@ class ClaudeConversation:
         session = self._session
         with trio.CancelScope(shield=True):
             if session is not None and session.alive:
+                kept: list[str] = []
                 try:
                     with trio.fail_after(INTERRUPT_TIMEOUT_S):
-                        await session.client.interrupt()
+                        async with turn.writing:  # a steer being written reaches the CLI first
+                            kept = await self._interrupt(session, turn)
                 except (Exception, trio.TooSlowError) as exc:
                     log.warning("claude.interrupt_failed", conversation=self.id, error=str(exc))
+                    kept = list(turn.steers)
+                if kept and self._turn in (turn, None):
+                    # Stopped, not left to run them (even when the turn ended already): it ends
+                    # cancelled, they end as notices.
+                    log.info("claude.queued_steers_kept", conversation=self.id, steers=len(kept))
+                    session.stopping = "cancel"
+                    session.kill()
                 with trio.move_on_after(CANCEL_GRACE_S):
                     await turn.done.wait()
             if not turn.done.is_set() and session is not None and not session.done.is_set():
@@ -494,6 +570,32 @@ class ClaudeConversation:
                     await turn.done.wait()
             if not turn.ended:
                 self._end_turn(turn, TurnState.CANCELLED, reason="cancel_timeout", inferred=True)
+
+    async def _interrupt(self, session: _Session, turn: _Turn) -> list[str]:
+        """Interrupt the CLI's turn, withdrawing its queued steers; returns the uuids of those it keeps.
+
+        A CLI without ``interrupt_cancel_queued_v1`` gets a plain interrupt, after
+        which it answers every steer still queued: all of them count as kept. A
+        withdrawn steer ends as a notice (and a turn that only waited for steers
+        ends). Raises what the SDK raises when the CLI does not answer.
+        """
+        query = getattr(session.client, "_query", None)
+        if query is None or CANCEL_QUEUED not in session.capabilities:
+            await session.client.interrupt()
+            return list(turn.steers)
+        answer = await query._send_control_request({"subtype": "interrupt", "cancel_queued": True})
+        receipt = msgspec.convert(answer, _InterruptReceipt)
+        withdrawn, kept = list(receipt.cancelled), []
+        for mid in receipt.still_queued:  # one it could no longer recall with the abort
+            if mid in turn.steers:
+                answer = await query._send_control_request({"subtype": "cancel_async_message", "message_uuid": mid})
+                (withdrawn if msgspec.convert(answer, _Withdrawal).cancelled else kept).append(mid)
+        log.info("claude.interrupted", conversation=self.id, withdrawn=len(withdrawn), kept=len(kept))
+        for mid in withdrawn:
+            if mid in turn.steers:
+                self._emit(ItemEvent(item=unused_steer(f"steer-{mid}", turn.steers.pop(mid).text)))
+        self._end_deferred(turn)  # a steer it already started is cut off by the abort: its result ends the turn
+        return kept
 
     async def respond(self, interaction_id: str, answer: Answer) -> None:
         """Answer a pending interaction; the waiting CLI request gets the decision.
@@ -727,6 +829,8 @@ class ClaudeConversation:
                     if isinstance(data, dict) and data.get("type") == "user" and data.get("isReplay"):
                         self._echoed(data)
                         continue
+                    if isinstance(data, dict) and data.get("type") == "command_lifecycle":
+                        self._lifecycle(data)
                     if message is not None:
                         self._dispatch(session, message)
             else:  # pragma: no cover - an SDK without the private query object
@@ -875,7 +979,7 @@ class ClaudeConversation:
         elif isinstance(msg, lib.ConversationResetMessage):
             session.cost_seen = 0.0
         elif isinstance(msg, lib.SystemMessage):
-            self._on_system(msg.subtype, msg.data)
+            self._on_system(session, msg.subtype, msg.data)
 
     def _note_uuid(self, msg: Any) -> None:
         if self._turn is not None and msg.parent_tool_use_id is None and msg.uuid:
@@ -907,8 +1011,11 @@ class ClaudeConversation:
                     self._mcp_state(server)
         return self.mcp.states()
 
-    def _on_system(self, subtype: str, data: dict[str, Any]) -> None:
+    def _on_system(self, session: _Session, subtype: str, data: dict[str, Any]) -> None:
         if subtype == "init":
+            capabilities = data.get("capabilities")
+            if isinstance(capabilities, list):
+                session.capabilities = frozenset(str(c) for c in capabilities)
             skills = data.get("skills")
             if isinstance(skills, list):
                 self._skills = frozenset(str(n) for n in skills)
@@ -919,6 +1026,13 @@ class ClaudeConversation:
             if model and model != self._reported_model:
                 self._reported_model = model
                 self._emit(ModelSelectionEvent(selection=ModelSelection(model=model, effort=self.effort or None)))
+        elif subtype == "status" and data.get("status") == "requesting" and self._turn is not None:
+            # The model request about to go out carries these user messages: a steer among them is
+            # used, even when an interrupt then cuts the reply off before the CLI echoes it.
+            turn = self._turn
+            for mid in data.get("user_message_uuids") or []:
+                if isinstance(mid, str) and mid in turn.steers:
+                    self._steer_used(turn, mid)
         elif subtype == "api_retry" and self._turn is not None:
             attempt = data.get("attempt") or data.get("retry_attempt") or 1
             status = data.get("error_status") or data.get("status") or 0
@@ -1033,17 +1147,22 @@ class ClaudeConversation:
             used = prompt + cached + int(u.get("output_tokens") or 0)
             self._emit(ContextEvent(context=Context(used=used, limit=window, prompt=prompt + cached, cached=cached)))
         aborted = msg.terminal_reason in ("aborted_streaming", "aborted_tools")
-        if turn.steers and not (turn.cancelling or aborted or msg.is_error):
-            # Steers came after the answer's last step: the CLI answers them next, in this turn.
-            log.info("claude.turn_goes_on_for_steers", conversation=self.id, steers=len(turn.steers))
-            return
         if turn.cancelling or aborted:
-            self._end_turn(turn, TurnState.CANCELLED)
+            end: tuple[TurnState, str, str] = (TurnState.CANCELLED, "", "")
         elif msg.is_error:
-            reason = msg.subtype if msg.subtype and msg.subtype != "success" else "api_error"
-            self._end_turn(turn, TurnState.FAILED, error=self._result_error(turn, msg), reason=reason)
+            end = (TurnState.FAILED, self._result_error(turn, msg),
+                   msg.subtype if msg.subtype and msg.subtype != "success" else "api_error")
         else:
-            self._end_turn(turn, TurnState.COMPLETED)
+            end = (TurnState.COMPLETED, "", "")
+        if turn.steers and not turn.cancelling:
+            # Steers came after the answer's last step, or the answer failed before taking them:
+            # either way the CLI answers them next, so this turn goes on until that ends too.
+            log.info("claude.turn_goes_on_for_steers", conversation=self.id, steers=len(turn.steers),
+                     result=end[0].value)
+            turn.deferred = end
+            self._finish_live(end[1] or "the answer ended")  # what that answer streamed is over
+            return
+        self._end_turn(turn, end[0], error=end[1], reason=end[2])
         self._provider.spawn(self._save_quietly)
 
     @staticmethod
@@ -1091,6 +1210,24 @@ class ClaudeConversation:
                 pending.interaction, state=InteractionState.EXPIRED, resolution=why)))
             pending.done.set()
         turn.pending.clear()
+        self._finish_live(why)
+        for mid, prompt in turn.steers.items():
+            self._emit(ItemEvent(item=unused_steer(f"steer-{mid}", prompt.text)))
+        turn.steers = {}
+        if self._turn is turn:
+            self._turn = None
+        # The turn's last transcript entry: what a fork or rewind resumes at (resume_session_at).
+        marker = "" if reason in ("runtime_exit", "cancel_timeout") else turn.last_uuid
+        if marker and self._record.resume_at and state is TurnState.COMPLETED:
+            self._record.resume_at = marker  # a rewound session resumes at its newest turn from now on
+        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, inferred=inferred,
+                                       model=self._reported_model or self.model, marker=marker)))
+        turn.done.set()
+        if state is TurnState.COMPLETED:
+            self._provider._restarts.succeeded(self._restart_key, why="a turn completed")
+
+    def _finish_live(self, why: str) -> None:
+        """End the items still streamed or running: text keeps what came, tools fail with ``why``."""
         now = utcnow()
         for item in list(self._live.values()):
             if item.tool is not None:
@@ -1104,20 +1241,6 @@ class ClaudeConversation:
         self._live.clear()
         self._blocks.clear()
         self._call = None
-        for key, prompt in turn.steers:
-            self._emit(ItemEvent(item=unused_steer(key, prompt.text)))
-        turn.steers = []
-        if self._turn is turn:
-            self._turn = None
-        # The turn's last transcript entry: what a fork or rewind resumes at (resume_session_at).
-        marker = "" if reason in ("runtime_exit", "cancel_timeout") else turn.last_uuid
-        if marker and self._record.resume_at and state is TurnState.COMPLETED:
-            self._record.resume_at = marker  # a rewound session resumes at its newest turn from now on
-        self._emit(TurnEvent(turn=Turn(state=state, error=error, reason=reason, inferred=inferred,
-                                       model=self._reported_model or self.model, marker=marker)))
-        turn.done.set()
-        if state is TurnState.COMPLETED:
-            self._provider._restarts.succeeded(self._restart_key, why="a turn completed")
 
     # ------------------------------------------------------------------ persistence
 

@@ -385,16 +385,20 @@ class CodexConversation:
             await turn.named.wait()
         if not turn.codex_id:
             raise Invalid("the running turn has not started in Codex yet; try again")
+        # Its user item comes when Codex uses it (a userMessage item of this turn; see _item), which
+        # may be read before the answer to turn/steer: noted first, dropped again when refused.
+        steer = (f"{turn.key}-steer-{uuid.uuid4().hex[:6]}", prompt)
+        turn.steers.append(steer)
         try:
             await server.request("turn/steer", {"threadId": self.id, "expectedTurnId": turn.codex_id,
                                                 "input": _input(prompt)})
         except RpcError as exc:
+            if steer in turn.steers:
+                turn.steers.remove(steer)
             raise Invalid(f"Codex refused the steering prompt: {exc.describe()}") from None
         except (ConnectionLost, trio.TooSlowError) as exc:
             raise SubmissionUncertain(f"Codex may or may not have received the steering prompt ({exc}); "
                                       "it is not resent") from None
-        # Its user item comes when Codex uses it (a userMessage item of this turn); see _item.
-        turn.steers.append((f"{turn.key}-steer-{uuid.uuid4().hex[:6]}", prompt))
 
     async def cancel(self) -> None:
         """Interrupt the running turn (turn/interrupt) and return once it ended; no turn: a no-op.
