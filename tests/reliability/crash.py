@@ -16,8 +16,12 @@ kills the daemon with SIGKILL at a moment picked by one of four modes:
 * ``append``: a random time in the middle of turns (appends, fsyncs, record writes);
 * ``answer``: 0 to 15 ms after a permission answer is sent, before or while it is delivered;
 * ``lease``: the instant a lease renewal's temporary file appears (mid atomic write);
-* ``startup``: right after one of the kills above, the restarted daemon is killed again
-  0.2 to 0.8 s after it starts: during recovery, or just after it.
+* ``startup``: right after one of the kills above, the restarted daemon is killed again, half
+  the time 0.2 to 1.0 times as long after it starts as the last start took (spawn to the socket
+  answering: during its imports, while it opens the store, during recovery, or just after it),
+  half the time just after its log says recovery began (0 to 250 ms after ``store.opened`` on
+  postgres, 0 to 10 ms after the first ``turn.interrupted`` on files); ``startup_kills_mid_recovery`` and ``startup_kills_after_ready``
+  count where they landed.
 
 After each kill it checks, before and after the restart:
 
@@ -58,7 +62,9 @@ The ``lease`` mode (a lease file's temporary file) is replaced there by ``commit
 the instant the harness's LISTEN connection receives the 1st to 40th commit notification of the
 drive, that is right after a group commit committed and before the daemon has published (or even
 learnt of) it. A commit kill that sees no notification within 1.5 s kills then
-(``commit_kills_hit`` counts those that did see one).
+(``commit_kills_hit`` counts those that did see one). (The daemon on postgres still takes its
+leases from files under the state dir, which the file run's ``lease`` mode covers and whose
+``lease.json`` is still checked here; the database leases will have no file to watch.)
 
 Exit status 0 when every check held; 1 (and the state dir kept) at the first
 failure. ``--json FILE`` writes the figures (RELIABILITY.md quotes them).
@@ -368,6 +374,12 @@ class PgJournals:
         row = self.conn.execute("SELECT record FROM conversations WHERE id = %s", (cid,)).fetchone()
         if row is not None:
             self.record(cid)
+        lease = self.conv_dir / cid / "lease.json"  # leases are still files beside the state dir (scale-out.md)
+        if lease.exists():
+            try:
+                json.loads(lease.read_bytes())
+            except ValueError as exc:
+                raise CheckFailed(f"{lease} is not valid JSON after the kill: {exc}") from None
 
     def differs(self, cid: str, state: JournalState, seq: int, raw: bytes) -> str | None:
         """None when the row at ``seq`` holds the record ``raw``: every field equal (data byte for byte), and
@@ -477,6 +489,10 @@ class Figures:
     runs_interrupted: int = 0
     runs_completed: int = 0
     torn_tails: int = 0
+    #: startup kills that came after the restarted daemon logged agentd.ready (recovery done); the rest cut it
+    startup_kills_after_ready: int = 0
+    #: startup kills that came after recovery began (the store opened, or a run interrupted) but before agentd.ready
+    startup_kills_mid_recovery: int = 0
     restarts: int = 0
     seconds: float = 0.0
 
@@ -517,6 +533,8 @@ class CrashHarness:
             raise ValueError(f"fsync {fsync!r}: the harness checks always or batch")
         self.daemon = Daemon(root, CONFIG.format(fsync=fsync) + self.journals.config(), env={"AGENTD_LOG_LEVEL": "info"})
         self._kill_lock = threading.Lock()
+        #: how long the last start took, spawn to the socket answering, seconds
+        self.start_s = 1.0
         self.convs: list[Conv] = []
         self.retired: list[str] = []
         self.figures = Figures()
@@ -561,7 +579,9 @@ class CrashHarness:
         proc.wait()
 
     def start(self) -> None:
+        t0 = time.monotonic()
         self.daemon.start(timeout=30)
+        self.start_s = time.monotonic() - t0
         self.figures.restarts += 1
 
     # ------------------------------------------------------------------ subscriber side
@@ -757,6 +777,21 @@ class CrashHarness:
             _, text = sends[frame.id]
             raise CheckFailed(f"{conv.id} did not take prompt {text!r}: {frame.error.code}: {frame.error.message}")
 
+    def _await_recovery(self, mark: int, timeout: float) -> bool:
+        """Return once the daemon started after log offset ``mark`` logs that recovery began (postgres:
+        ``store.opened``; either store: a ``turn.interrupted``), or after ``timeout`` s; True on store.opened."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.daemon.log.open("rb") as f:
+                f.seek(mark)
+                said = f.read()
+            if b'"store.opened"' in said:
+                return True
+            if b'"turn.interrupted"' in said:
+                return False
+            time.sleep(0.002)
+        return False
+
     def _kill_on_commit(self) -> None:
         """The commit watch saw a NOTIFY: the transaction committed, the daemon may not know it yet."""
         if not self.killed.is_set():
@@ -913,12 +948,28 @@ class CrashHarness:
             # Sometimes kill the next daemon too while it starts: during recovery, or just after.
             while cycle < kills and self.mode_rng.random() < WEIGHTS[3] / 100 * 2:
                 self.killed.clear()
+                mark = self.daemon.log.stat().st_size if self.daemon.log.exists() else 0
                 self.spawn()
-                time.sleep(self.rng.uniform(0.2, 0.8))
+                if self.rng.random() < 0.5:
+                    # Scaled to how long the last start took: a fixed window missed recovery on a loaded
+                    # machine, where the imports alone outlast it.
+                    time.sleep(self.rng.uniform(0.2, 1.0) * self.start_s)
+                else:
+                    # postgres logs store.opened before recovery, which then reads and writes over the
+                    # network (some 100s of ms); the file store says nothing until a run is interrupted.
+                    opened = self._await_recovery(mark, self.start_s * 2 + 1)
+                    time.sleep(self.rng.uniform(0.0, 0.25 if opened else 0.01))
                 self.kill()
                 cycle += 1
                 self.figures.kills += 1
                 self.figures.modes["startup"] += 1
+                with self.daemon.log.open("rb") as f:
+                    f.seek(mark)
+                    said = f.read()
+                if b'"agentd.ready"' in said:
+                    self.figures.startup_kills_after_ready += 1
+                elif b'"turn.interrupted"' in said or b'"store.opened"' in said:
+                    self.figures.startup_kills_mid_recovery += 1
                 after = self.snapshot()
                 for cid, state in after.items():
                     if state.lines[: len(before[cid].lines)] != before[cid].lines:
