@@ -4,7 +4,8 @@ Run it from the repository root::
 
     .venv/bin/python -m tests.reliability.crash --kills 1000          # the documented run (~30 min on 2 cores)
     .venv/bin/python -m tests.reliability.crash --kills 50 --seed 7    # what CI runs (test_crash.py)
-    .venv/bin/python -m tests.reliability.crash --store postgres --kills 300 --seed 300  # on PostgreSQL (~10 min)
+    .venv/bin/python -m tests.reliability.crash --store postgres --kills 1000 --seed 1000  # documented, PostgreSQL
+    .venv/bin/python -m tests.reliability.crash --store postgres --kills 15 --seed 2 --fsync batch  # CI's share
     .venv/bin/python -m tests.reliability.crash --store postgres --dsn "host=db dbname=empty" --kills 300
 
 It starts ``agentd run`` (fsync ``always`` unless ``--fsync batch``, lease ttl 0.3 s so renewals are

@@ -1,5 +1,5 @@
 """CI's share of the crash harness (see crash.py): 50 SIGKILLs of the real daemon on the file store (the full
-run is 1,000), and 18 on the postgres store (fsync batch) against a real PostgreSQL (the documented run is
+run is 1,000), and 15 on the postgres store (fsync batch) against a real PostgreSQL (the documented run is
 1,000 too).
 
 ``AGENTD_CRASH_SEED`` and ``AGENTD_CRASH_KILLS`` override the seed and the count of the file run,
@@ -33,7 +33,7 @@ def test_fifty_sigkills_lose_no_acknowledged_event_and_resend_no_prompt(tmp_path
 def test_sigkills_on_the_postgres_store_lose_no_acknowledged_record_and_resend_no_prompt(
         tmp_path: Path, pg_db: PgDatabase) -> None:
     seed = int(os.environ.get("AGENTD_CRASH_PG_SEED", "2"))
-    kills = int(os.environ.get("AGENTD_CRASH_PG_KILLS", "18"))
+    kills = int(os.environ.get("AGENTD_CRASH_PG_KILLS", "15"))
     # fsync batch, the shipped default: on postgres a record is published only once committed even then
     # (the file store publishes once written), so acknowledged still means in the database.
     harness = CrashHarness(tmp_path, seed=seed, log=lambda s: None, store="postgres", dsn=pg_db.dsn, fsync="batch")
