@@ -63,7 +63,8 @@ The ``lease`` mode (a lease file's temporary file) is replaced there by ``commit
 the instant the harness's LISTEN connection receives the 1st to 40th commit notification of the
 drive, that is right after a group commit committed and before the daemon has published (or even
 learnt of) it. A commit kill that sees no notification within 1.5 s kills then
-(``commit_kills_hit`` counts those that did see one). (The daemon on postgres still takes its
+(``commit_kills_hit`` counts those that did see one, ``commit_kills_unpublished`` those of them
+that came before the subscriber had the announced seq). (The daemon on postgres still takes its
 leases from files under the state dir, which the file run's ``lease`` mode covers and whose
 ``lease.json`` is still checked here; the database leases will have no file to watch.)
 
@@ -434,9 +435,10 @@ class CommitWatch:
                         self._armed[0] -= 1
                         if self._armed[0] <= 0:
                             fire, self._armed = self._armed[1], None
-                            fire()  # under the lock: disarm() waits for it, so it never hits the next daemon
+                            fire(cid, int(seq))  # under the lock: disarm() waits for it, so it never hits the next daemon
 
-    def arm(self, n: int, fire: Callable[[], None]) -> None:
+    def arm(self, n: int, fire: Callable[[str, int], None]) -> None:
+        """``fire(conversation, seq)`` right after the n-th notification from now (its payload)."""
         with self.lock:
             self._armed = [n, fire]
 
@@ -473,6 +475,8 @@ class Figures:
     lease_writes_hit: int = 0
     #: postgres: commit kills that landed right after a commit's NOTIFY (the rest hit their deadline)
     commit_kills_hit: int = 0
+    #: of those, the kills that came before a subscriber had the committed seq (committed, not yet published)
+    commit_kills_unpublished: int = 0
     #: postgres: commit notifications seen, and delivered records whose line bytes differed from the row
     #: rendered as a line while every field matched (0 expected: line_of renders the file journal's bytes)
     commits_seen: int = 0
@@ -793,10 +797,13 @@ class CrashHarness:
             time.sleep(0.002)
         return False
 
-    def _kill_on_commit(self) -> None:
+    def _kill_on_commit(self, cid: str, seq: int) -> None:
         """The commit watch saw a NOTIFY: the transaction committed, the daemon may not know it yet."""
         if not self.killed.is_set():
             self.figures.commit_kills_hit += 1
+            with self.lock:
+                if seq > max(self.received.get(cid, {0: b""})):
+                    self.figures.commit_kills_unpublished += 1
         self.kill()
 
     def _kill_on_lease_write(self, deadline: float) -> None:
