@@ -21,8 +21,8 @@ kills the daemon with SIGKILL at a moment picked by one of four modes:
   the time 0.2 to 1.0 times as long after it starts as the last start took (spawn to the socket
   answering: during its imports, while it opens the store, during recovery, or just after it),
   half the time just after its log says recovery began (0 to 250 ms after ``store.opened`` on
-  postgres, 0 to 10 ms after the first ``turn.interrupted`` on files); ``startup_kills_mid_recovery`` and ``startup_kills_after_ready``
-  count where they landed.
+  postgres, 0 to 10 ms after the first ``turn.interrupted`` on files);
+  ``startup_kills_mid_recovery`` and ``startup_kills_after_ready`` count where they landed.
 
 After each kill it checks, before and after the restart:
 
@@ -523,6 +523,8 @@ class CrashHarness:
         self.log = log
         self.workdir = root / "work"
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if fsync not in ("always", "batch"):
+            raise ValueError(f"fsync {fsync!r}: the harness checks always or batch")
         conv_dir = root / "state" / "conversations"
         if store == "postgres":
             if not dsn:
@@ -534,8 +536,6 @@ class CrashHarness:
             self.journals, self.watch, self.modes = FileJournals(conv_dir), None, MODES
         else:
             raise ValueError(f"unknown store {store!r}")
-        if fsync not in ("always", "batch"):
-            raise ValueError(f"fsync {fsync!r}: the harness checks always or batch")
         self.daemon = Daemon(root, CONFIG.format(fsync=fsync) + self.journals.config(), env={"AGENTD_LOG_LEVEL": "info"})
         self._kill_lock = threading.Lock()
         #: how long the last start took, spawn to the socket answering, seconds
