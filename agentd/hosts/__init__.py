@@ -20,9 +20,11 @@ The rules (issue 20, and the agent-server seed's leases with TTL and takeover):
   would get. A conversation whose site no live host serves gets an error naming the site: its
   runtime's session state is on that host's disk, so no other host opens it.
 * **A dead host is noticed by its leases.** Every ``ttl_s / 3`` each host looks for leases that
-  expired (their holder stopped renewing); it takes one over, ends the turn that was running
-  ``run_interrupted`` (never resending its prompt, exactly as a restart's recovery does), then
-  gives the lease back: the conversation waits for its own site's agentd to come back.
+  expired (their holder stopped renewing). For a conversation whose journal shows a turn (or a
+  queued prompt) in flight, it takes the lease over, ends that turn ``run_interrupted`` (never
+  resending its prompt, exactly as a restart's recovery does), then gives the lease back: the
+  conversation waits for its own site's agentd to come back. An idle one's lease is just deleted:
+  nothing is journaled and nothing is loaded.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import types
 import typing
 from typing import Any
 
+import msgspec
 import structlog
 import trio
 
@@ -267,10 +270,18 @@ class Peers:
     async def _take_over(self, cid: str, owner: str) -> None:
         if self.service.is_loaded(cid):
             return
-        try:
-            self.service.resolve(cid)
-        except c.NotFound:
-            return  # a lease of a conversation deleted meanwhile: its holder's to clean
+        data = await self.conversations.read_record(cid)
+        if data is None:  # a lease of a conversation deleted meanwhile
+            await self.leases.clear_expired(cid, owner)
+            return
+        # Was a turn running? The record may be older than the journal (a turn's start is its prompt record).
+        seen = msgspec.json.decode(data, type=wire.ConversationRecord)
+        await self.relay(cid)  # the journal's committed head (what catch_up compares the record with)
+        await self.service.catch_up(seen)
+        if not seen.active_run and not seen.queued:
+            # Nothing to end: the lease just goes, and the conversation stays unloaded (it costs nothing).
+            await self.leases.clear_expired(cid, owner)
+            return
         try:
             record = await self.service.recover(cid)
         except LeaseHeld:

@@ -134,6 +134,12 @@ class PgLeaseStore:
         return [Host(owner=o, hostname=h, pid=p, site=s, providers=list(pr), started_at=_rfc3339(st), expires_at=e,
                      alive=a, data=d or {}) for o, h, p, s, pr, st, e, a, d in rows]
 
+    async def clear_expired(self, key: str, owner: str) -> bool:
+        """Delete ``owner``'s lease on ``key`` if it has expired (nobody needs to take it over); whether it did."""
+        rows = await self.pool.execute("DELETE FROM leases WHERE key = %s AND owner = %s AND expires_at <= now() "
+                                       "RETURNING key", (key, owner))
+        return bool(rows)
+
     async def held_counts(self) -> dict[str, int]:
         """How many live (unexpired) leases each owner holds."""
         rows = await self.pool.execute("SELECT owner, count(*) FROM leases WHERE expires_at > now() GROUP BY owner")
