@@ -64,9 +64,8 @@ the instant the harness's LISTEN connection receives the 1st to 40th commit noti
 drive, that is right after a group commit committed and before the daemon has published (or even
 learnt of) it. A commit kill that sees no notification within 1.5 s kills then
 (``commit_kills_hit`` counts those that did see one, ``commit_kills_unpublished`` those of them
-that came before the subscriber had the announced seq). (The daemon on postgres still takes its
-leases from files under the state dir, which the file run's ``lease`` mode covers and whose
-``lease.json`` is still checked here; the database leases will have no file to watch.)
+that came before the subscriber had the announced seq). On postgres the leases are rows of the
+database (agentd.hosts), so there is no lease file to watch or check.
 
 Exit status 0 when every check held; 1 (and the state dir kept) at the first
 failure. ``--json FILE`` writes the figures (RELIABILITY.md quotes them).
@@ -376,12 +375,9 @@ class PgJournals:
         row = self.conn.execute("SELECT record FROM conversations WHERE id = %s", (cid,)).fetchone()
         if row is not None:
             self.record(cid)
-        lease = self.conv_dir / cid / "lease.json"  # leases are still files beside the state dir (scale-out.md)
-        if lease.exists():
-            try:
-                json.loads(lease.read_bytes())
-            except ValueError as exc:
-                raise CheckFailed(f"{lease} is not valid JSON after the kill: {exc}") from None
+        lease = self.conv_dir / cid / "lease.json"
+        if lease.exists():  # the leases are rows of the database
+            raise CheckFailed(f"{lease}: a lease file on disk although the store is postgres")
 
     def differs(self, cid: str, state: JournalState, seq: int, raw: bytes) -> str | None:
         """None when the row at ``seq`` holds the record ``raw``: every field equal (data byte for byte), and
