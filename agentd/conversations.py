@@ -61,6 +61,7 @@ log = structlog.get_logger("agentd.conversations")
 _S = wire.ConversationState
 _record_decoder = msgspec.json.Decoder(wire.ConversationRecord)
 _json = runtime_output.encoder  # never fails on a lone surrogate from a runtime
+_encode = msgspec.json.Encoder().encode  # _json's fast path, for the per-delta path (which falls back to _json)
 
 #: How long after start-up the first sweep of old attachments runs, seconds.
 SWEEP_DELAY_S = 2.0
@@ -86,6 +87,29 @@ def _now() -> str:
         cache[0] = ms
         cache[1] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
     return cache[1]
+
+
+#: type -> (unix ms, the encoded start of a live record of that type and ms, up to its data)
+_line_heads: dict[str, tuple[int, bytes]] = {}
+_line_tail: list[Any] = [None, b""]  # [run, the encoded end of a live record of that run, after its data]
+
+
+def _live_line(type_: str, data: bytes, run: str) -> bytes:
+    """``_json.encode(wire.Record(type=type_, ts=_now(), data=msgspec.Raw(data), run=run))``, the same bytes.
+
+    Built from pieces kept per type and ms (the head) and per run (the tail): a stream of
+    text deltas costs one join per record instead of a Record and an encode.
+    """
+    ms = time.time_ns() // 1_000_000  # as _now() does, without the call: once per delta
+    head = _line_heads.get(type_)
+    if head is None or head[0] != ms:
+        ts = _now()
+        head = _line_heads[type_] = (_now_cache[0], b'{"type":%s,"ts":%s,"data":' % (_json.encode(type_), _json.encode(ts)))
+    tail = _line_tail
+    if tail[0] != run:
+        tail[1] = b',"run":%s}' % _json.encode(run) if run else b"}"
+        tail[0] = run
+    return b"".join((head[1], data, tail[1]))
 
 
 def new_id(prefix: str) -> str:
@@ -746,10 +770,7 @@ class ConversationService:
     def _publish_live(self, live: _Live, type_: str, data: bytes, *, run: str | None = None, masked: bool = False) -> None:
         if not masked:
             data = masking.mask_json(data)
-        line = _json.encode(
-            wire.Record(type=type_, ts=_now(), data=msgspec.Raw(data), run=live.run if run is None else run)
-        )
-        self._publish(live, 0, line)
+        self._publish(live, 0, _live_line(type_, data, live.run if run is None else run))
 
     def _publish(self, live: _Live, seq: int, line: bytes) -> None:
         """Hand a record to the hub, or hold it back while the pump handles a burst (see _pump)."""
@@ -773,6 +794,7 @@ class ConversationService:
         each subscriber's writer as a burst, sent in one write.
         """
         receive_nowait = live.events_out.receive_nowait
+        delta = c.DeltaEvent
         async with live.events_out:
             async for event in live.events_out:
                 # Records of the burst are held back and published together at its end (the
@@ -781,18 +803,30 @@ class ConversationService:
                 holding = live.held is None  # else someone holding already (an ending turn) flushes
                 if holding:
                     live.held = []
+                streamed = False  # a text delta was handled (by the synchronous path, see _stream)
                 try:
-                    await self._handle_logged(live, event)
+                    if type(event) is delta:
+                        streamed = True
+                        self._stream_logged(live, event.delta)
+                    else:
+                        await self._handle_logged(live, event)
                     deadline = time.perf_counter() + PUMP_SLICE_S
                     for _ in range(PUMP_BATCH - 1):
                         try:
                             event = receive_nowait()
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
-                        await self._handle_logged(live, event)
+                        if type(event) is delta:
+                            streamed = True
+                            self._stream_logged(live, event.delta)
+                        else:
+                            await self._handle_logged(live, event)
                         if time.perf_counter() > deadline:
                             break
                 finally:
+                    if streamed:
+                        # What _handle stamps per event, once: nobody reads it before the pump yields.
+                        live.last_event = trio.current_time()
                     if holding:
                         self._flush(live)
                         live.held = None
@@ -828,12 +862,50 @@ class ConversationService:
             turn = _turnwatch.inferred_end(c.TurnState.FAILED, live.fail_reason, live.fail_error)
             await self._end_turn(live, turn, run)
 
+    def _stream_logged(self, live: _Live, d: c.Delta) -> None:
+        """:meth:`_stream`, a failure logged as :meth:`_handle_logged` logs it."""
+        try:
+            self._stream(live, d)
+        except Exception:
+            log.exception("conversation.event_failed", conversation=live.record.id)
+
+    def _stream(self, live: _Live, d: c.Delta) -> None:
+        """A provider's text delta: scoped, masked, published live, never journaled.
+
+        What :meth:`_handle` does for a DeltaEvent but stamping ``last_event``
+        (the caller does), synchronous: no I/O and never a checkpoint, so the
+        pump takes a stream of deltas without a coroutine per delta.
+        """
+        run = live.record.active_run
+        d = live.item_ids.scope_delta(d, run or live.last_run)
+        text = live.deltas.feed(d.item_id, d.text, d)  # a secret split across deltas never goes out
+        if text is not d.text:
+            if not text:
+                return
+            d = msgspec.structs.replace(d, text=text)
+        # _delta, inlined: this runs once per streamed delta
+        entry = live.items.get(d.item_id)
+        if entry is None:
+            entry = live.items[d.item_id] = (d.kind.value, d.agent_id, [])
+        entry[2].append(text)
+        try:
+            data = _encode(d)
+        except UnicodeEncodeError:
+            data = _json.encode(d)  # a lone surrogate: the odd-bytes rule (runtime_output)
+        line = _live_line("delta", data, run)
+        held = live.held
+        if held is not None:
+            held.append((0, line))
+        else:
+            self.hub.publish(live.record.id, 0, line)
+
     def _delta(self, live: _Live, d: c.Delta, data: bytes) -> None:
+        """Keep ``d``'s text for a snapshot and publish ``data`` (``d`` encoded, masked already)."""
         entry = live.items.get(d.item_id)
         if entry is None:
             entry = live.items[d.item_id] = (d.kind.value, d.agent_id, [])
         entry[2].append(d.text)  # joined only for a snapshot: appends stay O(1)
-        self._publish_live(live, "delta", data, masked=True)
+        self._publish(live, 0, _live_line("delta", data, live.run))
 
     def _release_deltas(self, live: _Live, item_id: str | None) -> None:
         """Send the text agentd.masking held back: the item is complete, or the turn ends."""
@@ -845,6 +917,9 @@ class ConversationService:
 
     async def _handle(self, live: _Live, event: c.Event | _turnwatch.End) -> None:
         live.last_event = trio.current_time()
+        if isinstance(event, c.DeltaEvent):  # the pump takes these by _stream itself; same thing
+            self._stream(live, event.delta)
+            return
         run = live.run
         if type(event) is _turnwatch.End:
             if _turnwatch.late_end(live, event):
@@ -861,16 +936,6 @@ class ConversationService:
             await self._keep_output(live, event)  # before its item is journaled; never journaled itself
             return
         type_, data = _payload(event)
-        if isinstance(event, c.DeltaEvent):
-            d = event.delta
-            text = live.deltas.feed(d.item_id, d.text, d)  # a secret split across deltas never goes out
-            if text is not d.text:
-                if not text:
-                    return
-                d = msgspec.structs.replace(d, text=text)
-                data = _json.encode(d)
-            self._delta(live, d, data)
-            return
         if isinstance(event, c.ActivityEvent):
             live.activity = event.activity
             self._publish_live(live, type_, data)

@@ -284,30 +284,34 @@ class DeltaMasker:
 
     def feed(self, key: str, text: str, meta: Any = None) -> str:
         """The part of ``text`` (after what is held for ``key``) that may be sent now, masked."""
-        kept = self._held.pop(key, None)
+        kept = self._held.pop(key, None) if self._held else None
         buf = kept[1] + text if kept else text
         if not buf:
             return buf
         rule = _registry.rule
-        size = len(buf)
-        data = _utf8(buf)
-        lo = max(0, len(data) - rule.window)
-        tail = data[lo:]  # may start inside a character: no prefix starts with a continuation byte
+        data = buf.encode("utf-8", "surrogatepass")  # _utf8, inlined: this runs once per delta
         held = n = len(data)
         if n >= 4 and data[-4:] not in rule.grams4:
             # The common case: no long prefix ends here; the longest of the 3 short ends wins.
             flags = rule.start_flags
-            for length in (3, 2, 1):
-                flag = flags.get(data[n - length:])
-                if flag is not None and not (flag and _word_before(data, n - length)):
-                    held = n - length
-                    break
+            for i in (n - 3, n - 2, n - 1):
+                flag = flags.get(data[i:])
+                if flag is not None:
+                    # _word_before(data, i), inlined: i >= 1 here
+                    if not (flag and (data[i - 1:i].isalnum() or data[i - 1] == 0x5F or data[i - 1] >= 0x80)):
+                        held = i
+                        break
         else:
+            lo = max(0, n - rule.window)
+            tail = data[lo:]  # may start inside a character: no prefix starts with a continuation byte
             for index, start, end in rule.starts_ac.find_matches_as_indexes(tail, overlapping=True):
                 if end == len(tail) and lo + start < held and not (rule.keyword_only[index] and _word_before(data, lo + start)):
                     held = lo + start
-        cut = size if held == len(data) else size - len(data[held:].decode("utf-8", "surrogatepass"))
+        size = len(buf)
+        cut = size if held == n else size - len(data[held:].decode("utf-8", "surrogatepass"))
         if not rule.candidates.find_matches_as_indexes(data.lower()):
+            if cut == size:
+                return buf  # nothing held back, nothing masked: the common case
             out, end = buf[:cut], cut
         else:
             m = rule.open_header.search(buf, max(0, size - 4200))

@@ -1,0 +1,64 @@
+"""The pump's per-delta fast path produces exactly the records the general path did."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from agentd import contract as c
+from agentd import conversations as cv
+from agentd import masking, wire
+from agentd.itemids import ItemIds
+
+
+@pytest.mark.parametrize("type_", ["delta", "activity", 'odd "type"\\'])
+@pytest.mark.parametrize("run", ["", "r0123456789ab", 'r"\u2028é'])
+@pytest.mark.parametrize("data", [b"{}", b'{"item_id":"r.i","kind":"assistant","text":"a\\"b\\u0000"}'])
+def test_a_live_line_is_the_encoded_record(type_: str, run: str, data: bytes) -> None:
+    for _ in range(3):  # cold and warm caches
+        line = cv._live_line(type_, data, run)
+        record = msgspec.json.decode(line, type=wire.Record)
+        assert line == cv._json.encode(wire.Record(type=type_, ts=record.ts, data=msgspec.Raw(data), run=run))
+        assert record.ts == cv._now() or record.ts < cv._now()
+
+
+def test_a_live_line_follows_the_run_and_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1_700_000_000_123_000_000]
+    monkeypatch.setattr(cv.time, "time_ns", lambda: now[0])
+    a = cv._live_line("delta", b"{}", "r1")
+    now[0] += 1_000_000
+    b = cv._live_line("delta", b"{}", "r2")
+    assert msgspec.json.decode(a)["ts"] == "2023-11-14T22:13:20.123Z" and msgspec.json.decode(a)["run"] == "r1"
+    assert msgspec.json.decode(b)["ts"] == "2023-11-14T22:13:20.124Z" and msgspec.json.decode(b)["run"] == "r2"
+
+
+def test_scope_delta_is_scope_of_its_event() -> None:
+    a, b = ItemIds(), ItemIds()
+    for run in ("", "r1", "r1", "r2"):
+        for d in (c.Delta(item_id="i1", kind=c.ItemKind.ASSISTANT, text="x"),
+                  c.Delta(item_id="i1", kind=c.ItemKind.REASONING, text="y", agent_id="sub")):
+            assert a.scope_delta(d, run) == b.scope(c.DeltaEvent(delta=d), run).delta
+
+
+def test_a_secret_split_across_deltas_through_the_stream_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(masking, "_registry", masking._Registry())
+    secret = "sk-canary-3f9a1c7e5b2d4f608e1a9c3b7d5f2e4a"
+    masking.register(secret)
+
+    class Journal:
+        last_seq = 0
+
+    record = wire.ConversationRecord(id="c1", provider="p", workdir="/", created_at="", updated_at="", active_run="r1")
+    live = cv._Live(record, Journal())  # type: ignore[arg-type]
+    live.held = []
+    service = object.__new__(cv.ConversationService)
+    text = f"a key {secret} and Authorization: Bearer abcdefgh12345678 then \ud800 end"
+    for i in range(0, len(text), 5):
+        service._stream(live, c.Delta(item_id="i", kind=c.ItemKind.ASSISTANT, text=text[i:i + 5]))
+    service._release_deltas(live, None)
+    sent = [msgspec.json.decode(line) for _, line in live.held]
+    assert all(r["type"] == "delta" and r["run"] == "r1" and r["data"]["item_id"] == "r1.i" for r in sent)
+    out = "".join(r["data"]["text"] for r in sent)
+    assert secret[:8] not in out and "abcdefgh" not in out
+    assert out == masking.mask_text(text).replace("\ud800", "\ufffd")
+    assert "".join(live.items["r1.i"][2]) == masking.mask_text(text)
