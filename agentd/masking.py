@@ -143,9 +143,33 @@ class _Rule:
         # Every 4 bytes inside a prefix: a chunk whose last 4 bytes are none of these ends in no
         # prefix of 4 bytes or more, so only its last 3 ends need a look (DeltaMasker.feed).
         self.grams4 = frozenset(p[i:i + 4] for p in starts for i in range(len(p) - 3))
+        #: last 4 bytes of a chunk -> short_end of them (a bounded memo: feed runs once per delta)
+        self.ends: dict[bytes, int] = {}
         self.starts_ac = BytesAhoCorasick(self.starts)
         self.window = max((len(p) for p in self.starts), default=0)
         self.open_header = re.compile(_HEADER_OPEN)
+
+
+    def short_end(self, last4: bytes) -> int:
+        """For a chunk ending in the 4 bytes ``last4``: how many of its last bytes (0-3) may be
+        the start of a secret, held back; -1 when a longer prefix may end there (the full search).
+
+        The common case: no prefix of 4 bytes or more ends here (``last4`` is in no prefix);
+        the longest of the 3 short ends wins. It depends on these 4 bytes only (the word check
+        of a 3-byte end looks at the byte before it).
+        """
+        if last4 in self.grams4:
+            return -1
+        flags = self.start_flags
+        for i in (1, 2, 3):
+            flag = flags.get(last4[i:])
+            if flag is not None and not (flag and _word_before(last4, i)):
+                return 4 - i
+        return 0
+
+
+#: At most this many chunk ends are memoized per rule (_Rule.ends); then the memo starts over.
+_ENDS_MEMO = 4096
 
 
 class _Registry:
@@ -291,16 +315,18 @@ class DeltaMasker:
         rule = _registry.rule
         data = buf.encode("utf-8", "surrogatepass")  # _utf8, inlined: this runs once per delta
         held = n = len(data)
-        if n >= 4 and data[-4:] not in rule.grams4:
-            # The common case: no long prefix ends here; the longest of the 3 short ends wins.
-            flags = rule.start_flags
-            for i in (n - 3, n - 2, n - 1):
-                flag = flags.get(data[i:])
-                if flag is not None:
-                    # _word_before(data, i), inlined: i >= 1 here
-                    if not (flag and (data[i - 1:i].isalnum() or data[i - 1] == 0x5F or data[i - 1] >= 0x80)):
-                        held = i
-                        break
+        back = -1
+        if n >= 4:
+            # The common case is decided by the last 4 bytes alone (see _Rule.short_end): memoized.
+            last4 = data[-4:]
+            ends = rule.ends
+            back = ends.get(last4, -2)
+            if back == -2:
+                if len(ends) >= _ENDS_MEMO:
+                    ends.clear()
+                back = ends[last4] = rule.short_end(last4)
+        if back >= 0:
+            held = n - back
         else:
             lo = max(0, n - rule.window)
             tail = data[lo:]  # may start inside a character: no prefix starts with a continuation byte
