@@ -21,7 +21,6 @@ Rules kept here (from the provider contract):
 from __future__ import annotations
 
 import functools
-import math
 import secrets
 import time
 from collections import deque
@@ -126,10 +125,59 @@ def _payload(event: c.Event) -> tuple[str, bytes]:
     return tag, _json.encode({f: getattr(event, f) for f in fields})
 
 
+class _Events:
+    """A conversation's queue of provider events for its pump: unbounded, FIFO, one reader.
+
+    What a ``trio.open_memory_channel(math.inf)`` pair did here, lighter: :meth:`put` runs
+    once per provider event (every streamed delta) and is a deque append. ``put`` after
+    :meth:`close` raises ClosedResourceError; :meth:`get` returns what was put before the
+    close, then raises EndOfChannel, and checkpoints every call (as ``receive`` does), so a
+    busy pump still yields between bursts.
+    """
+
+    __slots__ = ("_items", "_waiter", "_closed")
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+        self._waiter: trio.Event | None = None
+        self._closed = False
+
+    def put(self, event: Any) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError
+        self._items.append(event)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            waiter.set()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._waiter is not None:
+            self._waiter.set()
+            self._waiter = None
+
+    def get_nowait(self) -> Any:
+        """The next event; raises WouldBlock when there is none (yet), EndOfChannel once closed and drained."""
+        if self._items:
+            return self._items.popleft()
+        raise trio.EndOfChannel if self._closed else trio.WouldBlock
+
+    async def get(self) -> Any:
+        """The next event, waiting for one; EndOfChannel once closed and drained."""
+        await trio.lowlevel.checkpoint()
+        while not self._items:
+            if self._closed:
+                raise trio.EndOfChannel
+            self._waiter = waiter = trio.Event()
+            await waiter.wait()
+        return self._items.popleft()
+
+
 class _Sink:
     """The EventSink a provider conversation reports through: never blocks.
 
-    The channel is unbounded on purpose: a provider may not be slowed down,
+    The queue (_Events) is unbounded on purpose: a provider may not be slowed down,
     and every durable event must reach the journal. Memory stays bounded by
     what one turn of a provider produces; subscribers are bounded separately.
     """
@@ -144,8 +192,8 @@ class _Sink:
         if tagged is None:
             return
         try:
-            self._live.events_in.send_nowait(tagged)  # type: ignore[arg-type]
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._live.events.put(tagged)
+        except trio.ClosedResourceError:
             log.debug("conversation.event_after_close", conversation=self._live.record.id)
 
 
@@ -156,7 +204,7 @@ class _Live:
         self.record = record
         self.journal = journal
         self.conv: c.Conversation | None = None
-        self.events_in, self.events_out = trio.open_memory_channel[c.Event](math.inf)
+        self.events = _Events()
         self.sink = _Sink(self)
         self.published_seq = journal.last_seq
         #: records held back while the pump handles a burst, published at its end; None: publish at once
@@ -793,10 +841,15 @@ class ConversationService:
         PUMP_SLICE_S, before the pump yields: a burst from the provider reaches
         each subscriber's writer as a burst, sent in one write.
         """
-        receive_nowait = live.events_out.receive_nowait
+        events = live.events
+        receive_nowait = events.get_nowait
         delta = c.DeltaEvent
-        async with live.events_out:
-            async for event in live.events_out:
+        try:
+            while True:
+                try:
+                    event = await events.get()
+                except trio.EndOfChannel:
+                    return
                 # Records of the burst are held back and published together at its end (the
                 # hub builds each subscriber's frames in one join). Nobody can tell: no task
                 # runs in between unless handling yields, and _append flushes before it does.
@@ -830,6 +883,8 @@ class ConversationService:
                     if holding:
                         self._flush(live)
                         live.held = None
+        finally:
+            events.close()  # as leaving ``async with`` a receive channel did: later events are dropped
 
     async def _handle_logged(self, live: _Live, event: c.Event) -> None:
         try:
@@ -1507,7 +1562,7 @@ class ConversationService:
             if live.conv is not None:
                 with trio.move_on_after(INTERRUPT_WAIT_S):
                     await live.conv.close()
-            live.events_in.close()
+            live.events.close()
         for sub in self.hub.drop_conversation(cid):
             sub.outbox.lagged(sub)
         try:

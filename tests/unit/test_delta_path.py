@@ -62,3 +62,40 @@ def test_a_secret_split_across_deltas_through_the_stream_path(monkeypatch: pytes
     assert secret[:8] not in out and "abcdefgh" not in out
     assert out == masking.mask_text(text).replace("\ud800", "\ufffd")
     assert "".join(live.items["r1.i"][2]) == masking.mask_text(text)
+
+
+async def test_the_event_queue_keeps_order_wakes_its_reader_and_ends_after_a_close() -> None:
+    import trio
+    import trio.testing
+
+    events = cv._Events()
+    got: list[object] = []
+
+    async def reader() -> None:
+        while True:
+            try:
+                got.append(await events.get())
+            except trio.EndOfChannel:
+                got.append("end")
+                return
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        events.put(1)  # the reader is waiting: woken
+        events.put(2)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [1, 2]
+        events.put(3)
+        events.close()  # what was put before the close is still read, then the end
+        with pytest.raises(trio.ClosedResourceError):
+            events.put(4)
+    assert got == [1, 2, 3, "end"]
+    with pytest.raises(trio.EndOfChannel):
+        events.get_nowait()
+    fresh = cv._Events()
+    with pytest.raises(trio.WouldBlock):
+        fresh.get_nowait()
+    fresh.put(5)
+    with trio.testing.assert_checkpoints():  # a ready event is still a checkpoint, as a channel's receive
+        assert await fresh.get() == 5
