@@ -67,6 +67,8 @@ SWEEP_DELAY_S = 2.0
 #: The pump handles at most this many queued events, or for this long, before it yields.
 PUMP_BATCH = 1024
 PUMP_SLICE_S = 0.002
+#: Consecutive text deltas the pump hands to _stream at once (the slice is checked between runs).
+PUMP_RUN = 64
 #: How long ``send(if_busy="interrupt")`` waits for the cancelled turn to end, seconds.
 INTERRUPT_WAIT_S = 10.0
 #: Turn end reason when the journal refused the turn's records (disk full, read-only, fsync error).
@@ -162,6 +164,14 @@ class _Events:
         if self._items:
             return self._items.popleft()
         raise trio.EndOfChannel if self._closed else trio.WouldBlock
+
+    def take_run(self, type_: type, limit: int) -> list[Any]:
+        """The events of exactly type ``type_`` at the head of the queue, at most ``limit``, taken."""
+        items = self._items
+        run: list[Any] = []
+        while items and len(run) < limit and type(items[0]) is type_:
+            run.append(items.popleft())
+        return run
 
     async def get(self) -> Any:
         """The next event, waiting for one; EndOfChannel once closed and drained."""
@@ -858,23 +868,27 @@ class ConversationService:
                     live.held = []
                 streamed = False  # a text delta was handled (by the synchronous path, see _stream)
                 try:
-                    if type(event) is delta:
-                        streamed = True
-                        self._stream_logged(live, event.delta)
-                    else:
-                        await self._handle_logged(live, event)
-                    deadline = time.perf_counter() + PUMP_SLICE_S
-                    for _ in range(PUMP_BATCH - 1):
+                    deadline = 0.0
+                    taken = 0
+                    while True:
+                        if type(event) is delta:
+                            # The text deltas queued next to it go together (up to PUMP_RUN).
+                            run = events.take_run(delta, min(PUMP_RUN, PUMP_BATCH - taken) - 1)
+                            taken += 1 + len(run)
+                            streamed = True
+                            self._stream_logged(live, [event.delta, *[e.delta for e in run]])
+                        else:
+                            taken += 1
+                            await self._handle_logged(live, event)
+                        if not deadline:
+                            deadline = time.perf_counter() + PUMP_SLICE_S  # from the first handled on
+                        elif time.perf_counter() > deadline:
+                            break
+                        if taken >= PUMP_BATCH:
+                            break
                         try:
                             event = receive_nowait()
                         except (trio.WouldBlock, trio.EndOfChannel):
-                            break
-                        if type(event) is delta:
-                            streamed = True
-                            self._stream_logged(live, event.delta)
-                        else:
-                            await self._handle_logged(live, event)
-                        if time.perf_counter() > deadline:
                             break
                 finally:
                     if streamed:
@@ -917,42 +931,55 @@ class ConversationService:
             turn = _turnwatch.inferred_end(c.TurnState.FAILED, live.fail_reason, live.fail_error)
             await self._end_turn(live, turn, run)
 
-    def _stream_logged(self, live: _Live, d: c.Delta) -> None:
+    def _stream_logged(self, live: _Live, deltas: list[c.Delta]) -> None:
         """:meth:`_stream`, a failure logged as :meth:`_handle_logged` logs it."""
         try:
-            self._stream(live, d)
+            self._stream(live, deltas)
         except Exception:
             log.exception("conversation.event_failed", conversation=live.record.id)
 
-    def _stream(self, live: _Live, d: c.Delta) -> None:
-        """A provider's text delta: scoped, masked, published live, never journaled.
+    def _stream(self, live: _Live, deltas: list[c.Delta]) -> None:
+        """A provider's text deltas, in order: scoped, masked, published live, never journaled.
 
-        What :meth:`_handle` does for a DeltaEvent but stamping ``last_event``
+        What :meth:`_handle` does for each DeltaEvent but stamping ``last_event``
         (the caller does), synchronous: no I/O and never a checkpoint, so the
-        pump takes a stream of deltas without a coroutine per delta.
+        pump takes a stream of deltas without a coroutine per delta, and the
+        masker searches a run of one item's deltas at once (DeltaMasker.feed_many).
         """
         run = live.record.active_run
-        d = live.item_ids.scope_delta(d, run or live.last_run)
-        text = live.deltas.feed(d.item_id, d.text, d)  # a secret split across deltas never goes out
-        if text is not d.text:
-            if not text:
-                return
-            d = msgspec.structs.replace(d, text=text)
-        # _delta, inlined: this runs once per streamed delta
-        entry = live.items.get(d.item_id)
-        if entry is None:
-            entry = live.items[d.item_id] = (d.kind.value, d.agent_id, [])
-        entry[2].append(text)
-        try:
-            data = _encode(d)
-        except UnicodeEncodeError:
-            data = _json.encode(d)  # a lone surrogate: the odd-bytes rule (runtime_output)
-        line = _live_line("delta", data, run)
-        held = live.held
-        if held is not None:
-            held.append((0, line))
-        else:
-            self.hub.publish(live.record.id, 0, line)
+        scope, scope_run = live.item_ids.scope_delta, run or live.last_run
+        deltas = [scope(d, scope_run) for d in deltas]
+        feed_many, items, held = live.deltas.feed_many, live.items, live.held
+        i, n = 0, len(deltas)
+        while i < n:
+            key = deltas[i].item_id
+            j = i + 1
+            while j < n and deltas[j].item_id == key:
+                j += 1
+            group = deltas[i:j] if i or j < n else deltas
+            i = j
+            # a secret split across deltas never goes out
+            texts = feed_many(key, [d.text for d in group], group)
+            entry = items.get(key)
+            chunks = entry[2] if entry is not None else None
+            for d, text in zip(group, texts):
+                if text is not d.text:
+                    if not text:
+                        continue
+                    d = msgspec.structs.replace(d, text=text)
+                if chunks is None:  # the item's first text sent
+                    chunks = []
+                    items[key] = (d.kind.value, d.agent_id, chunks)
+                chunks.append(text)  # joined only for a snapshot: appends stay O(1)
+                try:
+                    data = _encode(d)
+                except UnicodeEncodeError:
+                    data = _json.encode(d)  # a lone surrogate: the odd-bytes rule (runtime_output)
+                line = _live_line("delta", data, run)
+                if held is not None:
+                    held.append((0, line))
+                else:
+                    self.hub.publish(live.record.id, 0, line)
 
     def _delta(self, live: _Live, d: c.Delta, data: bytes) -> None:
         """Keep ``d``'s text for a snapshot and publish ``data`` (``d`` encoded, masked already)."""
@@ -973,7 +1000,7 @@ class ConversationService:
     async def _handle(self, live: _Live, event: c.Event | _turnwatch.End) -> None:
         live.last_event = trio.current_time()
         if isinstance(event, c.DeltaEvent):  # the pump takes these by _stream itself; same thing
-            self._stream(live, event.delta)
+            self._stream(live, [event.delta])
             return
         run = live.run
         if type(event) is _turnwatch.End:

@@ -289,6 +289,29 @@ def _word_before(data: bytes, i: int) -> bool:
     return i > 0 and (data[i - 1:i].isalnum() or data[i - 1] == 0x5F or data[i - 1] >= 0x80)
 
 
+def _held_from(rule: _Rule, data: bytes) -> int:
+    """Where the end of chunk ``data`` that may be the start of a secret begins (``len(data)``: none)."""
+    n = len(data)
+    if n >= 4:
+        # The common case is decided by the last 4 bytes alone (see _Rule.short_end): memoized.
+        last4 = data[-4:]
+        ends = rule.ends
+        back = ends.get(last4, -2)
+        if back == -2:
+            if len(ends) >= _ENDS_MEMO:
+                ends.clear()
+            back = ends[last4] = rule.short_end(last4)
+        if back >= 0:
+            return n - back
+    held = n
+    lo = max(0, n - rule.window)
+    tail = data[lo:]  # may start inside a character: no prefix starts with a continuation byte
+    for index, start, end in rule.starts_ac.find_matches_as_indexes(tail, overlapping=True):
+        if end == len(tail) and lo + start < held and not (rule.keyword_only[index] and _word_before(data, lo + start)):
+            held = lo + start
+    return held
+
+
 class DeltaMasker:
     """Masks streamed text per item, never letting a secret split across chunks out in clear.
 
@@ -313,26 +336,9 @@ class DeltaMasker:
         if not buf:
             return buf
         rule = _registry.rule
-        data = buf.encode("utf-8", "surrogatepass")  # _utf8, inlined: this runs once per delta
-        held = n = len(data)
-        back = -1
-        if n >= 4:
-            # The common case is decided by the last 4 bytes alone (see _Rule.short_end): memoized.
-            last4 = data[-4:]
-            ends = rule.ends
-            back = ends.get(last4, -2)
-            if back == -2:
-                if len(ends) >= _ENDS_MEMO:
-                    ends.clear()
-                back = ends[last4] = rule.short_end(last4)
-        if back >= 0:
-            held = n - back
-        else:
-            lo = max(0, n - rule.window)
-            tail = data[lo:]  # may start inside a character: no prefix starts with a continuation byte
-            for index, start, end in rule.starts_ac.find_matches_as_indexes(tail, overlapping=True):
-                if end == len(tail) and lo + start < held and not (rule.keyword_only[index] and _word_before(data, lo + start)):
-                    held = lo + start
+        data = _utf8(buf)
+        n = len(data)
+        held = _held_from(rule, data)
         size = len(buf)
         cut = size if held == n else size - len(data[held:].decode("utf-8", "surrogatepass"))
         if not rule.candidates.find_matches_as_indexes(data.lower()):
@@ -346,6 +352,41 @@ class DeltaMasker:
             out, end = self._mask_before(rule.text, buf, cut)
         if end < size:
             self._held[key] = (meta, buf[end:])
+        return out
+
+    def feed_many(self, key: str, texts: list[str], metas: list[Any]) -> list[str]:
+        """``[feed(key, text, meta) for text, meta in zip(texts, metas)]``, the same results.
+
+        One search for secrets over all of it (what is held, then every text): when there is
+        none, no text has one, and each is only cut at an end that may start a secret.
+        """
+        kept = self._held.get(key)
+        rest = kept[1] if kept else ""
+        rule = _registry.rule
+        if rule.candidates.find_matches_as_indexes(_utf8(rest + "".join(texts)).lower()):
+            return [self.feed(key, text, meta) for text, meta in zip(texts, metas)]
+        rest_meta = kept[0] if kept else None
+        out: list[str] = []
+        for text, meta in zip(texts, metas):
+            buf = rest + text if rest else text
+            if not buf:
+                out.append(buf)
+                rest, rest_meta = "", None
+                continue
+            data = _utf8(buf)
+            n = len(data)
+            held = _held_from(rule, data)
+            if held == n:
+                out.append(buf)
+                rest, rest_meta = "", None
+            else:
+                cut = len(buf) - len(data[held:].decode("utf-8", "surrogatepass"))
+                out.append(buf[:cut])
+                rest, rest_meta = buf[cut:], meta
+        if rest:
+            self._held[key] = (rest_meta, rest)
+        else:
+            self._held.pop(key, None)
         return out
 
     @staticmethod

@@ -40,7 +40,8 @@ def test_scope_delta_is_scope_of_its_event() -> None:
             assert a.scope_delta(d, run) == b.scope(c.DeltaEvent(delta=d), run).delta
 
 
-def test_a_secret_split_across_deltas_through_the_stream_path(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("size", "run"), [(5, 1), (5, 7), (3, 64), (1, 2)])
+def test_a_secret_split_across_deltas_through_the_stream_path(monkeypatch: pytest.MonkeyPatch, size: int, run: int) -> None:
     monkeypatch.setattr(masking, "_registry", masking._Registry())
     secret = "sk-canary-3f9a1c7e5b2d4f608e1a9c3b7d5f2e4a"
     masking.register(secret)
@@ -53,8 +54,9 @@ def test_a_secret_split_across_deltas_through_the_stream_path(monkeypatch: pytes
     live.held = []
     service = object.__new__(cv.ConversationService)
     text = f"a key {secret} and Authorization: Bearer abcdefgh12345678 then \ud800 end"
-    for i in range(0, len(text), 5):
-        service._stream(live, c.Delta(item_id="i", kind=c.ItemKind.ASSISTANT, text=text[i:i + 5]))
+    chunks = [text[i:i + size] for i in range(0, len(text), size)]
+    for at in range(0, len(chunks), run):
+        service._stream(live, [c.Delta(item_id="i", kind=c.ItemKind.ASSISTANT, text=t) for t in chunks[at:at + run]])
     service._release_deltas(live, None)
     sent = [msgspec.json.decode(line) for _, line in live.held]
     assert all(r["type"] == "delta" and r["run"] == "r1" and r["data"]["item_id"] == "r1.i" for r in sent)
@@ -99,3 +101,21 @@ async def test_the_event_queue_keeps_order_wakes_its_reader_and_ends_after_a_clo
     fresh.put(5)
     with trio.testing.assert_checkpoints():  # a ready event is still a checkpoint, as a channel's receive
         assert await fresh.get() == 5
+
+
+def test_runs_of_interleaved_items_come_out_in_order_and_an_item_is_kept_from_its_first_text() -> None:
+    class Journal:
+        last_seq = 0
+
+    record = wire.ConversationRecord(id="c1", provider="p", workdir="/", created_at="", updated_at="", active_run="r1")
+    live = cv._Live(record, Journal())  # type: ignore[arg-type]
+    live.held = []
+    service = object.__new__(cv.ConversationService)
+    a, r = c.ItemKind.ASSISTANT, c.ItemKind.REASONING
+    service._stream(live, [c.Delta(item_id="t", kind=r, text="think "), c.Delta(item_id="t", kind=r, text="more "),
+                           c.Delta(item_id="m", kind=a, text="say "), c.Delta(item_id="t", kind=r, text="again "),
+                           c.Delta(item_id="x", kind=a, text="a")])  # "a" may start a secret: held back
+    sent = [(r["data"]["item_id"], r["data"]["text"]) for r in (msgspec.json.decode(line) for _, line in live.held)]
+    assert sent == [("r1.t", "think "), ("r1.t", "more "), ("r1.m", "say "), ("r1.t", "again ")]
+    assert set(live.items) == {"r1.t", "r1.m"}  # nothing of x was sent yet
+    assert live.items["r1.t"] == ("reasoning", "", ["think ", "more ", "again "])
