@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentd import contract as c
 from agentd import conversations as cv
@@ -119,3 +121,40 @@ def test_runs_of_interleaved_items_come_out_in_order_and_an_item_is_kept_from_it
     assert sent == [("r1.t", "think "), ("r1.t", "more "), ("r1.m", "say "), ("r1.t", "again ")]
     assert set(live.items) == {"r1.t", "r1.m"}  # nothing of x was sent yet
     assert live.items["r1.t"] == ("reasoning", "", ["think ", "more ", "again "])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["i", "j", 'k"\\']), st.sampled_from(list(c.ItemKind)), st.sampled_from(["", "sub"]),
+                          st.text(alphabet='ab "\\\n\u2028é\ud800x-Bearer', max_size=10)), max_size=20),
+       st.integers(1, 8))
+def test_the_stream_path_sends_the_bytes_the_general_path_did(deltas: list, run: int) -> None:
+    class Journal:
+        last_seq = 0
+
+    def live() -> cv._Live:
+        record = wire.ConversationRecord(id="c1", provider="p", workdir="/", created_at="", updated_at="", active_run="r1")
+        one = cv._Live(record, Journal())  # type: ignore[arg-type]
+        one.held = []
+        return one
+
+    service = object.__new__(cv.ConversationService)
+    ds = [c.Delta(item_id=i, kind=k, agent_id=a, text=t) for i, k, a, t in deltas]
+    fast, slow = live(), live()
+    for at in range(0, len(ds), run):
+        service._stream(fast, ds[at:at + run])
+    for d in ds:  # what _handle did per DeltaEvent before the stream path
+        d = slow.item_ids.scope(c.DeltaEvent(delta=d), "r1").delta
+        data = cv._json.encode(d)
+        text = slow.deltas.feed(d.item_id, d.text, d)
+        if text is not d.text:
+            if not text:
+                continue
+            d = msgspec.structs.replace(d, text=text)
+            data = cv._json.encode(d)
+        slow.items.setdefault(d.item_id, (d.kind.value, d.agent_id, []))[2].append(d.text)
+        slow.held.append((0, cv._live_line("delta", data, "r1")))
+    strip = lambda held: [msgspec.json.decode(line)["data"] for _, line in held]  # noqa: E731 (ts may differ by a ms)
+    assert strip(fast.held) == strip(slow.held)
+    assert [line.split(b',"data":', 1)[1] for _, line in fast.held] == [line.split(b',"data":', 1)[1] for _, line in slow.held]
+    assert fast.items == slow.items
+    assert fast.deltas._held == slow.deltas._held
