@@ -24,7 +24,6 @@ Rules kept here (from the provider contract):
 from __future__ import annotations
 
 import functools
-import math
 import secrets
 import time
 from collections import deque
@@ -65,12 +64,15 @@ log = structlog.get_logger("agentd.conversations")
 _S = wire.ConversationState
 _record_decoder = msgspec.json.Decoder(wire.ConversationRecord)
 _json = runtime_output.encoder  # never fails on a lone surrogate from a runtime
+_encode = msgspec.json.Encoder().encode  # _json's fast path, for the per-delta path (which falls back to _json)
 
 #: How long after start-up the first sweep of old attachments runs, seconds.
 SWEEP_DELAY_S = 2.0
 #: The pump handles at most this many queued events, or for this long, before it yields.
 PUMP_BATCH = 1024
 PUMP_SLICE_S = 0.002
+#: Consecutive text deltas the pump hands to _stream at once (the slice is checked between runs).
+PUMP_RUN = 64
 #: How long ``send(if_busy="interrupt")`` waits for the cancelled turn to end, seconds.
 INTERRUPT_WAIT_S = 10.0
 #: Turn end reason when the journal refused the turn's records (disk full, read-only, fsync error).
@@ -92,6 +94,29 @@ def _now() -> str:
     return cache[1]
 
 
+#: type -> (unix ms, the encoded start of a live record of that type and ms, up to its data)
+_line_heads: dict[str, tuple[int, bytes]] = {}
+_line_tail: list[Any] = [None, b""]  # [run, the encoded end of a live record of that run, after its data]
+
+
+def _live_line(type_: str, data: bytes, run: str) -> bytes:
+    """``_json.encode(wire.Record(type=type_, ts=_now(), data=msgspec.Raw(data), run=run))``, the same bytes.
+
+    Built from pieces kept per type and ms (the head) and per run (the tail): a stream of
+    text deltas costs one join per record instead of a Record and an encode.
+    """
+    ms = time.time_ns() // 1_000_000  # as _now() does, without the call: once per delta
+    head = _line_heads.get(type_)
+    if head is None or head[0] != ms:
+        ts = _now()
+        head = _line_heads[type_] = (_now_cache[0], b'{"type":%s,"ts":%s,"data":' % (_json.encode(type_), _json.encode(ts)))
+    tail = _line_tail
+    if tail[0] != run:
+        tail[1] = b',"run":%s}' % _json.encode(run) if run else b"}"
+        tail[0] = run
+    return b"".join((head[1], data, tail[1]))
+
+
 def new_id(prefix: str) -> str:
     """A short random id: ``prefix`` + 12 hex digits (48 bits)."""
     return prefix + secrets.token_hex(6)
@@ -106,10 +131,67 @@ def _payload(event: c.Event) -> tuple[str, bytes]:
     return tag, _json.encode({f: getattr(event, f) for f in fields})
 
 
+class _Events:
+    """A conversation's queue of provider events for its pump: unbounded, FIFO, one reader.
+
+    What a ``trio.open_memory_channel(math.inf)`` pair did here, lighter: :meth:`put` runs
+    once per provider event (every streamed delta) and is a deque append. ``put`` after
+    :meth:`close` raises ClosedResourceError; :meth:`get` returns what was put before the
+    close, then raises EndOfChannel, and checkpoints every call (as ``receive`` does), so a
+    busy pump still yields between bursts.
+    """
+
+    __slots__ = ("_items", "_waiter", "_closed")
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+        self._waiter: trio.Event | None = None
+        self._closed = False
+
+    def put(self, event: Any) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError
+        self._items.append(event)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            waiter.set()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._waiter is not None:
+            self._waiter.set()
+            self._waiter = None
+
+    def get_nowait(self) -> Any:
+        """The next event; raises WouldBlock when there is none (yet), EndOfChannel once closed and drained."""
+        if self._items:
+            return self._items.popleft()
+        raise trio.EndOfChannel if self._closed else trio.WouldBlock
+
+    def take_run(self, type_: type, limit: int) -> list[Any]:
+        """The events of exactly type ``type_`` at the head of the queue, at most ``limit``, taken."""
+        items = self._items
+        run: list[Any] = []
+        while items and len(run) < limit and type(items[0]) is type_:
+            run.append(items.popleft())
+        return run
+
+    async def get(self) -> Any:
+        """The next event, waiting for one; EndOfChannel once closed and drained."""
+        await trio.lowlevel.checkpoint()
+        while not self._items:
+            if self._closed:
+                raise trio.EndOfChannel
+            self._waiter = waiter = trio.Event()
+            await waiter.wait()
+        return self._items.popleft()
+
+
 class _Sink:
     """The EventSink a provider conversation reports through: never blocks.
 
-    The channel is unbounded on purpose: a provider may not be slowed down,
+    The queue (_Events) is unbounded on purpose: a provider may not be slowed down,
     and every durable event must reach the journal. Memory stays bounded by
     what one turn of a provider produces; subscribers are bounded separately.
     """
@@ -124,8 +206,8 @@ class _Sink:
         if tagged is None:
             return
         try:
-            self._live.events_in.send_nowait(tagged)  # type: ignore[arg-type]
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._live.events.put(tagged)
+        except trio.ClosedResourceError:
             log.debug("conversation.event_after_close", conversation=self._live.record.id)
 
 
@@ -136,7 +218,7 @@ class _Live:
         self.record = record
         self.journal = journal
         self.conv: c.Conversation | None = None
-        self.events_in, self.events_out = trio.open_memory_channel[c.Event](math.inf)
+        self.events = _Events()
         self.sink = _Sink(self)
         self.published_seq = journal.last_seq
         #: records held back while the pump handles a burst, published at its end; None: publish at once
@@ -789,10 +871,7 @@ class ConversationService:
     def _publish_live(self, live: _Live, type_: str, data: bytes, *, run: str | None = None, masked: bool = False) -> None:
         if not masked:
             data = masking.mask_json(data)
-        line = _json.encode(
-            wire.Record(type=type_, ts=_now(), data=msgspec.Raw(data), run=live.run if run is None else run)
-        )
-        self._publish(live, 0, line)
+        self._publish(live, 0, _live_line(type_, data, live.run if run is None else run))
 
     def _publish(self, live: _Live, seq: int, line: bytes) -> None:
         """Hand a record to the hub, or hold it back while the pump handles a burst (see _pump)."""
@@ -815,30 +894,54 @@ class ConversationService:
         PUMP_SLICE_S, before the pump yields: a burst from the provider reaches
         each subscriber's writer as a burst, sent in one write.
         """
-        receive_nowait = live.events_out.receive_nowait
-        async with live.events_out:
-            async for event in live.events_out:
+        events = live.events
+        receive_nowait = events.get_nowait
+        delta = c.DeltaEvent
+        try:
+            while True:
+                try:
+                    event = await events.get()
+                except trio.EndOfChannel:
+                    return
                 # Records of the burst are held back and published together at its end (the
                 # hub builds each subscriber's frames in one join). Nobody can tell: no task
                 # runs in between unless handling yields, and _append flushes before it does.
                 holding = live.held is None  # else someone holding already (an ending turn) flushes
                 if holding:
                     live.held = []
+                streamed = False  # a text delta was handled (by the synchronous path, see _stream)
                 try:
-                    await self._handle_logged(live, event)
-                    deadline = time.perf_counter() + PUMP_SLICE_S
-                    for _ in range(PUMP_BATCH - 1):
+                    deadline = 0.0
+                    taken = 0
+                    while True:
+                        if type(event) is delta:
+                            # The text deltas queued next to it go together (up to PUMP_RUN).
+                            run = events.take_run(delta, min(PUMP_RUN, PUMP_BATCH - taken) - 1)
+                            taken += 1 + len(run)
+                            streamed = True
+                            self._stream_logged(live, [event.delta, *[e.delta for e in run]])
+                        else:
+                            taken += 1
+                            await self._handle_logged(live, event)
+                        if not deadline:
+                            deadline = time.perf_counter() + PUMP_SLICE_S  # from the first handled on
+                        elif time.perf_counter() > deadline:
+                            break
+                        if taken >= PUMP_BATCH:
+                            break
                         try:
                             event = receive_nowait()
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
-                        await self._handle_logged(live, event)
-                        if time.perf_counter() > deadline:
-                            break
                 finally:
+                    if streamed:
+                        # What _handle stamps per event, once: nobody reads it before the pump yields.
+                        live.last_event = trio.current_time()
                     if holding:
                         self._flush(live)
                         live.held = None
+        finally:
+            events.close()  # as leaving ``async with`` a receive channel did: later events are dropped
 
     async def _handle_logged(self, live: _Live, event: c.Event) -> None:
         try:
@@ -871,12 +974,63 @@ class ConversationService:
             turn = _turnwatch.inferred_end(c.TurnState.FAILED, live.fail_reason, live.fail_error)
             await self._end_turn(live, turn, run)
 
+    def _stream_logged(self, live: _Live, deltas: list[c.Delta]) -> None:
+        """:meth:`_stream`, a failure logged as :meth:`_handle_logged` logs it."""
+        try:
+            self._stream(live, deltas)
+        except Exception:
+            log.exception("conversation.event_failed", conversation=live.record.id)
+
+    def _stream(self, live: _Live, deltas: list[c.Delta]) -> None:
+        """A provider's text deltas, in order: scoped, masked, published live, never journaled.
+
+        What :meth:`_handle` does for each DeltaEvent but stamping ``last_event``
+        (the caller does), synchronous: no I/O and never a checkpoint, so the
+        pump takes a stream of deltas without a coroutine per delta, and the
+        masker searches a run of one item's deltas at once (DeltaMasker.feed_many).
+        """
+        run = live.record.active_run
+        scope, scope_run = live.item_ids.scope_delta, run or live.last_run
+        deltas = [scope(d, scope_run) for d in deltas]
+        feed_many, items, held = live.deltas.feed_many, live.items, live.held
+        i, n = 0, len(deltas)
+        while i < n:
+            key = deltas[i].item_id
+            j = i + 1
+            while j < n and deltas[j].item_id == key:
+                j += 1
+            group = deltas[i:j] if i or j < n else deltas
+            i = j
+            # a secret split across deltas never goes out
+            texts = feed_many(key, [d.text for d in group], group)
+            entry = items.get(key)
+            chunks = entry[2] if entry is not None else None
+            for d, text in zip(group, texts):
+                if text is not d.text:
+                    if not text:
+                        continue
+                    d = msgspec.structs.replace(d, text=text)
+                if chunks is None:  # the item's first text sent
+                    chunks = []
+                    items[key] = (d.kind.value, d.agent_id, chunks)
+                chunks.append(text)  # joined only for a snapshot: appends stay O(1)
+                try:
+                    data = _encode(d)
+                except UnicodeEncodeError:
+                    data = _json.encode(d)  # a lone surrogate: the odd-bytes rule (runtime_output)
+                line = _live_line("delta", data, run)
+                if held is not None:
+                    held.append((0, line))
+                else:
+                    self.hub.publish(live.record.id, 0, line)
+
     def _delta(self, live: _Live, d: c.Delta, data: bytes) -> None:
+        """Keep ``d``'s text for a snapshot and publish ``data`` (``d`` encoded, masked already)."""
         entry = live.items.get(d.item_id)
         if entry is None:
             entry = live.items[d.item_id] = (d.kind.value, d.agent_id, [])
         entry[2].append(d.text)  # joined only for a snapshot: appends stay O(1)
-        self._publish_live(live, "delta", data, masked=True)
+        self._publish(live, 0, _live_line("delta", data, live.run))
 
     def _release_deltas(self, live: _Live, item_id: str | None) -> None:
         """Send the text agentd.masking held back: the item is complete, or the turn ends."""
@@ -888,6 +1042,9 @@ class ConversationService:
 
     async def _handle(self, live: _Live, event: c.Event | _turnwatch.End) -> None:
         live.last_event = trio.current_time()
+        if isinstance(event, c.DeltaEvent):  # the pump takes these by _stream itself; same thing
+            self._stream(live, [event.delta])
+            return
         run = live.run
         if type(event) is _turnwatch.End:
             if _turnwatch.late_end(live, event):
@@ -904,16 +1061,6 @@ class ConversationService:
             await self._keep_output(live, event)  # before its item is journaled; never journaled itself
             return
         type_, data = _payload(event)
-        if isinstance(event, c.DeltaEvent):
-            d = event.delta
-            text = live.deltas.feed(d.item_id, d.text, d)  # a secret split across deltas never goes out
-            if text is not d.text:
-                if not text:
-                    return
-                d = msgspec.structs.replace(d, text=text)
-                data = _json.encode(d)
-            self._delta(live, d, data)
-            return
         if isinstance(event, c.ActivityEvent):
             live.activity = event.activity
             self._publish_live(live, type_, data)
@@ -1512,7 +1659,7 @@ class ConversationService:
             if live.conv is not None:
                 with trio.move_on_after(INTERRUPT_WAIT_S):
                     await live.conv.close()
-            live.events_in.close()
+            live.events.close()
         for sub in self.hub.drop_conversation(cid):
             sub.outbox.lagged(sub)
         try:

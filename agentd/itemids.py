@@ -62,6 +62,18 @@ class ItemIds:
             self._ended.add(key)
         return self._id(item.agent_id, item.id)
 
+    def scope_delta(self, d: c.Delta, run: str) -> c.Delta:
+        """``d`` with its item id scoped by ``run`` (:meth:`scope` of its DeltaEvent, without the event)."""
+        if not run:
+            return d
+        if run != self.run:
+            self._begin(run)
+        key = (d.agent_id, d.item_id)
+        scoped = self._ids.get(key)  # _id, inlined: this runs once per streamed delta
+        if scoped is None:
+            scoped = self._ids[key] = f"{run}.{d.item_id}"
+        return msgspec.structs.replace(d, item_id=scoped)
+
     def scope(self, event: c.Event, run: str) -> c.Event:
         """``event`` with its item ids (and references to items) scoped by ``run``."""
         if not run:
@@ -69,8 +81,7 @@ class ItemIds:
         if run != self.run:
             self._begin(run)
         if type(event) is c.DeltaEvent:
-            d = event.delta
-            return c.DeltaEvent(delta=msgspec.structs.replace(d, item_id=self._id(d.agent_id, d.item_id)))
+            return c.DeltaEvent(delta=self.scope_delta(event.delta, run))
         if type(event) is c.ItemEvent:
             item = event.item
             scoped = self._tool(item) if item.kind is c.ItemKind.TOOL else self._id(item.agent_id, item.id)

@@ -143,9 +143,33 @@ class _Rule:
         # Every 4 bytes inside a prefix: a chunk whose last 4 bytes are none of these ends in no
         # prefix of 4 bytes or more, so only its last 3 ends need a look (DeltaMasker.feed).
         self.grams4 = frozenset(p[i:i + 4] for p in starts for i in range(len(p) - 3))
+        #: last 4 bytes of a chunk -> short_end of them (a bounded memo: feed runs once per delta)
+        self.ends: dict[bytes, int] = {}
         self.starts_ac = BytesAhoCorasick(self.starts)
         self.window = max((len(p) for p in self.starts), default=0)
         self.open_header = re.compile(_HEADER_OPEN)
+
+
+    def short_end(self, last4: bytes) -> int:
+        """For a chunk ending in the 4 bytes ``last4``: how many of its last bytes (0-3) may be
+        the start of a secret, held back; -1 when a longer prefix may end there (the full search).
+
+        The common case: no prefix of 4 bytes or more ends here (``last4`` is in no prefix);
+        the longest of the 3 short ends wins. It depends on these 4 bytes only (the word check
+        of a 3-byte end looks at the byte before it).
+        """
+        if last4 in self.grams4:
+            return -1
+        flags = self.start_flags
+        for i in (1, 2, 3):
+            flag = flags.get(last4[i:])
+            if flag is not None and not (flag and _word_before(last4, i)):
+                return 4 - i
+        return 0
+
+
+#: At most this many chunk ends are memoized per rule (_Rule.ends); then the memo starts over.
+_ENDS_MEMO = 4096
 
 
 class _Registry:
@@ -265,6 +289,29 @@ def _word_before(data: bytes, i: int) -> bool:
     return i > 0 and (data[i - 1:i].isalnum() or data[i - 1] == 0x5F or data[i - 1] >= 0x80)
 
 
+def _held_from(rule: _Rule, data: bytes) -> int:
+    """Where the end of chunk ``data`` that may be the start of a secret begins (``len(data)``: none)."""
+    n = len(data)
+    if n >= 4:
+        # The common case is decided by the last 4 bytes alone (see _Rule.short_end): memoized.
+        last4 = data[-4:]
+        ends = rule.ends
+        back = ends.get(last4, -2)
+        if back == -2:
+            if len(ends) >= _ENDS_MEMO:
+                ends.clear()
+            back = ends[last4] = rule.short_end(last4)
+        if back >= 0:
+            return n - back
+    held = n
+    lo = max(0, n - rule.window)
+    tail = data[lo:]  # may start inside a character: no prefix starts with a continuation byte
+    for index, start, end in rule.starts_ac.find_matches_as_indexes(tail, overlapping=True):
+        if end == len(tail) and lo + start < held and not (rule.keyword_only[index] and _word_before(data, lo + start)):
+            held = lo + start
+    return held
+
+
 class DeltaMasker:
     """Masks streamed text per item, never letting a secret split across chunks out in clear.
 
@@ -284,30 +331,19 @@ class DeltaMasker:
 
     def feed(self, key: str, text: str, meta: Any = None) -> str:
         """The part of ``text`` (after what is held for ``key``) that may be sent now, masked."""
-        kept = self._held.pop(key, None)
+        kept = self._held.pop(key, None) if self._held else None
         buf = kept[1] + text if kept else text
         if not buf:
             return buf
         rule = _registry.rule
-        size = len(buf)
         data = _utf8(buf)
-        lo = max(0, len(data) - rule.window)
-        tail = data[lo:]  # may start inside a character: no prefix starts with a continuation byte
-        held = n = len(data)
-        if n >= 4 and data[-4:] not in rule.grams4:
-            # The common case: no long prefix ends here; the longest of the 3 short ends wins.
-            flags = rule.start_flags
-            for length in (3, 2, 1):
-                flag = flags.get(data[n - length:])
-                if flag is not None and not (flag and _word_before(data, n - length)):
-                    held = n - length
-                    break
-        else:
-            for index, start, end in rule.starts_ac.find_matches_as_indexes(tail, overlapping=True):
-                if end == len(tail) and lo + start < held and not (rule.keyword_only[index] and _word_before(data, lo + start)):
-                    held = lo + start
-        cut = size if held == len(data) else size - len(data[held:].decode("utf-8", "surrogatepass"))
+        n = len(data)
+        held = _held_from(rule, data)
+        size = len(buf)
+        cut = size if held == n else size - len(data[held:].decode("utf-8", "surrogatepass"))
         if not rule.candidates.find_matches_as_indexes(data.lower()):
+            if cut == size:
+                return buf  # nothing held back, nothing masked: the common case
             out, end = buf[:cut], cut
         else:
             m = rule.open_header.search(buf, max(0, size - 4200))
@@ -316,6 +352,41 @@ class DeltaMasker:
             out, end = self._mask_before(rule.text, buf, cut)
         if end < size:
             self._held[key] = (meta, buf[end:])
+        return out
+
+    def feed_many(self, key: str, texts: list[str], metas: list[Any]) -> list[str]:
+        """``[feed(key, text, meta) for text, meta in zip(texts, metas)]``, the same results.
+
+        One search for secrets over all of it (what is held, then every text): when there is
+        none, no text has one, and each is only cut at an end that may start a secret.
+        """
+        kept = self._held.get(key)
+        rest = kept[1] if kept else ""
+        rule = _registry.rule
+        if rule.candidates.find_matches_as_indexes(_utf8(rest + "".join(texts)).lower()):
+            return [self.feed(key, text, meta) for text, meta in zip(texts, metas)]
+        rest_meta = kept[0] if kept else None
+        out: list[str] = []
+        for text, meta in zip(texts, metas):
+            buf = rest + text if rest else text
+            if not buf:
+                out.append(buf)
+                rest, rest_meta = "", None
+                continue
+            data = _utf8(buf)
+            n = len(data)
+            held = _held_from(rule, data)
+            if held == n:
+                out.append(buf)
+                rest, rest_meta = "", None
+            else:
+                cut = len(buf) - len(data[held:].decode("utf-8", "surrogatepass"))
+                out.append(buf[:cut])
+                rest, rest_meta = buf[cut:], meta
+        if rest:
+            self._held[key] = (rest_meta, rest)
+        else:
+            self._held.pop(key, None)
         return out
 
     @staticmethod
