@@ -1783,7 +1783,7 @@ class ConversationService:
         self._save(live.record)
         await live.journal.sync()
         self._live.pop(cid, None)
-        live.events_in.close()
+        live.events.close()
         await self.leases.release(cid)
         return True
 
