@@ -184,6 +184,9 @@ class _Live:
         self.item_ids = _itemids.ItemIds()
         #: how the last few runs ended (a cancel reports it)
         self.ended: dict[str, wire.CancelResult] = {}
+        #: another host took the lease over while this one stalled (ConversationService.forget):
+        #: nothing more of this one is journaled, published or saved
+        self.lost = False
 
     @property
     def run(self) -> str:
@@ -268,6 +271,8 @@ class ConversationService:
         #: on a store shared by several hosts (agentd.hosts.Peers), set by the daemon: what brings a
         #: conversation another host wrote up to date before this one reads or loads it
         self.shared: Any = None
+        #: the record of a conversation this host lost, by id (see forget): never saved again
+        self._forgotten: dict[str, wire.ConversationRecord] = {}
         #: this host's site on a shared store (agentd.hosts), kept in the records it creates; "" on files
         self.site = ""
         self._nursery: trio.Nursery | None = None
@@ -454,6 +459,8 @@ class ConversationService:
 
     def _save(self, record: wire.ConversationRecord, *, flush: bool = True) -> None:
         live = self._live.get(record.id)
+        if live is None and self._forgotten.get(record.id) is record:
+            return  # the copy of a conversation this host lost (see forget): the new holder writes it
         if live is not None:
             if flush:
                 self._flush(live)  # records held back go out first: the write below blocks on fsyncs
@@ -750,6 +757,8 @@ class ConversationService:
         bookkeeping loudly and propagates as InternalError; the journal stays
         valid (the journal truncates a partial line).
         """
+        if live.lost:
+            raise c.InternalError("another agentd host holds this conversation now")
         data = masking.mask_json(data)  # what a runtime echoed of a secret is never written
         try:
             seq, line = live.journal.append(type_, data, run=run)
@@ -788,6 +797,8 @@ class ConversationService:
 
     def _publish(self, live: _Live, seq: int, line: bytes) -> None:
         """Hand a record to the hub, or hold it back while the pump handles a burst (see _pump)."""
+        if live.lost:
+            return
         if live.held is not None:
             live.held.append((seq, line))
         else:
@@ -852,6 +863,8 @@ class ConversationService:
         failure (see _handle); if it does not come within INTERRUPT_WAIT_S the
         turn is ended here.
         """
+        if live.lost:
+            return
         log.error("turn.failing", conversation=live.record.id, run=run, reason=live.fail_reason, error=live.fail_error)
         if live.conv is not None:
             with trio.move_on_after(self.cancel_timeout_s):
@@ -1578,6 +1591,36 @@ class ConversationService:
         if live.record.active_run or live.record.queued:
             await self._recover_one(live.record)
         return live.record
+
+    async def forget(self, cid: str, record: bytes | None) -> None:
+        """This host lost ``cid``'s lease (it stalled past the TTL and another host took the
+        conversation over): drop the loaded conversation without journaling or saving anything more
+        (the new holder writes it now), stop its runtime's turn, and keep ``record`` (the database's,
+        None: deleted) as this host's copy. Its journal starts again at the last seq this host
+        committed; the caller relays the rest to subscribers."""
+        live = self._live.pop(cid, None)
+        if live is None:
+            return
+        live.lost = True
+        self._forgotten[cid] = live.record
+        log.warning("conversation.lost", conversation=cid, run=live.run)
+        conv, live.conv = live.conv, None
+        if conv is not None:
+            with trio.move_on_after(INTERRUPT_WAIT_S) as scope:
+                scope.shield = True
+                try:
+                    if live.run:
+                        await conv.cancel()
+                    await conv.close()
+                except Exception as exc:
+                    log.warning("conversation.lost_close_failed", conversation=cid, error=str(exc))
+        live.events_in.close()
+        live.turn_done.set()
+        forget = getattr(self.store, "forget", None)
+        if forget is not None:
+            forget(cid)
+        self._records.pop(cid, None)  # a fresh copy: the lost one's tasks may still hold the old
+        self.remote_record(cid, record)
 
     async def unload(self, cid: str) -> bool:
         """Give a loaded, idle conversation back: its provider conversation closed, its record saved,

@@ -27,6 +27,7 @@ The rules (issue 20, and the agent-server seed's leases with TTL and takeover):
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from typing import Any
@@ -88,6 +89,9 @@ class Peers:
         self.server: Any = None
         #: one relay step at a time per conversation
         self._relaying: dict[str, trio.Lock] = {}
+        #: conversations whose lease this host found lost (leases.on_lost), to forget
+        self._lost_in, self._lost_out = trio.open_memory_channel[str](math.inf)
+        leases.on_lost = self._lost_in.send_nowait
 
     def attach(self, service: Any, hub: Any, server: Any) -> None:
         self.service, self.hub, self.server = service, hub, server
@@ -105,6 +109,7 @@ class Peers:
             await nursery.start(self._relay_journals)
             await nursery.start(self.mailbox.serve, self._serve_command)
             nursery.start_soon(self._watch_leases)
+            nursery.start_soon(self._forget_lost)
             task_status.started()
 
     # ------------------------------------------------------------------ reading what others write
@@ -242,6 +247,18 @@ class Peers:
         return masking.mask_json(wire.encode_result(request.id, result))
 
     # ------------------------------------------------------------------ dead hosts
+
+    async def _forget_lost(self) -> None:
+        """A conversation whose lease this host lost (it stalled past the TTL; another host took it
+        over and ended its turn) is dropped here without writing anything more, its record and
+        journal then followed from the database like any other host's."""
+        async for cid in self._lost_out:
+            try:
+                await self.service.forget(cid, await self.conversations.read_record(cid))
+                if self.hub.subscribers(cid):
+                    await self.relay(cid)
+            except Exception:  # a background loop: never takes the daemon down
+                log.exception("hosts.forget_failed", conversation=cid)
 
     async def _watch_leases(self) -> None:
         interval = max(self.leases.ttl_s / 3, 0.1)

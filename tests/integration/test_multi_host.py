@@ -6,6 +6,7 @@ on B once A's leases expire, and the turn ends once, ``run_interrupted``, its pr
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -255,3 +256,61 @@ def test_tasks_queued_on_one_host_run_on_a_host_with_a_free_place_and_a_dead_hos
         a.stop()
         if b is not None:
             b.stop()
+
+
+def _db_records(dsn: str, cid: str) -> list[dict[str, Any]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT seq, line FROM journal WHERE conversation_id = %s ORDER BY seq", (cid,)).fetchall()
+    return [json.loads(line) if isinstance(line, str) else json.loads(bytes(line)) for _, line in rows]
+
+
+def test_a_host_stalled_past_its_ttl_comes_back_without_writing_over_the_turn_another_host_ended(
+        tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    follower = None
+    try:
+        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "wait.toml"), "--cwd", str(work),
+                               "--json"))["id"]
+        run = _json(a.agentctl("send", cid, "work until cancelled", "--json"))["run"]
+        _eventually(lambda: cid in _listed(b))
+        _eventually(lambda: any(x["type"] == "item" for x in _tail(b, cid)))
+        follower = _Follower(a, cid, after=0)  # a subscriber on the stalled host
+        _eventually(lambda: follower.records())
+        assert a.proc is not None
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            _eventually(lambda: _ends(_tail(b, cid), run), timeout=TTL_S * 10 + 10,
+                        why="B never ended the stalled host's turn")
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        time.sleep(TTL_S * 2)  # A's renewal rounds find the lease lost
+        assert a.proc.poll() is None, "the stalled host died"
+        seqs = _seqs(pg_db.dsn, cid)
+        assert seqs == list(range(1, len(seqs) + 1))
+        records = _tail(b, cid)
+        assert len(_ends(records, run)) == 1, _ends(records, run)
+        # A's view converges with the database's: idle, the same journal.
+        _eventually(lambda: _json(a.agentctl("show", cid, "--json"))["record"]["state"] == "idle",
+                    timeout=TTL_S * 4, why="A still thinks its lost turn runs")
+        assert _tail(a, cid) == _tail(b, cid)
+        # A's subscriber saw the other host's end of the turn, each seq once.
+        _eventually(lambda: _ends(follower.records(), run), timeout=TTL_S * 4,
+                    why="A's subscriber never saw the turn end")
+        seen = [x["seq"] for x in follower.records()]
+        assert seen == list(range(1, seen[-1] + 1)), seen
+        # A is not wedged: a new turn sent from either host runs on A and ends once.
+        run2 = _json(b.agentctl("send", cid, "again", "--json"))["run"]
+        _eventually(lambda: any(x["type"] == "item" and x.get("run") == run2 for x in _tail(b, cid)))
+        cancelled = a.agentctl("cancel", cid)
+        assert cancelled.returncode == 0, cancelled.stderr
+        _eventually(lambda: _ends(_tail(b, cid), run2), why="the new turn never ended")
+        seqs = _seqs(pg_db.dsn, cid)
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert len(_ends(_tail(b, cid), run)) == 1 and len(_ends(_tail(b, cid), run2)) == 1
+    finally:
+        if follower is not None:
+            follower.stop()
+        a.stop()
+        b.stop()

@@ -369,6 +369,22 @@ class PgConversationStore:
             j = self._journals[conversation_id] = PgJournal(self, conversation_id, rows)
         return j
 
+    def forget(self, conversation_id: str) -> None:
+        """This host lost the conversation's lease (another host took it over): its rows not committed
+        are dropped (the new holder's seqs may be in the database by now), and its journal starts
+        again, unbroken, at the last seq this host committed, for :meth:`PgJournal.adopt` to bring
+        up to the new holder's head."""
+        j = self._journals.pop(conversation_id, None)
+        if j is None:
+            return
+        self._dirty.pop(j, None)
+        j._closed = True  # an append through it now raises; a commit in flight skips it after
+        j._drop_pending()
+        fresh = PgJournal(self, conversation_id, j.durable_seq)
+        fresh._lines = j._lines[-TAIL:]
+        fresh._first = fresh.last_seq + 1 - len(fresh._lines)
+        self._journals[conversation_id] = fresh
+
     async def ids(self) -> list[str]:
         ids = set(await self.pool.run(_ids)) | set(self._records)
         return sorted(ids)
