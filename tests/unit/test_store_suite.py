@@ -197,6 +197,39 @@ async def test_records_ids_and_removal(opener: Opener) -> None:
     assert fresh.last_seq == 0 and fresh.append("conversation", b"{}")[0] == 1
 
 
+async def test_a_record_written_is_read_back_while_its_commit_is_in_flight(opener: Opener, backend: str) -> None:
+    """Read your writes: a record taken by a commit that has not returned yet is still this store's
+    to read (a host loading the conversation it just made reads its record back)."""
+    store = await opener()
+    convs = store.conversations
+    started, release = trio.Event(), trio.Event()
+    if backend == "postgres":
+        from agentd.store.postgres.journal import _write
+
+        run = convs.pool.run
+
+        async def slow_run(fn: Any, *args: Any) -> Any:
+            if fn is _write:
+                started.set()
+                await release.wait()
+            return await run(fn, *args)
+
+        convs.pool.run = slow_run  # type: ignore[method-assign]
+    else:
+        started.set()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(convs.run)
+        convs.write_record("ca", b'{"v":1}')
+        await started.wait()
+        assert await convs.read_record("ca") == b'{"v":1}'
+        assert await convs.read_records() == {"ca": b'{"v":1}'}
+        assert await convs.ids() == ["ca"]
+        release.set()
+        await (await convs.open("ca")).sync()
+        assert await convs.read_record("ca") == b'{"v":1}'
+        nursery.cancel_scope.cancel()
+
+
 async def test_bad_input_is_refused_and_loses_nothing(store: Store) -> None:
     convs = store.conversations
     for bad in ("../x", "", "a/b", ".hidden"):

@@ -213,6 +213,8 @@ class PgConversationStore:
         self._dirty: dict[PgJournal, None] = {}
         #: records written, not committed yet: id -> bytes (the last write wins)
         self._records: dict[str, bytes] = {}
+        #: records of the commit in flight: still this host's to read until it ends (read your writes)
+        self._committing: dict[str, bytes] = {}
         #: journal heads read at start-up (read_records), for journal_size
         self._heads: dict[str, int] = {}
         self._dirty_since = 0.0
@@ -299,11 +301,14 @@ class PgConversationStore:
         if not journals and not records:
             return True
         batch = [(j, list(j._pending)) for j in journals]
+        self._committing = records
         try:
             await self.pool.run(_write, [(j.conversation_id, rows) for j, rows in batch], records,
                                 self.fsync is FsyncPolicy.NEVER)
         except Exception as exc:
             return await self._commit_failed(batch, records, exc)
+        finally:
+            self._committing = {}
         for j, rows in batch:
             self._done_with(j, rows)
         if self._failures:
@@ -386,19 +391,26 @@ class PgConversationStore:
         self._journals[conversation_id] = fresh
 
     async def ids(self) -> list[str]:
-        ids = set(await self.pool.run(_ids)) | set(self._records)
+        pending = {**self._committing, **self._records}  # committed meanwhile: not in what is read
+        ids = set(await self.pool.run(_ids)) | set(pending) | set(self._committing) | set(self._records)
         return sorted(ids)
 
     async def read_records(self) -> dict[str, bytes]:
+        pending = {**self._committing, **self._records}  # committed meanwhile: not in what is read
         rows = await self.pool.run(_records_and_heads)
         self._heads = {cid: head or 0 for cid, _, head in rows}
         out = {cid: bytes(data) for cid, data, _ in rows}
+        out.update(pending)
+        out.update(self._committing)
         out.update(self._records)
         return out
 
     async def read_record(self, conversation_id: str) -> bytes | None:
+        # This host's own writes first, committed or not: the database has them only once committed.
         if conversation_id in self._records:
             return self._records[conversation_id]
+        if conversation_id in self._committing:
+            return self._committing[conversation_id]
         if not _fsutil.is_safe_name(conversation_id):
             return None
         return await self.pool.run(_record, conversation_id)
