@@ -314,3 +314,88 @@ def test_a_host_stalled_past_its_ttl_comes_back_without_writing_over_the_turn_an
             follower.stop()
         a.stop()
         b.stop()
+
+
+def _at_once(*calls: tuple[Daemon, tuple[str, ...]]) -> list[subprocess.CompletedProcess[str]]:
+    """``agentctl`` commands started together, each on its host; their results in order."""
+    procs = [subprocess.Popen([sys.executable, "-m", "agentctl", "--socket", str(d.socket), *args], env=d.env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for d, args in calls]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=60)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+def test_sends_from_two_hosts_at_once_run_one_and_the_other_is_refused_or_queued(tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    try:
+        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "wait.toml"), "--cwd", str(work),
+                               "--json"))["id"]
+        _eventually(lambda: cid in _listed(b))
+        for _ in range(2):  # --if-busy reject: exactly one runs, the other is told busy (exit 7)
+            sent = _at_once((a, ("send", cid, "from A", "--json")), (b, ("send", cid, "from B", "--json")))
+            ok = [s for s in sent if s.returncode == 0]
+            assert len(ok) == 1 and sorted(s.returncode for s in sent) == [0, 7], [(s.returncode, s.stderr) for s in sent]
+            run = json.loads(ok[0].stdout)["run"]
+            assert a.agentctl("cancel", cid).returncode == 0
+            _eventually(lambda: _ends(_tail(b, cid), run), why="the turn never ended")
+        # --if-busy queue: both are taken, one runs and the other waits behind it; nothing is lost.
+        sent = _at_once((a, ("send", cid, "queued A", "--if-busy", "queue", "--json")),
+                        (b, ("send", cid, "queued B", "--if-busy", "queue", "--json")))
+        assert [s.returncode for s in sent] == [0, 0], [s.stderr for s in sent]
+        results = [json.loads(s.stdout) for s in sent]
+        assert sorted(r["disposition"] for r in results) == ["queued", "started"], results
+        for r in sorted(results, key=lambda r: r["disposition"] != "started"):
+            _eventually(lambda: any(x["type"] == "item" and x.get("run") == r["run"] for x in _tail(b, cid)),
+                        why=f"run {r} never started")
+            assert b.agentctl("cancel", cid).returncode == 0
+            _eventually(lambda: _ends(_tail(b, cid), r["run"]), why=f"run {r} never ended")
+        records = _tail(b, cid)
+        prompts = [x["data"]["text"] for x in records if x["type"] == "prompt"]
+        assert prompts.count("queued A") == 1 and prompts.count("queued B") == 1, prompts
+        assert [x["seq"] for x in records] == _seqs(pg_db.dsn, cid) == list(range(1, len(records) + 1))
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _terminate(dsn: str, application_name: str) -> int:
+    """pg_terminate_backend of every backend of ``application_name``; how many."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s "
+                            "AND pid <> pg_backend_pid()", (application_name,)).fetchall()
+    return len(rows)
+
+
+def test_a_tail_on_another_host_sees_each_seq_once_across_its_listen_connection_killed(
+        tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    follower = None
+    try:
+        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "slow.toml"), "--cwd", str(work),
+                               "--json"))["id"]
+        _eventually(lambda: cid in _listed(b))
+        follower = _Follower(b, cid, after=0)
+        _eventually(lambda: follower.records(), why="B's tail never replayed the journal")
+        run = _json(a.agentctl("send", cid, "take your time", "--json"))["run"]
+        _eventually(lambda: any(x.get("run") == run and x["seq"] for x in follower.records()),
+                    why="B's tail never saw the turn start")
+        for _ in range(3):  # mid-turn, the LISTEN connections (B's among them) are killed
+            time.sleep(0.6)
+            assert _terminate(pg_db.dsn, "agentd-listen") >= 1
+        _eventually(lambda: _ends(_tail(a, cid), run), why="the turn never ended")
+        _eventually(lambda: _ends([x for x in follower.records() if x["seq"]], run), timeout=10,
+                    why="B's tail never saw the turn end")
+        seen = [x["seq"] for x in follower.records() if x["seq"]]
+        assert seen == _seqs(pg_db.dsn, cid) == list(range(1, len(seen) + 1)), seen
+        assert follower.proc.poll() is None  # still following
+    finally:
+        if follower is not None:
+            follower.stop()
+        a.stop()
+        b.stop()
