@@ -187,6 +187,9 @@ class _Live:
         #: another host took the lease over while this one stalled (ConversationService.forget):
         #: nothing more of this one is journaled, published or saved
         self.lost = False
+        #: ending records (type, data, run) the journal refused and subscribers were told live: journaled
+        #: first once it takes records again (a store whose failed commits are retried)
+        self.unjournaled: list[tuple[str, bytes, str]] = []
 
     @property
     def run(self) -> str:
@@ -244,6 +247,8 @@ class ConversationService:
         tool_output_quota_bytes: int = _tool_outputs.DEFAULT_QUOTA_BYTES,
     ) -> None:
         self.store = store
+        if hasattr(store, "on_recovered"):  # a journal that takes records again after failed commits
+            store.on_recovered = self._journal_recovered
         self.leases = leases
         self.runtimes = runtimes
         self.hub = hub
@@ -759,6 +764,8 @@ class ConversationService:
         """
         if live.lost:
             raise c.InternalError("another agentd host holds this conversation now")
+        if live.unjournaled:
+            await self._append_unjournaled(live)
         data = masking.mask_json(data)  # what a runtime echoed of a secret is never written
         try:
             seq, line = live.journal.append(type_, data, run=run)
@@ -785,7 +792,35 @@ class ConversationService:
         try:
             await self._append(live, type_, data, run=run)
         except c.InternalError:
+            if not live.lost:
+                live.unjournaled.append((type_, data, run))
             self._publish_live(live, type_, data, run=run)
+
+    async def _append_unjournaled(self, live: _Live) -> None:
+        """Journal the ending records the journal refused earlier, in order, before anything after
+        them; raises InternalError (the rest kept) while it still refuses."""
+        backlog, live.unjournaled = live.unjournaled, []
+        for i, (type_, data, run) in enumerate(backlog):
+            try:
+                await self._append(live, type_, data, run=run)
+            except c.InternalError:
+                live.unjournaled[:0] = backlog[i:]
+                raise
+
+    def _journal_recovered(self, cid: str) -> None:
+        """The store's hook: ``cid``'s journal takes records again; what it refused is written now."""
+        live = self._live.get(cid)
+        if live is not None and live.unjournaled:
+            self._spawn(self._write_unjournaled, live)
+
+    async def _write_unjournaled(self, live: _Live) -> None:
+        try:
+            await self._append_unjournaled(live)
+        except c.InternalError:
+            return  # logged by _append; the next append or recovery tries again
+        if not live.run:
+            live.record.turn_after = live.published_seq
+        self._save_quietly(live.record)
 
     def _publish_live(self, live: _Live, type_: str, data: bytes, *, run: str | None = None, masked: bool = False) -> None:
         if not masked:

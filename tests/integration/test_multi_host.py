@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import psycopg
+import pytest
 
 from agentd import contract as c
 from agentd import wire
@@ -397,5 +398,44 @@ def test_a_tail_on_another_host_sees_each_seq_once_across_its_listen_connection_
     finally:
         if follower is not None:
             follower.stop()
+        a.stop()
+        b.stop()
+
+
+@pytest.mark.parametrize(("OUTAGE_S", "cancel"), [(TTL_S / 2, False), (TTL_S * 2, False), (TTL_S / 5, True)])
+def test_the_database_gone_mid_turn_takes_no_host_down_and_the_hosts_converge(
+        tmp_path: Path, pg_db: PgDatabase, OUTAGE_S: float, cancel: bool) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    try:
+        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "slow.toml"), "--cwd", str(work),
+                               "--json"))["id"]
+        _eventually(lambda: cid in _listed(b))
+        run = _json(b.agentctl("send", cid, "take your time", "--json"))["run"]
+        _eventually(lambda: any(x.get("run") == run for x in _tail(b, cid)))
+        time.sleep(0.5)
+        # The database refuses connections for OUTAGE_S and every agentd connection is cut.
+        pg_db.cluster.execute(f'ALTER DATABASE "{pg_db.name}" WITH ALLOW_CONNECTIONS false')
+        try:
+            assert _terminate(pg_db.cluster.dsn(), "agentd") + _terminate(pg_db.cluster.dsn(), "agentd-listen") >= 1
+            if cancel:  # the holder ends the turn meanwhile: its end cannot be committed yet
+                assert a.agentctl("cancel", cid, timeout=30).returncode == 0
+            time.sleep(OUTAGE_S)
+        finally:
+            pg_db.cluster.execute(f'ALTER DATABASE "{pg_db.name}" WITH ALLOW_CONNECTIONS true')
+        ends = _eventually(lambda: _ends(_tail(b, cid), run), why="the turn never ended")
+        assert len(ends) == 1, ends
+        assert a.proc is not None and b.proc is not None
+        assert a.proc.poll() is None and b.proc.poll() is None, "a host died"
+        _eventually(lambda: _tail(a, cid) == _tail(b, cid), why="the hosts never agreed on the journal")
+        seqs = _seqs(pg_db.dsn, cid)
+        assert [x["seq"] for x in _tail(b, cid)] == seqs == list(range(1, len(seqs) + 1))
+        # The conversation takes turns again, sent from either host.
+        for d in (a, b):
+            again = d.agentctl("send", cid, "once more", "--follow", "--json", timeout=30)
+            assert again.returncode == 0, (again.stdout[-2000:], again.stderr)
+        assert _json(b.agentctl("show", cid, "--json"))["record"]["state"] == "idle"
+    finally:
         a.stop()
         b.stop()

@@ -293,3 +293,45 @@ async def test_a_second_writer_of_the_same_seq_is_refused(opener: Opener) -> Non
     with pytest.raises(OSError, match="refused"):
         jb.append("item", _payload(100))
     assert await (await (await opener()).conversations.open("c1")).read_after(0) == [line]
+
+
+async def test_a_journal_whose_commit_failed_takes_records_again_once_its_rows_are_committed(
+        opener: Opener, backend: str) -> None:
+    """PostgreSQL: a commit that failed (the database unreachable) was rolled back; the rows are
+    retried, appends are refused meanwhile, and once the rows are in the journal takes records
+    again (the store's on_recovered hook says so)."""
+    if backend != "postgres":
+        pytest.skip("a failed fsync on files loses data: that journal stays broken")
+    import psycopg
+
+    from agentd.store.postgres.journal import _write
+
+    store = await opener()
+    convs = store.conversations
+    recovered: list[str] = []
+    convs.on_recovered = recovered.append
+    run, down = convs.pool.run, [True]
+
+    async def flaky_run(fn: Any, *args: Any) -> Any:
+        if fn is _write and down[0]:
+            raise psycopg.OperationalError("the server is gone")
+        return await run(fn, *args)
+
+    convs.pool.run = flaky_run  # type: ignore[method-assign]
+    j = await convs.open("c1")
+    j.append("item", _payload(1))
+    with pytest.raises(OSError, match="could not be committed"):
+        await j.sync()
+    with pytest.raises(OSError, match="could not be committed"):
+        j.append("item", _payload(2))
+    down[0] = False
+    async with trio.open_nursery() as nursery:
+        await nursery.start(convs.run)
+        with trio.fail_after(10):
+            while not recovered:
+                await trio.sleep(0.01)
+        assert recovered == ["c1"]
+        assert j.append("item", _payload(2))[0] == 2
+        await j.sync()
+        nursery.cancel_scope.cancel()
+    assert _seqs(await (await (await opener()).conversations.open("c1")).read_after(0)) == [1, 2]

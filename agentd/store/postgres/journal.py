@@ -22,9 +22,11 @@ How it keeps the journal's rules (agentd.store):
   ``SET LOCAL synchronous_commit = off`` for ``never`` (a crash of the database server may lose the
   last few hundred ms of commits; a crash of agentd loses nothing committed).
 * A failed commit (the database unreachable, a refused row) marks the journals in it broken: they
-  refuse appends with the reason until agentd restarts, as the file journal does after a failed
-  fsync, while reads go on; the rows already appended are retried with backoff, except rows the
-  database refused outright (a seq another writer took), which are dropped and logged.
+  refuse appends with the reason while reads go on. The rows already appended are retried with
+  backoff; once they are committed the journal takes records again (``on_recovered``: a failed
+  commit was rolled back, so nothing is lost, unlike a failed fsync). Rows the database refused
+  outright (a seq another writer took) are dropped and logged, and that journal takes no more
+  records until agentd restarts.
 * Reads after a seq use the primary key (an index range scan from ``seq > after``); the last
   :data:`TAIL` records of a journal this host writes are answered from memory, so a subscriber
   catching up on recent records costs no round trip.
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import pathlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -80,7 +83,7 @@ class PgJournal:
     """
 
     __slots__ = ("conversation_id", "last_seq", "durable_seq", "_store", "_pending", "_lines", "_first",
-                 "_broken", "_closed")
+                 "_broken", "_retrying", "_closed")
 
     def __init__(self, store: PgConversationStore, conversation_id: str, last_seq: int) -> None:
         self.conversation_id = conversation_id
@@ -93,6 +96,9 @@ class PgJournal:
         self._first = last_seq + 1
         #: why appends are refused ("" = they are not)
         self._broken = ""
+        #: its rows failed to commit (the database was unreachable) and are being retried: once they
+        #: are committed it takes records again
+        self._retrying = False
         self._closed = False
 
     @property
@@ -227,6 +233,8 @@ class PgConversationStore:
         self._failures = 0
         #: how many run() tasks commit (0: sync() commits itself)
         self._running = 0
+        #: called with a conversation id when its journal takes records again after failed commits
+        self.on_recovered: Callable[[str], None] | None = None
 
     def where(self, conversation_id: str) -> pathlib.Path:
         """How errors name a journal: ``postgres:<target>/journal/<id>``."""
@@ -341,10 +349,12 @@ class PgConversationStore:
                 _log().error("store.commit_refused", conversation=j.conversation_id, seqs=[rows[0][0], rows[-1][0]],
                              error=why)
                 j._drop_pending()
+                j._retrying = False
                 j._fail(f"was refused by the database ({why}): another host may hold this conversation; "
                         "it takes no more records until agentd restarts")
             else:
-                j._fail(f"could not be committed ({why}); it takes no more records until agentd restarts")
+                j._fail(f"could not be committed ({why}); it takes records again once its rows are committed")
+                j._retrying = True
                 self._dirty[j] = None  # its rows are retried
         if not refused:
             _log().error("store.commit_failed", journals=[j.conversation_id for j, _ in batch], records=len(records),
@@ -356,6 +366,13 @@ class PgConversationStore:
         j._committed(rows[-1][0])
         if j._pending:  # appended while this commit was in flight: the next one takes them
             self._mark_dirty(j)
+        elif j._retrying and not j._closed:
+            # A failed commit is rolled back, unlike a failed fsync: with its rows in the database at
+            # last, the journal is whole again and takes records.
+            j._retrying, j._broken = False, ""
+            _log().info("store.journal_recovered", conversation=j.conversation_id, seq=j.durable_seq)
+            if self.on_recovered is not None:
+                self.on_recovered(j.conversation_id)
 
     # ------------------------------------------------------------------ conversations
 
