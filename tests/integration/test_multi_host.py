@@ -433,8 +433,11 @@ def test_the_database_gone_mid_turn_takes_no_host_down_and_the_hosts_converge(
         assert [x["seq"] for x in _tail(b, cid)] == seqs == list(range(1, len(seqs) + 1))
         # The conversation takes turns again, sent from either host.
         for d in (a, b):
-            again = d.agentctl("send", cid, "once more", "--follow", "--json", timeout=30)
-            assert again.returncode == 0, (again.stdout[-2000:], again.stderr)
+            again = d.agentctl("send", cid, "once more", "--json")
+            assert again.returncode == 0, again.stderr
+            run = json.loads(again.stdout)["run"]
+            assert d.agentctl("cancel", cid).returncode == 0
+            assert [x["data"]["state"] for x in _eventually(lambda: _ends(_tail(b, cid), run))] == ["cancelled"]
         assert _json(b.agentctl("show", cid, "--json"))["record"]["state"] == "idle"
     finally:
         a.stop()
