@@ -1518,6 +1518,9 @@ class ConversationService:
         """Close the conversation and delete its record and journal."""
         cid = self.resolve(ref)
         live = self._live.pop(cid, None)
+        # Gone before anything awaits: a subscriber dropped below re-subscribes to find it gone,
+        # not still listed (it would then follow a conversation nobody ends).
+        self._records.pop(cid, None)
         if live is not None:
             if live.run and live.conv is not None:
                 with trio.move_on_after(INTERRUPT_WAIT_S):
@@ -1532,7 +1535,6 @@ class ConversationService:
             await self.leases.release(cid)
         except Exception:
             log.exception("lease.release_failed", conversation=cid)
-        self._records.pop(cid, None)
         await self.store.remove(cid)
 
     # ------------------------------------------------------------------ reads
@@ -1600,7 +1602,10 @@ class ConversationService:
         if cid in self._live:
             return self._live[cid].record
         if data is None:
-            self._records.pop(cid, None)
+            if self._records.pop(cid, None) is not None:
+                # Deleted on another host: its subscribers here end as a local delete ends them.
+                for sub in self.hub.drop_conversation(cid):
+                    sub.outbox.lagged(sub)
             return None
         try:
             record = _record_decoder.decode(data)
