@@ -1478,6 +1478,8 @@ class ConversationService:
         await self._append(live, "title", _json.encode(title), run=live.run)
         if live.record.state is _S.CLOSED:
             return
+        if self.site and live.record.site and live.record.site != self.site:
+            return  # its runtime's session is on its own site's disk: named there, not here
         try:
             if not (await self.runtimes.get(live.record.provider)).capabilities().titles:
                 return

@@ -212,7 +212,7 @@ class Peers:
                 return None  # ours to open
             hosts = [h for h in await self.leases.hosts() if h.alive and h.site == site]
             if not hosts and type(request) in LOCAL_WHEN_UNHELD:
-                return None
+                return await self._answer_for_site(cid, request)
             if not hosts:
                 raise c.Closed(
                     f"conversation {cid} runs on agentd {site}, which is not running: its runtime's session "
@@ -227,6 +227,25 @@ class Peers:
         timeout_s = SHOW_TIMEOUT_S if type(request) is wire.Show else CARRY_TIMEOUT_S
         return await self.mailbox.call(cid, CARRIED[type(request)], wire.encode(request), timeout_s=timeout_s,
                                        target=target)
+
+    async def _answer_for_site(self, cid: str, request: Any) -> bytes:
+        """A record-only request (:data:`LOCAL_WHEN_UNHELD`) on a conversation whose site's agentd is
+        not running, answered here from the record and journal; the conversation is then given back
+        (unloaded, its lease released), else this host would keep it and be carried the site's
+        requests when that agentd is back, with no runtime session for it here."""
+        conn = types.SimpleNamespace(peer=f"agentd {self.owner} (for {self.service.record(cid).site})")
+        try:
+            result = await self.server._handlers[type(request)](conn, request)
+        except c.AgentdError as exc:
+            return masking.mask_json(wire.encode_error(request.id, exc))
+        finally:
+            with trio.CancelScope(shield=True):
+                if self.service.is_loaded(cid) and cid in self.leases.held():
+                    try:
+                        await self.service.unload(cid)
+                    except Exception:  # its lease then expires; another host's watch gives it back
+                        log.exception("hosts.unload_failed", conversation=cid)
+        return masking.mask_json(wire.encode_result(request.id, result))
 
     async def _serve_command(self, cmd: Any) -> bytes:
         """Run a command another host carried here; the answer frame its client gets."""

@@ -442,3 +442,54 @@ def test_the_database_gone_mid_turn_takes_no_host_down_and_the_hosts_converge(
     finally:
         a.stop()
         b.stop()
+
+
+def test_close_title_and_rm_from_a_host_that_does_not_run_the_conversation(tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    followers: list[_Follower] = []
+    try:
+        def new(script: str) -> str:
+            cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / script), "--cwd", str(work),
+                                   "--json"))["id"]
+            _eventually(lambda: cid in _listed(b))
+            return cid
+
+        # close from B while A runs a turn: the turn ends, the conversation is closed on both.
+        busy = new("wait.toml")
+        run = _json(a.agentctl("send", busy, "work until cancelled", "--json"))["run"]
+        _eventually(lambda: any(x["type"] == "item" for x in _tail(b, busy)))
+        closed = b.agentctl("close", busy)
+        assert closed.returncode == 0, closed.stderr
+        assert len(_ends(_tail(b, busy), run)) == 1
+        for d in (a, b):
+            _eventually(lambda: _json(d.agentctl("show", busy, "--json"))["record"]["state"] == "closed",
+                        why="the close did not reach both")
+        # rm from B while tails follow it on both hosts: each tail ends, nobody lists it.
+        gone = new("echo.toml")
+        assert a.agentctl("send", gone, "hi", "--follow").returncode == 0
+        followers = [_Follower(a, gone, after=0), _Follower(b, gone, after=0)]
+        _eventually(lambda: all(f.records() for f in followers))
+        removed = b.agentctl("rm", gone)
+        assert removed.returncode == 0, removed.stderr
+        for f in followers:
+            f.proc.wait(10)
+        _eventually(lambda: gone not in _listed(a) and gone not in _listed(b))
+        assert _seqs(pg_db.dsn, gone) == []
+        # title and rm from B while A, its site, is stopped: answered from the database.
+        idle = new("echo.toml")
+        other = new("echo.toml")
+        a.stop()
+        assert b.agentctl("title", idle, "named on B").returncode == 0
+        assert b.agentctl("rm", other).returncode == 0
+        a.start()
+        assert _json(a.agentctl("show", idle, "--json"))["record"]["title"] == "named on B"
+        assert other not in _listed(a)
+        assert a.agentctl("send", idle, "hi again", "--follow").returncode == 0
+    finally:
+        for f in followers:
+            if f.proc.poll() is None:
+                f.stop()
+        a.stop()
+        b.stop()
