@@ -493,3 +493,38 @@ def test_close_title_and_rm_from_a_host_that_does_not_run_the_conversation(tmp_p
                 f.stop()
         a.stop()
         b.stop()
+
+
+def test_a_host_restarted_cleanly_serves_its_conversations_again_and_meanwhile_others_name_its_site(
+        tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    try:
+        cids = [_json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "wait.toml"), "--cwd", str(work),
+                                 "--json"))["id"] for _ in range(2)]
+        _eventually(lambda: set(cids) <= set(_listed(b)))
+        run = _json(b.agentctl("send", cids[0], "first", "--json"))["run"]
+        assert b.agentctl("cancel", cids[0]).returncode == 0
+        _eventually(lambda: _ends(_tail(b, cids[0]), run))
+        assert a.stop() == 0
+        for cid in cids:  # at once, naming A's site; nothing queued
+            for args in (("send", cid, "while A is down"), ("steer", cid, "now")):  # (cancel: nothing runs)
+                refused = b.agentctl(*args)
+                assert refused.returncode != 0 and "not running" in refused.stderr, (args, refused.stderr)
+                assert str(a.state_dir) in refused.stderr
+        a.start()
+        # Sends from both hosts at once, for an idle conversation nobody has loaded: one runs.
+        for cid in cids:
+            sent = _at_once((a, ("send", cid, "from A", "--json")), (b, ("send", cid, "from B", "--json")))
+            assert sorted(s.returncode for s in sent) == [0, 7], [(s.returncode, s.stderr) for s in sent]
+            run = json.loads(next(s for s in sent if s.returncode == 0).stdout)["run"]
+            assert b.agentctl("cancel", cid).returncode == 0
+            _eventually(lambda: _ends(_tail(b, cid), run), why="the turn after the restart never ended")
+            records = _tail(b, cid)
+            assert [x["data"]["text"] for x in records if x["type"] == "prompt"][-1] in ("from A", "from B")
+            assert not [x for x in records if x["type"] == "prompt" and x["data"]["text"] == "while A is down"]
+            assert [x["seq"] for x in records] == _seqs(pg_db.dsn, cid) == list(range(1, len(records) + 1))
+    finally:
+        a.stop()
+        b.stop()
