@@ -528,3 +528,42 @@ def test_a_host_restarted_cleanly_serves_its_conversations_again_and_meanwhile_o
     finally:
         a.stop()
         b.stop()
+
+
+def test_tasks_queued_from_several_hosts_at_once_each_run_once_and_a_killed_hosts_tasks_run_elsewhere(
+        tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    config = (f'[store]\nbackend = "postgres"\ndsn = "{pg_db.dsn}"\n[leases]\nttl_s = {TTL_S}\n'
+              '[tasks]\nconcurrency = 1\n')
+    hosts = []
+    for name in "abc":
+        (tmp_path / name).mkdir()
+        hosts.append(Daemon(tmp_path / name, config).start())
+    a, b, c = hosts
+    create = ("task", "create", "-p", "script", "-m", str(SCRIPTS / "echo.toml"), "--cwd", str(work))
+    try:
+        made = _at_once(*[(d, (*create, f"task {d.root.name}{i}", "--json")) for i in range(3) for d in hosts])
+        tids = [_json(m)["id"] for m in made]
+        # A dies at once with tasks of its own just queued (some claimed by it, maybe): they run elsewhere.
+        late = [_json(a.agentctl(*create, f"late {i}", "--json"))["id"] for i in range(3)]
+        a.stop(sig=signal.SIGKILL)
+        tids += late
+
+        def done() -> list[dict[str, Any]] | None:
+            tasks = [_task(b, t) for t in tids]
+            return tasks if all(t["status"] in ("completed", "failed", "cancelled") for t in tasks) else None
+
+        tasks = _eventually(done, timeout=TTL_S * 10 + 15, why="not every task ended")
+        for t in tasks:
+            records = _tail(b, t["conversation"])
+            prompts = [x for x in records if x["type"] == "prompt"]
+            assert len(prompts) == 1 and len(_ends(records, prompts[0]["run"])) == 1, (t, prompts)
+        assert len({t["conversation"] for t in tasks}) == len(tids)
+        for t in tasks:  # each completed, but one A was running when it died: that ended run_interrupted
+            on_a = _json(b.agentctl("show", t["conversation"], "--json"))["record"]["site"].endswith(str(a.state_dir))
+            assert t["status"] == "completed" or (on_a and t["status"] == "failed"
+                                                  and t["reason"] == "run_interrupted"), (t, on_a)
+    finally:
+        for d in hosts:
+            d.stop()
