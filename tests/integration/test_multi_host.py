@@ -567,3 +567,42 @@ def test_tasks_queued_from_several_hosts_at_once_each_run_once_and_a_killed_host
     finally:
         for d in hosts:
             d.stop()
+
+
+def test_a_host_stalled_mid_stream_comes_back_to_a_journal_another_host_wrote_on(tmp_path: Path, pg_db: PgDatabase) -> None:
+    """The stalled holder's runtime goes on streaming when it wakes: what it appends before its
+    renewal finds the lease lost is refused by the database, never journaled over the new holder's."""
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    follower = None
+    try:
+        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "slow.toml"), "--cwd", str(work),
+                               "--json"))["id"]
+        _eventually(lambda: cid in _listed(b))
+        follower = _Follower(b, cid, after=0)
+        run = _json(a.agentctl("send", cid, "take your time", "--json"))["run"]
+        _eventually(lambda: any(x["type"] == "item" and x.get("run") == run for x in _tail(b, cid)))
+        assert a.proc is not None
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            _eventually(lambda: _ends(_tail(b, cid), run), timeout=TTL_S * 10 + 10, why="B never ended the turn")
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        time.sleep(TTL_S * 2)
+        assert a.proc.poll() is None
+        records = _tail(b, cid)
+        assert len(_ends(records, run)) == 1 and _ends(records, run)[0]["data"]["reason"] == "run_interrupted"
+        assert [x["seq"] for x in records] == _seqs(pg_db.dsn, cid) == list(range(1, len(records) + 1))
+        _eventually(lambda: _tail(a, cid) == _tail(b, cid), timeout=TTL_S * 4, why="A never caught up")
+        seen = [x["seq"] for x in follower.records() if x["seq"]]
+        assert seen == list(range(1, len(records) + 1)), seen
+        run2 = _json(b.agentctl("send", cid, "again", "--json"))["run"]
+        _eventually(lambda: any(x.get("run") == run2 for x in _tail(b, cid)))
+        assert b.agentctl("cancel", cid).returncode == 0
+        assert len(_eventually(lambda: _ends(_tail(b, cid), run2), why="the next turn never ended")) == 1
+    finally:
+        if follower is not None:
+            follower.stop()
+        a.stop()
+        b.stop()
