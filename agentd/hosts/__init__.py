@@ -97,6 +97,7 @@ class Peers:
         self.service, self.hub, self.server = service, hub, server
         service.shared = self
         service.site = self.site
+        self.conversations.fence = self.owner  # journal rows commit only while this host holds the lease
         self.leases.providers = service.runtimes.names()  # in this host's row: who may claim what
         server.peers = self
 

@@ -335,3 +335,28 @@ async def test_a_journal_whose_commit_failed_takes_records_again_once_its_rows_a
         await j.sync()
         nursery.cancel_scope.cancel()
     assert _seqs(await (await (await opener()).conversations.open("c1")).read_after(0)) == [1, 2]
+
+
+async def test_rows_of_a_host_whose_lease_was_taken_over_are_refused_not_committed_ahead_of_the_new_holder(
+        opener: Opener, backend: str) -> None:
+    """PostgreSQL, hosts sharing it (``fence``: the lease owner): a host that stalled past its TTL and
+    appends before it notices the takeover must not commit rows the new holder has not read (the new
+    holder's own seqs would then be refused); its commit is refused and the new holder's stand."""
+    if backend != "postgres":
+        pytest.skip("one agentd per state dir: no other host to fence off")
+    a, b = await opener(), await opener()
+    a.conversations.fence, b.conversations.fence = a.leases.owner, b.leases.owner
+    await a.leases.acquire("c1")
+    ja = await a.conversations.open("c1")
+    first = ja.append("item", _payload(1))[1]
+    await ja.sync()
+    # A stalls; its lease expires and B takes it over, before writing anything.
+    await a.conversations.pool.execute("UPDATE leases SET expires_at = now() - interval '1 second'")
+    assert (await b.leases.acquire("c1")).action == "taken_over"
+    jb = await b.conversations.open("c1")
+    ja.append("item", _payload(2))  # A wakes and appends seq 2 before it renews
+    with pytest.raises(OSError, match="no longer holds the lease"):
+        await ja.sync()
+    line = jb.append("item", _payload(3))[1]
+    await jb.sync()
+    assert await (await (await opener()).conversations.open("c1")).read_after(0) == [first, line]

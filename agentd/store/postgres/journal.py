@@ -235,6 +235,9 @@ class PgConversationStore:
         self._running = 0
         #: called with a conversation id when its journal takes records again after failed commits
         self.on_recovered: Callable[[str], None] | None = None
+        #: on hosts sharing the database (agentd.hosts), this host's lease owner: journal rows commit
+        #: only for conversations it holds the lease of (checked in the commit itself)
+        self.fence = ""
 
     def where(self, conversation_id: str) -> pathlib.Path:
         """How errors name a journal: ``postgres:<target>/journal/<id>``."""
@@ -312,7 +315,7 @@ class PgConversationStore:
         self._committing = records
         try:
             await self.pool.run(_write, [(j.conversation_id, rows) for j, rows in batch], records,
-                                self.fsync is FsyncPolicy.NEVER)
+                                self.fsync is FsyncPolicy.NEVER, self.fence)
         except Exception as exc:
             return await self._commit_failed(batch, records, exc)
         finally:
@@ -337,7 +340,8 @@ class PgConversationStore:
             ok = True
             for j, rows in batch:
                 try:
-                    await self.pool.run(_write, [(j.conversation_id, rows)], {}, self.fsync is FsyncPolicy.NEVER)
+                    await self.pool.run(_write, [(j.conversation_id, rows)], {}, self.fsync is FsyncPolicy.NEVER,
+                                        self.fence)
                 except Exception as one:
                     ok = await self._commit_failed([(j, rows)], {}, one) and ok
                 else:
@@ -481,11 +485,24 @@ class PgConversationStore:
 # ---------------------------------------------------------------------- SQL (worker threads)
 
 
-def _write(conn: Any, journals: list[tuple[str, list[_Row]]], records: dict[str, bytes], lazy: bool) -> None:
+def _write(conn: Any, journals: list[tuple[str, list[_Row]]], records: dict[str, bytes], lazy: bool,
+           fence: str = "") -> None:
+    import psycopg
+
     from . import notify
 
     if lazy:
         conn.execute("SET LOCAL synchronous_commit = off")
+    if journals and fence:
+        # Fencing: a host that stalled past its TTL must not commit rows after another host took the
+        # conversation over and read its head. The share lock holds a takeover (SELECT ... FOR UPDATE)
+        # until this commits, so the new holder reads these rows; a lease taken already refuses them.
+        cids = sorted({cid for cid, _ in journals})
+        held = {r[0] for r in conn.execute("SELECT key FROM leases WHERE owner = %s AND key = ANY(%s) "
+                                            "ORDER BY key FOR SHARE", (fence, cids))}
+        lost = [cid for cid in cids if cid not in held]
+        if lost:
+            raise psycopg.IntegrityError(f"this host no longer holds the lease of {', '.join(lost)}")
     if journals:
         with conn.cursor() as cur:
             with cur.copy("COPY journal (conversation_id, seq, ts, type, run, data) FROM STDIN") as copy:
