@@ -606,3 +606,41 @@ def test_a_host_stalled_mid_stream_comes_back_to_a_journal_another_host_wrote_on
             follower.stop()
         a.stop()
         b.stop()
+
+
+def test_a_send_carried_to_a_holder_that_stalls_past_its_ttl_runs_once_or_fails_saying_so(
+        tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    try:
+        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "echo.toml"), "--cwd", str(work),
+                               "--json"))["id"]
+        _eventually(lambda: cid in _listed(b))
+        assert a.proc is not None
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            sender = subprocess.Popen([sys.executable, "-m", "agentctl", "--socket", str(b.socket), "send", cid,
+                                       "carried while A stalls", "--json"], env=b.env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+            _eventually(lambda: any(x["type"] == "lease" and x["data"]["action"] == "taken_over"
+                                    for x in _tail(b, cid)), timeout=TTL_S * 10 + 10, why="B never took it over")
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        out, err = sender.communicate(timeout=60)
+        time.sleep(TTL_S * 2)
+        records = _tail(b, cid)
+        prompts = [x for x in records if x["type"] == "prompt" and x["data"]["text"] == "carried while A stalls"]
+        if sender.returncode == 0:  # accepted: it is journaled once and its turn ends once
+            run = json.loads(out)["run"]
+            assert [p["run"] for p in prompts] == [run], (out, records)
+            _eventually(lambda: _ends(_tail(b, cid), run), why="the accepted send's turn never ended")
+        else:  # refused: it says why, and it never runs later
+            assert prompts == [], (err, records)
+            assert err.strip(), "refused without a reason"
+        assert [x["seq"] for x in _tail(b, cid)] == _seqs(pg_db.dsn, cid)
+        again = b.agentctl("send", cid, "afterwards", "--follow")
+        assert again.returncode == 0, again.stderr
+    finally:
+        a.stop()
+        b.stop()
