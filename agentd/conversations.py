@@ -270,6 +270,12 @@ class _Live:
         self.item_ids = _itemids.ItemIds()
         #: how the last few runs ended (a cancel reports it)
         self.ended: dict[str, wire.CancelResult] = {}
+        #: another host took the lease over while this one stalled (ConversationService.forget):
+        #: nothing more of this one is journaled, published or saved
+        self.lost = False
+        #: ending records (type, data, run) the journal refused and subscribers were told live: journaled
+        #: first once it takes records again (a store whose failed commits are retried)
+        self.unjournaled: list[tuple[str, bytes, str]] = []
 
     @property
     def run(self) -> str:
@@ -327,6 +333,8 @@ class ConversationService:
         tool_output_quota_bytes: int = _tool_outputs.DEFAULT_QUOTA_BYTES,
     ) -> None:
         self.store = store
+        if hasattr(store, "on_recovered"):  # a journal that takes records again after failed commits
+            store.on_recovered = self._journal_recovered
         self.leases = leases
         self.runtimes = runtimes
         self.hub = hub
@@ -356,6 +364,8 @@ class ConversationService:
         #: on a store shared by several hosts (agentd.hosts.Peers), set by the daemon: what brings a
         #: conversation another host wrote up to date before this one reads or loads it
         self.shared: Any = None
+        #: the record of a conversation this host lost, by id (see forget): never saved again
+        self._forgotten: dict[str, wire.ConversationRecord] = {}
         #: this host's site on a shared store (agentd.hosts), kept in the records it creates; "" on files
         self.site = ""
         self._nursery: trio.Nursery | None = None
@@ -542,6 +552,8 @@ class ConversationService:
 
     def _save(self, record: wire.ConversationRecord, *, flush: bool = True) -> None:
         live = self._live.get(record.id)
+        if live is None and self._forgotten.get(record.id) is record:
+            return  # the copy of a conversation this host lost (see forget): the new holder writes it
         if live is not None:
             if flush:
                 self._flush(live)  # records held back go out first: the write below blocks on fsyncs
@@ -840,6 +852,10 @@ class ConversationService:
         bookkeeping loudly and propagates as InternalError; the journal stays
         valid (the journal truncates a partial line).
         """
+        if live.lost:
+            raise c.InternalError("another agentd host holds this conversation now")
+        if live.unjournaled:
+            await self._append_unjournaled(live)
         data = masking.mask_json(data)  # what a runtime echoed of a secret is never written
         try:
             seq, line = live.journal.append(type_, data, run=run)
@@ -866,7 +882,35 @@ class ConversationService:
         try:
             await self._append(live, type_, data, run=run)
         except c.InternalError:
+            if not live.lost:
+                live.unjournaled.append((type_, data, run))
             self._publish_live(live, type_, data, run=run)
+
+    async def _append_unjournaled(self, live: _Live) -> None:
+        """Journal the ending records the journal refused earlier, in order, before anything after
+        them; raises InternalError (the rest kept) while it still refuses."""
+        backlog, live.unjournaled = live.unjournaled, []
+        for i, (type_, data, run) in enumerate(backlog):
+            try:
+                await self._append(live, type_, data, run=run)
+            except c.InternalError:
+                live.unjournaled[:0] = backlog[i:]
+                raise
+
+    def _journal_recovered(self, cid: str) -> None:
+        """The store's hook: ``cid``'s journal takes records again; what it refused is written now."""
+        live = self._live.get(cid)
+        if live is not None and live.unjournaled:
+            self._spawn(self._write_unjournaled, live)
+
+    async def _write_unjournaled(self, live: _Live) -> None:
+        try:
+            await self._append_unjournaled(live)
+        except c.InternalError:
+            return  # logged by _append; the next append or recovery tries again
+        if not live.run:
+            live.record.turn_after = live.published_seq
+        self._save_quietly(live.record)
 
     def _publish_live(self, live: _Live, type_: str, data: bytes, *, run: str | None = None, masked: bool = False) -> None:
         if not masked:
@@ -875,6 +919,8 @@ class ConversationService:
 
     def _publish(self, live: _Live, seq: int, line: bytes) -> None:
         """Hand a record to the hub, or hold it back while the pump handles a burst (see _pump)."""
+        if live.lost:
+            return
         if live.held is not None:
             live.held.append((seq, line))
         else:
@@ -963,6 +1009,8 @@ class ConversationService:
         failure (see _handle); if it does not come within INTERRUPT_WAIT_S the
         turn is ended here.
         """
+        if live.lost:
+            return
         log.error("turn.failing", conversation=live.record.id, run=run, reason=live.fail_reason, error=live.fail_error)
         if live.conv is not None:
             with trio.move_on_after(self.cancel_timeout_s):
@@ -1612,6 +1660,8 @@ class ConversationService:
         await self._append(live, "title", _json.encode(title), run=live.run)
         if live.record.state is _S.CLOSED:
             return
+        if self.site and live.record.site and live.record.site != self.site:
+            return  # its runtime's session is on its own site's disk: named there, not here
         try:
             if not (await self.runtimes.get(live.record.provider)).capabilities().titles:
                 return
@@ -1652,6 +1702,9 @@ class ConversationService:
         """Close the conversation and delete its record and journal."""
         cid = self.resolve(ref)
         live = self._live.pop(cid, None)
+        # Gone before anything awaits: a subscriber dropped below re-subscribes to find it gone,
+        # not still listed (it would then follow a conversation nobody ends).
+        self._records.pop(cid, None)
         if live is not None:
             if live.run and live.conv is not None:
                 with trio.move_on_after(INTERRUPT_WAIT_S):
@@ -1666,7 +1719,6 @@ class ConversationService:
             await self.leases.release(cid)
         except Exception:
             log.exception("lease.release_failed", conversation=cid)
-        self._records.pop(cid, None)
         await self.store.remove(cid)
 
     # ------------------------------------------------------------------ reads
@@ -1734,7 +1786,10 @@ class ConversationService:
         if cid in self._live:
             return self._live[cid].record
         if data is None:
-            self._records.pop(cid, None)
+            if self._records.pop(cid, None) is not None:
+                # Deleted on another host: its subscribers here end as a local delete ends them.
+                for sub in self.hub.drop_conversation(cid):
+                    sub.outbox.lagged(sub)
             return None
         try:
             record = _record_decoder.decode(data)
@@ -1764,6 +1819,36 @@ class ConversationService:
         if not lock.locked() and not lock.statistics().tasks_waiting:
             self._recovering.pop(cid, None)
         return live.record
+
+    async def forget(self, cid: str, record: bytes | None) -> None:
+        """This host lost ``cid``'s lease (it stalled past the TTL and another host took the
+        conversation over): drop the loaded conversation without journaling or saving anything more
+        (the new holder writes it now), stop its runtime's turn, and keep ``record`` (the database's,
+        None: deleted) as this host's copy. Its journal starts again at the last seq this host
+        committed; the caller relays the rest to subscribers."""
+        live = self._live.pop(cid, None)
+        if live is None:
+            return
+        live.lost = True
+        self._forgotten[cid] = live.record
+        log.warning("conversation.lost", conversation=cid, run=live.run)
+        conv, live.conv = live.conv, None
+        if conv is not None:
+            with trio.move_on_after(INTERRUPT_WAIT_S) as scope:
+                scope.shield = True
+                try:
+                    if live.run:
+                        await conv.cancel()
+                    await conv.close()
+                except Exception as exc:
+                    log.warning("conversation.lost_close_failed", conversation=cid, error=str(exc))
+        live.events_in.close()
+        live.turn_done.set()
+        forget = getattr(self.store, "forget", None)
+        if forget is not None:
+            forget(cid)
+        self._records.pop(cid, None)  # a fresh copy: the lost one's tasks may still hold the old
+        self.remote_record(cid, record)
 
     async def unload(self, cid: str) -> bool:
         """Give a loaded, idle conversation back: its provider conversation closed, its record saved,

@@ -29,6 +29,7 @@ The rules (issue 20, and the agent-server seed's leases with TTL and takeover):
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from typing import Any
@@ -91,11 +92,15 @@ class Peers:
         self.server: Any = None
         #: one relay step at a time per conversation
         self._relaying: dict[str, trio.Lock] = {}
+        #: conversations whose lease this host found lost (leases.on_lost), to forget
+        self._lost_in, self._lost_out = trio.open_memory_channel[str](math.inf)
+        leases.on_lost = self._lost_in.send_nowait
 
     def attach(self, service: Any, hub: Any, server: Any) -> None:
         self.service, self.hub, self.server = service, hub, server
         service.shared = self
         service.site = self.site
+        self.conversations.fence = self.owner  # journal rows commit only while this host holds the lease
         self.leases.providers = service.runtimes.names()  # in this host's row: who may claim what
         server.peers = self
 
@@ -108,6 +113,7 @@ class Peers:
             await nursery.start(self._relay_journals)
             await nursery.start(self.mailbox.serve, self._serve_command)
             nursery.start_soon(self._watch_leases)
+            nursery.start_soon(self._forget_lost)
             task_status.started()
 
     # ------------------------------------------------------------------ reading what others write
@@ -210,7 +216,7 @@ class Peers:
                 return None  # ours to open
             hosts = [h for h in await self.leases.hosts() if h.alive and h.site == site]
             if not hosts and type(request) in LOCAL_WHEN_UNHELD:
-                return None
+                return await self._answer_for_site(cid, request)
             if not hosts:
                 raise c.Closed(
                     f"conversation {cid} runs on agentd {site}, which is not running: its runtime's session "
@@ -225,6 +231,25 @@ class Peers:
         timeout_s = SHOW_TIMEOUT_S if type(request) is wire.Show else CARRY_TIMEOUT_S
         return await self.mailbox.call(cid, CARRIED[type(request)], wire.encode(request), timeout_s=timeout_s,
                                        target=target)
+
+    async def _answer_for_site(self, cid: str, request: Any) -> bytes:
+        """A record-only request (:data:`LOCAL_WHEN_UNHELD`) on a conversation whose site's agentd is
+        not running, answered here from the record and journal; the conversation is then given back
+        (unloaded, its lease released), else this host would keep it and be carried the site's
+        requests when that agentd is back, with no runtime session for it here."""
+        conn = types.SimpleNamespace(peer=f"agentd {self.owner} (for {self.service.record(cid).site})")
+        try:
+            result = await self.server._handlers[type(request)](conn, request)
+        except c.AgentdError as exc:
+            return masking.mask_json(wire.encode_error(request.id, exc))
+        finally:
+            with trio.CancelScope(shield=True):
+                if self.service.is_loaded(cid) and cid in self.leases.held():
+                    try:
+                        await self.service.unload(cid)
+                    except Exception:  # its lease then expires; another host's watch gives it back
+                        log.exception("hosts.unload_failed", conversation=cid)
+        return masking.mask_json(wire.encode_result(request.id, result))
 
     async def _serve_command(self, cmd: Any) -> bytes:
         """Run a command another host carried here; the answer frame its client gets."""
@@ -253,6 +278,18 @@ class Peers:
             for h in await self.leases.hosts()])
 
     # ------------------------------------------------------------------ dead hosts
+
+    async def _forget_lost(self) -> None:
+        """A conversation whose lease this host lost (it stalled past the TTL; another host took it
+        over and ended its turn) is dropped here without writing anything more, its record and
+        journal then followed from the database like any other host's."""
+        async for cid in self._lost_out:
+            try:
+                await self.service.forget(cid, await self.conversations.read_record(cid))
+                if self.hub.subscribers(cid):
+                    await self.relay(cid)
+            except Exception:  # a background loop: never takes the daemon down
+                log.exception("hosts.forget_failed", conversation=cid)
 
     async def _watch_leases(self) -> None:
         interval = max(self.leases.ttl_s / 3, 0.1)

@@ -6,6 +6,7 @@ on B once A's leases expire, and the turn ends once, ``run_interrupted``, its pr
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import psycopg
+import pytest
 
 from agentd import contract as c
 from agentd import wire
@@ -259,3 +261,390 @@ def test_tasks_queued_on_one_host_run_on_a_host_with_a_free_place_and_a_dead_hos
         a.stop()
         if b is not None:
             b.stop()
+
+
+def _db_records(dsn: str, cid: str) -> list[dict[str, Any]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT seq, line FROM journal WHERE conversation_id = %s ORDER BY seq", (cid,)).fetchall()
+    return [json.loads(line) if isinstance(line, str) else json.loads(bytes(line)) for _, line in rows]
+
+
+def test_a_host_stalled_past_its_ttl_comes_back_without_writing_over_the_turn_another_host_ended(
+        tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    follower = None
+    try:
+        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "wait.toml"), "--cwd", str(work),
+                               "--json"))["id"]
+        run = _json(a.agentctl("send", cid, "work until cancelled", "--json"))["run"]
+        _eventually(lambda: cid in _listed(b))
+        _eventually(lambda: any(x["type"] == "item" for x in _tail(b, cid)))
+        follower = _Follower(a, cid, after=0)  # a subscriber on the stalled host
+        _eventually(lambda: follower.records())
+        assert a.proc is not None
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            _eventually(lambda: _ends(_tail(b, cid), run), timeout=TTL_S * 10 + 10,
+                        why="B never ended the stalled host's turn")
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        time.sleep(TTL_S * 2)  # A's renewal rounds find the lease lost
+        assert a.proc.poll() is None, "the stalled host died"
+        seqs = _seqs(pg_db.dsn, cid)
+        assert seqs == list(range(1, len(seqs) + 1))
+        records = _tail(b, cid)
+        assert len(_ends(records, run)) == 1, _ends(records, run)
+        # A's view converges with the database's: idle, the same journal.
+        _eventually(lambda: _json(a.agentctl("show", cid, "--json"))["record"]["state"] == "idle",
+                    timeout=TTL_S * 4, why="A still thinks its lost turn runs")
+        assert _tail(a, cid) == _tail(b, cid)
+        # A's subscriber saw the other host's end of the turn, each seq once.
+        _eventually(lambda: _ends(follower.records(), run), timeout=TTL_S * 4,
+                    why="A's subscriber never saw the turn end")
+        seen = [x["seq"] for x in follower.records()]
+        assert seen == list(range(1, seen[-1] + 1)), seen
+        # A is not wedged: a new turn sent from either host runs on A and ends once.
+        run2 = _json(b.agentctl("send", cid, "again", "--json"))["run"]
+        _eventually(lambda: any(x["type"] == "item" and x.get("run") == run2 for x in _tail(b, cid)))
+        cancelled = a.agentctl("cancel", cid)
+        assert cancelled.returncode == 0, cancelled.stderr
+        _eventually(lambda: _ends(_tail(b, cid), run2), why="the new turn never ended")
+        seqs = _seqs(pg_db.dsn, cid)
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert len(_ends(_tail(b, cid), run)) == 1 and len(_ends(_tail(b, cid), run2)) == 1
+    finally:
+        if follower is not None:
+            follower.stop()
+        a.stop()
+        b.stop()
+
+
+def _at_once(*calls: tuple[Daemon, tuple[str, ...]]) -> list[subprocess.CompletedProcess[str]]:
+    """``agentctl`` commands started together, each on its host; their results in order."""
+    procs = [subprocess.Popen([sys.executable, "-m", "agentctl", "--socket", str(d.socket), *args], env=d.env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for d, args in calls]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=60)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+def test_sends_from_two_hosts_at_once_run_one_and_the_other_is_refused_or_queued(tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    try:
+        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "wait.toml"), "--cwd", str(work),
+                               "--json"))["id"]
+        _eventually(lambda: cid in _listed(b))
+        for _ in range(2):  # --if-busy reject: exactly one runs, the other is told busy (exit 7)
+            sent = _at_once((a, ("send", cid, "from A", "--json")), (b, ("send", cid, "from B", "--json")))
+            ok = [s for s in sent if s.returncode == 0]
+            assert len(ok) == 1 and sorted(s.returncode for s in sent) == [0, 7], [(s.returncode, s.stderr) for s in sent]
+            run = json.loads(ok[0].stdout)["run"]
+            assert a.agentctl("cancel", cid).returncode == 0
+            _eventually(lambda: _ends(_tail(b, cid), run), why="the turn never ended")
+        # --if-busy queue: both are taken, one runs and the other waits behind it; nothing is lost.
+        sent = _at_once((a, ("send", cid, "queued A", "--if-busy", "queue", "--json")),
+                        (b, ("send", cid, "queued B", "--if-busy", "queue", "--json")))
+        assert [s.returncode for s in sent] == [0, 0], [s.stderr for s in sent]
+        results = [json.loads(s.stdout) for s in sent]
+        assert sorted(r["disposition"] for r in results) == ["queued", "started"], results
+        for r in sorted(results, key=lambda r: r["disposition"] != "started"):
+            _eventually(lambda: any(x["type"] == "item" and x.get("run") == r["run"] for x in _tail(b, cid)),
+                        why=f"run {r} never started")
+            assert b.agentctl("cancel", cid).returncode == 0
+            _eventually(lambda: _ends(_tail(b, cid), r["run"]), why=f"run {r} never ended")
+        records = _tail(b, cid)
+        prompts = [x["data"]["text"] for x in records if x["type"] == "prompt"]
+        assert prompts.count("queued A") == 1 and prompts.count("queued B") == 1, prompts
+        assert [x["seq"] for x in records] == _seqs(pg_db.dsn, cid) == list(range(1, len(records) + 1))
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _terminate(dsn: str, application_name: str) -> int:
+    """pg_terminate_backend of every backend of ``application_name``; how many."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s "
+                            "AND pid <> pg_backend_pid()", (application_name,)).fetchall()
+    return len(rows)
+
+
+def test_a_tail_on_another_host_sees_each_seq_once_across_its_listen_connection_killed(
+        tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    follower = None
+    try:
+        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "slow.toml"), "--cwd", str(work),
+                               "--json"))["id"]
+        _eventually(lambda: cid in _listed(b))
+        follower = _Follower(b, cid, after=0)
+        _eventually(lambda: follower.records(), why="B's tail never replayed the journal")
+        run = _json(a.agentctl("send", cid, "take your time", "--json"))["run"]
+        _eventually(lambda: any(x.get("run") == run and x["seq"] for x in follower.records()),
+                    why="B's tail never saw the turn start")
+        for _ in range(3):  # mid-turn, the LISTEN connections (B's among them) are killed
+            time.sleep(0.6)
+            assert _terminate(pg_db.dsn, "agentd-listen") >= 1
+        _eventually(lambda: _ends(_tail(a, cid), run), why="the turn never ended")
+        _eventually(lambda: _ends([x for x in follower.records() if x["seq"]], run), timeout=10,
+                    why="B's tail never saw the turn end")
+        seen = [x["seq"] for x in follower.records() if x["seq"]]
+        assert seen == _seqs(pg_db.dsn, cid) == list(range(1, len(seen) + 1)), seen
+        assert follower.proc.poll() is None  # still following
+    finally:
+        if follower is not None:
+            follower.stop()
+        a.stop()
+        b.stop()
+
+
+@pytest.mark.parametrize(("OUTAGE_S", "cancel"), [(TTL_S / 2, False), (TTL_S * 2, False), (TTL_S / 5, True)])
+def test_the_database_gone_mid_turn_takes_no_host_down_and_the_hosts_converge(
+        tmp_path: Path, pg_db: PgDatabase, OUTAGE_S: float, cancel: bool) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    try:
+        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "slow.toml"), "--cwd", str(work),
+                               "--json"))["id"]
+        _eventually(lambda: cid in _listed(b))
+        run = _json(b.agentctl("send", cid, "take your time", "--json"))["run"]
+        _eventually(lambda: any(x.get("run") == run for x in _tail(b, cid)))
+        time.sleep(0.5)
+        # The database refuses connections for OUTAGE_S and every agentd connection is cut.
+        pg_db.cluster.execute(f'ALTER DATABASE "{pg_db.name}" WITH ALLOW_CONNECTIONS false')
+        try:
+            assert _terminate(pg_db.cluster.dsn(), "agentd") + _terminate(pg_db.cluster.dsn(), "agentd-listen") >= 1
+            if cancel:  # the holder ends the turn meanwhile: its end cannot be committed yet
+                assert a.agentctl("cancel", cid, timeout=30).returncode == 0
+            time.sleep(OUTAGE_S)
+        finally:
+            pg_db.cluster.execute(f'ALTER DATABASE "{pg_db.name}" WITH ALLOW_CONNECTIONS true')
+        ends = _eventually(lambda: _ends(_tail(b, cid), run), why="the turn never ended")
+        assert len(ends) == 1, ends
+        assert a.proc is not None and b.proc is not None
+        assert a.proc.poll() is None and b.proc.poll() is None, "a host died"
+        _eventually(lambda: _tail(a, cid) == _tail(b, cid), why="the hosts never agreed on the journal")
+        seqs = _seqs(pg_db.dsn, cid)
+        assert [x["seq"] for x in _tail(b, cid)] == seqs == list(range(1, len(seqs) + 1))
+        # The conversation takes turns again, sent from either host.
+        for d in (a, b):
+            again = d.agentctl("send", cid, "once more", "--json")
+            assert again.returncode == 0, again.stderr
+            run = json.loads(again.stdout)["run"]
+            assert d.agentctl("cancel", cid).returncode == 0
+            assert [x["data"]["state"] for x in _eventually(lambda: _ends(_tail(b, cid), run))] == ["cancelled"]
+        assert _json(b.agentctl("show", cid, "--json"))["record"]["state"] == "idle"
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_close_title_and_rm_from_a_host_that_does_not_run_the_conversation(tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    followers: list[_Follower] = []
+    try:
+        def new(script: str) -> str:
+            cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / script), "--cwd", str(work),
+                                   "--json"))["id"]
+            _eventually(lambda: cid in _listed(b))
+            return cid
+
+        # close from B while A runs a turn: the turn ends, the conversation is closed on both.
+        busy = new("wait.toml")
+        run = _json(a.agentctl("send", busy, "work until cancelled", "--json"))["run"]
+        _eventually(lambda: any(x["type"] == "item" for x in _tail(b, busy)))
+        closed = b.agentctl("close", busy)
+        assert closed.returncode == 0, closed.stderr
+        assert len(_ends(_tail(b, busy), run)) == 1
+        for d in (a, b):
+            _eventually(lambda: _json(d.agentctl("show", busy, "--json"))["record"]["state"] == "closed",
+                        why="the close did not reach both")
+        # rm from B while tails follow it on both hosts: each tail ends, nobody lists it.
+        gone = new("echo.toml")
+        assert a.agentctl("send", gone, "hi", "--follow").returncode == 0
+        followers = [_Follower(a, gone, after=0), _Follower(b, gone, after=0)]
+        _eventually(lambda: all(f.records() for f in followers))
+        removed = b.agentctl("rm", gone)
+        assert removed.returncode == 0, removed.stderr
+        for f in followers:
+            f.proc.wait(10)
+        _eventually(lambda: gone not in _listed(a) and gone not in _listed(b))
+        assert _seqs(pg_db.dsn, gone) == []
+        # title and rm from B while A, its site, is stopped: answered from the database.
+        idle = new("echo.toml")
+        other = new("echo.toml")
+        a.stop()
+        assert b.agentctl("title", idle, "named on B").returncode == 0
+        assert b.agentctl("rm", other).returncode == 0
+        a.start()
+        assert _json(a.agentctl("show", idle, "--json"))["record"]["title"] == "named on B"
+        assert other not in _listed(a)
+        assert a.agentctl("send", idle, "hi again", "--follow").returncode == 0
+    finally:
+        for f in followers:
+            if f.proc.poll() is None:
+                f.stop()
+        a.stop()
+        b.stop()
+
+
+def test_a_host_restarted_cleanly_serves_its_conversations_again_and_meanwhile_others_name_its_site(
+        tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    try:
+        cids = [_json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "wait.toml"), "--cwd", str(work),
+                                 "--json"))["id"] for _ in range(2)]
+        _eventually(lambda: set(cids) <= set(_listed(b)))
+        run = _json(b.agentctl("send", cids[0], "first", "--json"))["run"]
+        assert b.agentctl("cancel", cids[0]).returncode == 0
+        _eventually(lambda: _ends(_tail(b, cids[0]), run))
+        assert a.stop() == 0
+        for cid in cids:  # at once, naming A's site; nothing queued
+            for args in (("send", cid, "while A is down"), ("steer", cid, "now")):  # (cancel: nothing runs)
+                refused = b.agentctl(*args)
+                assert refused.returncode != 0 and "not running" in refused.stderr, (args, refused.stderr)
+                assert str(a.state_dir) in refused.stderr
+        a.start()
+        # Sends from both hosts at once, for an idle conversation nobody has loaded: one runs.
+        for cid in cids:
+            sent = _at_once((a, ("send", cid, "from A", "--json")), (b, ("send", cid, "from B", "--json")))
+            assert sorted(s.returncode for s in sent) == [0, 7], [(s.returncode, s.stderr) for s in sent]
+            run = json.loads(next(s for s in sent if s.returncode == 0).stdout)["run"]
+            assert b.agentctl("cancel", cid).returncode == 0
+            _eventually(lambda: _ends(_tail(b, cid), run), why="the turn after the restart never ended")
+            records = _tail(b, cid)
+            assert [x["data"]["text"] for x in records if x["type"] == "prompt"][-1] in ("from A", "from B")
+            assert not [x for x in records if x["type"] == "prompt" and x["data"]["text"] == "while A is down"]
+            assert [x["seq"] for x in records] == _seqs(pg_db.dsn, cid) == list(range(1, len(records) + 1))
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_tasks_queued_from_several_hosts_at_once_each_run_once_and_a_killed_hosts_tasks_run_elsewhere(
+        tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    config = (f'[store]\nbackend = "postgres"\ndsn = "{pg_db.dsn}"\n[leases]\nttl_s = {TTL_S}\n'
+              '[tasks]\nconcurrency = 1\n')
+    hosts = []
+    for name in "abc":
+        (tmp_path / name).mkdir()
+        hosts.append(Daemon(tmp_path / name, config).start())
+    a, b, c = hosts
+    create = ("task", "create", "-p", "script", "-m", str(SCRIPTS / "echo.toml"), "--cwd", str(work))
+    try:
+        made = _at_once(*[(d, (*create, f"task {d.root.name}{i}", "--json")) for i in range(3) for d in hosts])
+        tids = [_json(m)["id"] for m in made]
+        # A dies at once with tasks of its own just queued (some claimed by it, maybe): they run elsewhere.
+        late = [_json(a.agentctl(*create, f"late {i}", "--json"))["id"] for i in range(3)]
+        a.stop(sig=signal.SIGKILL)
+        tids += late
+
+        def done() -> list[dict[str, Any]] | None:
+            tasks = [_task(b, t) for t in tids]
+            return tasks if all(t["status"] in ("completed", "failed", "cancelled") for t in tasks) else None
+
+        tasks = _eventually(done, timeout=TTL_S * 10 + 15, why="not every task ended")
+        for t in tasks:
+            records = _tail(b, t["conversation"])
+            prompts = [x for x in records if x["type"] == "prompt"]
+            assert len(prompts) == 1 and len(_ends(records, prompts[0]["run"])) == 1, (t, prompts)
+        assert len({t["conversation"] for t in tasks}) == len(tids)
+        for t in tasks:  # each completed, but one A was running when it died: that ended run_interrupted
+            on_a = _json(b.agentctl("show", t["conversation"], "--json"))["record"]["site"].endswith(str(a.state_dir))
+            assert t["status"] == "completed" or (on_a and t["status"] == "failed"
+                                                  and t["reason"] == "run_interrupted"), (t, on_a)
+    finally:
+        for d in hosts:
+            d.stop()
+
+
+def test_a_host_stalled_mid_stream_comes_back_to_a_journal_another_host_wrote_on(tmp_path: Path, pg_db: PgDatabase) -> None:
+    """The stalled holder's runtime goes on streaming when it wakes: what it appends before its
+    renewal finds the lease lost is refused by the database, never journaled over the new holder's."""
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    follower = None
+    try:
+        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "slow.toml"), "--cwd", str(work),
+                               "--json"))["id"]
+        _eventually(lambda: cid in _listed(b))
+        follower = _Follower(b, cid, after=0)
+        run = _json(a.agentctl("send", cid, "take your time", "--json"))["run"]
+        _eventually(lambda: any(x["type"] == "item" and x.get("run") == run for x in _tail(b, cid)))
+        assert a.proc is not None
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            _eventually(lambda: _ends(_tail(b, cid), run), timeout=TTL_S * 10 + 10, why="B never ended the turn")
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        time.sleep(TTL_S * 2)
+        assert a.proc.poll() is None
+        records = _tail(b, cid)
+        assert len(_ends(records, run)) == 1 and _ends(records, run)[0]["data"]["reason"] == "run_interrupted"
+        assert [x["seq"] for x in records] == _seqs(pg_db.dsn, cid) == list(range(1, len(records) + 1))
+        _eventually(lambda: _tail(a, cid) == _tail(b, cid), timeout=TTL_S * 4, why="A never caught up")
+        seen = [x["seq"] for x in follower.records() if x["seq"]]
+        assert seen == list(range(1, len(records) + 1)), seen
+        run2 = _json(b.agentctl("send", cid, "again", "--json"))["run"]
+        _eventually(lambda: any(x.get("run") == run2 for x in _tail(b, cid)))
+        assert b.agentctl("cancel", cid).returncode == 0
+        assert len(_eventually(lambda: _ends(_tail(b, cid), run2), why="the next turn never ended")) == 1
+    finally:
+        if follower is not None:
+            follower.stop()
+        a.stop()
+        b.stop()
+
+
+def test_a_send_carried_to_a_holder_that_stalls_past_its_ttl_runs_once_or_fails_saying_so(
+        tmp_path: Path, pg_db: PgDatabase) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    a, b = _hosts(tmp_path, pg_db.dsn)
+    try:
+        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "echo.toml"), "--cwd", str(work),
+                               "--json"))["id"]
+        _eventually(lambda: cid in _listed(b))
+        assert a.proc is not None
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            sender = subprocess.Popen([sys.executable, "-m", "agentctl", "--socket", str(b.socket), "send", cid,
+                                       "carried while A stalls", "--json"], env=b.env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+            _eventually(lambda: any(x["type"] == "lease" and x["data"]["action"] == "taken_over"
+                                    for x in _tail(b, cid)), timeout=TTL_S * 10 + 10, why="B never took it over")
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        out, err = sender.communicate(timeout=60)
+        time.sleep(TTL_S * 2)
+        records = _tail(b, cid)
+        prompts = [x for x in records if x["type"] == "prompt" and x["data"]["text"] == "carried while A stalls"]
+        if sender.returncode == 0:  # accepted: it is journaled once and its turn ends once
+            run = json.loads(out)["run"]
+            assert [p["run"] for p in prompts] == [run], (out, records)
+            _eventually(lambda: _ends(_tail(b, cid), run), why="the accepted send's turn never ended")
+        else:  # refused: it says why, and it never runs later
+            assert prompts == [], (err, records)
+            assert err.strip(), "refused without a reason"
+        assert [x["seq"] for x in _tail(b, cid)] == _seqs(pg_db.dsn, cid)
+        again = b.agentctl("send", cid, "afterwards", "--follow")
+        assert again.returncode == 0, again.stderr
+    finally:
+        a.stop()
+        b.stop()

@@ -197,6 +197,39 @@ async def test_records_ids_and_removal(opener: Opener) -> None:
     assert fresh.last_seq == 0 and fresh.append("conversation", b"{}")[0] == 1
 
 
+async def test_a_record_written_is_read_back_while_its_commit_is_in_flight(opener: Opener, backend: str) -> None:
+    """Read your writes: a record taken by a commit that has not returned yet is still this store's
+    to read (a host loading the conversation it just made reads its record back)."""
+    store = await opener()
+    convs = store.conversations
+    started, release = trio.Event(), trio.Event()
+    if backend == "postgres":
+        from agentd.store.postgres.journal import _write
+
+        run = convs.pool.run
+
+        async def slow_run(fn: Any, *args: Any) -> Any:
+            if fn is _write:
+                started.set()
+                await release.wait()
+            return await run(fn, *args)
+
+        convs.pool.run = slow_run  # type: ignore[method-assign]
+    else:
+        started.set()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(convs.run)
+        convs.write_record("ca", b'{"v":1}')
+        await started.wait()
+        assert await convs.read_record("ca") == b'{"v":1}'
+        assert await convs.read_records() == {"ca": b'{"v":1}'}
+        assert await convs.ids() == ["ca"]
+        release.set()
+        await (await convs.open("ca")).sync()
+        assert await convs.read_record("ca") == b'{"v":1}'
+        nursery.cancel_scope.cancel()
+
+
 async def test_bad_input_is_refused_and_loses_nothing(store: Store) -> None:
     convs = store.conversations
     for bad in ("../x", "", "a/b", ".hidden"):
@@ -260,3 +293,70 @@ async def test_a_second_writer_of_the_same_seq_is_refused(opener: Opener) -> Non
     with pytest.raises(OSError, match="refused"):
         jb.append("item", _payload(100))
     assert await (await (await opener()).conversations.open("c1")).read_after(0) == [line]
+
+
+async def test_a_journal_whose_commit_failed_takes_records_again_once_its_rows_are_committed(
+        opener: Opener, backend: str) -> None:
+    """PostgreSQL: a commit that failed (the database unreachable) was rolled back; the rows are
+    retried, appends are refused meanwhile, and once the rows are in the journal takes records
+    again (the store's on_recovered hook says so)."""
+    if backend != "postgres":
+        pytest.skip("a failed fsync on files loses data: that journal stays broken")
+    import psycopg
+
+    from agentd.store.postgres.journal import _write
+
+    store = await opener()
+    convs = store.conversations
+    recovered: list[str] = []
+    convs.on_recovered = recovered.append
+    run, down = convs.pool.run, [True]
+
+    async def flaky_run(fn: Any, *args: Any) -> Any:
+        if fn is _write and down[0]:
+            raise psycopg.OperationalError("the server is gone")
+        return await run(fn, *args)
+
+    convs.pool.run = flaky_run  # type: ignore[method-assign]
+    j = await convs.open("c1")
+    j.append("item", _payload(1))
+    with pytest.raises(OSError, match="could not be committed"):
+        await j.sync()
+    with pytest.raises(OSError, match="could not be committed"):
+        j.append("item", _payload(2))
+    down[0] = False
+    async with trio.open_nursery() as nursery:
+        await nursery.start(convs.run)
+        with trio.fail_after(10):
+            while not recovered:
+                await trio.sleep(0.01)
+        assert recovered == ["c1"]
+        assert j.append("item", _payload(2))[0] == 2
+        await j.sync()
+        nursery.cancel_scope.cancel()
+    assert _seqs(await (await (await opener()).conversations.open("c1")).read_after(0)) == [1, 2]
+
+
+async def test_rows_of_a_host_whose_lease_was_taken_over_are_refused_not_committed_ahead_of_the_new_holder(
+        opener: Opener, backend: str) -> None:
+    """PostgreSQL, hosts sharing it (``fence``: the lease owner): a host that stalled past its TTL and
+    appends before it notices the takeover must not commit rows the new holder has not read (the new
+    holder's own seqs would then be refused); its commit is refused and the new holder's stand."""
+    if backend != "postgres":
+        pytest.skip("one agentd per state dir: no other host to fence off")
+    a, b = await opener(), await opener()
+    a.conversations.fence, b.conversations.fence = a.leases.owner, b.leases.owner
+    await a.leases.acquire("c1")
+    ja = await a.conversations.open("c1")
+    first = ja.append("item", _payload(1))[1]
+    await ja.sync()
+    # A stalls; its lease expires and B takes it over, before writing anything.
+    await a.conversations.pool.execute("UPDATE leases SET expires_at = now() - interval '1 second'")
+    assert (await b.leases.acquire("c1")).action == "taken_over"
+    jb = await b.conversations.open("c1")
+    ja.append("item", _payload(2))  # A wakes and appends seq 2 before it renews
+    with pytest.raises(OSError, match="no longer holds the lease"):
+        await ja.sync()
+    line = jb.append("item", _payload(3))[1]
+    await jb.sync()
+    assert await (await (await opener()).conversations.open("c1")).read_after(0) == [first, line]

@@ -34,7 +34,7 @@ import contextlib
 import datetime as _dt
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -111,6 +111,9 @@ class PgLeaseStore:
         self.hostname = hostname or socket.gethostname()
         self._held: set[str] = set()
         self._pid = os.getpid()
+        #: called (synchronously, from the renewal round) with each key found lost: the holder of a
+        #: conversation must stop writing it (agentd.hosts.Peers)
+        self.on_lost: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ host heartbeat
 
@@ -265,6 +268,8 @@ class PgLeaseStore:
         for key in lost:
             self._held.discard(key)
             _log().warning("lease.lost", key=key, reason="taken over or removed while our renewals lapsed")
+            if self.on_lost is not None:
+                self.on_lost(key)
         return lost
 
     async def sweep(self, *, older_than_s: float = 3600.0) -> int:

@@ -22,9 +22,11 @@ How it keeps the journal's rules (agentd.store):
   ``SET LOCAL synchronous_commit = off`` for ``never`` (a crash of the database server may lose the
   last few hundred ms of commits; a crash of agentd loses nothing committed).
 * A failed commit (the database unreachable, a refused row) marks the journals in it broken: they
-  refuse appends with the reason until agentd restarts, as the file journal does after a failed
-  fsync, while reads go on; the rows already appended are retried with backoff, except rows the
-  database refused outright (a seq another writer took), which are dropped and logged.
+  refuse appends with the reason while reads go on. The rows already appended are retried with
+  backoff; once they are committed the journal takes records again (``on_recovered``: a failed
+  commit was rolled back, so nothing is lost, unlike a failed fsync). Rows the database refused
+  outright (a seq another writer took) are dropped and logged, and that journal takes no more
+  records until agentd restarts.
 * Reads after a seq use the primary key (an index range scan from ``seq > after``); the last
   :data:`TAIL` records of a journal this host writes are answered from memory, so a subscriber
   catching up on recent records costs no round trip.
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import pathlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -80,7 +83,7 @@ class PgJournal:
     """
 
     __slots__ = ("conversation_id", "last_seq", "durable_seq", "_store", "_pending", "_lines", "_first",
-                 "_broken", "_closed")
+                 "_broken", "_retrying", "_closed")
 
     def __init__(self, store: PgConversationStore, conversation_id: str, last_seq: int) -> None:
         self.conversation_id = conversation_id
@@ -93,6 +96,9 @@ class PgJournal:
         self._first = last_seq + 1
         #: why appends are refused ("" = they are not)
         self._broken = ""
+        #: its rows failed to commit (the database was unreachable) and are being retried: once they
+        #: are committed it takes records again
+        self._retrying = False
         self._closed = False
 
     @property
@@ -213,8 +219,8 @@ class PgConversationStore:
         self._dirty: dict[PgJournal, None] = {}
         #: records written, not committed yet: id -> bytes (the last write wins)
         self._records: dict[str, bytes] = {}
-        #: records of the commit in flight: still this host's to answer reads with until it ends
-        self._inflight: dict[str, bytes] = {}
+        #: records of the commit in flight: still this host's to read until it ends (read your writes)
+        self._committing: dict[str, bytes] = {}
         #: journal heads read at start-up (read_records), for journal_size
         self._heads: dict[str, int] = {}
         self._dirty_since = 0.0
@@ -227,6 +233,11 @@ class PgConversationStore:
         self._failures = 0
         #: how many run() tasks commit (0: sync() commits itself)
         self._running = 0
+        #: called with a conversation id when its journal takes records again after failed commits
+        self.on_recovered: Callable[[str], None] | None = None
+        #: on hosts sharing the database (agentd.hosts), this host's lease owner: journal rows commit
+        #: only for conversations it holds the lease of (checked in the commit itself)
+        self.fence = ""
 
     def where(self, conversation_id: str) -> pathlib.Path:
         """How errors name a journal: ``postgres:<target>/journal/<id>``."""
@@ -301,14 +312,14 @@ class PgConversationStore:
         if not journals and not records:
             return True
         batch = [(j, list(j._pending)) for j in journals]
-        self._inflight = records
+        self._committing = records
         try:
             await self.pool.run(_write, [(j.conversation_id, rows) for j, rows in batch], records,
-                                self.fsync is FsyncPolicy.NEVER)
+                                self.fsync is FsyncPolicy.NEVER, self.fence)
         except Exception as exc:
             return await self._commit_failed(batch, records, exc)
         finally:
-            self._inflight = {}
+            self._committing = {}
         for j, rows in batch:
             self._done_with(j, rows)
         if self._failures:
@@ -329,7 +340,8 @@ class PgConversationStore:
             ok = True
             for j, rows in batch:
                 try:
-                    await self.pool.run(_write, [(j.conversation_id, rows)], {}, self.fsync is FsyncPolicy.NEVER)
+                    await self.pool.run(_write, [(j.conversation_id, rows)], {}, self.fsync is FsyncPolicy.NEVER,
+                                        self.fence)
                 except Exception as one:
                     ok = await self._commit_failed([(j, rows)], {}, one) and ok
                 else:
@@ -341,10 +353,12 @@ class PgConversationStore:
                 _log().error("store.commit_refused", conversation=j.conversation_id, seqs=[rows[0][0], rows[-1][0]],
                              error=why)
                 j._drop_pending()
+                j._retrying = False
                 j._fail(f"was refused by the database ({why}): another host may hold this conversation; "
                         "it takes no more records until agentd restarts")
             else:
-                j._fail(f"could not be committed ({why}); it takes no more records until agentd restarts")
+                j._fail(f"could not be committed ({why}); it takes records again once its rows are committed")
+                j._retrying = True
                 self._dirty[j] = None  # its rows are retried
         if not refused:
             _log().error("store.commit_failed", journals=[j.conversation_id for j, _ in batch], records=len(records),
@@ -356,6 +370,13 @@ class PgConversationStore:
         j._committed(rows[-1][0])
         if j._pending:  # appended while this commit was in flight: the next one takes them
             self._mark_dirty(j)
+        elif j._retrying and not j._closed:
+            # A failed commit is rolled back, unlike a failed fsync: with its rows in the database at
+            # last, the journal is whole again and takes records.
+            j._retrying, j._broken = False, ""
+            _log().info("store.journal_recovered", conversation=j.conversation_id, seq=j.durable_seq)
+            if self.on_recovered is not None:
+                self.on_recovered(j.conversation_id)
 
     # ------------------------------------------------------------------ conversations
 
@@ -374,27 +395,48 @@ class PgConversationStore:
             j = self._journals[conversation_id] = PgJournal(self, conversation_id, rows)
         return j
 
+    def forget(self, conversation_id: str) -> None:
+        """This host lost the conversation's lease (another host took it over): its rows not committed
+        are dropped (the new holder's seqs may be in the database by now), and its journal starts
+        again, unbroken, at the last seq this host committed, for :meth:`PgJournal.adopt` to bring
+        up to the new holder's head."""
+        j = self._journals.pop(conversation_id, None)
+        if j is None:
+            return
+        self._dirty.pop(j, None)
+        j._closed = True  # an append through it now raises; a commit in flight skips it after
+        j._drop_pending()
+        fresh = PgJournal(self, conversation_id, j.durable_seq)
+        fresh._lines = j._lines[-TAIL:]
+        fresh._first = fresh.last_seq + 1 - len(fresh._lines)
+        self._journals[conversation_id] = fresh
+
     async def ids(self) -> list[str]:
-        ids = set(await self.pool.run(_ids)) | set(self._records)
+        pending = {**self._committing, **self._records}  # committed meanwhile: not in what is read
+        ids = set(await self.pool.run(_ids)) | set(pending) | set(self._committing) | set(self._records)
         return sorted(ids)
 
     async def read_records(self) -> dict[str, bytes]:
+        pending = {**self._committing, **self._records}  # committed meanwhile: not in what is read
         rows = await self.pool.run(_records_and_heads)
         self._heads = {cid: head or 0 for cid, _, head in rows}
         out = {cid: bytes(data) for cid, data, _ in rows}
-        out.update(self._inflight)
+        out.update(pending)
+        out.update(self._committing)
         out.update(self._records)
         return out
 
     async def read_record(self, conversation_id: str) -> bytes | None:
-        mine = self._records.get(conversation_id) or self._inflight.get(conversation_id)
-        if mine is not None:
-            return mine
+        # This host's own writes first, committed or not: the database has them only once committed.
+        if conversation_id in self._records:
+            return self._records[conversation_id]
+        if conversation_id in self._committing:
+            return self._committing[conversation_id]
         if not _fsutil.is_safe_name(conversation_id):
             return None
         data = await self.pool.run(_record, conversation_id)
         # Written meanwhile: the database's copy may predate it (or not be committed yet).
-        return self._records.get(conversation_id) or self._inflight.get(conversation_id) or data
+        return self._records.get(conversation_id) or self._committing.get(conversation_id) or data
 
     def write_record(self, conversation_id: str, data: bytes) -> None:
         self._check(conversation_id)
@@ -445,11 +487,24 @@ class PgConversationStore:
 # ---------------------------------------------------------------------- SQL (worker threads)
 
 
-def _write(conn: Any, journals: list[tuple[str, list[_Row]]], records: dict[str, bytes], lazy: bool) -> None:
+def _write(conn: Any, journals: list[tuple[str, list[_Row]]], records: dict[str, bytes], lazy: bool,
+           fence: str = "") -> None:
+    import psycopg
+
     from . import notify
 
     if lazy:
         conn.execute("SET LOCAL synchronous_commit = off")
+    if journals and fence:
+        # Fencing: a host that stalled past its TTL must not commit rows after another host took the
+        # conversation over and read its head. The share lock holds a takeover (SELECT ... FOR UPDATE)
+        # until this commits, so the new holder reads these rows; a lease taken already refuses them.
+        cids = sorted({cid for cid, _ in journals})
+        held = {r[0] for r in conn.execute("SELECT key FROM leases WHERE owner = %s AND key = ANY(%s) "
+                                            "ORDER BY key FOR SHARE", (fence, cids))}
+        lost = [cid for cid in cids if cid not in held]
+        if lost:
+            raise psycopg.IntegrityError(f"this host no longer holds the lease of {', '.join(lost)}")
     if journals:
         with conn.cursor() as cur:
             with cur.copy("COPY journal (conversation_id, seq, ts, type, run, data) FROM STDIN") as copy:
