@@ -61,6 +61,13 @@ def _tail(d: Daemon, cid: str, *args: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in cp.stdout.splitlines()][:-1]  # the last line is the snapshot
 
 
+def _live_lease(dsn: str, cid: str) -> str:
+    """The owner of the unexpired lease on ``cid``, "" when there is none."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT owner FROM leases WHERE key = %s AND expires_at > now()", (cid,)).fetchone()
+    return row[0] if row else ""
+
+
 def _ends(records: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
     return [x for x in records if x["type"] == "turn" and x.get("run") == run
             and x["data"]["state"] in ("completed", "failed", "cancelled")]
@@ -627,8 +634,9 @@ def test_a_send_carried_to_a_holder_that_stalls_past_its_ttl_runs_once_or_fails_
             sender = subprocess.Popen([sys.executable, "-m", "agentctl", "--socket", str(b.socket), "send", cid,
                                        "carried while A stalls", "--json"], env=b.env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True)
-            _eventually(lambda: any(x["type"] == "lease" and x["data"]["action"] == "taken_over"
-                                    for x in _tail(b, cid)), timeout=TTL_S * 10 + 10, why="B never took it over")
+            # Past A's TTL: its lease on the idle conversation is gone (deleted by B: nothing to end).
+            _eventually(lambda: not _live_lease(pg_db.dsn, cid), timeout=TTL_S * 10 + 10,
+                        why="A's lease outlived its TTL")
         finally:
             os.kill(a.proc.pid, signal.SIGCONT)
         out, err = sender.communicate(timeout=60)
