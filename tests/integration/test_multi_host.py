@@ -566,11 +566,16 @@ def test_tasks_queued_from_several_hosts_at_once_each_run_once_and_a_killed_host
             return tasks if all(t["status"] in ("completed", "failed", "cancelled") for t in tasks) else None
 
         tasks = _eventually(done, timeout=TTL_S * 10 + 15, why="not every task ended")
+        # One A had marked running but not yet given a conversation when it died ends so, once.
+        unborn = [t for t in tasks if not t["conversation"]]
+        assert all(t["status"] == "failed" and t["reason"] == "run_interrupted" for t in unborn), unborn
+        tasks = [t for t in tasks if t["conversation"]]
         for t in tasks:
             records = _tail(b, t["conversation"])
             prompts = [x for x in records if x["type"] == "prompt"]
             assert len(prompts) == 1 and len(_ends(records, prompts[0]["run"])) == 1, (t, prompts)
-        assert len({t["conversation"] for t in tasks}) == len(tids)
+        assert len({t["conversation"] for t in tasks}) == len(tids) - len(unborn)
+        assert len(unborn) <= 1  # A runs one task at a time
         for t in tasks:  # each completed, but one A was running when it died: that ended run_interrupted
             on_a = _json(b.agentctl("show", t["conversation"], "--json"))["record"]["site"].endswith(str(a.state_dir))
             assert t["status"] == "completed" or (on_a and t["status"] == "failed"
