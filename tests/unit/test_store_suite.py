@@ -295,13 +295,12 @@ async def test_a_second_writer_of_the_same_seq_is_refused(opener: Opener) -> Non
     assert await (await (await opener()).conversations.open("c1")).read_after(0) == [line]
 
 
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # what only a database does
 async def test_a_journal_whose_commit_failed_takes_records_again_once_its_rows_are_committed(
         opener: Opener, backend: str) -> None:
     """PostgreSQL: a commit that failed (the database unreachable) was rolled back; the rows are
     retried, appends are refused meanwhile, and once the rows are in the journal takes records
     again (the store's on_recovered hook says so)."""
-    if backend != "postgres":
-        pytest.skip("a failed fsync on files loses data: that journal stays broken")
     import psycopg
 
     from agentd.store.postgres.journal import _write
@@ -337,13 +336,12 @@ async def test_a_journal_whose_commit_failed_takes_records_again_once_its_rows_a
     assert _seqs(await (await (await opener()).conversations.open("c1")).read_after(0)) == [1, 2]
 
 
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # what only a database does
 async def test_rows_of_a_host_whose_lease_was_taken_over_are_refused_not_committed_ahead_of_the_new_holder(
         opener: Opener, backend: str) -> None:
     """PostgreSQL, hosts sharing it (``fence``: the lease owner): a host that stalled past its TTL and
     appends before it notices the takeover must not commit rows the new holder has not read (the new
     holder's own seqs would then be refused); its commit is refused and the new holder's stand."""
-    if backend != "postgres":
-        pytest.skip("one agentd per state dir: no other host to fence off")
     a, b = await opener(), await opener()
     a.conversations.fence, b.conversations.fence = a.leases.owner, b.leases.owner
     await a.leases.acquire("c1")
