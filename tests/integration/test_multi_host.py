@@ -51,6 +51,11 @@ def _eventually(what: Callable[[], Any], timeout: float = 15.0, why: str = "") -
         time.sleep(0.05)
 
 
+def _new(d: Daemon, work: Path, script: str) -> str:
+    """A conversation on ``d``'s script provider playing conf/scripts/``script``; its id."""
+    return _json(d.agentctl("new", "-p", "script", "-m", str(SCRIPTS / script), "--cwd", str(work), "--json"))["id"]
+
+
 def _listed(d: Daemon) -> list[str]:
     return [c["id"] for c in _json(d.agentctl("ls", "--all", "--json"))["conversations"]]
 
@@ -176,8 +181,7 @@ def test_a_host_killed_mid_turn_is_noticed_by_the_others_and_its_turn_ends_once(
     work.mkdir()
     a, b, c = _hosts(tmp_path, pg_db.dsn, "abc")
     try:
-        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "wait.toml"), "--cwd", str(work),
-                               "--json"))["id"]
+        cid = _new(a, work, "wait.toml")
         sent = a.agentctl("send", cid, "work until cancelled", "--json")
         assert sent.returncode == 0, sent.stderr
         run = json.loads(sent.stdout)["run"]
@@ -283,8 +287,7 @@ def test_a_host_stalled_past_its_ttl_comes_back_without_writing_over_the_turn_an
     a, b = _hosts(tmp_path, pg_db.dsn)
     follower = None
     try:
-        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "wait.toml"), "--cwd", str(work),
-                               "--json"))["id"]
+        cid = _new(a, work, "wait.toml")
         run = _json(a.agentctl("send", cid, "work until cancelled", "--json"))["run"]
         _eventually(lambda: cid in _listed(b))
         _eventually(lambda: any(x["type"] == "item" for x in _tail(b, cid)))
@@ -344,8 +347,7 @@ def test_sends_from_two_hosts_at_once_run_one_and_the_other_is_refused_or_queued
     work.mkdir()
     a, b = _hosts(tmp_path, pg_db.dsn)
     try:
-        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "wait.toml"), "--cwd", str(work),
-                               "--json"))["id"]
+        cid = _new(a, work, "wait.toml")
         _eventually(lambda: cid in _listed(b))
         for _ in range(2):  # --if-busy reject: exactly one runs, the other is told busy (exit 7)
             sent = _at_once((a, ("send", cid, "from A", "--json")), (b, ("send", cid, "from B", "--json")))
@@ -389,8 +391,7 @@ def test_a_tail_on_another_host_sees_each_seq_once_across_its_listen_connection_
     a, b = _hosts(tmp_path, pg_db.dsn)
     follower = None
     try:
-        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "slow.toml"), "--cwd", str(work),
-                               "--json"))["id"]
+        cid = _new(a, work, "slow.toml")
         _eventually(lambda: cid in _listed(b))
         follower = _Follower(b, cid, after=0)
         _eventually(lambda: follower.records(), why="B's tail never replayed the journal")
@@ -420,8 +421,7 @@ def test_the_database_gone_mid_turn_takes_no_host_down_and_the_hosts_converge(
     work.mkdir()
     a, b = _hosts(tmp_path, pg_db.dsn)
     try:
-        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "slow.toml"), "--cwd", str(work),
-                               "--json"))["id"]
+        cid = _new(a, work, "slow.toml")
         _eventually(lambda: cid in _listed(b))
         run = _json(b.agentctl("send", cid, "take your time", "--json"))["run"]
         _eventually(lambda: any(x.get("run") == run for x in _tail(b, cid)))
@@ -462,8 +462,7 @@ def test_close_title_and_rm_from_a_host_that_does_not_run_the_conversation(tmp_p
     followers: list[_Follower] = []
     try:
         def new(script: str) -> str:
-            cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / script), "--cwd", str(work),
-                                   "--json"))["id"]
+            cid = _new(a, work, script)
             _eventually(lambda: cid in _listed(b))
             return cid
 
@@ -512,8 +511,7 @@ def test_a_host_restarted_cleanly_serves_its_conversations_again_and_meanwhile_o
     work.mkdir()
     a, b = _hosts(tmp_path, pg_db.dsn)
     try:
-        cids = [_json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "wait.toml"), "--cwd", str(work),
-                                 "--json"))["id"] for _ in range(2)]
+        cids = [_new(a, work, "wait.toml") for _ in range(2)]
         _eventually(lambda: set(cids) <= set(_listed(b)))
         run = _json(b.agentctl("send", cids[0], "first", "--json"))["run"]
         assert b.agentctl("cancel", cids[0]).returncode == 0
@@ -593,8 +591,7 @@ def test_a_host_stalled_mid_stream_comes_back_to_a_journal_another_host_wrote_on
     a, b = _hosts(tmp_path, pg_db.dsn)
     follower = None
     try:
-        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "slow.toml"), "--cwd", str(work),
-                               "--json"))["id"]
+        cid = _new(a, work, "slow.toml")
         _eventually(lambda: cid in _listed(b))
         follower = _Follower(b, cid, after=0)
         run = _json(a.agentctl("send", cid, "take your time", "--json"))["run"]
@@ -630,8 +627,7 @@ def test_a_send_carried_to_a_holder_that_stalls_past_its_ttl_runs_once_or_fails_
     work.mkdir()
     a, b = _hosts(tmp_path, pg_db.dsn)
     try:
-        cid = _json(a.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "echo.toml"), "--cwd", str(work),
-                               "--json"))["id"]
+        cid = _new(a, work, "echo.toml")
         _eventually(lambda: cid in _listed(b))
         assert a.proc is not None
         os.kill(a.proc.pid, signal.SIGSTOP)
