@@ -192,7 +192,8 @@ def test_a_host_killed_mid_turn_is_noticed_by_the_others_and_its_turn_ends_once(
         # B or C takes the lease over after the TTL and ends the turn, once, without resending it.
         ends = _eventually(lambda: _ends(_tail(c, cid), run), timeout=TTL_S * 10 + 15,
                            why="no host ended the dead host's turn")
-        assert time.monotonic() - killed >= TTL_S * 0.9, [(x["seq"], x["type"], x["data"]) for x in _tail(c, cid)]
+        # A renews every ttl/3, so its lease outlives the kill by at least 2/3 of the TTL.
+        assert time.monotonic() - killed >= TTL_S * 0.6, [(x["seq"], x["type"], x["data"]) for x in _tail(c, cid)]
         time.sleep(TTL_S * 2)  # every host has had rounds to (wrongly) end it again
         records = _tail(b, cid)
         ends = _ends(records, run)
