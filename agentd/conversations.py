@@ -1842,7 +1842,7 @@ class ConversationService:
                     await conv.close()
                 except Exception as exc:
                     log.warning("conversation.lost_close_failed", conversation=cid, error=str(exc))
-        live.events_in.close()
+        live.events.close()
         live.turn_done.set()
         forget = getattr(self.store, "forget", None)
         if forget is not None:
