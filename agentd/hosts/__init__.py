@@ -122,11 +122,7 @@ class Peers:
         with self.listener.watch(self._records_channel) as watch:
             await self._reread_records()  # what changed between the service's load and the watch
             task_status.started()
-            while True:
-                try:
-                    note = await watch.next()
-                except trio.EndOfChannel:
-                    return
+            async for note in watch:  # until the listener stops
                 try:
                     if note is None:
                         await self._reread_records()
@@ -148,11 +144,7 @@ class Peers:
     async def _relay_journals(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self.listener.watch(self._journal_channel) as watch:
             task_status.started()
-            while True:
-                try:
-                    note = await watch.next()
-                except trio.EndOfChannel:
-                    return
+            async for note in watch:  # until the listener stops
                 if note is None:  # some may have been missed: every followed conversation
                     cids = [r.id for r in self.service.list(include_closed=True) if self.hub.subscribers(r.id)]
                 else:

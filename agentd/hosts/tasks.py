@@ -138,11 +138,7 @@ class SharedTasks:
     async def _notified(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self.listener.watch(self.channel) as watch:
             task_status.started()
-            while True:
-                try:
-                    await watch.next()
-                except trio.EndOfChannel:
-                    return
+            async for _ in watch:  # a task queued, or some notifications missed: look either way
                 self.wake()
 
     async def _claims(self) -> None:

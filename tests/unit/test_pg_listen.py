@@ -47,6 +47,30 @@ async def test_a_watch_open_before_the_listener_starts_is_told_it_lagged(pg_db: 
             await w.next()
 
 
+async def test_async_for_over_a_watch_yields_what_next_returns_and_ends_when_the_listener_stops(
+        pg_db: PgDatabase) -> None:
+    listener = Listener(pg_db.dsn, [CH])
+    stop = trio.CancelScope()
+
+    async def listen(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with stop:
+            await listener.run(task_status=task_status)
+
+    got: list[str | None] = []
+    with listener.watch() as w:
+        async with Pool(pg_db.dsn, size=1) as pool, trio.open_nursery() as n:
+            await n.start(listen)
+            with trio.fail_after(5):
+                async for note in w:
+                    got.append(None if note is None else note.payload)
+                    if note is None:  # the lag of the first LISTEN: now one notification
+                        await pool.run(notify, CH, "c1:1")
+                    else:
+                        stop.cancel()  # the listener stops (this task is not cancelled): the loop ends
+                got.append("ended")
+    assert got == [None, "c1:1", "ended"]
+
+
 async def test_overflow_drops_the_buffer_and_reports_lagged(pg_db: PgDatabase) -> None:
     listener = Listener(pg_db.dsn, [CH], buffer=3)
     async with Pool(pg_db.dsn, size=1) as pool, trio.open_nursery() as n:

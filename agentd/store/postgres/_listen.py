@@ -15,6 +15,8 @@ What a watcher may rely on, and what it may not:
   first connection and after every reconnection (a server restart, a broken network), and when the
   watch's bounded buffer (``buffer``) overflowed because its task fell behind. On ``None`` the watcher
   re-reads what it follows from the database; so reading after a seq, then waiting, loses nothing.
+* ``async for note in watch`` is the watcher's loop: the same notifications and Nones, ending when
+  the listener stops.
 * The listener never blocks on a slow watcher (the buffer is dropped and the watch marked lagged).
 * A lost connection is retried with backoff (0.1 s doubling to ``max_backoff_s``), logged as
   ``store.listen_lost`` / ``store.listen_restored``; TCP keepalives (see :mod:`._pool`) notice a
@@ -66,7 +68,11 @@ def notify(conn: psycopg.Connection[Any], channel: str, payload: str = "") -> No
 
 
 class Watch:
-    """The notifications on ``channels`` for one task, up to ``buffer`` queued; see the module docstring."""
+    """The notifications on ``channels`` for one task, up to ``buffer`` queued; see the module docstring.
+
+    Iterating it (``async for``) yields what :meth:`next` returns (a Notification, or None: re-read)
+    and ends where :meth:`next` raises ``trio.EndOfChannel``.
+    """
 
     def __init__(self, channels: frozenset[str], buffer: int) -> None:
         self.channels = channels
@@ -111,6 +117,15 @@ class Watch:
                 raise trio.EndOfChannel("the store's listener stopped")
             self._wake = trio.Event()
             await self._wake.wait()
+
+    def __aiter__(self) -> Watch:
+        return self
+
+    async def __anext__(self) -> Notification | None:
+        try:
+            return await self.next()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
 
 
 class Listener:
