@@ -46,6 +46,7 @@ from . import tool_outputs as _tool_outputs
 from . import turnwatch as _turnwatch
 from . import usage as _usage
 from . import wire
+from ._keyed_lock import KeyedLock
 from .hub import Hub
 from .journal import FsyncPolicy
 from .leases import LeaseHeld
@@ -358,9 +359,9 @@ class ConversationService:
         self._records: dict[str, wire.ConversationRecord] = {}
         self._live: dict[str, _Live] = {}
         #: conversations being loaded, each under its lock
-        self._loading: dict[str, trio.Lock] = {}
+        self._loading: KeyedLock[str] = KeyedLock()
         #: conversations a dead holder left, being ended by :meth:`recover`, each under its lock
-        self._recovering: dict[str, trio.Lock] = {}
+        self._recovering: KeyedLock[str] = KeyedLock()
         #: on a store shared by several hosts (agentd.hosts.Peers), set by the daemon: what brings a
         #: conversation another host wrote up to date before this one reads or loads it
         self.shared: Any = None
@@ -719,16 +720,11 @@ class ConversationService:
         live = self._live.get(cid)
         if live is not None:
             return live
-        lock = self._loading.setdefault(cid, trio.Lock())
-        try:
-            async with lock:  # one load at a time per conversation: one lease outcome, journaled once
-                live = self._live.get(cid)
-                if live is not None:
-                    return live
-                return await self._load_locked(cid)
-        finally:
-            if not lock.locked() and not lock.statistics().tasks_waiting:
-                self._loading.pop(cid, None)
+        async with self._loading(cid):  # one load at a time per conversation: one lease outcome, journaled once
+            live = self._live.get(cid)
+            if live is not None:
+                return live
+            return await self._load_locked(cid)
 
     async def _load_locked(self, cid: str) -> _Live:
         outcome = None
@@ -1811,13 +1807,10 @@ class ConversationService:
     async def recover(self, cid: str) -> wire.ConversationRecord:
         """Load ``cid`` (taking its lease: LeaseHeld when a live host holds it) and end what a dead
         holder left running, ``run_interrupted``, as recovery at start does; the record after that."""
-        lock = self._recovering.setdefault(cid, trio.Lock())
-        async with lock:  # two callers (a lease takeover, a task's) must not both end the run
+        async with self._recovering(cid):  # two callers (a lease takeover, a task's) must not both end the run
             live = await self._load(cid)
             if live.record.active_run or live.record.queued:
                 await self._recover_one(live.record)
-        if not lock.locked() and not lock.statistics().tasks_waiting:
-            self._recovering.pop(cid, None)
         return live.record
 
     async def forget(self, cid: str, record: bytes | None) -> None:

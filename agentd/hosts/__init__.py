@@ -40,6 +40,7 @@ import trio
 
 from .. import contract as c
 from .. import masking, wire
+from .._keyed_lock import KeyedLock
 from ..leases import LeaseHeld
 
 __all__ = ["CARRIED", "Peers"]
@@ -91,7 +92,7 @@ class Peers:
         self.hub: Any = None
         self.server: Any = None
         #: one relay step at a time per conversation
-        self._relaying: dict[str, trio.Lock] = {}
+        self._relaying: KeyedLock[str] = KeyedLock()
         #: conversations whose lease this host found lost (leases.on_lost), to forget
         self._lost_in, self._lost_out = trio.open_memory_channel[str](math.inf)
         leases.on_lost = self._lost_in.send_nowait
@@ -159,8 +160,7 @@ class Peers:
     async def relay(self, cid: str) -> int:
         """Bring this host's copy of a journal another host writes up to its committed head, publishing
         each row to this host's subscribers as it is taken; the journal's last seq after it."""
-        lock = self._relaying.setdefault(cid, trio.Lock())
-        async with lock:
+        async with self._relaying(cid):
             journal = await self.conversations.open(cid)
             while not self.service.is_loaded(cid):
                 rows = await self.conversations.committed_after(cid, journal.last_seq, RELAY_CHUNK)
