@@ -42,6 +42,7 @@ from .. import contract as c
 from .. import masking, wire
 from .._keyed_lock import KeyedLock
 from ..leases import LeaseHeld
+from ..store.postgres import SiteDown
 
 __all__ = ["CARRIED", "Peers"]
 
@@ -196,7 +197,7 @@ class Peers:
         cid = self.service.resolve(request.conversation)
         if self.service.is_loaded(cid):
             return None
-        target = None
+        target = site = None
         lease = await self.leases.get(cid)
         if lease is not None and not lease.expired:
             if lease.owner == self.owner:
@@ -206,23 +207,29 @@ class Peers:
             site = self.service.record(cid).site
             if not site or site == self.site:
                 return None  # ours to open
-            hosts = [h for h in await self.leases.hosts() if h.alive and h.site == site]
-            if not hosts and type(request) in LOCAL_WHEN_UNHELD:
-                return await self._answer_for_site(cid, request)
-            if not hosts:
-                raise c.Closed(
-                    f"conversation {cid} runs on agentd {site}, which is not running: its runtime's session "
-                    "is on that host's disk; start agentd there (it can be read from here meanwhile)",
-                    details={"conversation": cid, "site": site})
-            target = hosts[-1].owner
         if type(request) in HOST_TOOLS:
+            if site is not None and not any(h.alive and h.site == site for h in await self.leases.hosts()):
+                raise self._site_down(cid, site)
             raise c.Unsupported(
                 f"conversation {cid} runs on another agentd host ({self.service.record(cid).site}): host tools "
                 "are registered with, and called through, the agentd that runs it; connect to that one",
                 details={"conversation": cid})
         timeout_s = SHOW_TIMEOUT_S if type(request) is wire.Show else CARRY_TIMEOUT_S
-        return await self.mailbox.call(cid, CARRIED[type(request)], wire.encode(request), timeout_s=timeout_s,
-                                       target=target)
+        try:
+            # An unheld conversation goes to its site's live host, looked up in the post's own transaction.
+            return await self.mailbox.call(cid, CARRIED[type(request)], wire.encode(request), timeout_s=timeout_s,
+                                           target=target, site=site)
+        except SiteDown:
+            if type(request) in LOCAL_WHEN_UNHELD:
+                return await self._answer_for_site(cid, request)
+            raise self._site_down(cid, site or "") from None
+
+    @staticmethod
+    def _site_down(cid: str, site: str) -> c.Closed:
+        return c.Closed(
+            f"conversation {cid} runs on agentd {site}, which is not running: its runtime's session "
+            "is on that host's disk; start agentd there (it can be read from here meanwhile)",
+            details={"conversation": cid, "site": site})
 
     async def _answer_for_site(self, cid: str, request: Any) -> bytes:
         """A record-only request (:data:`LOCAL_WHEN_UNHELD`) on a conversation whose site's agentd is

@@ -13,7 +13,8 @@ import trio
 from agentd import contract as c
 from agentd.store.postgres import Listener, Pool, migrate
 from agentd.store.postgres._leases import PgLeaseStore
-from agentd.store.postgres._mailbox import COMMANDS_CHANNEL, REPLIES_CHANNEL, Command, HolderSilent, Mailbox, NoHolder
+from agentd.store.postgres._mailbox import (COMMANDS_CHANNEL, REPLIES_CHANNEL, Command, HolderSilent, Mailbox, NoHolder,
+                                              SiteDown)
 from pgcluster import PgDatabase
 
 
@@ -57,6 +58,33 @@ async def test_no_live_holder_is_said_at_once(dsn: str, pg_db: PgDatabase) -> No
             pg_db.execute("INSERT INTO leases (key, owner, pid, expires_at) VALUES ('c8', 'dead', 1, now())")
             with trio.fail_after(2), pytest.raises(NoHolder):
                 await b.call("c8", "send", b"{}")  # its lease expired: nobody holds it
+            n.cancel_scope.cancel()
+
+
+async def test_a_command_for_a_site_goes_to_its_newest_live_host_and_a_site_with_none_is_said_at_once(
+        dsn: str, pg_db: PgDatabase) -> None:
+    seen: list[Command] = []
+
+    async def handler(cmd: Command) -> bytes:
+        seen.append(cmd)
+        return b"ok"
+
+    async with trio.open_nursery() as n:
+        async with _host(dsn, "hostA", n) as (a, _), _host(dsn, "hostB", n) as (b, _):
+            async with Pool(dsn, size=1) as pool:
+                await PgLeaseStore(pool, owner="hostA", site="h:/a").beat()
+            # A dead instance of the same site, registered earlier, and one of a site whose host is gone.
+            pg_db.execute("INSERT INTO hosts (owner, hostname, pid, site, providers, started_at, expires_at) VALUES "
+                          "('old', 'h', 1, 'h:/a', '{}', now() - interval '1 hour', now() + interval '1 hour'), "
+                          "('gone', 'h', 2, 'h:/g', '{}', now(), now())")
+            await n.start(a.serve, handler)
+            with trio.fail_after(10):
+                assert await b.call("c1", "show", b"{}", site="h:/a") == b"ok"  # nobody holds c1's lease
+            assert [(x.conversation_id, x.sender) for x in seen] == [("c1", "hostB")]
+            for site in ("h:/g", "h:/nobody"):
+                with trio.fail_after(2), pytest.raises(SiteDown, match=f"no agentd of site {site} is running"):
+                    await b.call("c1", "show", b"{}", site=site)
+            assert pg_db.execute("SELECT count(*) FROM commands") == [(1,)]  # none posted for those
             n.cancel_scope.cancel()
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from ._dsn import StoreUnavailable, describe, masked, read_dsn_file, resolve
 from ._leases import Host, PgLease, PgLeaseStore
 from ._listen import Listener, Notification, Watch, notify
-from ._mailbox import COMMANDS_CHANNEL, REPLIES_CHANNEL, Command, HolderSilent, Mailbox, NoHolder
+from ._mailbox import COMMANDS_CHANNEL, REPLIES_CHANNEL, Command, HolderSilent, Mailbox, NoHolder, SiteDown
 from ._migrate import MigrationReport, SchemaMismatch, migrate
 from ._pool import Pool, connect
 from ._tasks import TASKS_CHANNEL, PgTaskStore, TaskRecovery
@@ -50,6 +50,7 @@ __all__ = [
     "Pool",
     "REPLIES_CHANNEL",
     "SchemaMismatch",
+    "SiteDown",
     "StoreUnavailable",
     "TASKS_CHANNEL",
     "TaskRecovery",

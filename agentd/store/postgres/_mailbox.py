@@ -9,7 +9,9 @@ wire frames, say): this module knows nothing of what they mean.
 Rules:
 
 * :meth:`Mailbox.call` looks up the live lease holder and posts the command in one transaction; no
-  live holder raises :class:`NoHolder` at once ("no host holds conversation X"), never a wait.
+  live holder raises :class:`NoHolder` at once ("no host holds conversation X"), never a wait. Called
+  with a ``site`` it looks up that site's live host instead (``hosts``, the newest registered), in
+  the same transaction: :class:`SiteDown` at once when there is none.
 * A command is taken by its target at most once (``queued`` -> ``taken``, a row update), and then
   answered (``answered``, with the response) or ``failed`` (the handler raised: the sender gets
   :class:`~agentd.contract.InternalError` with its text).
@@ -34,7 +36,7 @@ from ... import contract as c
 from ._listen import Listener, notify
 from ._pool import Pool
 
-__all__ = ["COMMANDS_CHANNEL", "REPLIES_CHANNEL", "Command", "HolderSilent", "Mailbox", "NoHolder"]
+__all__ = ["COMMANDS_CHANNEL", "REPLIES_CHANNEL", "Command", "HolderSilent", "Mailbox", "NoHolder", "SiteDown"]
 
 #: NOTIFY channel for new commands; payload: the target owner
 COMMANDS_CHANNEL = "agentd_commands"
@@ -64,6 +66,14 @@ class NoHolder(c.Closed):
                          "(open it on a host that can run it)", details={"conversation": conversation_id})
 
 
+class SiteDown(c.Closed):
+    """No live agentd instance is registered with the site a command was addressed to."""
+
+    def __init__(self, conversation_id: str, site: str) -> None:
+        super().__init__(f"no agentd of site {site} is running to take the command on {conversation_id}",
+                         details={"conversation": conversation_id, "site": site})
+
+
 class HolderSilent(c.Closed):
     """The lease holder did not take the command in time; it never ran (safe to try again)."""
 
@@ -90,8 +100,14 @@ class Mailbox:
     # ------------------------------------------------------------------ the sender
 
     def _post(self, conn: psycopg.Connection[Any], conversation_id: str, op: str, request: bytes,
-              timeout_s: float, target: str | None) -> tuple[int, str]:
-        if target is None:
+              timeout_s: float, target: str | None, site: str | None) -> tuple[int, str]:
+        if site is not None:  # the liveness rule of PgLeaseStore.hosts (expires_at > now()), its newest
+            row = conn.execute("SELECT owner FROM hosts WHERE site = %s AND expires_at > now() "
+                               "ORDER BY started_at DESC LIMIT 1", (site,)).fetchone()
+            if row is None:
+                raise SiteDown(conversation_id, site)
+            target = row[0]
+        elif target is None:
             row = conn.execute("SELECT owner FROM leases WHERE key = %s AND expires_at > now()",
                                (conversation_id,)).fetchone()
             if row is None:
@@ -123,18 +139,19 @@ class Mailbox:
         return None
 
     async def call(self, conversation_id: str, op: str, request: bytes, *, timeout_s: float = 30.0,
-                   target: str | None = None) -> bytes:
-        """Have the holder of ``conversation_id``'s lease (or the instance ``target``) run ``op`` with
-        ``request``; its response.
+                   target: str | None = None, site: str | None = None) -> bytes:
+        """Have the holder of ``conversation_id``'s lease (or the instance ``target``, or the live
+        instance of ``site``) run ``op`` with ``request``; its response.
 
         Waits (a checkpoint) up to ``timeout_s``. Raises :class:`NoHolder` when no live host holds
-        the lease, :class:`HolderSilent` when the holder did not take it in time (it did not run),
+        the lease, :class:`SiteDown` when no live instance has ``site``, :class:`HolderSilent` when the holder did not take it in time (it did not run),
         :class:`~agentd.contract.SubmissionUncertain` when it took it and did not answer in time,
         :class:`~agentd.contract.InternalError` when its handler failed, and StoreUnavailable.
         On cancellation the command is expired if not yet taken (shielded).
         """
         with self.listener.watch(REPLIES_CHANNEL) as replies:  # before posting: no answer can slip by
-            command_id, target = await self.pool.run(self._post, conversation_id, op, request, timeout_s, target)
+            command_id, target = await self.pool.run(self._post, conversation_id, op, request, timeout_s, target,
+                                                     site)
             mine = f"{self.owner} {command_id}"
             done = False
             try:
