@@ -11,6 +11,7 @@ still read.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import io
 import json
 import os
@@ -107,6 +108,19 @@ class _Reader:
             self.event.clear()
         raise AssertionError(f"only {self.got!r} and {self.refused!r} came")
 
+    def ask(self, method: str, params: Any) -> tuple[concurrent.futures.Future[Any], str]:
+        """The client's request ``method`` sent from the loop: its answer to come, and its id once pending."""
+        async def ask() -> Any:
+            return await self.client.request(method, params)
+
+        pending = asyncio.run_coroutine_threadsafe(ask(), self.loop)
+        for _ in range(100):
+            if self.client.pending_requests:
+                break
+            threading.Event().wait(0.02)
+        (rid,) = self.client.pending_requests
+        return pending, rid
+
     def close(self) -> None:
         os.close(self._w)
         self.closed.wait(5)
@@ -179,15 +193,7 @@ def test_broken_json_in_a_whole_frame_is_refused_for_its_session_and_the_next_fr
 
 
 def test_an_over_ceiling_answer_fails_the_request_waiting_for_it_and_the_connection_goes_on(reader: _Reader) -> None:
-    async def ask() -> Any:
-        return await reader.client.request("session.getMessages", {"sessionId": "s3"})
-
-    pending = asyncio.run_coroutine_threadsafe(ask(), reader.loop)
-    for _ in range(100):
-        if reader.client.pending_requests:
-            break
-        threading.Event().wait(0.02)
-    (rid,) = reader.client.pending_requests
+    pending, rid = reader.ask("session.getMessages", {"sessionId": "s3"})
     size = CEILING + 1
     prefix = b'{"jsonrpc":"2.0","id":"%s","result":{"events":["' % rid.encode()
     for part in _big_frame(prefix, size):
@@ -310,15 +316,7 @@ def test_a_refused_event_fails_only_its_own_sessions_turn_and_refused_telemetry_
 
 def test_a_message_the_sdks_dispatch_cannot_take_is_refused_and_the_connection_goes_on(reader: _Reader) -> None:
     """An error answer whose "error" is no object raised in the SDK's read thread (AttributeError) and ended it."""
-    async def ask() -> Any:
-        return await reader.client.request("session.abort", {"sessionId": "s6"})
-
-    pending = asyncio.run_coroutine_threadsafe(ask(), reader.loop)
-    for _ in range(100):
-        if reader.client.pending_requests:
-            break
-        threading.Event().wait(0.02)
-    (rid,) = reader.client.pending_requests
+    pending, rid = reader.ask("session.abort", {"sessionId": "s6"})
     reader.write(_frame(json.dumps({"jsonrpc": "2.0", "id": rid, "error": "flat"}).encode()), _frame(_event("s6", "after")))
     with pytest.raises(MessageRefused) as refused:
         pending.result(10)
