@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +31,30 @@ enabled = false
 def fast_daemon(root: Path, extra: str = "", env: dict[str, str] | None = None) -> Daemon:
     root.mkdir(parents=True, exist_ok=True)
     return Daemon(root, FAST + extra, env=env)
+
+
+#: the scripted ACP agent of these tests (its environment: see its docstring)
+FAULT_AGENT = Path(__file__).parent / "acp_fault_agent.py"
+
+
+def fault_agent_daemon(root: Path, name: str, agent_env: dict[str, Path], *, before: str = "",
+                       provider: str = "") -> Daemon:
+    """A fast daemon (not started) on ``root`` whose provider ``acp:<name>`` runs :data:`FAULT_AGENT`
+    with ``agent_env`` (variable -> file it logs to or keeps); ``before``: config ahead of that
+    provider's table, ``provider``: more of its keys. The agent's prompts log, if given
+    (``FAULT_AGENT_PROMPTS``), is what :func:`agent_prompts` reads."""
+    env = ", ".join(f"{k} = {json.dumps(str(v))}" for k, v in agent_env.items())
+    config = (f"{before}[providers.acp.{name}]\ncommand = [{json.dumps(sys.executable)}, {json.dumps(str(FAULT_AGENT))}]\n"
+              f"env = {{ {env} }}\nstartup_timeout_s = 10.0\n{provider}")
+    d = fast_daemon(root, config)
+    d.prompts = agent_env.get("FAULT_AGENT_PROMPTS")  # type: ignore[attr-defined]
+    return d
+
+
+def agent_prompts(d: Daemon) -> list[str]:
+    """The prompts the agents of :func:`fault_agent_daemon` received, in order."""
+    path: Path | None = d.prompts  # type: ignore[attr-defined]
+    return [json.loads(line) for line in path.read_text().splitlines()] if path and path.exists() else []
 
 
 @pytest.fixture

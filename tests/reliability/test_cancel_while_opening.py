@@ -13,8 +13,6 @@ backoff: a ``crash`` ends a turn, the next start is held back 1 s.
 
 from __future__ import annotations
 
-import json
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,9 +25,8 @@ import pytest
 from agentd import wire
 from daemon_harness import Client, Daemon
 
-from .conftest import fast_daemon, wait_for
+from .conftest import agent_prompts, fault_agent_daemon, wait_for
 
-AGENT = Path(__file__).parent / "acp_fault_agent.py"
 BACKOFF_S = 1.0
 
 
@@ -43,17 +40,9 @@ def _active(d: Daemon, cid: str) -> str:
 def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     root = tmp_path_factory.mktemp("cancel-opening")
     starts, prompts = root / "agent-starts.log", root / "agent-prompts.log"
-    config = f"""
-[runtimes]
-restart_backoff_initial_s = {BACKOFF_S}
-[providers.acp.fault]
-command = ["{sys.executable}", "{AGENT}"]
-env = {{ FAULT_AGENT_LOG = "{starts}", FAULT_AGENT_PROMPTS = "{prompts}" }}
-startup_timeout_s = 10.0
-"""
-    d = fast_daemon(root, config).start()
+    d = fault_agent_daemon(root, "fault", {"FAULT_AGENT_LOG": starts, "FAULT_AGENT_PROMPTS": prompts},
+                           before=f"[runtimes]\nrestart_backoff_initial_s = {BACKOFF_S}\n").start()
     d.starts = starts  # type: ignore[attr-defined]
-    d.prompts = prompts  # type: ignore[attr-defined]
     try:
         yield d
     finally:
@@ -63,12 +52,6 @@ startup_timeout_s = 10.0
 def _starts(d: Daemon) -> int:
     path: Path = d.starts  # type: ignore[attr-defined]
     return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def _prompts(d: Daemon) -> list[str]:
-    """The prompts the agents received, in order."""
-    path: Path = d.prompts  # type: ignore[attr-defined]
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _turn(client: Client, cid: str, text: str) -> dict[str, Any]:
@@ -140,14 +123,14 @@ def test_a_prompt_cancelled_while_its_runtime_restarts_never_reaches_the_agent(s
         assert sent[0].get("disposition", "started") == "started", sent
         assert _starts(slow) == starts + 1  # the agent was started meanwhile
         time.sleep(0.3)  # the time an agent needs to log a prompt it was sent
-        assert "too late" not in _prompts(slow), _prompts(slow)
+        assert "too late" not in agent_prompts(slow), agent_prompts(slow)
         _assert_cancelled_before_ready(slow, cid, run)
         assert slow.record(cid).get("active_run", "") == ""
 
         # The next prompt uses the agent opened meanwhile, and works.
         end = _turn(client, cid, "after")
         assert end["state"] == "completed", end
-        assert _prompts(slow)[-2:] == ["crash", "after"], _prompts(slow)
+        assert agent_prompts(slow)[-2:] == ["crash", "after"], agent_prompts(slow)
         assert _starts(slow) == starts + 1
         _assert_cancelled_before_ready(slow, cid, run)
 
@@ -178,16 +161,16 @@ def test_a_queued_prompt_cancelled_while_its_runtime_restarts_never_reaches_the_
         # The queued prompts after it go next, in the conversation opened meanwhile.
         records = client.follow(runs[-1], timeout=20)
         end = msgspec.json.decode(records[-1].data)
-        assert texts[runs.index(victim)] not in _prompts(slow), _prompts(slow)
+        assert texts[runs.index(victim)] not in agent_prompts(slow), agent_prompts(slow)
         assert end["state"] == "completed", end
         after = texts[runs.index(victim) + 1:]
-        assert _prompts(slow)[-1 - len(after):] == ["crash 0.5", *after], _prompts(slow)
-        assert texts[runs.index(victim)] not in _prompts(slow)
+        assert agent_prompts(slow)[-1 - len(after):] == ["crash 0.5", *after], agent_prompts(slow)
+        assert texts[runs.index(victim)] not in agent_prompts(slow)
         assert _starts(slow) == starts + 1
         _assert_cancelled_before_ready(slow, cid, victim)
 
         assert _turn(client, cid, "after")["state"] == "completed"
-        assert texts[runs.index(victim)] not in _prompts(slow) and _prompts(slow)[-1] == "after"
+        assert texts[runs.index(victim)] not in agent_prompts(slow) and agent_prompts(slow)[-1] == "after"
         assert _starts(slow) == starts + 1
 
 
@@ -203,7 +186,7 @@ def test_a_prompt_queued_behind_a_crashed_turn_goes_to_the_restarted_agent(slow:
         assert _ends(slow, cid, crash)[0]["reason"] == "runtime_exit"
         assert end["state"] == "completed", (end, slow.journal(cid))
         assert len(_ends(slow, cid, queued["run"])) == 1
-        assert _prompts(slow)[-1] == "next, please"
+        assert agent_prompts(slow)[-1] == "next, please"
         assert _starts(slow) == starts + 1
         # The record follows the end within moments (saved right after the end was sent).
         record = wait_for(lambda: (r := slow.record(cid)).get("active_run", "") == "" and r, timeout=5)

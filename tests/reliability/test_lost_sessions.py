@@ -8,8 +8,6 @@ session, and its next process answers the load "resource not found".
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,25 +19,16 @@ from agentd import contract as c
 from agentd import wire
 from daemon_harness import Client, Daemon
 
-from .conftest import fast_daemon
-
-AGENT = Path(__file__).parent / "acp_fault_agent.py"
+from .conftest import agent_prompts, fault_agent_daemon
 
 
 @pytest.fixture
 def forgetful(tmp_path: Path) -> Iterator[Daemon]:
     root = tmp_path / "daemon"
     sessions, prompts = tmp_path / "agent-sessions", tmp_path / "agent-prompts"
-    config = f"""
-[providers.acp.forgetful]
-command = [{json.dumps(sys.executable)}, {json.dumps(str(AGENT))}]
-env = {{ FAULT_SESSIONS = {json.dumps(str(sessions))}, FAULT_AGENT_PROMPTS = {json.dumps(str(prompts))} }}
-startup_timeout_s = 10.0
-cancel_timeout_s = 1.0
-"""
-    d = fast_daemon(root, config).start()
+    d = fault_agent_daemon(root, "forgetful", {"FAULT_SESSIONS": sessions, "FAULT_AGENT_PROMPTS": prompts},
+                           provider="cancel_timeout_s = 1.0\n").start()
     d.sessions = sessions  # type: ignore[attr-defined]
-    d.prompts = prompts  # type: ignore[attr-defined]
     try:
         yield d
     finally:
@@ -55,11 +44,6 @@ def _turn(client: Client, cid: str, text: str) -> tuple[dict[str, Any], list[wir
 def _texts(records: list[wire.Record], kind: str) -> list[str]:
     items = [msgspec.json.decode(r.data) for r in records if r.type == "item"]
     return [i.get("text", "") for i in items if i.get("kind") == kind]
-
-
-def _prompts(d: Daemon) -> list[str]:
-    path: Path = d.prompts  # type: ignore[attr-defined]
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _new(client: Client, tmp_path: Path) -> str:
@@ -88,7 +72,7 @@ def test_a_runtime_killed_before_it_saved_the_session_gets_a_fresh_one_and_the_c
         fresh = forgetful.record(cid)["provider_conversation_id"]
         assert fresh and fresh != lost
         assert forgetful.disk_record(cid)["provider_conversation_id"] == fresh  # durable before the prompt went
-        assert _prompts(forgetful) == ["crash", "after"]  # the failed prompt was never resent
+        assert agent_prompts(forgetful) == ["crash", "after"]  # the failed prompt was never resent
 
     # The same agentd conversation reopens the fresh session after a daemon restart.
     forgetful.stop()
@@ -99,7 +83,7 @@ def test_a_runtime_killed_before_it_saved_the_session_gets_a_fresh_one_and_the_c
         assert end["state"] == "completed", end
         assert not _texts(records, "notice")
         assert forgetful.record(cid)["provider_conversation_id"] == fresh
-    assert _prompts(forgetful) == ["crash", "after", "again"]
+    assert agent_prompts(forgetful) == ["crash", "after", "again"]
 
 
 def test_a_runtime_that_lost_a_session_with_completed_turns_is_a_clear_error_not_a_fresh_start(
@@ -118,7 +102,7 @@ def test_a_runtime_that_lost_a_session_with_completed_turns_is_a_clear_error_not
         assert sid in message and "1 completed turn" in message and "context is lost" in message, message
         assert "agentctl new" in message
         assert forgetful.record(cid)["provider_conversation_id"] == sid  # nothing was swapped in
-        assert _prompts(forgetful) == ["hello", "crash"]
+        assert agent_prompts(forgetful) == ["hello", "crash"]
         ends = [r["data"] for r in forgetful.journal(cid) if r["type"] == "turn" and r["data"]["state"] != "working"]
         assert ends[-1]["state"] == "failed" and "context is lost" in ends[-1]["error"], ends[-1]
 
@@ -144,4 +128,4 @@ def test_a_session_lost_by_an_agent_agentd_restarted_itself_is_replaced_at_the_n
         assert "echo:after" in _texts(records, "assistant")
         assert any(lost in n for n in _texts(records, "notice"))
         assert forgetful.record(cid)["provider_conversation_id"] not in ("", lost)
-        assert _prompts(forgetful) == ["hang", "after"]
+        assert agent_prompts(forgetful) == ["hang", "after"]
