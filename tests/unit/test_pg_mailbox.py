@@ -73,7 +73,8 @@ async def test_a_command_for_a_site_goes_to_its_newest_live_host_and_a_site_with
         async with _host(dsn, "hostA", n) as (a, _), _host(dsn, "hostB", n) as (b, _):
             async with Pool(dsn, size=1) as pool:
                 await PgLeaseStore(pool, owner="hostA", site="h:/a").beat()
-            # A dead instance of the same site, registered earlier, and one of a site whose host is gone.
+            # An older instance of the same site whose row has not expired yet (killed, then restarted), and
+            # the expired row of another site's host.
             pg_db.execute("INSERT INTO hosts (owner, hostname, pid, site, providers, started_at, expires_at) VALUES "
                           "('old', 'h', 1, 'h:/a', '{}', now() - interval '1 hour', now() + interval '1 hour'), "
                           "('gone', 'h', 2, 'h:/g', '{}', now(), now())")
