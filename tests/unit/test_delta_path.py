@@ -124,7 +124,7 @@ def test_runs_of_interleaved_items_come_out_in_order_and_an_item_is_kept_from_it
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["i", "j", 'k"\\']), st.sampled_from(list(c.ItemKind)), st.sampled_from(["", "sub"]),
+@given(st.lists(st.tuples(st.sampled_from(["i", "j", 'k"\\', "l\ud800"]), st.sampled_from(list(c.ItemKind)), st.sampled_from(["", "sub"]),
                           st.text(alphabet='ab "\\\n\u2028é\ud800x-Bearer', max_size=10)), max_size=20),
        st.integers(1, 8))
 def test_the_stream_path_sends_the_bytes_the_general_path_did(deltas: list, run: int) -> None:
