@@ -206,13 +206,20 @@ class _Events:
             return self._items.popleft()
         raise trio.EndOfChannel if self._closed else trio.WouldBlock
 
-    def take_run(self, type_: type, limit: int) -> list[Any]:
-        """The events of exactly type ``type_`` at the head of the queue, at most ``limit``, taken."""
+    def put_delta(self, delta: c.Delta) -> None:
+        """Queue a text delta: onto the run of deltas at the tail (a :class:`_Deltas`, up to PUMP_RUN), else as a new one.
+
+        The pump takes a run with one ``get``: no per-delta event in the queue, none taken one by one.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError
         items = self._items
-        run: list[Any] = []
-        while items and len(run) < limit and type(items[0]) is type_:
-            run.append(items.popleft())
-        return run
+        if items:
+            last = items[-1]
+            if type(last) is _Deltas and len(last) < PUMP_RUN:
+                last.append(delta)  # not empty: the reader is not waiting
+                return
+        self.put(_Deltas((delta,)))
 
     async def get(self) -> Any:
         """The next event, waiting for one; EndOfChannel once closed and drained."""
@@ -223,6 +230,12 @@ class _Events:
             self._waiter = waiter = trio.Event()
             await waiter.wait()
         return self._items.popleft()
+
+
+class _Deltas(list):  # type: ignore[type-arg]
+    """Consecutive text deltas queued for the pump as one item (see _Events.put_delta)."""
+
+    __slots__ = ()
 
 
 class _Sink:
@@ -239,6 +252,14 @@ class _Sink:
         self.tagger = _turnwatch.Tagger()
 
     def emit(self, event: c.Event) -> None:
+        if type(event) is c.DeltaEvent:  # what tag() does with a delta, inlined: this runs per streamed delta
+            if self.tagger.muted:
+                return
+            try:
+                self._live.events.put_delta(event.delta)
+            except trio.ClosedResourceError:
+                log.debug("conversation.event_after_close", conversation=self._live.record.id)
+            return
         tagged = self.tagger.tag(event)
         if tagged is None:
             return
@@ -979,7 +1000,7 @@ class ConversationService:
         """
         events = live.events
         receive_nowait = events.get_nowait
-        delta = c.DeltaEvent
+        deltas = _Deltas
         try:
             while True:
                 try:
@@ -997,12 +1018,10 @@ class ConversationService:
                     deadline = 0.0
                     taken = 0
                     while True:
-                        if type(event) is delta:
-                            # The text deltas queued next to it go together (up to PUMP_RUN).
-                            run = events.take_run(delta, min(PUMP_RUN, PUMP_BATCH - taken) - 1)
-                            taken += 1 + len(run)
+                        if type(event) is deltas:  # a run of text deltas (up to PUMP_RUN), together
+                            taken += len(event)
                             streamed = True
-                            self._stream_logged(live, [event.delta, *[e.delta for e in run]])
+                            self._stream_logged(live, event)
                         else:
                             taken += 1
                             await self._handle_logged(live, event)
