@@ -28,6 +28,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -121,6 +122,15 @@ def _line_ends(type_: str, run: str) -> tuple[bytes, bytes]:
         tail[1] = b',"run":%s}' % _json.encode(run) if run else b"}"
         tail[0] = run
     return head[1], tail[1]
+
+
+def _one_item(deltas: list[c.Delta]) -> bool:
+    """Whether every delta of ``deltas`` has the first one's item id, agent and kind."""
+    n = len(deltas)
+    for values in ([d.item_id for d in deltas], [d.agent_id for d in deltas], [d.kind for d in deltas]):
+        if values.count(values[0]) != n:
+            return False
+    return True
 
 
 #: (item_id, agent_id, kind) -> the encoded delta of that item around its text (see _delta_template)
@@ -1104,9 +1114,12 @@ class ConversationService:
         while i < n:
             first = deltas[i]
             item, agent, kind = first.item_id, first.agent_id, first.kind
-            j = i + 1
-            while j < n and (d := deltas[j]).item_id == item and d.agent_id == agent and d.kind is kind:
-                j += 1
+            if not i and _one_item(deltas):
+                j = n  # the common case, checked at C speed
+            else:
+                j = i + 1
+                while j < n and (d := deltas[j]).item_id == item and d.agent_id == agent and d.kind is kind:
+                    j += 1
             group = deltas[i:j] if i or j < n else deltas
             i = j
             scoped = scope(first, scope_run)
@@ -1134,9 +1147,9 @@ class ConversationService:
             else:
                 pre, post = head, tail
                 datas = [_json.encode(msgspec.structs.replace(scoped, text=t)) for t in out]
-            lines = [b"".join((pre, data, post)) for data in datas]
+            lines = list(map(b"".join, zip(repeat(pre), datas, repeat(post))))
             if held is not None:
-                held.extend([(0, line) for line in lines])
+                held.extend(zip(repeat(0), lines))
             else:
                 for line in lines:
                     self.hub.publish(live.record.id, 0, line)
