@@ -242,6 +242,9 @@ class _Events:
         return self._items.popleft()
 
 
+_DeltaEvent = c.DeltaEvent
+
+
 class _Deltas(list):  # type: ignore[type-arg]
     """Consecutive text deltas queued for the pump as one item (see _Events.put_delta)."""
 
@@ -258,15 +261,16 @@ class _Sink:
 
     def __init__(self, live: "_Live") -> None:
         self._live = live
+        self._put_delta = live.events.put_delta  # a live's queue is never replaced
         #: which run the provider works on, as it emits (see agentd.turnwatch)
         self.tagger = _turnwatch.Tagger()
 
     def emit(self, event: c.Event) -> None:
-        if type(event) is c.DeltaEvent:  # what tag() does with a delta, inlined: this runs per streamed delta
+        if type(event) is _DeltaEvent:  # what tag() does with a delta, inlined: this runs per streamed delta
             if self.tagger.muted:
                 return
             try:
-                self._live.events.put_delta(event.delta)
+                self._put_delta(event.delta)
             except trio.ClosedResourceError:
                 log.debug("conversation.event_after_close", conversation=self._live.record.id)
             return
