@@ -28,6 +28,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -106,7 +107,13 @@ def _live_line(type_: str, data: bytes, run: str) -> bytes:
     Built from pieces kept per type and ms (the head) and per run (the tail): a stream of
     text deltas costs one join per record instead of a Record and an encode.
     """
-    ms = time.time_ns() // 1_000_000  # as _now() does, without the call: once per delta
+    head, tail = _line_ends(type_, run)
+    return b"".join((head, data, tail))
+
+
+def _line_ends(type_: str, run: str) -> tuple[bytes, bytes]:
+    """What precedes and what follows the data in a live record of ``type_`` and ``run`` made now (see _live_line)."""
+    ms = time.time_ns() // 1_000_000  # as _now() does, without the call
     head = _line_heads.get(type_)
     if head is None or head[0] != ms:
         ts = _now()
@@ -115,7 +122,47 @@ def _live_line(type_: str, data: bytes, run: str) -> bytes:
     if tail[0] != run:
         tail[1] = b',"run":%s}' % _json.encode(run) if run else b"}"
         tail[0] = run
-    return b"".join((head[1], data, tail[1]))
+    return head[1], tail[1]
+
+
+def _one_item(deltas: list[c.Delta]) -> bool:
+    """Whether every delta of ``deltas`` has the first one's item id, agent and kind."""
+    n = len(deltas)
+    for values in ([d.item_id for d in deltas], [d.agent_id for d in deltas], [d.kind for d in deltas]):
+        if values.count(values[0]) != n:
+            return False
+    return True
+
+
+#: (item_id, agent_id, kind) -> the encoded delta of that item around its text (see _delta_template)
+_templates: dict[tuple[str, str, c.ItemKind], tuple[bytes, bytes] | None] = {}
+_TEXT = b',"text":""'
+
+
+def _delta_template(d: c.Delta) -> tuple[bytes, bytes] | None:
+    """(before, after) the encoded text in ``_encode(d)``; None when d's other fields do not encode (a lone surrogate).
+
+    The text field is the one place ``,"text":""`` can appear in the encoding of ``d`` with
+    an empty text (inside an encoded string every quote is escaped), so splitting there is exact.
+    """
+    key = (d.item_id, d.agent_id, d.kind)
+    template = _templates.get(key, False)
+    if template is False:
+        try:
+            empty = _encode(msgspec.structs.replace(d, text=""))
+        except UnicodeEncodeError:
+            template = None
+        else:
+            at = empty.index(_TEXT)
+            template = (empty[:at + len(_TEXT) - 2], empty[at + len(_TEXT):])
+        if len(_templates) >= _TEMPLATES_MEMO:
+            _templates.clear()
+        _templates[key] = template
+    return template
+
+
+#: At most this many items' templates are kept; then the memo starts over.
+_TEMPLATES_MEMO = 1024
 
 
 def new_id(prefix: str) -> str:
@@ -170,13 +217,20 @@ class _Events:
             return self._items.popleft()
         raise trio.EndOfChannel if self._closed else trio.WouldBlock
 
-    def take_run(self, type_: type, limit: int) -> list[Any]:
-        """The events of exactly type ``type_`` at the head of the queue, at most ``limit``, taken."""
+    def put_delta(self, delta: c.Delta) -> None:
+        """Queue a text delta: onto the run of deltas at the tail (a :class:`_Deltas`, up to PUMP_RUN), else as a new one.
+
+        The pump takes a run with one ``get``: no per-delta event in the queue, none taken one by one.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError
         items = self._items
-        run: list[Any] = []
-        while items and len(run) < limit and type(items[0]) is type_:
-            run.append(items.popleft())
-        return run
+        if items:
+            last = items[-1]
+            if type(last) is _Deltas and len(last) < PUMP_RUN:
+                last.append(delta)  # not empty: the reader is not waiting
+                return
+        self.put(_Deltas((delta,)))
 
     async def get(self) -> Any:
         """The next event, waiting for one; EndOfChannel once closed and drained."""
@@ -189,6 +243,15 @@ class _Events:
         return self._items.popleft()
 
 
+_DeltaEvent = c.DeltaEvent
+
+
+class _Deltas(list):  # type: ignore[type-arg]
+    """Consecutive text deltas queued for the pump as one item (see _Events.put_delta)."""
+
+    __slots__ = ()
+
+
 class _Sink:
     """The EventSink a provider conversation reports through: never blocks.
 
@@ -199,10 +262,19 @@ class _Sink:
 
     def __init__(self, live: "_Live") -> None:
         self._live = live
+        self._put_delta = live.events.put_delta  # a live's queue is never replaced
         #: which run the provider works on, as it emits (see agentd.turnwatch)
         self.tagger = _turnwatch.Tagger()
 
     def emit(self, event: c.Event) -> None:
+        if type(event) is _DeltaEvent:  # what tag() does with a delta, inlined: this runs per streamed delta
+            if self.tagger.muted:
+                return
+            try:
+                self._put_delta(event.delta)
+            except trio.ClosedResourceError:
+                log.debug("conversation.event_after_close", conversation=self._live.record.id)
+            return
         tagged = self.tagger.tag(event)
         if tagged is None:
             return
@@ -938,7 +1010,7 @@ class ConversationService:
         """
         events = live.events
         receive_nowait = events.get_nowait
-        delta = c.DeltaEvent
+        deltas = _Deltas
         try:
             while True:
                 try:
@@ -956,12 +1028,10 @@ class ConversationService:
                     deadline = 0.0
                     taken = 0
                     while True:
-                        if type(event) is delta:
-                            # The text deltas queued next to it go together (up to PUMP_RUN).
-                            run = events.take_run(delta, min(PUMP_RUN, PUMP_BATCH - taken) - 1)
-                            taken += 1 + len(run)
+                        if type(event) is deltas:  # a run of text deltas (up to PUMP_RUN), together
+                            taken += len(event)
                             streamed = True
-                            self._stream_logged(live, [event.delta, *[e.delta for e in run]])
+                            self._stream_logged(live, event)
                         else:
                             taken += 1
                             await self._handle_logged(live, event)
@@ -1030,42 +1100,58 @@ class ConversationService:
 
         What :meth:`_handle` does for each DeltaEvent but stamping ``last_event``
         (the caller does), synchronous: no I/O and never a checkpoint, so the
-        pump takes a stream of deltas without a coroutine per delta, and the
-        masker searches a run of one item's deltas at once (DeltaMasker.feed_many).
+        pump takes a stream of deltas without a coroutine per delta. Consecutive
+        deltas of one item (same id, agent and kind) go as a group: scoped once,
+        masked at once (DeltaMasker.feed_many), each encoded as its text in the
+        group's template, all stamped with one clock read (they are published
+        together anyway).
         """
         run = live.record.active_run
         scope, scope_run = live.item_ids.scope_delta, run or live.last_run
-        deltas = [scope(d, scope_run) for d in deltas]
         feed_many, items, held = live.deltas.feed_many, live.items, live.held
+        head, tail = _line_ends("delta", run)
         i, n = 0, len(deltas)
         while i < n:
-            key = deltas[i].item_id
-            j = i + 1
-            while j < n and deltas[j].item_id == key:
-                j += 1
+            first = deltas[i]
+            item, agent, kind = first.item_id, first.agent_id, first.kind
+            if not i and _one_item(deltas):
+                j = n  # the common case, checked at C speed
+            else:
+                j = i + 1
+                while j < n and (d := deltas[j]).item_id == item and d.agent_id == agent and d.kind is kind:
+                    j += 1
             group = deltas[i:j] if i or j < n else deltas
             i = j
+            scoped = scope(first, scope_run)
+            key = scoped.item_id
+            keep = None if key == item else (lambda d, key=key: msgspec.structs.replace(d, item_id=key))
+            texts = [d.text for d in group]
             # a secret split across deltas never goes out
-            texts = feed_many(key, [d.text for d in group], group)
+            out = feed_many(key, texts, group, keep)
+            if out is not texts:  # some text held back or masked: an emptied one is not sent
+                out = [o for o, t in zip(out, texts) if o or o is t]
+                if not out:
+                    continue
             entry = items.get(key)
-            chunks = entry[2] if entry is not None else None
-            for d, text in zip(group, texts):
-                if text is not d.text:
-                    if not text:
-                        continue
-                    d = msgspec.structs.replace(d, text=text)
-                if chunks is None:  # the item's first text sent
-                    chunks = []
-                    items[key] = (d.kind.value, d.agent_id, chunks)
-                chunks.append(text)  # joined only for a snapshot: appends stay O(1)
+            if entry is None:  # the item's first text sent
+                items[key] = (kind.value, agent, list(out))
+            else:
+                entry[2].extend(out)  # joined only for a snapshot: appends stay O(1)
+            template = _delta_template(scoped)
+            if template is not None:
+                pre, post = head + template[0], template[1] + tail
                 try:
-                    data = _encode(d)
+                    datas = list(map(_encode, out))
                 except UnicodeEncodeError:
-                    data = _json.encode(d)  # a lone surrogate: the odd-bytes rule (runtime_output)
-                line = _live_line("delta", data, run)
-                if held is not None:
-                    held.append((0, line))
-                else:
+                    datas = [_json.encode(t) for t in out]  # a lone surrogate: the odd-bytes rule (runtime_output)
+            else:
+                pre, post = head, tail
+                datas = [_json.encode(msgspec.structs.replace(scoped, text=t)) for t in out]
+            lines = list(map(b"".join, zip(repeat(pre), datas, repeat(post))))
+            if held is not None:
+                held.extend(zip(repeat(0), lines))
+            else:
+                for line in lines:
                     self.hub.publish(live.record.id, 0, line)
 
     def _delta(self, live: _Live, d: c.Delta, data: bytes) -> None:

@@ -10,7 +10,7 @@ this decision, written down: the daemon never waits for a slow client.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from . import wire
@@ -75,7 +75,7 @@ class Subscription:
         return prefix
 
 
-def _frames(prefix: bytes, lines: list[bytes]) -> bytes:
+def _frames(prefix: bytes, lines: Sequence[bytes]) -> bytes:
     """The ``event`` frames of ``lines`` (one or more) with ``prefix``, joined: what Subscription.frame makes of each."""
     return b"".join((prefix, (b"}\n" + prefix).join(lines), b"}\n"))
 
@@ -135,17 +135,18 @@ class Hub:
         burst out costs per subscriber, hardly per record. A subscriber whose
         outbox cannot take them all is cut off (``lagged``) with none of them.
         """
-        if len(records) == 1:
-            self.publish(conversation, *records[0])
+        if len(records) <= 1:
+            if records:
+                self.publish(conversation, *records[0])
             return
         subs = self._by_conversation.get(conversation)
         if not subs and not self._all:
             return
         # Each subscriber's frames: its prefix, the lines joined by "}\n" + prefix, a last "}\n"
         # (two joins at C speed; no Python loop over the records unless some are durable).
-        lines = [line for _, line in records]
+        seqs, lines = zip(*records)  # C speed: no Python frame per record
         first = last = 0
-        if any([seq for seq, _ in records]):
+        if any(seqs):
             for seq, _ in records:
                 if seq:
                     first = first or seq

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -145,6 +145,8 @@ class _Rule:
         self.grams4 = frozenset(p[i:i + 4] for p in starts for i in range(len(p) - 3))
         #: last 4 bytes of a chunk -> short_end of them (a bounded memo: feed runs once per delta)
         self.ends: dict[bytes, int] = {}
+        #: the same for the last 4 characters of an ASCII chunk (DeltaMasker.feed_many)
+        self.text_ends: dict[str, int] = {}
         self.starts_ac = BytesAhoCorasick(self.starts)
         self.window = max((len(p) for p in self.starts), default=0)
         self.open_header = re.compile(_HEADER_OPEN)
@@ -312,6 +314,31 @@ def _held_from(rule: _Rule, data: bytes) -> int:
     return held
 
 
+def _ends_clear(rule: _Rule, texts: list[str]) -> bool:
+    """Whether no text of ``texts`` (ASCII, every one) ends in what may be the start of a secret.
+
+    Decided by each text's last 4 characters alone (:meth:`_Rule.short_end` 0; memoized in
+    ``rule.text_ends``): for ASCII they are its last 4 bytes, so where this says True
+    :func:`_held_from` holds back nothing of any text. False when some text is shorter than 4
+    or its end needs a look (then the caller asks :func:`_held_from` text by text).
+    """
+    ends = rule.text_ends
+    lasts = [t[-4:] for t in texts]
+    backs = list(map(ends.get, lasts))
+    if backs.count(0) == len(backs):
+        return True
+    for last, back in zip(lasts, backs):
+        if back is None:
+            if len(last) < 4:
+                return False
+            if len(ends) >= _ENDS_MEMO:
+                ends.clear()
+            back = ends[last] = rule.short_end(last.encode())
+        if back != 0:
+            return False
+    return True
+
+
 class DeltaMasker:
     """Masks streamed text per item, never letting a secret split across chunks out in clear.
 
@@ -354,18 +381,29 @@ class DeltaMasker:
             self._held[key] = (meta, buf[end:])
         return out
 
-    def feed_many(self, key: str, texts: list[str], metas: list[Any]) -> list[str]:
-        """``[feed(key, text, meta) for text, meta in zip(texts, metas)]``, the same results.
+    def feed_many(self, key: str, texts: list[str], metas: Sequence[Any],
+                  keep: Callable[[Any], Any] | None = None) -> list[str]:
+        """``[feed(key, text, keep(meta)) for text, meta in zip(texts, metas)]``, the same results.
 
-        One search for secrets over all of it (what is held, then every text): when there is
-        none, no text has one, and each is only cut at an end that may start a secret.
+        ``keep`` (default: the meta itself) makes what is kept with held text of a meta; it is
+        called only for a meta whose text is held (or for each, when there is a candidate).
+        When nothing is held for ``key`` and nothing of ``texts`` is, the result is ``texts``
+        itself (the same list object). One search for secrets over all of it (what is held,
+        then every text): when there is none, no text has one, and each is only cut at an end
+        that may start a secret.
         """
         kept = self._held.get(key)
         rest = kept[1] if kept else ""
         rule = _registry.rule
-        if rule.candidates.find_matches_as_indexes(_utf8(rest + "".join(texts)).lower()):
+        joined = rest + "".join(texts)
+        if rule.candidates.find_matches_as_indexes(_utf8(joined).lower()):
+            if keep is not None:
+                metas = [keep(m) for m in metas]
             return [self.feed(key, text, meta) for text, meta in zip(texts, metas)]
+        if not rest and joined.isascii() and _ends_clear(rule, texts):
+            return texts  # the common case: no end of any text may start a secret
         rest_meta = kept[0] if kept else None
+        fresh = False  # rest_meta is one of metas (not yet made by keep)
         out: list[str] = []
         for text, meta in zip(texts, metas):
             buf = rest + text if rest else text
@@ -382,9 +420,9 @@ class DeltaMasker:
             else:
                 cut = len(buf) - len(data[held:].decode("utf-8", "surrogatepass"))
                 out.append(buf[:cut])
-                rest, rest_meta = buf[cut:], meta
+                rest, rest_meta, fresh = buf[cut:], meta, True
         if rest:
-            self._held[key] = (rest_meta, rest)
+            self._held[key] = (keep(rest_meta) if fresh and keep is not None else rest_meta, rest)
         else:
             self._held.pop(key, None)
         return out

@@ -124,7 +124,7 @@ def test_runs_of_interleaved_items_come_out_in_order_and_an_item_is_kept_from_it
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["i", "j", 'k"\\']), st.sampled_from(list(c.ItemKind)), st.sampled_from(["", "sub"]),
+@given(st.lists(st.tuples(st.sampled_from(["i", "j", 'k"\\', "l\ud800"]), st.sampled_from(list(c.ItemKind)), st.sampled_from(["", "sub"]),
                           st.text(alphabet='ab "\\\n\u2028é\ud800x-Bearer', max_size=10)), max_size=20),
        st.integers(1, 8))
 def test_the_stream_path_sends_the_bytes_the_general_path_did(deltas: list, run: int) -> None:
@@ -158,3 +158,26 @@ def test_the_stream_path_sends_the_bytes_the_general_path_did(deltas: list, run:
     assert [line.split(b',"data":', 1)[1] for _, line in fast.held] == [line.split(b',"data":', 1)[1] for _, line in slow.held]
     assert fast.items == slow.items
     assert fast.deltas._held == slow.deltas._held
+
+
+def test_queued_deltas_go_as_runs_in_order_with_the_other_events() -> None:
+    import trio
+
+    events = cv._Events()
+    d = [c.Delta(item_id="i", kind=c.ItemKind.ASSISTANT, text=str(k)) for k in range(cv.PUMP_RUN + 3)]
+    events.put_delta(d[0])
+    events.put_delta(d[1])
+    events.put("turn")
+    for x in d[2:]:
+        events.put_delta(x)
+    got = []
+    while True:
+        try:
+            got.append(events.get_nowait())
+        except trio.WouldBlock:
+            break
+    assert [type(g) for g in got] == [cv._Deltas, str, cv._Deltas, cv._Deltas]
+    assert got[0] == d[:2] and got[1] == "turn" and len(got[2]) == cv.PUMP_RUN and got[2] + got[3] == d[2:]
+    events.close()
+    with pytest.raises(trio.ClosedResourceError):
+        events.put_delta(d[0])

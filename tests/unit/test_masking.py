@@ -86,16 +86,21 @@ def test_the_short_end_check_holds_back_exactly_what_the_full_search_does(text: 
     # with that shortcut disabled (every 4 bytes "in" a prefix) each delta must come out the same.
     masking.register("abab-ab1-secret")  # ends like "xaba" are prefixes of 3 and of 1 byte at once
     fast = _per_delta(text, size)
+    chunks = [text[i:i + size] for i in range(0, len(text), size)]
+    fast_many = masking.DeltaMasker().feed_many("i", chunks, chunks)  # its ASCII shortcut: _ends_clear
     rule = masking._registry.rule
     saved = rule.grams4
     rule.grams4 = _Everything()  # type: ignore[assignment]
-    rule.ends.clear()  # the shortcut's memo of chunk ends
+    rule.ends.clear()  # the shortcuts' memos of chunk ends
+    rule.text_ends.clear()
     try:
         assert _per_delta(text, size) == fast
-        assert set(rule.ends.values()) <= {-1}
+        assert masking.DeltaMasker().feed_many("i", chunks, chunks) == fast_many == fast
+        assert set(rule.ends.values()) <= {-1} and set(rule.text_ends.values()) <= {-1}
     finally:
         rule.grams4 = saved
         rule.ends.clear()
+        rule.text_ends.clear()
 
 
 @settings(max_examples=300, deadline=None)
@@ -108,8 +113,9 @@ def test_feed_many_is_feed_one_by_one(texts: list[str], split: int, before: str)
     for deltas in (one, many):
         deltas.feed("i", before, "m0")  # something may be held for the item already
     metas = [f"m{i + 1}" for i in range(len(texts))]
-    expected = [one.feed("i", t, m) for t, m in zip(texts, metas)]
-    got = many.feed_many("i", texts[:split], metas[:split]) + many.feed_many("i", texts[split:], metas[split:])
+    expected = [one.feed("i", t, m + "!") for t, m in zip(texts, metas)]
+    keep = lambda m: m + "!"  # noqa: E731 (what is kept with held text, made only when needed)
+    got = many.feed_many("i", texts[:split], metas[:split], keep) + many.feed_many("i", texts[split:], metas[split:], keep)
     assert got == expected
     assert many._held == one._held
     assert many.flush("i") == one.flush("i")
