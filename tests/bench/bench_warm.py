@@ -2,7 +2,7 @@
 memory of idle Claude conversations after idle release, and the first prompt after a release.
 
 All on real runtimes (installed as the e2e tests install them) pointed at tests/e2e's scripted
-model server in a process of its own (``_ModelServerProcess`` of the Copilot benchmark), answering
+model server in a process of its own (``_ModelServerProcess`` of tests/bench/_turns.py), answering
 with plain streamed text.
 
 * ``warm``: ``agentctl run`` (a new process, as a user types it) on a running daemon with
@@ -35,7 +35,9 @@ import msgspec
 from agentd import wire
 
 from ._common import BenchDaemon, Client, Ctx, Result, agentctl_argv, descendants, rss_kb, wall
-from .bench_copilot import ANSWER, KEY_ENV, MODEL, PROMPT, _cli, _ModelServerProcess, create_session, sdk_client
+from ._turns import ANSWER, KEY_ENV, MODEL, PROMPT, _ModelServerProcess
+from .bench_claude import claude_config, claude_toml
+from .bench_copilot import _cli, create_session, sdk_client
 
 FIRST = ANSWER.split()[0].encode()  # the answer's first word, as agentctl prints it
 
@@ -178,23 +180,7 @@ def bench_warm(ctx: Ctx) -> Result:
 
 
 def _claude_config(url: str, root: Path) -> str:
-    from agentd.providers.claude import bundled_cli
-
-    cli = bundled_cli()
-    if not cli:
-        raise RuntimeError("Claude Code is not installed: `pip install claude-agent-sdk` bundles it")
-    q = json.dumps
-    for d in ("claude-config", "claude-home"):
-        (root / d).mkdir()
-    return (
-        "[providers.copilot]\nenabled = false\n[providers.codex]\nenabled = false\n"
-        f"[providers.claude]\ncli_path = {q(str(cli))}\nmodel = {q(MODEL)}\napi_key_env = {q(KEY_ENV)}\n"
-        f"base_url = {q(url.removesuffix('/v1'))}\nconfig_dir = {q(str(root / 'claude-config'))}\n"
-        "[providers.claude.env]\n"
-        f'HOME = {q(str(root / "claude-home"))}\nCLAUDE_CODE_MAX_RETRIES = "0"\n'
-        'CLAUDE_CODE_DISABLE_NONSTREAMING_FALLBACK = "1"\n'
-        "[runtimes]\nidle_release_s = 1.0\n"
-    )
+    return claude_toml(claude_config(url, root)) + "[runtimes]\nidle_release_s = 1.0\n"
 
 
 def _claude_pids(agentd: int) -> list[int]:

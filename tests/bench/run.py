@@ -6,7 +6,7 @@ it ran on, goes to BENCHMARKS.md at the repository root (``--output`` to
 write elsewhere, ``--output -`` not at all). ``--quick`` runs every benchmark
 small, in well under a minute (CI runs it so the suite keeps working); its
 figures are not the ones to quote. ``--only NAME`` (repeatable) runs the
-benchmarks whose key contains NAME; ``--json PATH`` writes the raw results.
+benchmark whose key is NAME, or when none is, those whose key contains NAME; ``--json PATH`` writes the raw results.
 
 Exit status: 0 when every benchmark produced a number (a target missed is
 reported, not an error), 1 when one failed.
@@ -46,6 +46,8 @@ BENCHMARKS: dict[str, str] = {
     "history": "bench_history:bench_history",
     "copilot": "bench_copilot:bench_copilot",
     "codex": "bench_codex:bench_codex",
+    "claude": "bench_claude:bench_claude",
+    "acp": "bench_acp:bench_acp",
     "warm": "bench_warm:bench_warm",
     "claude-idle": "bench_warm:bench_claude_idle",
     "masking": "bench_masking:bench_masking",
@@ -141,12 +143,12 @@ def _prepare_python() -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes, seconds: what CI runs")
-    p.add_argument("--only", action="append", default=[], metavar="NAME", help="run benchmarks whose key contains NAME")
+    p.add_argument("--only", action="append", default=[], metavar="NAME", help="run the benchmark NAME, else those whose key contains NAME")
     p.add_argument("--output", default=None, help="where to write the table (default BENCHMARKS.md; '-' for nowhere)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     args = p.parse_args(argv)
 
-    keys = [k for k in BENCHMARKS if not args.only or any(o in k for o in args.only)]
+    keys = [k for k in BENCHMARKS if not args.only or any(o == k or (o not in BENCHMARKS and o in k) for o in args.only)]
     if not keys:
         p.error(f"no benchmark matches {args.only}; known: {', '.join(BENCHMARKS)}")
     _prepare_python()

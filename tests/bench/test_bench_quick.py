@@ -30,12 +30,12 @@ def test_quick_mode_runs_every_benchmark_to_a_number(tmp_path: Path) -> None:
     results = json.loads(out.read_text())["results"]
     keys = {r["key"] for r in results}
     assert {"journal-batch", "journal-always", "fanout", "latency", "status", "tail", "startup", "rss", "history",
-            "copilot", "codex", "warm", "claude-idle", "masking", "checkpoints", "pg-notify",
+            "copilot", "codex", "claude", "acp", "warm", "claude-idle", "masking", "checkpoints", "pg-notify",
             "store-append", "cross-host"} <= keys
     ci = os.environ.get("CI", "").lower() not in ("", "0", "false")
     for r in results:
-        if not ci and r["key"] in ("copilot", "codex", "warm", "claude-idle") and r["skipped"] and not r["failed"]:
-            # Outside CI only: no Copilot, Codex or Claude CLI here (under CI every runtime is installed).
+        if not ci and r["key"] in ("copilot", "codex", "claude", "acp", "warm", "claude-idle") and r["skipped"] and not r["failed"]:
+            # Outside CI only: no Copilot, Codex, Claude or ACP agent here (under CI every runtime is installed).
             print(f"\nSKIP: benchmark {r['name']}: {r['skipped']}", file=sys.stderr)
             continue
         assert not r["skipped"], (r["name"], r["skipped"])

@@ -1290,7 +1290,7 @@ class AcpConversation:
             self._emit(unknown)
             return
         try:
-            u = msgspec.convert(raw, s.SessionUpdate)
+            u = msgspec.convert({"update": raw}, s.UpdateOf).update
         except msgspec.ValidationError as exc:
             # A known kind in a shape agentd cannot read: kept as unknown, not lost.
             log.warning("acp.update_invalid", agent=self._provider.name, kind=kind, error=str(exc))

@@ -209,6 +209,8 @@ class ClaudeProvider:
         self._nursery: trio.Nursery | None = None
         self._open: dict[str, ClaudeConversation] = {}
         self._sdk_loaded = False
+        #: each record as last written (without updated_at), by id: an unchanged one is not written again
+        self._saved: dict[str, bytes] = {}
         #: restart backoff: one slot per conversation id; "" for new conversations' first process
         self._restarts = RestartBackoff("Claude Code", provider=name, log_prefix="claude", policy=restart_policy)
 
@@ -544,19 +546,29 @@ class ClaudeProvider:
 
     async def forget_record(self, session_id: str) -> None:
         """Delete agentd's record of ``session_id`` (none: nothing happens). Raises OSError."""
+        self._saved.pop(session_id, None)
         await trio.to_thread.run_sync(lambda: self._record_path(session_id).unlink(missing_ok=True))
 
     async def save_record(self, record: _Record) -> None:
-        """Write ``record`` atomically. Raises OSError."""
+        """Write ``record`` atomically, unless it is what this provider last wrote for its id (then
+        nothing happens: a turn that changed nothing costs no write). Raises OSError."""
+        same = _encoder.encode(msgspec.structs.replace(record, updated_at=None))
+        if self._saved.get(record.id) == same:
+            await trio.lowlevel.checkpoint()
+            return
         record.updated_at = utcnow()
         data = _encoder.encode(record)
         path = self._record_path(record.id)
 
         def write() -> None:
-            make_dirs(path.parent)
-            atomic_write(path, data)
+            try:
+                atomic_write(path, data)
+            except FileNotFoundError:  # its directory is gone (made by run())
+                make_dirs(path.parent)
+                atomic_write(path, data)
 
         await trio.to_thread.run_sync(write)
+        self._saved[record.id] = same
 
     # ------------------------------------------------------------------ conversations
 
