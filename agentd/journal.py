@@ -264,7 +264,8 @@ class Journal:
         self._policy = FsyncPolicy(fsync)
         # Called on the first append after each group commit (BATCH only).
         self._on_dirty = on_dirty if self._policy is FsyncPolicy.BATCH else None
-        self._queued = False
+        # True while nothing need be told (no on_dirty, or it was told since the last group commit)
+        self._queued = self._on_dirty is None
         # O_NONBLOCK: a FIFO put where the journal belongs is refused, not waited on (cleared below).
         flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         #: the file can only be read (a read-only file system): why
@@ -312,9 +313,9 @@ class Journal:
         self._ts_mid = b""
         #: record type -> b'{"type":"<type>","ts":"<ts>","data":' for the current millisecond
         self._heads: dict[str, bytes] = {}
-        # the last run appended, and the end of a line for it
+        # the last run appended, and the end of its lines (without the newline)
         self._run: str | None = None
-        self._run_tail = b"}\n"
+        self._run_tail = b"}"
 
     # ------------------------------------------------------------------ open
 
@@ -386,13 +387,18 @@ class Journal:
         now = _time()
         if not self._ts_lo <= now < self._ts_hi:
             self._set_ts(now)
-        seq = self.last_seq + 1
         # The bytes msgspec makes of Record(type, ts, data, seq, run), put together from pieces
-        # encoded once (per type and ms, per run): this is the daemon's hottest path.
-        if run != self._run:
-            self._run = run
-            self._run_tail = b',"run":%s}\n' % _encode(run) if run else b"}\n"
-        buf = b'%s%s,"seq":%d%s' % (self._heads.get(type) or self._head(type), data, seq, self._run_tail)
+        # encoded once (per type and ms, per run): this is the daemon's hottest path, where every
+        # attribute load and call shows (see BENCHMARKS.md), hence `is not`, `[]` over `.get`.
+        if run is not self._run:
+            self._set_run(run)
+        try:
+            head = self._heads[type]
+        except KeyError:
+            head = self._head(type)
+        seq = self.last_seq + 1
+        line = b'%s%s,"seq":%d%s' % (head, data, seq, self._run_tail)
+        buf = line + b"\n"  # one copy either way; this one leaves the line to return as it is
         off = self._end
         size = len(buf)
         try:
@@ -406,10 +412,10 @@ class Journal:
         self.last_seq = seq
         if not seq & _INDEX_MASK:
             self._index(seq, off)
-        if not self._queued and self._on_dirty is not None:
+        if not self._queued:
             self._queued = True
-            self._on_dirty(self)
-        return seq, buf[:-1]
+            self._on_dirty(self)  # type: ignore[misc]  # _queued starts True when there is none
+        return seq, line
 
     @property
     def size(self) -> int:
@@ -422,6 +428,12 @@ class Journal:
         self._ts_mid = b',"ts":"%s","data":' % self._ts.encode()
         self._ts_lo, self._ts_hi = ms / 1000, (ms + 1) / 1000
         self._heads.clear()
+
+    def _set_run(self, run: str) -> None:
+        # Another str object than the last, often an equal one: encoded again only when it differs.
+        if run != self._run:
+            self._run_tail = b',"run":%s}' % _encode(run) if run else b"}"
+        self._run = run
 
     def _head(self, type: str) -> bytes:
         head = b'{"type":%s%s' % (_encode(type), self._ts_mid)
