@@ -226,6 +226,7 @@ def test_broken_framing_ends_the_connection_and_says_why(reader: _Reader) -> Non
     reader.write(_frame(_event("s5", "before")), b"garbage\r\n")
     assert reader.closed.wait(10)
     assert reader.client.violation == "not a frame header: 'garbage'"
+    reader.wait(1)  # dispatched on the loop thread, which may run it after the read thread closed
     assert [p["event"]["data"]["content"] for _, p in reader.got] == ["before"]
 
 
