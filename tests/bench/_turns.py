@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -53,24 +54,33 @@ def e2e_path() -> None:
 class _ThroughAgentd:
     """agentd with ``config``, one conversation of ``provider`` open in ``work``, subscribed to."""
 
-    def __init__(self, ctx: Ctx, work: Path, *, provider: str, config: str) -> None:
-        self.daemon = BenchDaemon(ctx.scratch(f"agentd-{provider.replace(':', '-')}"), config).start()
+    def __init__(self, ctx: Ctx, work: Path, *, provider: str, config: str, checkpoints: bool = True) -> None:
+        if not checkpoints:
+            config += "\n[checkpoints]\nenabled = false\n"
+        name = f"agentd-{provider.replace(':', '-')}{'' if checkpoints else '-no-checkpoints'}"
+        self.daemon = BenchDaemon(ctx.scratch(name), config).start()
         self.client = self.daemon.client()
         self.client.sock.settimeout(120)
         self.cid = self.client.request(wire.New, provider=provider, workdir=str(work), title="bench")["id"]
         self.client.subscribe(self.cid, after=1 << 60, snapshot=False)
+        #: per turn, how long the turn waited for agentd's checkpoints (before + after), ms, as their records say
+        self.checkpoint_ms: list[float] = []
 
     def turn(self) -> float:
         t0 = time.perf_counter()
         run = self.client.request(wire.Send, conversation=self.cid, text=PROMPT)["run"]
+        waited = 0.0
         for frame in self.client.frames(timeout=120):
             if isinstance(frame, wire.EventFrame):
                 rec = wire.decode_record(frame.record)
+                if rec.type == "checkpoint" and rec.run == run:
+                    waited += msgspec.json.decode(rec.data).get("ms") or 0
                 if rec.type == "turn" and rec.run == run:
                     state = msgspec.json.decode(rec.data)["state"]
                     if state != "working":
                         if state != "completed":
                             raise RuntimeError(f"the turn through agentd ended {state}: {rec.data!r}")
+                        self.checkpoint_ms.append(waited)
                         return time.perf_counter() - t0
         raise RuntimeError("no end of turn")
 
@@ -248,6 +258,10 @@ class _Cpu:
 
     def __init__(self) -> None:
         self.samples: dict[tuple[str, str], list[float]] = {}
+        #: through agentd, per turn: how long the turn waited for agentd's checkpoints, ms
+        self.checkpoint_ms: list[float] = []
+        #: wall time of each turn through an agentd with [checkpoints] enabled = false, s
+        self.no_checkpoints_s: list[float] = []
 
     @property
     def ms(self) -> dict[tuple[str, str], float]:
@@ -280,20 +294,24 @@ def alternate(root: Path, server: _ModelServerProcess, cpu: _Cpu, turns: int,
     base: list[float] = []
     sides: list[Any] = []
     try:
-        for side in ("agentd", "direct"):
+        for side in ("agentd", "direct", "plain"):
             (root / side / "home").mkdir(parents=True)
             (root / side / "work").mkdir()
         sides.append(through_agentd(root / "agentd" / "home", root / "agentd" / "work"))
         sides.append(direct(root / "direct" / "home", root / "direct" / "work"))
-        ag, di = sides
-        ag.turn()  # warm-up: the first turn pays for lazy work on both sides
-        di.turn()
+        # A third side says what agentd's checkpoints cost: the same, with [checkpoints] enabled = false.
+        sides.append(through_agentd(root / "plain" / "home", root / "plain" / "work", checkpoints=False))
+        ag, di, plain = sides
+        for side in sides:
+            side.turn()  # warm-up: the first turn pays for lazy work on every side
         daemon = ag.daemon.proc.pid
         through = {"agentd": [daemon], "cli": descendants(daemon)}
         alone = {"cli": direct_pids(di, daemon)}
         for _ in range(turns):
             ours.append(cpu.turn("agentd", through, ag.turn))
             base.append(cpu.turn("direct", alone, di.turn))
+            cpu.no_checkpoints_s.append(plain.turn())
+        cpu.checkpoint_ms = ag.checkpoint_ms[1:]  # the warm-up turn's left out
     finally:
         for side in sides:
             side.close()
@@ -312,6 +330,17 @@ def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: lis
     r.notes.append(f"{turns} turns each, alternating, after one warm-up turn each; "
                    f"{((r.median or 0) - (r.base_median or 0)) * 1000:+.0f} ms per turn through agentd; answer of "
                    f"{len(ANSWER.split())} words, streamed")
+    if cpu.checkpoint_ms:
+        r.notes.append(
+            f"of that, the turn waited {statistics.median(cpu.checkpoint_ms):.1f} ms (median) for agentd's checkpoints "
+            "of the working directory before and after it ([checkpoints] enabled, the default: a git process each, "
+            "what agentctl diff and revert read), which the direct driver does not take")
+    if cpu.no_checkpoints_s and r.base_median:
+        plain = statistics.median(cpu.no_checkpoints_s)
+        r.notes.append(
+            f"the same turn through an agentd with [checkpoints] enabled = false, alternating with both in the same "
+            f"run: {plain:.3f} s (median), {plain / r.base_median:.2f}x the direct driver, "
+            f"{(plain - r.base_median) * 1000:+.1f} ms per turn")
     c = Result(f"{runtime} turn: agentd's own CPU per turn", "ms", cpu.samples.get(("agentd", "agentd"), []),
                cpu.samples.get(("direct", "bench"), []), higher=False, target=f"<= {CPU_TARGET}x baseline",
                baseline_name="the direct driver's CPU per turn (the bench process)")

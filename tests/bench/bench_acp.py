@@ -89,8 +89,8 @@ def bench_acp(ctx: Ctx) -> list[Result]:
     cpu = _Cpu()
     ours, base = alternate(
         root, server, cpu, turns,
-        lambda home, work: _ThroughAgentd(ctx, work, provider="acp:gemini",
-                                          config=_agentd_config(_gemini(home, server.url))),
+        lambda home, work, **kw: _ThroughAgentd(ctx, work, provider="acp:gemini",
+                                          config=_agentd_config(_gemini(home, server.url)), **kw),
         lambda home, work: _Direct(_gemini(home, server.url), work),
         lambda direct, daemon: tree(direct.proc.pid))
     return turn_results(ctx, "Gemini CLI (ACP)", name, ours, base, cpu,

@@ -143,8 +143,8 @@ def bench_claude(ctx: Ctx) -> list[Result]:
     cpu = _Cpu()
     ours, base = alternate(
         root, server, cpu, turns,
-        lambda home, work: _ThroughAgentd(ctx, work, provider="claude",
-                                          config=claude_toml(claude_config(server.url, home))),
+        lambda home, work, **kw: _ThroughAgentd(ctx, work, provider="claude",
+                                          config=claude_toml(claude_config(server.url, home)), **kw),
         lambda home, work: _Direct(claude_config(server.url, home), home, work),
         lambda direct, daemon: tree(direct.pid))
     return turn_results(ctx, "Claude Code", name, ours, base, cpu,

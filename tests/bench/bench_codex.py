@@ -95,7 +95,7 @@ def bench_codex(ctx: Ctx) -> list[Result]:
     cpu = _Cpu()
     ours, base = alternate(
         root, server, cpu, turns,
-        lambda home, work: _ThroughAgentd(ctx, work, provider="codex", config=_agentd_config(cli, server.url, home)),
+        lambda home, work, **kw: _ThroughAgentd(ctx, work, provider="codex", config=_agentd_config(cli, server.url, home), **kw),
         lambda home, work: _Direct(cli, server.url, home, work),
         lambda direct, daemon: tree(direct.proc.pid))
     return turn_results(ctx, "Codex", name, ours, base, cpu, direct="the same turn on codex app-server directly",

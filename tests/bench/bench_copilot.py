@@ -142,8 +142,8 @@ def bench_copilot(ctx: Ctx) -> list[Result]:
         return tree(cli[0]) if len(cli) == 1 else []
 
     ours, base = alternate(root, server, cpu, turns,
-                           lambda home, work: _ThroughAgentd(ctx, work, provider="copilot",
-                                                             config=_agentd_config(cli, server.url, home)),
+                           lambda home, work, **kw: _ThroughAgentd(ctx, work, provider="copilot",
+                                                             config=_agentd_config(cli, server.url, home), **kw),
                            lambda home, work: _Direct(cli, server.url, home, work), direct_pids)
     rows = turn_results(ctx, "Copilot", name, ours, base, cpu, direct="the same turn with github-copilot-sdk directly",
                         cli="the Copilot CLI")
