@@ -307,10 +307,11 @@ def alternate(root: Path, server: _ModelServerProcess, cpu: _Cpu, turns: int,
         daemon = ag.daemon.proc.pid
         through = {"agentd": [daemon], "cli": descendants(daemon)}
         alone = {"cli": direct_pids(di, daemon)}
+        bare = {"agentd": [plain.daemon.proc.pid]}
         for _ in range(turns):
             ours.append(cpu.turn("agentd", through, ag.turn))
             base.append(cpu.turn("direct", alone, di.turn))
-            cpu.no_checkpoints_s.append(plain.turn())
+            cpu.no_checkpoints_s.append(cpu.turn("plain", bare, plain.turn))
         cpu.checkpoint_ms = ag.checkpoint_ms[1:]  # the warm-up turn's left out
     finally:
         for side in sides:
@@ -340,7 +341,8 @@ def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: lis
         r.notes.append(
             f"the same turn through an agentd with [checkpoints] enabled = false, alternating with both in the same "
             f"run: {plain:.3f} s (median), {plain / r.base_median:.2f}x the direct driver, "
-            f"{(plain - r.base_median) * 1000:+.1f} ms per turn")
+            f"{(plain - r.base_median) * 1000:+.1f} ms per turn; agentd's own CPU per turn there "
+            f"{statistics.median(cpu.samples.get(('plain', 'agentd')) or [0]):.1f} ms (median)")
     c = Result(f"{runtime} turn: agentd's own CPU per turn", "ms", cpu.samples.get(("agentd", "agentd"), []),
                cpu.samples.get(("direct", "bench"), []), higher=False, target=f"<= {CPU_TARGET}x baseline",
                baseline_name="the direct driver's CPU per turn (the bench process)")
