@@ -49,6 +49,7 @@ import structlog
 import trio
 
 from . import _fsutil
+from ._tree_watch import TreeWatch
 from . import contract as c
 from . import wire
 
@@ -132,6 +133,10 @@ class _Shadow:
         #: shadow's worker writes the index
         self.last_tree = ""
         self._env: dict[str, str] | None = None
+        #: what tells that the working directory is unchanged since the last recording (config.watch)
+        self._watch: TreeWatch | None = None
+        #: the last recording's (tree, too_large, nested), kept while the watch saw no change since
+        self._watched: tuple[str, list[str], list[str]] | None = None
 
     # ------------------------------------------------------------------ git
 
@@ -196,6 +201,19 @@ class _Shadow:
     async def record(self, job: _Job) -> None:
         """Bring the shadow index up to the working directory and write its tree (``job.tree``)."""
         await self.ensure()
+        if self._watched is not None and self._watch is not None and not self._watch.changed():
+            job.tree, too_large, nested = self._watched  # the kernel saw no change since: git would find none
+            job.too_large, job.nested = list(too_large), list(nested)
+            if job.ref:
+                self._keep(job.ref, job.tree)
+            return
+        self._watched = None  # until a recording after a mark succeeds
+        armed = False
+        if self.config.watch:
+            if self._watch is None:
+                self._watch = TreeWatch(self.workdir, exclude=self._inside())
+            # Before git looks: any change from here on is an event, so "no event" later means unchanged.
+            armed = await trio.to_thread.run_sync(self._watch.mark)
         out = await self.git("ls-files", "-z", "-t", "--others", "--modified", "--exclude-standard")
         entries = [e for e in out.split(b"\0") if e]
         if len(entries) > _THREAD_PATHS:
@@ -212,6 +230,16 @@ class _Shadow:
         job.tree = self.last_tree  # nothing changed: the index, so its tree, is what it was
         if job.ref:
             self._keep(job.ref, job.tree)
+        if armed:
+            self._watched = (job.tree, list(job.too_large), list(job.nested))
+
+    def _inside(self) -> frozenset[str]:
+        """agentd's state directory as a path under the working directory, when it lies there."""
+        try:
+            rel = self.state_dir.resolve().relative_to(Path(self.workdir).resolve())
+        except (OSError, ValueError):
+            return frozenset()
+        return frozenset({os.path.join(self.workdir, rel.as_posix())}) if rel.parts else frozenset()
 
     def _sort(self, entries: list[bytes]) -> tuple[list[bytes], list[bytes], list[str], list[str]]:
         """(paths to add or remove, paths to drop from the index, too large, nested repositories)."""

@@ -369,6 +369,10 @@ class CheckpointsConfig(_Section):
     #: longest one recording may run at all, seconds (a first checkpoint of a big tree, a revert,
     #: a diff of a running turn); past it the git process is stopped
     max_run_s: PosFloat = 120.0
+    #: skip git for a checkpoint when inotify saw nothing change in the working directory since
+    #: the last one (Linux, local file systems, up to 1,024 directories; agentd._tree_watch says
+    #: what it cannot see: writes through a shared mmap, a hard link written from outside)
+    watch: bool = True
 
 
 class PricingConfig(_Section, kw_only=True):

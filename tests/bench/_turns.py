@@ -334,8 +334,9 @@ def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: lis
     if cpu.checkpoint_ms:
         r.notes.append(
             f"of that, the turn waited {statistics.median(cpu.checkpoint_ms):.1f} ms (median) for agentd's checkpoints "
-            "of the working directory before and after it ([checkpoints] enabled, the default: a git process each, "
-            "what agentctl diff and revert read), which the direct driver does not take")
+            "of the working directory before and after it ([checkpoints] enabled, the default: a git run each unless "
+            "[checkpoints] watch saw the directory unchanged; what agentctl diff and revert read), which the direct "
+            "driver does not take")
     if cpu.no_checkpoints_s and r.base_median:
         plain = statistics.median(cpu.no_checkpoints_s)
         r.notes.append(
