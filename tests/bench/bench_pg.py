@@ -79,13 +79,28 @@ def _arrivals(client: Any, conversation: str, out: dict[int, float], stop: Any) 
     from agentd import wire
 
     client.subscribe(conversation, after=0, snapshot=False)
-    for frame in client.frames(timeout=120):
-        if isinstance(frame, wire.EventFrame):
-            seq = wire.decode_record(frame.record).seq
-            if seq:
-                out.setdefault(seq, time.perf_counter())
-        if stop.is_set():
-            return
+    try:
+        for frame in client.frames(timeout=120):
+            if isinstance(frame, wire.EventFrame):
+                seq = wire.decode_record(frame.record).seq
+                if seq:
+                    out.setdefault(seq, time.perf_counter())
+            if stop.is_set():
+                return
+    except (EOFError, OSError):
+        if not stop.is_set():
+            raise  # cut off before the bench was done with it
+
+
+def _end(client: Any) -> None:
+    """Wake a reader blocked on ``client`` (close alone does not) and close it."""
+    import socket
+
+    try:
+        client.sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    client.close()
 
 
 def bench_cross_host(ctx: Ctx) -> list[Result]:
@@ -144,8 +159,10 @@ def bench_cross_host(ctx: Ctx) -> list[Result]:
             while max(at_a, default=0) > max(at_b, default=0) and time.monotonic() < deadline:
                 time.sleep(0.01)
             stop.set()
-            sa.close()
-            sb.close()
+            for c in (sa, sb):
+                _end(c)
+            for t in readers:
+                t.join(10)
         lat = [(at_b[s] - at_a[s]) * 1e6 for s in at_a if s in at_b]
         missing = sorted(set(at_a) - set(at_b))
         floor, _ = trio.run(_measure, cluster.dsn(db), 200 if ctx.quick else 1000)
