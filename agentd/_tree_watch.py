@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -33,28 +34,34 @@ SUPPORTED = sys.platform.startswith("linux")
 MAX_INSTANCES = 8
 MAX_WATCHES = 4096
 _used = {"instances": 0, "watches": 0}
+#: marks run in worker threads, several shadows' at once: the shares above are counted under it
+_lock = threading.RLock()
 
 
-def fs_type(path: str) -> str:
-    """The file system type of the mount ``path`` lies on, from /proc/self/mountinfo ("" if unknown)."""
+def fs_type(path: str, mountinfo: str | None = None) -> str:
+    """The file system type of the mount ``path`` lies on, from /proc/self/mountinfo ("" if
+    unknown), or ``"mounts inside"`` when another file system is mounted below ``path``: its
+    changes are another file system's, and listing it could hang (a stuck FUSE or NFS mount).
+    ``mountinfo``: that file's text (default: read it)."""
     try:
         real = os.path.realpath(path)
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+        lines = (Path("/proc/self/mountinfo").read_text() if mountinfo is None else mountinfo).splitlines()
     except OSError:
         return ""
-    best, kind = -1, ""
+    best, kind, below = -1, "", False
+    prefix = real.rstrip("/") + "/"
     for line in lines:
         left, sep, right = line.partition(" - ")
         fields = left.split()
         if not sep or len(fields) < 5 or not right:
             continue
         point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+        if point.startswith(prefix):
+            below = True
         inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) > best:  # the last of equal mount points is the one on top
+        if inside and len(point) >= best:  # the last of equal mount points is the one on top
             best, kind = len(point), right.split()[0]
-        elif inside and len(point) == best:
-            kind = right.split()[0]
-    return kind
+    return "mounts inside" if below else kind
 
 
 class TreeWatch:
@@ -134,22 +141,36 @@ class TreeWatch:
         if kind not in LOCAL_FS:
             self.unarmed = f"file system {kind or 'unknown'!r} is not known to be local"
             return False
-        if _used["instances"] >= MAX_INSTANCES:
-            self.unarmed = f"{MAX_INSTANCES} working directories are watched already"
-            return False
+        with _lock:
+            if _used["instances"] >= MAX_INSTANCES:
+                self.unarmed = f"{MAX_INSTANCES} working directories are watched already"
+                return False
+            _used["instances"] += 1  # taken now: another thread's mark may be counting too
         from inotify_simple import INotify, flags
 
         self._mask = (flags.MODIFY | flags.ATTRIB | flags.CLOSE_WRITE | flags.MOVED_FROM | flags.MOVED_TO
                       | flags.CREATE | flags.DELETE | flags.DELETE_SELF | flags.MOVE_SELF | flags.ONLYDIR
                       | flags.DONT_FOLLOW | flags.EXCL_UNLINK)
         try:
-            self._inotify = INotify(nonblocking=True)
-            _used["instances"] += 1
+            inotify = INotify(nonblocking=True)
+        except OSError as exc:
+            with _lock:
+                _used["instances"] -= 1
+            self.unarmed = f"inotify: {exc}"
+            return False
+        self._inotify = inotify  # from here close() gives the instance back
+        try:
             git = os.path.join(self.root, ".git")
             if os.path.isdir(git) and not os.path.islink(git):
-                self._git_wd = self._inotify.add_watch(git, self._mask)
+                with _lock:
+                    _used["watches"] += 1
+                try:
+                    self._git_wd = self._inotify.add_watch(git, self._mask)
+                except OSError:
+                    with _lock:
+                        _used["watches"] -= 1
+                    raise
                 self._paths[self._git_wd] = git
-                _used["watches"] += 1
                 if os.path.isdir(os.path.join(git, "info")):
                     self._arm(os.path.join(git, "info"))
             self._arm(self.root)
@@ -167,11 +188,19 @@ class TreeWatch:
             path = stack.pop()
             if len(self._paths) >= self.max_dirs:
                 raise _Unarmed(f"more than {self.max_dirs} directories")
-            if _used["watches"] >= MAX_WATCHES:
-                raise _Unarmed(f"agentd watches {MAX_WATCHES} directories already")
-            wd = self._inotify.add_watch(path, self._mask)  # first: what is created after it is an event
-            if wd not in self._paths:
+            with _lock:
+                if _used["watches"] >= MAX_WATCHES:
+                    raise _Unarmed(f"agentd watches {MAX_WATCHES} directories already")
                 _used["watches"] += 1
+            try:
+                wd = self._inotify.add_watch(path, self._mask)  # first: what is created after it is an event
+            except OSError:
+                with _lock:
+                    _used["watches"] -= 1
+                raise
+            if wd in self._paths:
+                with _lock:
+                    _used["watches"] -= 1  # the same directory again: one watch
             self._paths[wd] = path
             if path == os.path.join(self.root, ".git", "info"):
                 continue
@@ -195,15 +224,19 @@ class TreeWatch:
         return any(ev is None or ev.wd != self._git_wd or ev.name == "info" for ev in self._seen)
 
     def __del__(self) -> None:
-        self.close()  # its share of the user's inotify goes back with it
+        try:
+            self.close()  # its share of the user's inotify goes back with it
+        except Exception:  # at interpreter exit the module's globals may be gone already
+            pass
 
     def close(self) -> None:
-        if self._inotify is not None:
-            self._inotify.close()
-            self._inotify = None
-            _used["instances"] -= 1
-        _used["watches"] -= len(self._paths)
-        self._paths.clear()
+        with _lock:
+            if self._inotify is not None:
+                self._inotify.close()
+                self._inotify = None
+                _used["instances"] -= 1
+            _used["watches"] -= len(self._paths)
+            self._paths.clear()
         self._seen = []
         self._git_wd = -1
 

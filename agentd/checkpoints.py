@@ -213,7 +213,12 @@ class _Shadow:
             if self._watch is None:
                 self._watch = TreeWatch(self.workdir, exclude=self._inside())
             # Before git looks: any change from here on is an event, so "no event" later means unchanged.
-            armed = await trio.to_thread.run_sync(self._watch.mark)
+            watch = self._watch
+            try:
+                armed = await trio.to_thread.run_sync(watch.mark, abandon_on_cancel=True)
+            except trio.Cancelled:
+                self._watch = None  # its thread may run on: the next recording takes a fresh watch
+                raise
         out = await self.git("ls-files", "-z", "-t", "--others", "--modified", "--exclude-standard")
         entries = [e for e in out.split(b"\0") if e]
         if len(entries) > _THREAD_PATHS:

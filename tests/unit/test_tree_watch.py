@@ -96,6 +96,24 @@ def test_a_tree_it_cannot_vouch_for_is_always_changed(tmp_path: Path, monkeypatc
     assert not remote.mark() and "nfs4" in remote.unarmed and remote.changed()
 
 
+MOUNTINFO = """\
+22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
+30 22 0:26 / /work/hung rw,nosuid shared:9 - fuse.hung hung rw,user_id=0
+31 22 0:27 / /work/my\\040docs rw shared:10 - nfs4 srv:/docs rw
+"""
+
+
+def test_a_tree_with_a_file_system_mounted_inside_is_never_walked() -> None:
+    """Another mount below the tree could hang a listing (a stuck FUSE mount) and is another
+    file system's changes: the watch is not armed, git records the tree as before."""
+    assert tw.fs_type("/work", MOUNTINFO) == "mounts inside"
+    assert tw.fs_type("/", MOUNTINFO) == "mounts inside"
+    assert tw.fs_type("/work/src", MOUNTINFO) == "ext4"
+    assert tw.fs_type("/work/hung/deeper", MOUNTINFO) == "fuse.hung"
+    assert tw.fs_type("/work/my docs", MOUNTINFO) == "nfs4"
+    assert "mounts inside" not in tw.LOCAL_FS
+
+
 def test_agentd_takes_no_more_than_its_share_of_the_users_inotify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tw, "_used", {"instances": 0, "watches": 0})  # other tests' shadows in this process
     watches = [tw.TreeWatch(str(_tree(tmp_path / f"w{i}"))) for i in range(tw.MAX_INSTANCES + 1)]
