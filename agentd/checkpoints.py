@@ -187,11 +187,9 @@ class _Shadow:
             f.write("[core]\n\tuntrackedCache = true\n\tsymlinks = true\n[gc]\n\tauto = 0\n")
         _write_private(self.dir / "workdir", self.workdir + "\n")
         excludes = ["# agentd's own state, when it lies in this working directory"]
-        try:
-            rel = self.state_dir.resolve().relative_to(Path(self.workdir).resolve())
-            excludes.append("/" + rel.as_posix() + "/")
-        except ValueError:
-            pass
+        rel = self._state_inside()
+        if rel is not None:
+            excludes.append("/" + rel + "/")
         info = self.git_dir / "info"
         _fsutil.make_dirs(info)
         _write_private(info / "exclude", "\n".join(excludes) + "\n")
@@ -238,13 +236,18 @@ class _Shadow:
         if armed:
             self._watched = (job.tree, list(job.too_large), list(job.nested))
 
-    def _inside(self) -> frozenset[str]:
-        """agentd's state directory as a path under the working directory, when it lies there."""
+    def _state_inside(self) -> str | None:
+        """agentd's state directory relative to the working directory (posix), when it lies inside."""
         try:
             rel = self.state_dir.resolve().relative_to(Path(self.workdir).resolve())
         except (OSError, ValueError):
-            return frozenset()
-        return frozenset({os.path.join(self.workdir, rel.as_posix())}) if rel.parts else frozenset()
+            return None
+        return rel.as_posix()  # "." when it is the working directory itself
+
+    def _inside(self) -> frozenset[str]:
+        """What the watch leaves out: agentd's state directory, when it lies below the working directory."""
+        rel = self._state_inside()
+        return frozenset() if rel in (None, ".") else frozenset({os.path.join(self.workdir, rel)})
 
     def _sort(self, entries: list[bytes]) -> tuple[list[bytes], list[bytes], list[str], list[str]]:
         """(paths to add or remove, paths to drop from the index, too large, nested repositories)."""
