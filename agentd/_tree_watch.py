@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,9 @@ SUPPORTED = sys.platform.startswith("linux")
 MAX_INSTANCES = 8
 MAX_WATCHES = 4096
 _used = {"instances": 0, "watches": 0}
+#: the armed watches, least recently used first: a tree that needs a share the others hold
+#: takes it from the one used longest ago (which says "changed" until it is marked again)
+_armed: dict[int, "weakref.ref[TreeWatch]"] = {}
 #: marks run in worker threads, several shadows' at once: the shares above are counted under it
 _lock = threading.RLock()
 
@@ -69,9 +73,12 @@ class TreeWatch:
     paths: agentd's own state directory when it lies inside) and those named ``.git``; of
     ``root/.git`` only its ``info`` directory counts (``info/exclude`` decides what is ignored).
 
-    :meth:`mark` (re)arms; :meth:`changed` says whether anything happened since. Not thread
-    safe: one owner (a checkpoint shadow's worker) calls both. Never raises OSError: what
-    fails leaves the watch unarmed, and an unarmed watch always says "changed".
+    :meth:`mark` (re)arms; :meth:`changed` says whether anything happened since. One owner (a
+    checkpoint shadow's worker) calls both, from any thread; another tree's mark may take this
+    one's inotify share meanwhile (:data:`MAX_INSTANCES`, :data:`MAX_WATCHES`: the least
+    recently used armed watch gives its share up, never one in a mark or a changed() call).
+    Never raises OSError: what fails leaves the watch unarmed, and an unarmed watch always
+    says "changed".
     """
 
     def __init__(self, root: str, *, exclude: frozenset[str] = frozenset(), max_dirs: int = 1024) -> None:
@@ -88,6 +95,8 @@ class TreeWatch:
         self._seen: list[Any] = []
         #: why the watch is not armed ("" = armed or never marked)
         self.unarmed = ""
+        #: held by the owner's mark() and changed(): another tree's mark evicts only an idle watch
+        self._busy = threading.Lock()
 
     @property
     def armed(self) -> bool:
@@ -100,6 +109,15 @@ class TreeWatch:
         listed); a directory moved, or a queue that overflowed, arms the whole tree again.
         Blocking (a listing per directory armed): run it in a worker thread.
         """
+        with self._busy:
+            armed = self._mark()
+        if armed:
+            with _lock:
+                _armed.pop(id(self), None)
+                _armed[id(self)] = weakref.ref(self)  # the most recently used now
+        return armed
+
+    def _mark(self) -> bool:
         if self._inotify is not None:
             from inotify_simple import flags
 
@@ -142,8 +160,8 @@ class TreeWatch:
             self.unarmed = f"file system {kind or 'unknown'!r} is not known to be local"
             return False
         with _lock:
-            if _used["instances"] >= MAX_INSTANCES:
-                self.unarmed = f"{MAX_INSTANCES} working directories are watched already"
+            if _used["instances"] >= MAX_INSTANCES and not _evict_one(self):
+                self.unarmed = f"{MAX_INSTANCES} working directories are watched already, all in use"
                 return False
             _used["instances"] += 1  # taken now: another thread's mark may be counting too
         from inotify_simple import INotify, flags
@@ -189,8 +207,8 @@ class TreeWatch:
             if len(self._paths) >= self.max_dirs:
                 raise _Unarmed(f"more than {self.max_dirs} directories")
             with _lock:
-                if _used["watches"] >= MAX_WATCHES:
-                    raise _Unarmed(f"agentd watches {MAX_WATCHES} directories already")
+                if _used["watches"] >= MAX_WATCHES and not _evict_one(self):
+                    raise _Unarmed(f"agentd watches {MAX_WATCHES} directories already, all in use")
                 _used["watches"] += 1
             try:
                 wd = self._inotify.add_watch(path, self._mask)  # first: what is created after it is an event
@@ -217,10 +235,14 @@ class TreeWatch:
 
     def changed(self) -> bool:
         """Whether anything may have changed since :meth:`mark` (True when unarmed). Never blocks."""
-        if self._inotify is None:
-            return True
-        events = self._read()
+        with self._busy:
+            if self._inotify is None:
+                return True
+            events = self._read()
         self._seen += events
+        with _lock:
+            if _armed.pop(id(self), None) is not None:
+                _armed[id(self)] = weakref.ref(self)  # the most recently used now
         return any(ev is None or ev.wd != self._git_wd or ev.name == "info" for ev in self._seen)
 
     def __del__(self) -> None:
@@ -230,7 +252,10 @@ class TreeWatch:
             pass
 
     def close(self) -> None:
+        """Give the watch's inotify share back; it says "changed" until marked again."""
         with _lock:
+            if _armed.get(id(self), lambda: None)() is self:
+                del _armed[id(self)]
             if self._inotify is not None:
                 self._inotify.close()
                 self._inotify = None
@@ -239,6 +264,25 @@ class TreeWatch:
             self._paths.clear()
         self._seen = []
         self._git_wd = -1
+
+
+def _evict_one(taker: TreeWatch) -> bool:
+    """Close the least recently used armed watch but ``taker`` that is idle; whether one was.
+    Called under ``_lock``, which a watch's owner never holds while waiting for its ``_busy``."""
+    for key, ref in list(_armed.items()):
+        watch = ref()
+        if watch is None:
+            del _armed[key]  # collected: its __del__ gives its share back
+            continue
+        if watch is taker or not watch._busy.acquire(blocking=False):
+            continue
+        try:
+            watch.close()
+            watch.unarmed = "its inotify share went to a working directory used more recently"
+        finally:
+            watch._busy.release()
+        return True
+    return False
 
 
 class _Unarmed(Exception):

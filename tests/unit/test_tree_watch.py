@@ -115,15 +115,58 @@ def test_a_tree_with_a_file_system_mounted_inside_is_never_walked() -> None:
 
 
 def test_agentd_takes_no_more_than_its_share_of_the_users_inotify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most MAX_INSTANCES trees are watched; a new one takes the share of the one used longest
+    ago (which then says "changed" until marked again), never that of a watch in use."""
     monkeypatch.setattr(tw, "_used", {"instances": 0, "watches": 0})  # other tests' shadows in this process
+    monkeypatch.setattr(tw, "_armed", {})
+    watches = [tw.TreeWatch(str(_tree(tmp_path / f"w{i}"))) for i in range(tw.MAX_INSTANCES + 2)]
+    assert all(w.mark() for w in watches[:tw.MAX_INSTANCES])
+    assert not any(w.changed() for w in watches[1:tw.MAX_INSTANCES])  # w0 is now the least recently used
+    assert watches[tw.MAX_INSTANCES].mark(), "a new tree takes the least recently used share"
+    assert tw._used["instances"] == tw.MAX_INSTANCES
+    assert watches[0].changed() and "used more recently" in watches[0].unarmed
+    assert not any(w.changed() for w in watches[1:tw.MAX_INSTANCES + 1]), "only that one gave its share up"
+    # A watch in use (its owner in mark or changed) is never the one evicted: w1 is the oldest now.
+    with watches[1]._busy:
+        assert watches[tw.MAX_INSTANCES + 1].mark()
+    assert not watches[1].changed() and watches[2].changed()
+    assert watches[0].mark() and watches[0].armed, "an evicted watch arms again on its next mark"
+    (tmp_path / "w0" / "new.txt").write_text("x")
+    assert watches[0].changed()
+    for w in watches:
+        w.close()
+    assert tw._used == {"instances": 0, "watches": 0} and tw._armed == {}
+
+
+def test_when_every_share_is_in_use_the_new_tree_is_not_watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tw, "_used", {"instances": 0, "watches": 0})
+    monkeypatch.setattr(tw, "_armed", {})
     watches = [tw.TreeWatch(str(_tree(tmp_path / f"w{i}"))) for i in range(tw.MAX_INSTANCES + 1)]
-    armed = [w.mark() for w in watches]
-    assert armed == [True] * tw.MAX_INSTANCES + [False] and "watched already" in watches[-1].unarmed
-    watches[0].close()
-    assert watches[-1].mark(), "a closed watch gives its place back"
+    assert all(w.mark() for w in watches[:-1])
+    for w in watches[:-1]:
+        w._busy.acquire()
+    try:
+        assert not watches[-1].mark() and "all in use" in watches[-1].unarmed and watches[-1].changed()
+    finally:
+        for w in watches[:-1]:
+            w._busy.release()
+    assert not any(w.changed() for w in watches[:-1])
     for w in watches:
         w.close()
     assert tw._used == {"instances": 0, "watches": 0}
+
+
+def test_the_watch_share_is_taken_from_the_least_recently_used_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tw, "_used", {"instances": 0, "watches": 0})
+    monkeypatch.setattr(tw, "_armed", {})
+    monkeypatch.setattr(tw, "MAX_WATCHES", 6)
+    old, new = tw.TreeWatch(str(_tree(tmp_path / "old"))), tw.TreeWatch(str(_tree(tmp_path / "new")))
+    assert old.mark() and 1 < tw._used["watches"] <= 6
+    assert new.mark(), "the new tree's directories take the old tree's watches"
+    assert old.changed() and not new.changed()
+    assert tw._used["watches"] == len(new._paths) and tw._used["instances"] == 1
+    old.close()
+    new.close()
 
 
 def _content(root: Path) -> str:
@@ -189,6 +232,7 @@ def test_random_changes_never_pass_for_unchanged(tmp_path: Path) -> None:
 
 def test_a_checkpoint_of_an_unchanged_tree_runs_no_git_and_a_change_runs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tw, "_used", {"instances": 0, "watches": 0})
+    monkeypatch.setattr(tw, "_armed", {})
     work = tmp_path / "work"
     work.mkdir()
     (work / "a.txt").write_text("a\n")
