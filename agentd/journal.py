@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import enum
 import errno
+import math
 import os
 import pathlib
 import secrets
@@ -46,8 +47,7 @@ _CHUNK_MAX = 1 << 20
 _SCAN = 64 * 1024
 #: Read size when looking for a line boundary.
 _PROBE = 4096
-#: Every _INDEX_EVERY-th appended seq is indexed (seq & mask == 0); at most _INDEX_MAX entries are kept.
-_INDEX_MASK = 63
+#: Every 100th appended seq is indexed (when its last two digits are formatted anew); at most _INDEX_MAX entries are kept.
 _INDEX_MAX = 4096
 #: Where recent reads stopped (next seq -> offset), so a subscriber paging forward never bisects.
 _CURSORS_MAX = 256
@@ -130,6 +130,11 @@ _seq_decoder = msgspec.json.Decoder(_Seq)
 _index_decoder = msgspec.json.Decoder(_RecordsIndex)
 _encode = msgspec.json.Encoder().encode
 _time = time.time
+_join = b"".join
+_write = os.write
+#: a seq's last two digits: without a leading zero below 100, with one above
+_DIGITS1 = [b"%d" % i for i in range(100)]
+_DIGITS2 = [b"%02d" % i for i in range(100)]
 
 
 def _log() -> structlog.typing.FilteringBoundLogger:
@@ -247,7 +252,7 @@ class Journal:
     __slots__ = (
         "path", "last_seq", "_policy", "_on_dirty", "_queued", "_readonly", "_fd", "_end", "_synced", "_broken",
         "_broken_reason", "_errno", "_idx_seq", "_idx_off", "_cursors", "_ts_lo", "_ts_hi", "_ts", "_ts_mid",
-        "_heads", "_run", "_run_tail",
+        "_heads", "_run", "_run_tail", "_seq_hi", "_seq_low",
     )
 
     path: pathlib.Path
@@ -316,6 +321,9 @@ class Journal:
         # the last run appended, and the end of its lines (without the newline)
         self._run: str | None = None
         self._run_tail = b"}"
+        self._seq_hi = b""
+        self._seq_low: list[bytes] = []
+        self._set_seq(self.last_seq + 1)
 
     # ------------------------------------------------------------------ open
 
@@ -379,14 +387,11 @@ class Journal:
         file is cut back to its previous end, ``last_seq`` is unchanged and the
         error propagates. Raises ``trio.ClosedResourceError`` when closed.
         """
-        if self._broken:  # also set while closed
-            if not (self._readonly is not None and self._fd >= 0 and self._reopen_writable()):
-                self._raise_unusable()
+        now = _time()
+        if not self._ts_lo <= now < self._ts_hi:  # also while refusing appends (_ts_lo is inf then)
+            self._refresh(now)
         if 10 in data:  # b"\n"; the int form is a plain memchr, several times faster
             raise ValueError("journal payload contains a raw newline")
-        now = _time()
-        if not self._ts_lo <= now < self._ts_hi:
-            self._set_ts(now)
         # The bytes msgspec makes of Record(type, ts, data, seq, run), put together from pieces
         # encoded once (per type and ms, per run): this is the daemon's hottest path, where every
         # attribute load and call shows (see BENCHMARKS.md), hence `is not`, `[]` over `.get`.
@@ -397,12 +402,15 @@ class Journal:
         except KeyError:
             head = self._head(type)
         seq = self.last_seq + 1
-        line = b'%s%s,"seq":%d%s' % (head, data, seq, self._run_tail)
+        low = seq % 100
+        if not low:
+            self._set_seq(seq)
+        line = _join((head, data, self._seq_hi, self._seq_low[low], self._run_tail))
         buf = line + b"\n"  # one copy either way; this one leaves the line to return as it is
         off = self._end
         size = len(buf)
         try:
-            n = os.write(self._fd, buf)
+            n = _write(self._fd, buf)
             if n != size:
                 _fsutil.write_all(self._fd, memoryview(buf)[n:])
         except OSError:
@@ -410,7 +418,7 @@ class Journal:
             raise
         self._end = off + size
         self.last_seq = seq
-        if not seq & _INDEX_MASK:
+        if not low:
             self._index(seq, off)
         if not self._queued:
             self._queued = True
@@ -422,12 +430,32 @@ class Journal:
         """The file's size in bytes: where the next record will start."""
         return self._end
 
+    def _refresh(self, now: float) -> None:
+        """append's slow path: refuse while broken (or closed), else cache the ts of ``now``'s ms."""
+        if self._broken:
+            if not (self._readonly is not None and self._fd >= 0 and self._reopen_writable()):
+                self._raise_unusable()
+        if not self._ts_lo <= now < self._ts_hi:
+            self._set_ts(now)
+
+    def _refuse(self, reason: str) -> None:
+        """Refuse appends from now on, saying ``reason``: append's fast check sees the inf."""
+        self._broken = True
+        self._broken_reason = reason
+        self._ts_lo = math.inf
+
     def _set_ts(self, now: float) -> None:
         ms = int(now * 1000)
         self._ts = _format_ms(ms)
         self._ts_mid = b',"ts":"%s","data":' % self._ts.encode()
         self._ts_lo, self._ts_hi = ms / 1000, (ms + 1) / 1000
         self._heads.clear()
+
+    def _set_seq(self, seq: int) -> None:
+        # seq = 100 * hi + low: the digits of hi formatted once per 100 records, low's from a table
+        hi = seq // 100
+        self._seq_hi = b',"seq":%d' % hi if hi else b',"seq":'
+        self._seq_low = _DIGITS2 if hi else _DIGITS1
 
     def _set_run(self, run: str) -> None:
         # Another str object than the last, often an equal one: encoded again only when it differs.
@@ -452,8 +480,7 @@ class Journal:
                 size = -1
             if size != off:
                 # A torn line stays; appending after it would bury it mid-file. Reopening cuts it.
-                self._broken = True
-                self._broken_reason = "has a torn tail that could not be cut; reopen it"
+                self._refuse("has a torn tail that could not be cut; reopen it")
                 _log().error("journal.rollback_failed", path=str(self.path), error=str(exc))
 
     def _reopen_writable(self) -> bool:
@@ -475,17 +502,17 @@ class Journal:
         self._readonly = None
         self._broken = False
         self._broken_reason = ""
+        self._ts_lo = self._ts_hi = 0.0
         _log().info("journal.writable_again", path=str(self.path))
         return True
 
     def _fail(self, exc: OSError) -> None:
         """An fsync failed: refuse appends from now on (reads go on); reopening clears it."""
-        self._broken = True
-        self._broken_reason = (
+        self._errno = exc.errno or errno.EIO
+        self._refuse(
             f"could not be synced ({exc.strerror or exc}); what it holds since is not known to be on disk, "
             "so it takes no more records until agentd restarts"
         )
-        self._errno = exc.errno or errno.EIO
 
     def _raise_unusable(self) -> None:
         if self._fd < 0:
@@ -541,7 +568,8 @@ class Journal:
 
     def _close(self, *, sync: bool) -> None:
         fd, self._fd = self._fd, -1
-        self._broken = True  # append checks only this flag
+        self._broken = True
+        self._ts_lo = math.inf  # append's fast check fails, its slow path sees _broken
         if fd < 0:
             return
         try:

@@ -15,6 +15,7 @@ import trio
 
 from agentd import journal as journal_mod
 from agentd.journal import FsyncPolicy, Journal, JournalCorrupt, JournalStore
+from agentd import wire
 from agentd.wire import decode_record
 
 TS_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\Z")
@@ -83,6 +84,37 @@ def test_append_returns_the_line_written_to_the_file(store: JournalStore) -> Non
     j = store.open("c1")
     _, line = j.append("item", payload(1), run="r9")
     assert j.path.read_bytes() == line + b"\n"
+
+
+def test_lines_are_the_bytes_msgspec_makes_of_the_record_across_seq_digits_runs_and_reopen(
+    tmp_path: pathlib.Path,
+) -> None:
+    """append builds each line from cached pieces (the seq's last two digits from a table, the rest
+    formatted per hundred): every line is still what msgspec encodes, at 9/10, 99/100/101, 999/1000,
+    with runs and types changing, and after a reopen in the middle of a hundred."""
+    path = tmp_path / "events.jsonl"
+    j = Journal(path)
+    lines: list[bytes] = []
+
+    def add(n: int) -> None:
+        for _ in range(n):
+            seq = j.last_seq + 1
+            type_, run = ("item", "r1") if seq % 3 else ("turn", "" if seq % 2 else "r-2")
+            data = payload(seq)
+            got_seq, line = j.append(type_, data, run=run)
+            assert got_seq == seq
+            rec = decode_record(line)
+            assert line == msgspec.json.encode(wire.Record(type=type_, ts=rec.ts, data=msgspec.Raw(data), seq=seq, run=run))
+            lines.append(line)
+
+    add(150)
+    j.close()
+    j = Journal(path)  # reopened at seq 150: the next, 151, is formatted from the file's last seq
+    add(1100)
+    assert path.read_bytes() == b"".join(line + b"\n" for line in lines)
+    assert j.read_after(99, limit=2) == lines[99:101]
+    assert j.read_after(999, limit=1) == [lines[999]]
+    j.close()
 
 
 def test_payload_with_a_raw_newline_is_refused(store: JournalStore) -> None:
@@ -297,7 +329,7 @@ def test_write_error_leaves_the_file_valid_and_last_seq_unchanged(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(fd, data)
 
-    monkeypatch.setattr(os, "write", failing_write)
+    monkeypatch.setattr(journal_mod, "_write", failing_write)  # append's own alias of os.write
     with pytest.raises(OSError) as info:
         j.append("item", payload(99))
     assert info.value.errno == errno.ENOSPC
@@ -315,7 +347,9 @@ def test_write_error_leaves_the_file_valid_and_last_seq_unchanged(
 
 def test_short_writes_are_completed(store: JournalStore, monkeypatch: pytest.MonkeyPatch) -> None:
     real_write = os.write
-    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data)[:7]))
+    short = lambda fd, data: real_write(fd, bytes(data)[:7])  # noqa: E731
+    monkeypatch.setattr(journal_mod, "_write", short)  # append's first write
+    monkeypatch.setattr(os, "write", short)  # and _fsutil.write_all's
     j = store.open("c1")
     _, line = j.append("item", payload(1))
     assert j.path.read_bytes() == line + b"\n"
