@@ -22,9 +22,11 @@ import errno
 import math
 import os
 import pathlib
+import queue
 import secrets
 import shutil
 import stat
+import threading
 import time
 from typing import Callable
 
@@ -207,6 +209,102 @@ def _fsync_failed(jobs: list[tuple[Journal, int]], exc: OSError) -> None:
     _log().error("journal.fsync_failed", paths=[str(j.path) for j, _ in jobs], error=str(exc))
     for j, _ in jobs:
         j._fail(exc)
+
+
+#: the group-commit thread's last item: what was queued before it is synced, then the thread ends
+_STOP = object()
+
+
+class _GroupCommit:
+    """fsync ``batch``'s one long-lived thread, fed by a queue (:meth:`JournalStore.run` starts it).
+
+    The trio thread puts ``(deadline, journal, fd)`` when a journal gets its
+    first unsynced append (``fd`` a dup of the journal's, owned from then on
+    by this thread, so a journal closed meanwhile cannot have its fd number
+    reused under the fsync); the thread waits until the first item's deadline
+    (monotonic seconds: the append's time + ``batch_ms``), takes every item
+    queued by then and fsyncs each journal once. A batch costs the trio thread
+    one dup and one ``SimpleQueue.put``, not a task wake-up, a timer and a
+    ``trio.to_thread`` job with its thread hand-off (per-turn CPU, issue 18).
+
+    Journal state shared with the trio thread (under the GIL, plain attribute
+    loads and stores): this thread clears ``_queued`` *before* it reads
+    ``_end``, so an append it misses queues its journal again; it raises
+    ``_synced`` to the ``_end`` it read. Anything else it has to say (an
+    fsync failed, it stopped) goes to the trio thread by ``run_sync_soon``.
+    """
+
+    def __init__(self, queue_: queue.SimpleQueue[object], token: trio.lowlevel.TrioToken) -> None:
+        self._queue = queue_
+        self._token = token
+        #: what ended the thread other than a _Stop (a bug): run() raises it
+        self.error: BaseException | None = None
+
+    def _to_trio(self, fn: Callable[..., object], *args: object) -> None:
+        try:
+            self._token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:
+            fn(*args)  # no trio thread left to race with
+
+    def main(self, ended: Callable[[], None]) -> None:
+        """The thread: syncs until it takes _STOP, then calls ``ended`` on the trio thread."""
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug: run() raises it rather than stop syncing quietly
+            self.error = exc
+        finally:
+            self._to_trio(ended)
+
+    def _loop(self) -> None:
+        get = self._queue.get
+        while True:
+            item = get()
+            if item is _STOP:
+                return
+            batch: list[tuple[float, Journal, int]] = [item]  # type: ignore[list-item]
+            deadline = batch[0][0]
+            stop = False
+            while True:
+                wait = deadline - time.monotonic()
+                try:
+                    item = get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stop = True  # sync what came before it first
+                    break
+                batch.append(item)  # type: ignore[arg-type]
+            self._sync(batch)
+            if stop:
+                return
+
+    def _sync(self, batch: list[tuple[float, Journal, int]]) -> None:
+        fds: dict[Journal, int] = {}
+        for _, j, fd in batch:
+            if j in fds:
+                os.close(fd)  # queued twice (synced meanwhile, then dirty again): one fsync covers both
+            else:
+                fds[j] = fd
+        for j in fds:
+            j._queued = False  # before reading _end: an append after this queues the journal again
+        ends = [(j, j._end) for j in fds]
+        t0 = time.perf_counter()
+        failed: list[tuple[Journal, int]] = []
+        error: OSError | None = None
+        for j, end in ends:
+            try:
+                os.fsync(fds[j])
+            except OSError as exc:
+                failed.append((j, end))
+                error = error or exc
+            else:
+                if end > j._synced:
+                    j._synced = end
+            finally:
+                os.close(fds[j])
+        _fsync_timer.add((time.perf_counter() - t0) / len(ends))
+        if error is not None:
+            self._to_trio(_fsync_failed, failed, error)
 
 
 async def _sync_journals(journals: list[Journal]) -> None:
@@ -730,9 +828,8 @@ class JournalStore:
         self._journals: dict[str, Journal] = {}
         #: conversations whose record.json is refused (see ConversationStore.refused)
         self.refused: dict[str, JournalRefused] = {}
-        self._dirty: list[Journal] = []
-        self._dirty_since = 0.0
-        self._wake = trio.Event()
+        #: what the group-commit thread is to sync: (deadline, journal, dup'd fd), or _STOP
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         #: every record's bytes by id, kept from read_records() on, for the index aclose() writes
         self._records: dict[str, bytes] | None = None
         #: False once a record write failed half-way: what is on disk is then unknown
@@ -745,46 +842,61 @@ class JournalStore:
     # ------------------------------------------------------------------ group commit
 
     def _mark_dirty(self, journal: Journal) -> None:
-        if not self._dirty:
-            self._dirty_since = time.monotonic()
-        self._dirty.append(journal)
-        self._wake.set()
+        """A journal's first unsynced append (BATCH): queue it for the group-commit thread."""
+        try:
+            fd = os.dup(journal._fd)
+        except OSError as exc:
+            # No fd to hand over (EMFILE): sync here, on the trio thread, rather than not at all.
+            _log().warning("journal.dup_failed", path=str(journal.path), error=str(exc))
+            journal._queued = False
+            end = journal._end
+            try:
+                os.fsync(journal._fd)
+            except OSError as err:
+                _fsync_failed([(journal, end)], err)
+                return
+            journal._synced = max(journal._synced, end)
+            return
+        self._queue.put((time.monotonic() + self.batch_ms / 1000, journal, fd))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Group commit for ``batch``: runs until cancelled.
 
         Each dirty journal is fsynced at most ``batch_ms`` after its first
-        unsynced append, all dirty journals in one worker-thread call. On
-        cancellation, a final fsync of everything dirty runs shielded. Never
-        raises but Cancelled: when an fsync fails (durability then unknown)
-        it is logged (``journal.fsync_failed``) and the journals concerned
-        refuse further appends, so their turns fail with that reason, while
-        the daemon keeps serving reads and every other conversation.
+        unsynced append, all journals dirty by then at once, in one thread
+        this starts (:class:`_GroupCommit`; the trio thread is not woken for
+        it). On cancellation, waits (shielded) until everything dirty so far
+        is synced and the thread has ended. Raises only Cancelled (or what
+        ended the thread, a bug): when an fsync fails (durability then
+        unknown) it is logged (``journal.fsync_failed``) and the journals
+        concerned refuse further appends, so their turns fail with that
+        reason, while the daemon keeps serving reads and every other
+        conversation.
         """
+        commit = _GroupCommit(self._queue, trio.lowlevel.current_trio_token())
+        ended = trio.Event()
+        thread = threading.Thread(target=commit.main, args=(ended.set,), name="agentd-journal-sync", daemon=True)
+        thread.start()
         task_status.started()
         try:
-            while True:
-                await self._wake.wait()
-                delay = self.batch_ms / 1000 - (time.monotonic() - self._dirty_since)
-                if delay > 0:
-                    await trio.sleep(delay)
-                try:
-                    await self._flush()
-                except OSError:
-                    pass  # logged, and those journals marked, by _sync_journals
+            await ended.wait()  # only when the thread died
+            raise RuntimeError("the journal's group-commit thread ended") from commit.error
         finally:
-            with trio.CancelScope(shield=True):
-                try:
-                    await self._flush()
-                except OSError:
-                    pass
+            if not ended.is_set():
+                self._queue.put(_STOP)
+                with trio.CancelScope(shield=True):
+                    await ended.wait()
 
-    async def _flush(self) -> None:
-        self._wake = trio.Event()
-        pending, self._dirty = self._dirty, []
-        for j in pending:
-            j._queued = False
-        await _sync_journals(pending)
+    def _drain(self) -> None:
+        """Close the fds of what is queued while no group-commit thread runs (aclose syncs those journals)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, tuple):
+                os.close(item[2])
+                item[1]._queued = False
 
     # ------------------------------------------------------------------ conversations
 
@@ -980,6 +1092,7 @@ class JournalStore:
         """
         journals = list(self._journals.values())
         self._journals.clear()
+        self._drain()
         try:
             await _sync_journals(journals)
         finally:

@@ -7,6 +7,8 @@ import os
 import pathlib
 import re
 import stat
+import threading
+import time
 
 import msgspec
 import pytest
@@ -512,6 +514,128 @@ async def test_batch_flusher_survives_a_journal_removed_while_dirty(tmp_path: pa
         await trio.sleep(0.02)
         nursery.cancel_scope.cancel()
     assert store.ids() == []
+
+
+def _inode(fd: int) -> int:
+    return os.fstat(fd).st_ino
+
+
+async def test_batch_fsyncs_in_the_group_commit_thread_and_an_append_during_an_fsync_is_synced_next(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=5)
+    j = store.open("a")
+    real = os.fsync
+    release = threading.Event()
+    calls: list[tuple[str, int]] = []  # (thread, file size when the fsync started)
+
+    def fsync(fd: int) -> None:
+        calls.append((threading.current_thread().name, os.fstat(fd).st_size))
+        if len(calls) == 1:
+            release.wait(5)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        fill(j, 10)
+        first_end = j.size
+        with trio.fail_after(5):
+            while not calls:
+                await trio.sleep(0.001)
+        fill(j, 5)  # while the first fsync is under way: not covered by it, so queued again
+        assert j._synced < first_end
+        release.set()
+        with trio.fail_after(5):
+            while j._synced < j.size:
+                await trio.sleep(0.001)
+        assert [size for _, size in calls] == [first_end, j.size]
+        assert {name for name, _ in calls} == {"agentd-journal-sync"}
+        nursery.cancel_scope.cancel()
+    await store.aclose()
+    assert len(calls) == 2
+
+
+async def test_batch_fsync_error_refuses_that_journals_appends_and_the_others_go_on(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=1)
+    a, b = store.open("a"), store.open("b")
+    bad = _inode(a._fd)
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if _inode(fd) == bad:
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            a.append("item", payload(1))
+            b.append("item", payload(1))
+            with trio.fail_after(5):
+                while not a._broken or b._synced < b.size:
+                    await trio.sleep(0.001)
+            with pytest.raises(OSError, match="could not be synced") as info:
+                a.append("item", payload(2))
+            assert info.value.errno == errno.EIO and a.last_seq == 1
+            b.append("item", payload(2))  # the group commit still runs for the others
+            with trio.fail_after(5):
+                while b._synced < b.size:
+                    await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
+    failed = [e for e in logs if e["event"] == "journal.fsync_failed"]
+    assert len(failed) == 1 and failed[0]["paths"] == [str(a.path)]
+    monkeypatch.undo()
+    await store.aclose()
+
+
+async def test_batch_shutdown_waits_for_the_fsync_under_way_and_syncs_the_rest(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=1)
+    a, b = store.open("a"), store.open("b")
+    real = os.fsync
+    started, release = threading.Event(), threading.Event()
+    synced: list[int] = []
+
+    def fsync(fd: int) -> None:
+        started.set()
+        release.wait(5)
+        real(fd)
+        synced.append(_inode(fd))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            a.append("item", payload(1))
+            with trio.fail_after(5):
+                await trio.to_thread.run_sync(started.wait)
+            b.append("item", payload(1))  # queued behind the fsync under way
+            outer.start_soon(trio.to_thread.run_sync, lambda: (time.sleep(0.05), release.set()))
+            nursery.cancel_scope.cancel()  # run() returns only once both are on disk
+        assert release.is_set()
+        assert (a._synced, b._synced) == (a.size, b.size)
+        assert sorted(synced) == sorted([_inode(a._fd), _inode(b._fd)])
+    monkeypatch.undo()
+    await store.aclose()
+
+
+async def test_batch_run_raises_when_its_thread_dies(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: object, batch: object) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(journal_mod._GroupCommit, "_sync", broken)
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=1)
+    store.open("a").append("item", payload(1))  # queued before run() starts: its thread takes it first
+    with pytest.raises(RuntimeError, match="group-commit thread ended") as info:
+        with trio.fail_after(5):
+            await store.run()
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    await store.aclose()
 
 
 async def test_never_does_not_fsync(tmp_path: pathlib.Path, fsyncs: list[int]) -> None:
