@@ -7,10 +7,10 @@ Layout under the store's root (``<state_dir>/conversations``)::
 
 Ownership: the daemon's trio thread owns every :class:`Journal`; ``append``
 and ``read_after`` are synchronous and must be called from that thread only
-(the group-commit flusher relies on it). A record is durable once the fsync
-policy says so: ``always`` after ``await journal.sync()``, ``batch`` within
-``batch_ms`` while :meth:`JournalStore.run` runs, ``never`` when the kernel
-gets to it. Nothing here rewrites a record; on open, only a torn last line
+(the group-commit thread shares a few attributes with it, see
+``_GroupCommit``). A record is durable once the fsync policy says so:
+``always`` after ``await journal.sync()``, ``batch`` within ``batch_ms``
+while :meth:`JournalStore.run` runs, ``never`` when the kernel gets to it. Nothing here rewrites a record; on open, only a torn last line
 (a crash mid-write) is cut off.
 """
 
@@ -237,7 +237,7 @@ class _GroupCommit:
     def __init__(self, queue_: queue.SimpleQueue[object], token: trio.lowlevel.TrioToken) -> None:
         self._queue = queue_
         self._token = token
-        #: what ended the thread other than a _Stop (a bug): run() raises it
+        #: what ended the thread other than _STOP (a bug): run() raises it
         self.error: BaseException | None = None
 
     def _to_trio(self, fn: Callable[..., object], *args: object) -> None:
