@@ -239,6 +239,9 @@ class _GroupCommit:
         self._token = token
         #: what ended the thread other than _STOP (a bug): run() raises it
         self.error: BaseException | None = None
+        #: journals whose fsync failed: never synced again here, lest a later fsync report success over
+        #: the pages the kernel dropped (before the trio thread has marked them)
+        self._failed: set[Journal] = set()
 
     def _to_trio(self, fn: Callable[..., object], *args: object) -> None:
         try:
@@ -281,10 +284,13 @@ class _GroupCommit:
     def _sync(self, batch: list[tuple[float, Journal, int]]) -> None:
         fds: dict[Journal, int] = {}
         for _, j, fd in batch:
-            if j in fds:
-                os.close(fd)  # queued twice (synced meanwhile, then dirty again): one fsync covers both
+            if j in fds or j in self._failed:
+                # queued twice (synced meanwhile, then dirty again): one fsync covers both; or failed before
+                os.close(fd)
             else:
                 fds[j] = fd
+        if not fds:
+            return
         for j in fds:
             j._queued = False  # before reading _end: an append after this queues the journal again
         ends = [(j, j._end) for j in fds]
@@ -296,6 +302,7 @@ class _GroupCommit:
                 os.fsync(fds[j])
             except OSError as exc:
                 failed.append((j, end))
+                self._failed.add(j)
                 error = error or exc
             else:
                 if end > j._synced:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
+import queue
 import re
 import stat
 import threading
@@ -590,6 +591,33 @@ async def test_batch_fsync_error_refuses_that_journals_appends_and_the_others_go
     assert len(failed) == 1 and failed[0]["paths"] == [str(a.path)]
     monkeypatch.undo()
     await store.aclose()
+
+
+async def test_group_commit_never_syncs_a_journal_again_once_its_fsync_failed(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later fsync may report success over the pages the kernel dropped: the thread does not try
+    one, even before the trio thread has marked the journal (a batch may come first)."""
+    j = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH).open("a")
+    j.append("item", payload(1))
+    calls: list[int] = []
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    commit = journal_mod._GroupCommit(queue.SimpleQueue(), trio.lowlevel.current_trio_token())
+    commit._sync([(0.0, j, os.dup(j._fd))])
+    j.append("item", payload(2))  # not refused yet: the failure reaches the trio thread by run_sync_soon
+    commit._sync([(0.0, j, os.dup(j._fd))])
+    assert len(calls) == 1 and j._synced == 0
+    await trio.sleep(0.01)
+    with pytest.raises(OSError, match="could not be synced"):
+        j.append("item", payload(3))
+    monkeypatch.undo()
+    j.close()
 
 
 async def test_batch_shutdown_waits_for_the_fsync_under_way_and_syncs_the_rest(
