@@ -7,10 +7,10 @@ Layout under the store's root (``<state_dir>/conversations``)::
 
 Ownership: the daemon's trio thread owns every :class:`Journal`; ``append``
 and ``read_after`` are synchronous and must be called from that thread only
-(the group-commit flusher relies on it). A record is durable once the fsync
-policy says so: ``always`` after ``await journal.sync()``, ``batch`` within
-``batch_ms`` while :meth:`JournalStore.run` runs, ``never`` when the kernel
-gets to it. Nothing here rewrites a record; on open, only a torn last line
+(the group-commit thread shares a few attributes with it, see
+``_GroupCommit``). A record is durable once the fsync policy says so:
+``always`` after ``await journal.sync()``, ``batch`` within ``batch_ms``
+while :meth:`JournalStore.run` runs, ``never`` when the kernel gets to it. Nothing here rewrites a record; on open, only a torn last line
 (a crash mid-write) is cut off.
 """
 
@@ -19,11 +19,14 @@ from __future__ import annotations
 import bisect
 import enum
 import errno
+import math
 import os
 import pathlib
+import queue
 import secrets
 import shutil
 import stat
+import threading
 import time
 from typing import Callable
 
@@ -46,8 +49,7 @@ _CHUNK_MAX = 1 << 20
 _SCAN = 64 * 1024
 #: Read size when looking for a line boundary.
 _PROBE = 4096
-#: Every _INDEX_EVERY-th appended seq is indexed (seq & mask == 0); at most _INDEX_MAX entries are kept.
-_INDEX_MASK = 63
+#: Every 100th appended seq is indexed (when its last two digits are formatted anew); at most _INDEX_MAX entries are kept.
 _INDEX_MAX = 4096
 #: Where recent reads stopped (next seq -> offset), so a subscriber paging forward never bisects.
 _CURSORS_MAX = 256
@@ -130,6 +132,11 @@ _seq_decoder = msgspec.json.Decoder(_Seq)
 _index_decoder = msgspec.json.Decoder(_RecordsIndex)
 _encode = msgspec.json.Encoder().encode
 _time = time.time
+_join = b"".join
+_write = os.write
+#: a seq's last two digits: without a leading zero below 100, with one above
+_DIGITS1 = [b"%d" % i for i in range(100)]
+_DIGITS2 = [b"%02d" % i for i in range(100)]
 
 
 def _log() -> structlog.typing.FilteringBoundLogger:
@@ -204,6 +211,109 @@ def _fsync_failed(jobs: list[tuple[Journal, int]], exc: OSError) -> None:
         j._fail(exc)
 
 
+#: the group-commit thread's last item: what was queued before it is synced, then the thread ends
+_STOP = object()
+
+
+class _GroupCommit:
+    """fsync ``batch``'s one long-lived thread, fed by a queue (:meth:`JournalStore.run` starts it).
+
+    The trio thread puts ``(deadline, journal, fd)`` when a journal gets its
+    first unsynced append (``fd`` a dup of the journal's, owned from then on
+    by this thread, so a journal closed meanwhile cannot have its fd number
+    reused under the fsync); the thread waits until the first item's deadline
+    (monotonic seconds: the append's time + ``batch_ms``), takes every item
+    queued by then and fsyncs each journal once. A batch costs the trio thread
+    one dup and one ``SimpleQueue.put``, not a task wake-up, a timer and a
+    ``trio.to_thread`` job with its thread hand-off (per-turn CPU, issue 18).
+
+    Journal state shared with the trio thread (under the GIL, plain attribute
+    loads and stores): this thread clears ``_queued`` *before* it reads
+    ``_end``, so an append it misses queues its journal again; it raises
+    ``_synced`` to the ``_end`` it read. Anything else it has to say (an
+    fsync failed, it stopped) goes to the trio thread by ``run_sync_soon``.
+    """
+
+    def __init__(self, queue_: queue.SimpleQueue[object], token: trio.lowlevel.TrioToken) -> None:
+        self._queue = queue_
+        self._token = token
+        #: what ended the thread other than _STOP (a bug): run() raises it
+        self.error: BaseException | None = None
+        #: journals whose fsync failed: never synced again here, lest a later fsync report success over
+        #: the pages the kernel dropped (before the trio thread has marked them)
+        self._failed: set[Journal] = set()
+
+    def _to_trio(self, fn: Callable[..., object], *args: object) -> None:
+        try:
+            self._token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:
+            fn(*args)  # no trio thread left to race with
+
+    def main(self, ended: Callable[[], None]) -> None:
+        """The thread: syncs until it takes _STOP, then calls ``ended`` on the trio thread."""
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug: run() raises it rather than stop syncing quietly
+            self.error = exc
+        finally:
+            self._to_trio(ended)
+
+    def _loop(self) -> None:
+        get = self._queue.get
+        while True:
+            item = get()
+            if item is _STOP:
+                return
+            batch: list[tuple[float, Journal, int]] = [item]  # type: ignore[list-item]
+            deadline = batch[0][0]
+            stop = False
+            while True:
+                wait = deadline - time.monotonic()
+                try:
+                    item = get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stop = True  # sync what came before it first
+                    break
+                batch.append(item)  # type: ignore[arg-type]
+            self._sync(batch)
+            if stop:
+                return
+
+    def _sync(self, batch: list[tuple[float, Journal, int]]) -> None:
+        fds: dict[Journal, int] = {}
+        for _, j, fd in batch:
+            if j in fds or j in self._failed:
+                # queued twice (synced meanwhile, then dirty again): one fsync covers both; or failed before
+                os.close(fd)
+            else:
+                fds[j] = fd
+        if not fds:
+            return
+        for j in fds:
+            j._queued = False  # before reading _end: an append after this queues the journal again
+        ends = [(j, j._end) for j in fds]
+        t0 = time.perf_counter()
+        failed: list[tuple[Journal, int]] = []
+        error: OSError | None = None
+        for j, end in ends:
+            try:
+                os.fsync(fds[j])
+            except OSError as exc:
+                failed.append((j, end))
+                self._failed.add(j)
+                error = error or exc
+            else:
+                if end > j._synced:
+                    j._synced = end
+            finally:
+                os.close(fds[j])
+        _fsync_timer.add((time.perf_counter() - t0) / len(ends))
+        if error is not None:
+            self._to_trio(_fsync_failed, failed, error)
+
+
 async def _sync_journals(journals: list[Journal]) -> None:
     """fsync every journal with unsynced appends, all in one worker-thread call.
 
@@ -247,7 +357,7 @@ class Journal:
     __slots__ = (
         "path", "last_seq", "_policy", "_on_dirty", "_queued", "_readonly", "_fd", "_end", "_synced", "_broken",
         "_broken_reason", "_errno", "_idx_seq", "_idx_off", "_cursors", "_ts_lo", "_ts_hi", "_ts", "_ts_mid",
-        "_heads", "_run", "_run_tail",
+        "_heads", "_run", "_run_tail", "_seq_hi", "_seq_low",
     )
 
     path: pathlib.Path
@@ -316,6 +426,9 @@ class Journal:
         # the last run appended, and the end of its lines (without the newline)
         self._run: str | None = None
         self._run_tail = b"}"
+        self._seq_hi = b""
+        self._seq_low: list[bytes] = []
+        self._set_seq(self.last_seq + 1)
 
     # ------------------------------------------------------------------ open
 
@@ -379,14 +492,11 @@ class Journal:
         file is cut back to its previous end, ``last_seq`` is unchanged and the
         error propagates. Raises ``trio.ClosedResourceError`` when closed.
         """
-        if self._broken:  # also set while closed
-            if not (self._readonly is not None and self._fd >= 0 and self._reopen_writable()):
-                self._raise_unusable()
+        now = _time()
+        if not self._ts_lo <= now < self._ts_hi:  # also while refusing appends (_ts_lo is inf then)
+            self._refresh(now)
         if 10 in data:  # b"\n"; the int form is a plain memchr, several times faster
             raise ValueError("journal payload contains a raw newline")
-        now = _time()
-        if not self._ts_lo <= now < self._ts_hi:
-            self._set_ts(now)
         # The bytes msgspec makes of Record(type, ts, data, seq, run), put together from pieces
         # encoded once (per type and ms, per run): this is the daemon's hottest path, where every
         # attribute load and call shows (see BENCHMARKS.md), hence `is not`, `[]` over `.get`.
@@ -397,12 +507,15 @@ class Journal:
         except KeyError:
             head = self._head(type)
         seq = self.last_seq + 1
-        line = b'%s%s,"seq":%d%s' % (head, data, seq, self._run_tail)
+        low = seq % 100
+        if not low:
+            self._set_seq(seq)
+        line = _join((head, data, self._seq_hi, self._seq_low[low], self._run_tail))
         buf = line + b"\n"  # one copy either way; this one leaves the line to return as it is
         off = self._end
         size = len(buf)
         try:
-            n = os.write(self._fd, buf)
+            n = _write(self._fd, buf)
             if n != size:
                 _fsutil.write_all(self._fd, memoryview(buf)[n:])
         except OSError:
@@ -410,7 +523,7 @@ class Journal:
             raise
         self._end = off + size
         self.last_seq = seq
-        if not seq & _INDEX_MASK:
+        if not low:
             self._index(seq, off)
         if not self._queued:
             self._queued = True
@@ -422,12 +535,32 @@ class Journal:
         """The file's size in bytes: where the next record will start."""
         return self._end
 
+    def _refresh(self, now: float) -> None:
+        """append's slow path: refuse while broken (or closed), else cache the ts of ``now``'s ms."""
+        if self._broken:
+            if not (self._readonly is not None and self._fd >= 0 and self._reopen_writable()):
+                self._raise_unusable()
+        if not self._ts_lo <= now < self._ts_hi:
+            self._set_ts(now)
+
+    def _refuse(self, reason: str) -> None:
+        """Refuse appends from now on, saying ``reason``: append's fast check sees the inf."""
+        self._broken = True
+        self._broken_reason = reason
+        self._ts_lo = math.inf
+
     def _set_ts(self, now: float) -> None:
         ms = int(now * 1000)
         self._ts = _format_ms(ms)
         self._ts_mid = b',"ts":"%s","data":' % self._ts.encode()
         self._ts_lo, self._ts_hi = ms / 1000, (ms + 1) / 1000
         self._heads.clear()
+
+    def _set_seq(self, seq: int) -> None:
+        # seq = 100 * hi + low: the digits of hi formatted once per 100 records, low's from a table
+        hi = seq // 100
+        self._seq_hi = b',"seq":%d' % hi if hi else b',"seq":'
+        self._seq_low = _DIGITS2 if hi else _DIGITS1
 
     def _set_run(self, run: str) -> None:
         # Another str object than the last, often an equal one: encoded again only when it differs.
@@ -452,8 +585,7 @@ class Journal:
                 size = -1
             if size != off:
                 # A torn line stays; appending after it would bury it mid-file. Reopening cuts it.
-                self._broken = True
-                self._broken_reason = "has a torn tail that could not be cut; reopen it"
+                self._refuse("has a torn tail that could not be cut; reopen it")
                 _log().error("journal.rollback_failed", path=str(self.path), error=str(exc))
 
     def _reopen_writable(self) -> bool:
@@ -475,17 +607,17 @@ class Journal:
         self._readonly = None
         self._broken = False
         self._broken_reason = ""
+        self._ts_lo = self._ts_hi = 0.0
         _log().info("journal.writable_again", path=str(self.path))
         return True
 
     def _fail(self, exc: OSError) -> None:
         """An fsync failed: refuse appends from now on (reads go on); reopening clears it."""
-        self._broken = True
-        self._broken_reason = (
+        self._errno = exc.errno or errno.EIO
+        self._refuse(
             f"could not be synced ({exc.strerror or exc}); what it holds since is not known to be on disk, "
             "so it takes no more records until agentd restarts"
         )
-        self._errno = exc.errno or errno.EIO
 
     def _raise_unusable(self) -> None:
         if self._fd < 0:
@@ -541,7 +673,8 @@ class Journal:
 
     def _close(self, *, sync: bool) -> None:
         fd, self._fd = self._fd, -1
-        self._broken = True  # append checks only this flag
+        self._broken = True
+        self._ts_lo = math.inf  # append's fast check fails, its slow path sees _broken
         if fd < 0:
             return
         try:
@@ -702,9 +835,8 @@ class JournalStore:
         self._journals: dict[str, Journal] = {}
         #: conversations whose record.json is refused (see ConversationStore.refused)
         self.refused: dict[str, JournalRefused] = {}
-        self._dirty: list[Journal] = []
-        self._dirty_since = 0.0
-        self._wake = trio.Event()
+        #: what the group-commit thread is to sync: (deadline, journal, dup'd fd), or _STOP
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         #: every record's bytes by id, kept from read_records() on, for the index aclose() writes
         self._records: dict[str, bytes] | None = None
         #: False once a record write failed half-way: what is on disk is then unknown
@@ -717,46 +849,61 @@ class JournalStore:
     # ------------------------------------------------------------------ group commit
 
     def _mark_dirty(self, journal: Journal) -> None:
-        if not self._dirty:
-            self._dirty_since = time.monotonic()
-        self._dirty.append(journal)
-        self._wake.set()
+        """A journal's first unsynced append (BATCH): queue it for the group-commit thread."""
+        try:
+            fd = os.dup(journal._fd)
+        except OSError as exc:
+            # No fd to hand over (EMFILE): sync here, on the trio thread, rather than not at all.
+            _log().warning("journal.dup_failed", path=str(journal.path), error=str(exc))
+            journal._queued = False
+            end = journal._end
+            try:
+                os.fsync(journal._fd)
+            except OSError as err:
+                _fsync_failed([(journal, end)], err)
+                return
+            journal._synced = max(journal._synced, end)
+            return
+        self._queue.put((time.monotonic() + self.batch_ms / 1000, journal, fd))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Group commit for ``batch``: runs until cancelled.
 
         Each dirty journal is fsynced at most ``batch_ms`` after its first
-        unsynced append, all dirty journals in one worker-thread call. On
-        cancellation, a final fsync of everything dirty runs shielded. Never
-        raises but Cancelled: when an fsync fails (durability then unknown)
-        it is logged (``journal.fsync_failed``) and the journals concerned
-        refuse further appends, so their turns fail with that reason, while
-        the daemon keeps serving reads and every other conversation.
+        unsynced append, all journals dirty by then at once, in one thread
+        this starts (:class:`_GroupCommit`; the trio thread is not woken for
+        it). On cancellation, waits (shielded) until everything dirty so far
+        is synced and the thread has ended. Raises only Cancelled (or what
+        ended the thread, a bug): when an fsync fails (durability then
+        unknown) it is logged (``journal.fsync_failed``) and the journals
+        concerned refuse further appends, so their turns fail with that
+        reason, while the daemon keeps serving reads and every other
+        conversation.
         """
+        commit = _GroupCommit(self._queue, trio.lowlevel.current_trio_token())
+        ended = trio.Event()
+        thread = threading.Thread(target=commit.main, args=(ended.set,), name="agentd-journal-sync", daemon=True)
+        thread.start()
         task_status.started()
         try:
-            while True:
-                await self._wake.wait()
-                delay = self.batch_ms / 1000 - (time.monotonic() - self._dirty_since)
-                if delay > 0:
-                    await trio.sleep(delay)
-                try:
-                    await self._flush()
-                except OSError:
-                    pass  # logged, and those journals marked, by _sync_journals
+            await ended.wait()  # only when the thread died
+            raise RuntimeError("the journal's group-commit thread ended") from commit.error
         finally:
-            with trio.CancelScope(shield=True):
-                try:
-                    await self._flush()
-                except OSError:
-                    pass
+            if not ended.is_set():
+                self._queue.put(_STOP)
+                with trio.CancelScope(shield=True):
+                    await ended.wait()
 
-    async def _flush(self) -> None:
-        self._wake = trio.Event()
-        pending, self._dirty = self._dirty, []
-        for j in pending:
-            j._queued = False
-        await _sync_journals(pending)
+    def _drain(self) -> None:
+        """Close the fds of what is queued while no group-commit thread runs (aclose syncs those journals)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, tuple):
+                os.close(item[2])
+                item[1]._queued = False
 
     # ------------------------------------------------------------------ conversations
 
@@ -952,6 +1099,7 @@ class JournalStore:
         """
         journals = list(self._journals.values())
         self._journals.clear()
+        self._drain()
         try:
             await _sync_journals(journals)
         finally:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
+import queue
 import re
 import stat
+import threading
+import time
 
 import msgspec
 import pytest
@@ -15,6 +18,7 @@ import trio
 
 from agentd import journal as journal_mod
 from agentd.journal import FsyncPolicy, Journal, JournalCorrupt, JournalStore
+from agentd import wire
 from agentd.wire import decode_record
 
 TS_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\Z")
@@ -83,6 +87,37 @@ def test_append_returns_the_line_written_to_the_file(store: JournalStore) -> Non
     j = store.open("c1")
     _, line = j.append("item", payload(1), run="r9")
     assert j.path.read_bytes() == line + b"\n"
+
+
+def test_lines_are_the_bytes_msgspec_makes_of_the_record_across_seq_digits_runs_and_reopen(
+    tmp_path: pathlib.Path,
+) -> None:
+    """append builds each line from cached pieces (the seq's last two digits from a table, the rest
+    formatted per hundred): every line is still what msgspec encodes, at 9/10, 99/100/101, 999/1000,
+    with runs and types changing, and after a reopen in the middle of a hundred."""
+    path = tmp_path / "events.jsonl"
+    j = Journal(path)
+    lines: list[bytes] = []
+
+    def add(n: int) -> None:
+        for _ in range(n):
+            seq = j.last_seq + 1
+            type_, run = ("item", "r1") if seq % 3 else ("turn", "" if seq % 2 else "r-2")
+            data = payload(seq)
+            got_seq, line = j.append(type_, data, run=run)
+            assert got_seq == seq
+            rec = decode_record(line)
+            assert line == msgspec.json.encode(wire.Record(type=type_, ts=rec.ts, data=msgspec.Raw(data), seq=seq, run=run))
+            lines.append(line)
+
+    add(150)
+    j.close()
+    j = Journal(path)  # reopened at seq 150: the next, 151, is formatted from the file's last seq
+    add(1100)
+    assert path.read_bytes() == b"".join(line + b"\n" for line in lines)
+    assert j.read_after(99, limit=2) == lines[99:101]
+    assert j.read_after(999, limit=1) == [lines[999]]
+    j.close()
 
 
 def test_payload_with_a_raw_newline_is_refused(store: JournalStore) -> None:
@@ -297,7 +332,7 @@ def test_write_error_leaves_the_file_valid_and_last_seq_unchanged(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(fd, data)
 
-    monkeypatch.setattr(os, "write", failing_write)
+    monkeypatch.setattr(journal_mod, "_write", failing_write)  # append's own alias of os.write
     with pytest.raises(OSError) as info:
         j.append("item", payload(99))
     assert info.value.errno == errno.ENOSPC
@@ -315,7 +350,9 @@ def test_write_error_leaves_the_file_valid_and_last_seq_unchanged(
 
 def test_short_writes_are_completed(store: JournalStore, monkeypatch: pytest.MonkeyPatch) -> None:
     real_write = os.write
-    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data)[:7]))
+    short = lambda fd, data: real_write(fd, bytes(data)[:7])  # noqa: E731
+    monkeypatch.setattr(journal_mod, "_write", short)  # append's first write
+    monkeypatch.setattr(os, "write", short)  # and _fsutil.write_all's
     j = store.open("c1")
     _, line = j.append("item", payload(1))
     assert j.path.read_bytes() == line + b"\n"
@@ -478,6 +515,155 @@ async def test_batch_flusher_survives_a_journal_removed_while_dirty(tmp_path: pa
         await trio.sleep(0.02)
         nursery.cancel_scope.cancel()
     assert store.ids() == []
+
+
+def _inode(fd: int) -> int:
+    return os.fstat(fd).st_ino
+
+
+async def test_batch_fsyncs_in_the_group_commit_thread_and_an_append_during_an_fsync_is_synced_next(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=5)
+    j = store.open("a")
+    real = os.fsync
+    release = threading.Event()
+    calls: list[tuple[str, int]] = []  # (thread, file size when the fsync started)
+
+    def fsync(fd: int) -> None:
+        calls.append((threading.current_thread().name, os.fstat(fd).st_size))
+        if len(calls) == 1:
+            release.wait(5)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        fill(j, 10)
+        first_end = j.size
+        with trio.fail_after(5):
+            while not calls:
+                await trio.sleep(0.001)
+        fill(j, 5)  # while the first fsync is under way: not covered by it, so queued again
+        assert j._synced < first_end
+        release.set()
+        with trio.fail_after(5):
+            while j._synced < j.size:
+                await trio.sleep(0.001)
+        assert [size for _, size in calls] == [first_end, j.size]
+        assert {name for name, _ in calls} == {"agentd-journal-sync"}
+        nursery.cancel_scope.cancel()
+    await store.aclose()
+    assert len(calls) == 2
+
+
+async def test_batch_fsync_error_refuses_that_journals_appends_and_the_others_go_on(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=1)
+    a, b = store.open("a"), store.open("b")
+    bad = _inode(a._fd)
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if _inode(fd) == bad:
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with structlog.testing.capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            a.append("item", payload(1))
+            b.append("item", payload(1))
+            with trio.fail_after(5):
+                while not a._broken or b._synced < b.size:
+                    await trio.sleep(0.001)
+            with pytest.raises(OSError, match="could not be synced") as info:
+                a.append("item", payload(2))
+            assert info.value.errno == errno.EIO and a.last_seq == 1
+            b.append("item", payload(2))  # the group commit still runs for the others
+            with trio.fail_after(5):
+                while b._synced < b.size:
+                    await trio.sleep(0.001)
+            nursery.cancel_scope.cancel()
+    failed = [e for e in logs if e["event"] == "journal.fsync_failed"]
+    assert len(failed) == 1 and failed[0]["paths"] == [str(a.path)]
+    monkeypatch.undo()
+    await store.aclose()
+
+
+async def test_group_commit_never_syncs_a_journal_again_once_its_fsync_failed(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later fsync may report success over the pages the kernel dropped: the thread does not try
+    one, even before the trio thread has marked the journal (a batch may come first)."""
+    j = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH).open("a")
+    j.append("item", payload(1))
+    calls: list[int] = []
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    commit = journal_mod._GroupCommit(queue.SimpleQueue(), trio.lowlevel.current_trio_token())
+    commit._sync([(0.0, j, os.dup(j._fd))])
+    j.append("item", payload(2))  # not refused yet: the failure reaches the trio thread by run_sync_soon
+    commit._sync([(0.0, j, os.dup(j._fd))])
+    assert len(calls) == 1 and j._synced == 0
+    await trio.sleep(0.01)
+    with pytest.raises(OSError, match="could not be synced"):
+        j.append("item", payload(3))
+    monkeypatch.undo()
+    j.close()
+
+
+async def test_batch_shutdown_waits_for_the_fsync_under_way_and_syncs_the_rest(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=1)
+    a, b = store.open("a"), store.open("b")
+    real = os.fsync
+    started, release = threading.Event(), threading.Event()
+    synced: list[int] = []
+
+    def fsync(fd: int) -> None:
+        started.set()
+        release.wait(5)
+        real(fd)
+        synced.append(_inode(fd))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            a.append("item", payload(1))
+            with trio.fail_after(5):
+                await trio.to_thread.run_sync(started.wait)
+            b.append("item", payload(1))  # queued behind the fsync under way
+            outer.start_soon(trio.to_thread.run_sync, lambda: (time.sleep(0.05), release.set()))
+            nursery.cancel_scope.cancel()  # run() returns only once both are on disk
+        assert release.is_set()
+        assert (a._synced, b._synced) == (a.size, b.size)
+        assert sorted(synced) == sorted([_inode(a._fd), _inode(b._fd)])
+    monkeypatch.undo()
+    await store.aclose()
+
+
+async def test_batch_run_raises_when_its_thread_dies(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: object, batch: object) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(journal_mod._GroupCommit, "_sync", broken)
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=1)
+    store.open("a").append("item", payload(1))  # queued before run() starts: its thread takes it first
+    with pytest.raises(RuntimeError, match="group-commit thread ended") as info:
+        with trio.fail_after(5):
+            await store.run()
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    await store.aclose()
 
 
 async def test_never_does_not_fsync(tmp_path: pathlib.Path, fsyncs: list[int]) -> None:
