@@ -23,9 +23,12 @@ from typing import Any
 import pytest
 from copilot import RuntimeConnection
 from copilot._jsonrpc import JsonRpcClient
+from copilot.generated.session_events import SessionEventType as T
 
 from agentd import runtime_output
 from agentd.providers.copilot import _reader
+from agentd.providers.copilot import _mapping as m
+from agentd.providers.copilot._conversation import _MCP_EVENTS, unread_event_type
 from agentd.providers.copilot._reader import AgentdCopilotClient, BoundedJsonRpcClient, MessageRefused, peek
 
 CEILING = runtime_output.MAX_MESSAGE_BYTES
@@ -44,9 +47,9 @@ def _frame(body: bytes) -> bytes:
     return b"Content-Length: %d\r\n\r\n" % len(body) + body
 
 
-def _event(session: str, text: str) -> bytes:
+def _event(session: str, text: str, kind: str = "assistant.message") -> bytes:
     return json.dumps({"jsonrpc": "2.0", "method": "session.event",
-                       "params": {"sessionId": session, "event": {"type": "assistant.message", "data": {"content": text}}}},
+                       "params": {"sessionId": session, "event": {"type": kind, "data": {"content": text}}}},
                       separators=(",", ":")).encode()
 
 
@@ -172,6 +175,29 @@ def test_a_frame_with_invalid_utf8_is_decoded_with_u_fffd_and_the_next_frame_is_
     assert not reader.closed.is_set()
 
 
+def test_events_agentd_drops_unseen_never_reach_the_sdk_and_every_other_message_comes_in_order(reader: _Reader) -> None:
+    reader.client.drop_event = unread_event_type  # as AgentdCopilotClient sets it, read per message
+    sent = [("assistant.message", "1"), ("assistant.streaming_delta", "x"), ("model.log", "x"),
+            ("assistant.message_delta", "2"), ("session.mcp_servers_loaded", "3"), ("pending_messages.modified", "x"),
+            ("assistant.idle", "x"), ("session.idle", "4"), ("some.future_type", "5"), ("model.messages_snapshot", "x")]
+    reader.write(*(_frame(_event("s1", text, kind)) for kind, text in sent))
+    other = {"jsonrpc": "2.0", "method": "session.lifecycle", "params": {"type": "assistant.streaming_delta"}}
+    reader.write(_frame(json.dumps(other).encode()), _frame(_event("s1", "last")))  # the read is in order: all before came
+    reader.wait(7)
+    got = [(p["event"]["type"], p["event"]["data"]["content"]) if method == "session.event" else (method, "")
+           for method, p in reader.got]
+    assert got == [("assistant.message", "1"), ("assistant.message_delta", "2"), ("session.mcp_servers_loaded", "3"),
+                   ("session.idle", "4"), ("some.future_type", "5"), ("session.lifecycle", ""), ("assistant.message", "last")]
+    assert reader.refused == []
+
+
+def test_the_event_types_left_unread_are_the_inert_ones_but_the_mcp_events() -> None:
+    for t in T:
+        assert unread_event_type(t.value) == (t in m.INERT and t not in _MCP_EVENTS), t
+    assert unread_event_type("model.turn_started") and unread_event_type("model.messages_snapshot")
+    assert not unread_event_type("some.future_type") and not unread_event_type("")
+
+
 def test_the_sdks_own_reader_loses_the_connection_on_invalid_utf8() -> None:
     """Why agentd's reader exists: the SDK's ends its read loop (and the connection) at the first odd byte."""
     r = _Reader(JsonRpcClient)
@@ -247,10 +273,11 @@ def test_the_copilot_client_reads_with_agentds_reader_and_the_sdk_shape_is_check
     seen: list[tuple[_reader.FrameHead, str]] = []
     # a path given: the SDK never looks for (or downloads) a CLI; nothing is started here
     client = AgentdCopilotClient(connection=RuntimeConnection.for_stdio(path="/bin/true"),
-                                 on_refused=lambda head, text: seen.append((head, text)))
+                                 on_refused=lambda head, text: seen.append((head, text)), drop_event=unread_event_type)
     assert client._client is None
     client._client = JsonRpcClient(_Process(io.BufferedReader(io.BytesIO(b""))))  # as _connect_via_stdio does
     assert isinstance(client._client, BoundedJsonRpcClient)
+    assert client._client.drop_event is unread_event_type
     client._client.on_refused(_reader.FrameHead(session_id="s"), "t")  # type: ignore[misc]
     assert seen == [(_reader.FrameHead(session_id="s"), "t")]
     client._client = None

@@ -87,6 +87,14 @@ log = structlog.get_logger(__name__)
 T = se.SessionEventType
 #: the CLI's MCP server events agentd reads (the rest of its MCP events are unknown records)
 _MCP_EVENTS = frozenset({T.SESSION_MCP_SERVERS_LOADED, T.SESSION_MCP_SERVER_STATUS_CHANGED})
+_MCP_NAMES = frozenset(t.value for t in _MCP_EVENTS)
+
+
+def unread_event_type(name: str) -> bool:
+    """Whether session events of type ``name`` (the CLI's type string) may go unparsed: those
+    :meth:`CopilotConversation._sdk_event` drops unseen. The reader drops them in its thread
+    (``drop_event``), before the SDK builds a ``SessionEvent`` and hops it to its loop."""
+    return name not in _MCP_NAMES and m.inert_type(name)
 
 
 def _enum_value(value: Any) -> str:

@@ -72,6 +72,8 @@ INTERNAL_ERROR = -32603
 
 #: on_refused(head, text): called on the SDK's asyncio loop
 OnRefused = Callable[["FrameHead", str], None]
+#: drop_event(event_type): whether a session event of that type (the CLI's type string) goes unread
+DropEvent = Callable[[str], bool]
 
 
 class FrameHead(msgspec.Struct, frozen=True):
@@ -94,12 +96,19 @@ class MessageRefused(JsonRpcError):
 class BoundedJsonRpcClient(JsonRpcClient):
     """The SDK's JSON-RPC client with agentd's reader (see the module docstring).
 
-    ``on_refused`` is set by :class:`AgentdCopilotClient` before :meth:`start`.
+    ``on_refused`` and ``drop_event`` are set by :class:`AgentdCopilotClient` before :meth:`start`.
+    A ``session.event`` notification whose ``params.event.type`` ``drop_event``
+    says to drop is dropped in the read thread: the SDK never parses it into a
+    ``SessionEvent`` (its ``dateutil`` timestamp parse alone is ~30 us) nor hops
+    it to its asyncio loop. Most of a turn's events are of that kind
+    (``assistant.streaming_delta``, the ``model.*`` telemetry).
     """
 
-    def __init__(self, process: Any, on_refused: OnRefused | None = None) -> None:
+    def __init__(self, process: Any, on_refused: OnRefused | None = None,
+                 drop_event: DropEvent | None = None) -> None:
         super().__init__(process)
         self.on_refused = on_refused
+        self.drop_event = drop_event
         #: why the framing broke (the connection then ended), for the runtime's exit reason
         self.violation = ""
 
@@ -125,6 +134,13 @@ class BoundedJsonRpcClient(JsonRpcClient):
                                                    f"{_preview(data)}")
 
     def _handle_message(self, message: dict[str, Any]) -> None:
+        drop = self.drop_event
+        if drop is not None and message.get("method") == "session.event" and "id" not in message:
+            params = message.get("params")
+            event = params.get("event") if isinstance(params, dict) else None
+            kind = event.get("type") if isinstance(event, dict) else None
+            if isinstance(kind, str) and drop(kind):
+                return
         # A message the SDK's dispatch cannot take (say, an "error" that is no object) raised in
         # the read thread and ended the connection: it is refused like a frame that is no JSON-RPC.
         try:
@@ -257,11 +273,15 @@ class AgentdCopilotClient(CopilotClient):
     """``CopilotClient`` whose JSON-RPC connection reads with :class:`BoundedJsonRpcClient`.
 
     ``on_refused(head, text)`` is called on the SDK's asyncio loop for each
-    refused frame (:class:`FrameHead`: what its start names, "" for what it does not).
+    refused frame (:class:`FrameHead`: what its start names, "" for what it does not);
+    ``drop_event(event_type)`` (the SDK's read thread) says which session events go
+    unread (see :class:`BoundedJsonRpcClient`).
     """
 
-    def __init__(self, *args: Any, on_refused: OnRefused | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, on_refused: OnRefused | None = None, drop_event: DropEvent | None = None,
+                 **kwargs: Any) -> None:
         self._agentd_on_refused = on_refused
+        self._agentd_drop_event = drop_event
         super().__init__(*args, **kwargs)
 
     @property
@@ -272,7 +292,8 @@ class AgentdCopilotClient(CopilotClient):
     def _client(self, value: JsonRpcClient | None) -> None:
         # The SDK assigns a JsonRpcClient it just built (not started yet): ours takes its place.
         if value is not None and not isinstance(value, BoundedJsonRpcClient):
-            value = BoundedJsonRpcClient(value.process, self.__dict__.get("_agentd_on_refused"))
+            value = BoundedJsonRpcClient(value.process, self.__dict__.get("_agentd_on_refused"),
+                                         self.__dict__.get("_agentd_drop_event"))
         self.__dict__["_agentd_rpc"] = value
 
 
