@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import datetime as _dt
 import io
 import json
 import os
@@ -20,8 +21,12 @@ import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
+import dateutil.parser
 import pytest
 from copilot import RuntimeConnection
+from copilot.generated import session_events as se
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from copilot._jsonrpc import JsonRpcClient
 from copilot.generated.session_events import SessionEventType as T
 
@@ -175,20 +180,42 @@ def test_a_frame_with_invalid_utf8_is_decoded_with_u_fffd_and_the_next_frame_is_
     assert not reader.closed.is_set()
 
 
+def _agentd_client() -> AgentdCopilotClient:
+    # a path given: the SDK never looks for (or downloads) a CLI; nothing is started here
+    return AgentdCopilotClient(connection=RuntimeConnection.for_stdio(path="/bin/true"), drop_event=unread_event_type)
+
+
 def test_events_agentd_drops_unseen_never_reach_the_sdk_and_every_other_message_comes_in_order(reader: _Reader) -> None:
-    reader.client.drop_event = unread_event_type  # as AgentdCopilotClient sets it, read per message
+    reader.client.unread = _agentd_client()._unread  # as AgentdCopilotClient sets it (read per message)
     sent = [("assistant.message", "1"), ("assistant.streaming_delta", "x"), ("model.log", "x"),
             ("assistant.message_delta", "2"), ("session.mcp_servers_loaded", "3"), ("pending_messages.modified", "x"),
             ("assistant.idle", "x"), ("session.idle", "4"), ("some.future_type", "5"), ("model.messages_snapshot", "x")]
     reader.write(*(_frame(_event("s1", text, kind)) for kind, text in sent))
-    other = {"jsonrpc": "2.0", "method": "session.lifecycle", "params": {"type": "assistant.streaming_delta"}}
+    other = {"jsonrpc": "2.0", "method": "session.other", "params": {"type": "assistant.streaming_delta"}}
     reader.write(_frame(json.dumps(other).encode()), _frame(_event("s1", "last")))  # the read is in order: all before came
     reader.wait(7)
     got = [(p["event"]["type"], p["event"]["data"]["content"]) if method == "session.event" else (method, "")
            for method, p in reader.got]
     assert got == [("assistant.message", "1"), ("assistant.message_delta", "2"), ("session.mcp_servers_loaded", "3"),
-                   ("session.idle", "4"), ("some.future_type", "5"), ("session.lifecycle", ""), ("assistant.message", "last")]
+                   ("session.idle", "4"), ("some.future_type", "5"), ("session.other", ""), ("assistant.message", "last")]
     assert reader.refused == []
+
+
+def test_lifecycle_events_are_read_only_while_a_handler_listens(reader: _Reader) -> None:
+    client = _agentd_client()
+    reader.client.unread = client._unread
+    lifecycle = {"jsonrpc": "2.0", "method": "session.lifecycle", "params": {"type": "session.updated", "sessionId": "s1"}}
+    reader.write(_frame(json.dumps(lifecycle).encode()), _frame(_event("s1", "1")))
+    reader.wait(1)
+    unsubscribe = client.on_lifecycle(lambda event: None)
+    reader.write(_frame(json.dumps(lifecycle).encode()), _frame(_event("s1", "2")))
+    reader.wait(3)
+    unsubscribe()
+    client.on_lifecycle("session.deleted", lambda event: None)
+    reader.write(_frame(json.dumps(lifecycle).encode()), _frame(_event("s1", "3")))
+    reader.wait(5)
+    assert [method for method, _ in reader.got] == ["session.event", "session.lifecycle", "session.event",
+                                                    "session.lifecycle", "session.event"]
 
 
 def test_the_event_types_left_unread_are_the_inert_ones_but_the_mcp_events() -> None:
@@ -277,7 +304,9 @@ def test_the_copilot_client_reads_with_agentds_reader_and_the_sdk_shape_is_check
     assert client._client is None
     client._client = JsonRpcClient(_Process(io.BufferedReader(io.BytesIO(b""))))  # as _connect_via_stdio does
     assert isinstance(client._client, BoundedJsonRpcClient)
-    assert client._client.drop_event is unread_event_type
+    assert client._client.unread == client._unread
+    assert client._unread("session.event", {"event": {"type": "assistant.streaming_delta"}})
+    assert not client._unread("session.event", {"event": {"type": "session.idle"}})
     client._client.on_refused(_reader.FrameHead(session_id="s"), "t")  # type: ignore[misc]
     assert seen == [(_reader.FrameHead(session_id="s"), "t")]
     client._client = None
@@ -452,3 +481,46 @@ def test_an_sdk_that_changed_what_the_reader_relies_on_is_refused_naming_it(monk
     assert f"agentd is built for {_reader.SDK_VERSION}" in text
     assert "JsonRpcClient._stderr_loop is gone" in text
     assert "CopilotClient._connect_via_stdio no longer does 'self._client = JsonRpcClient(self._process)'" in text
+    assert "_connect_via_stdio no longer does 'event_dict = params[\"event\"]'" in text
+    monkeypatch.setattr(se, "from_datetime", lambda x: x)  # a release that parses its times in another way
+    with pytest.raises(_reader.SdkChanged, match="session_events.from_datetime is no longer the SDK's own"):
+        _reader.check_sdk()
+
+
+_times = st.datetimes(min_value=_dt.datetime(1, 1, 1), max_value=_dt.datetime(9999, 12, 31, 23, 59, 59))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_times, st.integers(0, 6), st.sampled_from(["Z", "+00:00", "-00:00", "+05:30", "-11:45", "+14:00"]))
+def test_the_clis_times_are_parsed_as_the_sdk_parses_them(when: _dt.datetime, digits: int, offset: str) -> None:
+    text = f"{when.year:04d}" + when.strftime("-%m-%dT%H:%M:%S") + ("." + f"{when.microsecond:06d}"[:digits] if digits else "") + offset
+    ours, sdks = _reader.from_datetime(text), dateutil.parser.parse(text)
+    assert ours == sdks and ours.utcoffset() == sdks.utcoffset()
+    assert ours.replace(tzinfo=None) == sdks.replace(tzinfo=None)
+
+
+@pytest.mark.parametrize("text", ["2026-12-02 20:29:09", "2026-12-02T20:29:09", "Dec 2 2026 20:29", "2026-12-02T20:29:09.1234567Z",
+                                  "２０２６-12-02T20:29:09Z"])
+def test_other_times_are_parsed_by_the_sdks_own(text: str) -> None:
+    try:
+        sdks = dateutil.parser.parse(text)
+    except ValueError as exc:
+        with pytest.raises(type(exc)):
+            _reader.from_datetime(text)
+    else:
+        assert _reader.from_datetime(text) == sdks and type(_reader.from_datetime(text).tzinfo) is type(sdks.tzinfo)
+
+
+@pytest.mark.parametrize("text", ["2026-02-30T20:29:09Z", "2026-12-02T24:00:00Z", "2026-12-02T20:61:09.5+01:00"])
+def test_a_time_of_the_clis_shape_that_is_no_time_is_refused_as_the_sdk_refuses_it(text: str) -> None:
+    with pytest.raises(dateutil.parser.ParserError):
+        _reader.from_datetime(text)
+
+
+def test_the_session_events_parse_their_times_with_agentds_once_a_client_is_made() -> None:
+    _agentd_client()
+    assert se.from_datetime is _reader.from_datetime
+    event = se.session_event_from_dict({"type": "session.idle", "data": {}, "id": "27ba8409-ba20-41d9-a87e-82055935ec03",
+                                        "timestamp": "2026-12-02T20:29:50.203Z", "parentId": None})
+    assert event.timestamp == _dt.datetime(2026, 12, 2, 20, 29, 50, 203000, tzinfo=_dt.timezone.utc)
+    assert event.timestamp.tzinfo is _dt.timezone.utc  # ours: dateutil's is a tzlocal or tzutc

@@ -30,8 +30,14 @@ dispatch of a message), applying agentd.runtime_output's rules:
 installed: the SDK builds its ``JsonRpcClient`` inside ``_connect_via_stdio``
 and starts it at once, so the subclass catches the assignment to ``_client``
 (a property) and puts the bounded reader in its place before it starts.
-Both depend on the SDK's private shape; :func:`check_sdk` verifies it (run
-before each CLI start) and refuses to start on an SDK that changed it.
+
+What the SDK does per event costs agentd's CPU, so two more of its parts are
+replaced: the notifications nobody reads are dropped in the read thread
+(:class:`BoundedJsonRpcClient`'s ``unread``), and the session events' timestamps
+are parsed by :func:`from_datetime` in place of ``dateutil.parser.parse``
+(:func:`install_from_datetime`). All of this depends on the SDK's private
+shape; :func:`check_sdk` verifies it (run before each CLI start) and refuses
+to start on an SDK that changed it.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import inspect
 import json
 import re
 from collections.abc import Callable
+from datetime import datetime
 from json.decoder import scanstring
 from typing import Any
 
@@ -51,6 +58,7 @@ from copilot import CopilotClient
 from copilot import client as _sdk_client
 from copilot._jsonrpc import JsonRpcClient, JsonRpcError
 from copilot._jsonrpc import logger as _sdk_logger
+from copilot.generated import session_events as _sdk_events
 
 from ... import runtime_output
 
@@ -74,6 +82,8 @@ INTERNAL_ERROR = -32603
 OnRefused = Callable[["FrameHead", str], None]
 #: drop_event(event_type): whether a session event of that type (the CLI's type string) goes unread
 DropEvent = Callable[[str], bool]
+#: unread(method, params): whether a notification of the CLI goes undispatched (the read thread)
+Unread = Callable[[str, Any], bool]
 
 
 class FrameHead(msgspec.Struct, frozen=True):
@@ -96,19 +106,18 @@ class MessageRefused(JsonRpcError):
 class BoundedJsonRpcClient(JsonRpcClient):
     """The SDK's JSON-RPC client with agentd's reader (see the module docstring).
 
-    ``on_refused`` and ``drop_event`` are set by :class:`AgentdCopilotClient` before :meth:`start`.
-    A ``session.event`` notification whose ``params.event.type`` ``drop_event``
-    says to drop is dropped in the read thread: the SDK never parses it into a
-    ``SessionEvent`` (its ``dateutil`` timestamp parse alone is ~30 us) nor hops
-    it to its asyncio loop. Most of a turn's events are of that kind
-    (``assistant.streaming_delta``, the ``model.*`` telemetry).
+    ``on_refused`` and ``unread`` are set by :class:`AgentdCopilotClient` before :meth:`start`.
+    A notification ``unread(method, params)`` says nobody reads is dropped in
+    the read thread: the SDK never parses it (a ``SessionEvent``'s ``dateutil``
+    timestamp parse alone is ~30 us) nor hops it to its asyncio loop. Most of a
+    turn's events are of that kind (``assistant.streaming_delta``, the
+    ``model.*`` telemetry).
     """
 
-    def __init__(self, process: Any, on_refused: OnRefused | None = None,
-                 drop_event: DropEvent | None = None) -> None:
+    def __init__(self, process: Any, on_refused: OnRefused | None = None, unread: Unread | None = None) -> None:
         super().__init__(process)
         self.on_refused = on_refused
-        self.drop_event = drop_event
+        self.unread = unread
         #: why the framing broke (the connection then ended), for the runtime's exit reason
         self.violation = ""
 
@@ -134,12 +143,10 @@ class BoundedJsonRpcClient(JsonRpcClient):
                                                    f"{_preview(data)}")
 
     def _handle_message(self, message: dict[str, Any]) -> None:
-        drop = self.drop_event
-        if drop is not None and message.get("method") == "session.event" and "id" not in message:
-            params = message.get("params")
-            event = params.get("event") if isinstance(params, dict) else None
-            kind = event.get("type") if isinstance(event, dict) else None
-            if isinstance(kind, str) and drop(kind):
+        unread = self.unread
+        if unread is not None and "id" not in message:
+            method = message.get("method")
+            if isinstance(method, str) and unread(method, message.get("params")):
                 return
         # A message the SDK's dispatch cannot take (say, an "error" that is no object) raised in
         # the read thread and ended the connection: it is refused like a frame that is no JSON-RPC.
@@ -275,11 +282,13 @@ class AgentdCopilotClient(CopilotClient):
     ``on_refused(head, text)`` is called on the SDK's asyncio loop for each
     refused frame (:class:`FrameHead`: what its start names, "" for what it does not);
     ``drop_event(event_type)`` (the SDK's read thread) says which session events go
-    unread (see :class:`BoundedJsonRpcClient`).
+    unread (see :class:`BoundedJsonRpcClient`); lifecycle events go unread while
+    nobody listens to them (agentd does not).
     """
 
     def __init__(self, *args: Any, on_refused: OnRefused | None = None, drop_event: DropEvent | None = None,
                  **kwargs: Any) -> None:
+        install_from_datetime()
         self._agentd_on_refused = on_refused
         self._agentd_drop_event = drop_event
         super().__init__(*args, **kwargs)
@@ -292,9 +301,48 @@ class AgentdCopilotClient(CopilotClient):
     def _client(self, value: JsonRpcClient | None) -> None:
         # The SDK assigns a JsonRpcClient it just built (not started yet): ours takes its place.
         if value is not None and not isinstance(value, BoundedJsonRpcClient):
-            value = BoundedJsonRpcClient(value.process, self.__dict__.get("_agentd_on_refused"),
-                                         self.__dict__.get("_agentd_drop_event"))
+            value = BoundedJsonRpcClient(value.process, self.__dict__.get("_agentd_on_refused"), self._unread)
         self.__dict__["_agentd_rpc"] = value
+
+    def _unread(self, method: str, params: Any) -> bool:
+        """Whether the CLI's notification ``method`` goes undispatched (the read thread): a session
+        event whose type ``drop_event`` names, a lifecycle event while no handler listens."""
+        if method == "session.event":
+            drop = self._agentd_drop_event
+            event = params.get("event") if isinstance(params, dict) else None
+            kind = event.get("type") if isinstance(event, dict) else None
+            return drop is not None and isinstance(kind, str) and drop(kind)
+        if method == "session.lifecycle":
+            return not (self._lifecycle_handlers or any(self._typed_lifecycle_handlers.values()))
+        return False
+
+
+#: The times the CLI sends (JavaScript's toISOString; an offset allowed): the shape fromisoformat
+#: reads as dateutil does (the same instant, offset and fields).
+_ISO_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?(?:Z|[+-][0-9]{2}:[0-9]{2})")
+_sdk_from_datetime = _sdk_events.from_datetime
+
+
+def from_datetime(x: Any) -> datetime:
+    """The SDK's ``from_datetime`` (``dateutil.parser.parse``, ~30 us), in ~1 us for the CLI's times.
+
+    A string of the CLI's shape (``2026-12-02T20:29:09.123Z``) is read by
+    ``datetime.fromisoformat``: the same instant, offset and fields as the SDK's
+    (the tzinfo is ``timezone.utc`` or a fixed ``timezone``, not dateutil's
+    ``tzlocal``/``tzutc``/``tzoffset``). Anything else, and a string of that
+    shape that is no valid time, is parsed, or refused, by the SDK's own.
+    """
+    if isinstance(x, str) and _ISO_TIME.fullmatch(x):
+        try:
+            return datetime.fromisoformat(x)
+        except ValueError:
+            pass  # say Feb 30: the SDK's parse raises its own error
+    return _sdk_from_datetime(x)
+
+
+def install_from_datetime() -> None:
+    """Have the SDK's session events parse their times with :func:`from_datetime` (idempotent)."""
+    _sdk_events.from_datetime = from_datetime
 
 
 class SdkChanged(RuntimeError):
@@ -330,7 +378,11 @@ def check_sdk() -> None:
     for owner, fn, needle in ((JsonRpcClient, "_read_loop", "self._read_message()"),
                               (JsonRpcClient, "_read_exact", "self.process.stdout.read("),
                               (JsonRpcClient, "start", "target=self._stderr_loop"),
-                              (CopilotClient, "_connect_via_stdio", "self._client = JsonRpcClient(self._process)")):
+                              (CopilotClient, "_connect_via_stdio", "self._client = JsonRpcClient(self._process)"),
+                              (CopilotClient, "_connect_via_stdio", 'event_dict = params["event"]'),
+                              (CopilotClient, "_connect_via_stdio", "self._dispatch_lifecycle_event(lifecycle_event)"),
+                              (CopilotClient, "_dispatch_lifecycle_event", "self._typed_lifecycle_handlers.get("),
+                              (CopilotClient, "_dispatch_lifecycle_event", "list(self._lifecycle_handlers)")):
         try:
             source = inspect.getsource(getattr(owner, fn))
         except (OSError, TypeError, AttributeError):
@@ -339,6 +391,16 @@ def check_sdk() -> None:
             continue
         if needle not in source:
             problems.append(f"{owner.__name__}.{fn} no longer does {needle!r}")
+    if _sdk_events.from_datetime not in (_sdk_from_datetime, from_datetime):
+        problems.append("copilot.generated.session_events.from_datetime is no longer the SDK's own")
+    try:
+        if "dateutil.parser.parse(" not in inspect.getsource(_sdk_from_datetime):
+            problems.append("copilot.generated.session_events.from_datetime no longer parses with dateutil")
+        if "from_datetime(obj.get(\"timestamp\"))" not in inspect.getsource(_sdk_events.SessionEvent.from_dict):
+            problems.append("SessionEvent.from_dict no longer parses its timestamp with from_datetime")
+    except (OSError, TypeError):
+        if installed != SDK_VERSION:
+            problems.append("copilot.generated.session_events' source cannot be read to check it")
     if problems:
         raise SdkChanged(
             f"github-copilot-sdk {installed} changed what agentd's Copilot reader relies on "
