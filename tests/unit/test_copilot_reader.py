@@ -201,6 +201,32 @@ def test_events_agentd_drops_unseen_never_reach_the_sdk_and_every_other_message_
     assert reader.refused == []
 
 
+def test_a_big_frame_nobody_reads_is_drained_by_its_head_unheld_and_a_big_one_read_is_read_whole(reader: _Reader) -> None:
+    reader.client.unread = _agentd_client()._unread
+    size = 24 << 20
+    assert size < CEILING
+    snapshot = b'{"jsonrpc":"2.0","method":"session.event","params":{"sessionId":"s1","event":{"type":"model.messages_snapshot","data":{"m":"'
+    broken = b'{"jsonrpc":"2.0","method":"session.event","params":{"sessionId":"s1","event":{"type":"assistant.streaming_delta","data":{"m":"'
+    late = {"jsonrpc": "2.0", "method": "session.event",  # its type past the head: told once decoded
+            "params": {"sessionId": "s1", "event": {"data": {"m": "y" * (1 << 20)}, "type": "assistant.streaming_delta"}}}
+    kept = _event("s1", "z" * (256 << 10))
+    assert len(kept) >= _reader.PEEK_BYTES  # told by its head too
+    tracemalloc.start()
+    try:
+        writer = threading.Thread(target=lambda: [reader.write(p) for p in _big_frame(snapshot, size)])
+        writer.start()
+        writer.join(60)
+        _, peak = tracemalloc.get_traced_memory()
+        body = b"".join(_big_frame(broken, 1 << 20)).split(b"\r\n\r\n", 1)[1][:-3]  # its JSON ends too soon
+        reader.write(_frame(body), _frame(json.dumps(late).encode()), _frame(kept), _frame(_event("s1", "after")))
+        reader.wait(2)
+    finally:
+        tracemalloc.stop()
+    assert [p["event"]["data"]["content"] for _, p in reader.got] == ["z" * (256 << 10), "after"]
+    assert reader.refused == []
+    assert peak < 8 << 20, f"the reader held {peak:,} bytes for a frame of {size:,} nobody reads"
+
+
 def test_lifecycle_events_are_read_only_while_a_handler_listens(reader: _Reader) -> None:
     client = _agentd_client()
     reader.client.unread = client._unread
@@ -305,8 +331,8 @@ def test_the_copilot_client_reads_with_agentds_reader_and_the_sdk_shape_is_check
     client._client = JsonRpcClient(_Process(io.BufferedReader(io.BytesIO(b""))))  # as _connect_via_stdio does
     assert isinstance(client._client, BoundedJsonRpcClient)
     assert client._client.unread == client._unread
-    assert client._unread("session.event", {"event": {"type": "assistant.streaming_delta"}})
-    assert not client._unread("session.event", {"event": {"type": "session.idle"}})
+    assert client._unread("session.event", "assistant.streaming_delta")
+    assert not client._unread("session.event", "session.idle") and not client._unread("session.event", "")
     client._client.on_refused(_reader.FrameHead(session_id="s"), "t")  # type: ignore[misc]
     assert seen == [(_reader.FrameHead(session_id="s"), "t")]
     client._client = None

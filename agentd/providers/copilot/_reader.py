@@ -68,6 +68,9 @@ log = structlog.get_logger(__name__)
 SDK_VERSION = "1.0.27"
 #: How much of a refused frame is kept to tell what it was (its id, method and sessionId come first).
 HEAD_BYTES = 8 << 10
+#: A frame this big or bigger is first told by its head (:func:`peek`): one nobody reads is
+#: drained, never decoded (the CLI's model.messages_snapshot holds the session's whole context).
+PEEK_BYTES = 64 << 10
 #: Chunk size for draining a refused frame.
 DRAIN_CHUNK = 1 << 20
 #: A header line longer than this is broken framing.
@@ -82,8 +85,9 @@ INTERNAL_ERROR = -32603
 OnRefused = Callable[["FrameHead", str], None]
 #: drop_event(event_type): whether a session event of that type (the CLI's type string) goes unread
 DropEvent = Callable[[str], bool]
-#: unread(method, params): whether a notification of the CLI goes undispatched (the read thread)
-Unread = Callable[[str, Any], bool]
+#: unread(method, event_type): whether a notification of the CLI goes undispatched (the read thread);
+#: event_type is a session.event's ``params.event.type``, else ""
+Unread = Callable[[str, str], bool]
 
 
 class FrameHead(msgspec.Struct, frozen=True):
@@ -111,7 +115,9 @@ class BoundedJsonRpcClient(JsonRpcClient):
     the read thread: the SDK never parses it (a ``SessionEvent``'s ``dateutil``
     timestamp parse alone is ~30 us) nor hops it to its asyncio loop. Most of a
     turn's events are of that kind (``assistant.streaming_delta``, the
-    ``model.*`` telemetry).
+    ``model.*`` telemetry). A frame of :data:`PEEK_BYTES` or more is told by
+    its head, and one nobody reads is drained undecoded (so also one whose JSON
+    breaks past its head: it is not refused).
     """
 
     def __init__(self, process: Any, on_refused: OnRefused | None = None, unread: Unread | None = None) -> None:
@@ -131,7 +137,15 @@ class BoundedJsonRpcClient(JsonRpcClient):
                 head = self._drain(length)
                 self._refuse(peek(head), runtime_output.too_big(length))
                 continue
-            data = self._read_exact(length)
+            if length >= PEEK_BYTES and self.unread is not None:
+                start = self._read_exact(HEAD_BYTES)
+                head = peek(start)
+                if head.id is None and head.method and self.unread(head.method, head.event_type):
+                    self._drain(length - HEAD_BYTES, frame=length)
+                    continue
+                data = start + self._read_exact(length - HEAD_BYTES, frame=length)
+            else:
+                data = self._read_exact(length)
             try:
                 message = runtime_output.decode_json(data)  # odd bytes become U+FFFD
             except msgspec.DecodeError:
@@ -146,7 +160,10 @@ class BoundedJsonRpcClient(JsonRpcClient):
         unread = self.unread
         if unread is not None and "id" not in message:
             method = message.get("method")
-            if isinstance(method, str) and unread(method, message.get("params")):
+            params = message.get("params")
+            event = params.get("event") if isinstance(params, dict) else None
+            kind = event.get("type") if isinstance(event, dict) else None
+            if isinstance(method, str) and unread(method, kind if isinstance(kind, str) else ""):
                 return
         # A message the SDK's dispatch cannot take (say, an "error" that is no object) raised in
         # the read thread and ended the connection: it is refused like a frame that is no JSON-RPC.
@@ -203,26 +220,27 @@ class BoundedJsonRpcClient(JsonRpcClient):
                     self._broken(f"a bad Content-Length: {value.strip()[:50]!r}")
                     return None
 
-    def _drain(self, length: int) -> bytes:
-        """Read and drop ``length`` bytes of a frame, keeping its first HEAD_BYTES; EOFError at a short stream."""
+    def _drain(self, length: int, frame: int = 0) -> bytes:
+        """Read and drop ``length`` bytes of a frame (of ``frame`` bytes in all, if more), keeping its
+        first HEAD_BYTES; EOFError at a short stream."""
         stdout = self.process.stdout
         head = bytearray()
         left = length
         while left > 0:
             chunk = stdout.read(min(left, DRAIN_CHUNK))
             if not chunk:
-                self._broken(f"the stream ended inside a frame of {length:,} bytes")
+                self._broken(f"the stream ended inside a frame of {max(frame, length):,} bytes")
                 raise EOFError("the stream ended inside a frame")
             if len(head) < HEAD_BYTES:
                 head += chunk[: HEAD_BYTES - len(head)]
             left -= len(chunk)
         return bytes(head)
 
-    def _read_exact(self, num_bytes: int) -> bytes:
+    def _read_exact(self, num_bytes: int, frame: int = 0) -> bytes:
         try:
             return super()._read_exact(num_bytes)
         except EOFError:
-            self._broken(f"the stream ended inside a frame of {num_bytes:,} bytes")
+            self._broken(f"the stream ended inside a frame of {max(frame, num_bytes):,} bytes")
             raise
 
     def _broken(self, why: str) -> None:
@@ -304,14 +322,12 @@ class AgentdCopilotClient(CopilotClient):
             value = BoundedJsonRpcClient(value.process, self.__dict__.get("_agentd_on_refused"), self._unread)
         self.__dict__["_agentd_rpc"] = value
 
-    def _unread(self, method: str, params: Any) -> bool:
+    def _unread(self, method: str, event_type: str) -> bool:
         """Whether the CLI's notification ``method`` goes undispatched (the read thread): a session
         event whose type ``drop_event`` names, a lifecycle event while no handler listens."""
         if method == "session.event":
             drop = self._agentd_drop_event
-            event = params.get("event") if isinstance(params, dict) else None
-            kind = event.get("type") if isinstance(event, dict) else None
-            return drop is not None and isinstance(kind, str) and drop(kind)
+            return drop is not None and bool(event_type) and drop(event_type)
         if method == "session.lifecycle":
             return not (self._lifecycle_handlers or any(self._typed_lifecycle_handlers.values()))
         return False
