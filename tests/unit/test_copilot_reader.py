@@ -40,9 +40,11 @@ CEILING = runtime_output.MAX_MESSAGE_BYTES
 
 
 class _Process:
-    """What JsonRpcClient needs of a process: stdout to read, stdin to write its answers to."""
+    """What JsonRpcClient needs of a process: stdout to read, stdin to write its answers to.
 
-    def __init__(self, stdout: io.BufferedReader, stderr: io.BufferedReader | None = None) -> None:
+    Unbuffered, as the SDK's ``Popen(bufsize=0)`` gives them."""
+
+    def __init__(self, stdout: io.RawIOBase | io.BufferedReader, stderr: io.RawIOBase | None = None) -> None:
         self.stdout = stdout
         self.stdin = io.BytesIO()
         self.stderr = stderr
@@ -72,6 +74,22 @@ def _big_frame(prefix: bytes, size: int) -> Iterator[bytes]:
     yield tail
 
 
+class _CountingPipe(io.FileIO):
+    """The read end of an OS pipe, unbuffered, counting the read(2) calls made on it."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(fd, "rb")
+        self.reads = 0
+
+    def readinto(self, buffer: Any) -> int | None:
+        self.reads += 1
+        return super().readinto(buffer)
+
+    def read(self, size: int = -1) -> bytes | None:
+        self.reads += 1
+        return super().read(size)
+
+
 class _Reader:
     """A BoundedJsonRpcClient started on a pipe with an asyncio loop; records what it dispatched."""
 
@@ -81,8 +99,8 @@ class _Reader:
         err = None
         if stderr:
             er, self.err_w = os.pipe()
-            err = open(er, "rb")
-        self.process = _Process(open(r, "rb"), err)
+            err = open(er, "rb", buffering=0)
+        self.process = _Process(_CountingPipe(r), err)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -249,6 +267,23 @@ def test_the_event_types_left_unread_are_the_inert_ones_but_the_mcp_events() -> 
         assert unread_event_type(t.value) == (t in m.INERT and t not in _MCP_EVENTS), t
     assert unread_event_type("model.turn_started") and unread_event_type("model.messages_snapshot")
     assert not unread_event_type("some.future_type") and not unread_event_type("")
+
+
+def test_a_burst_of_frames_is_read_in_few_reads_of_the_pipe_and_a_lone_frame_is_not_held_back(reader: _Reader) -> None:
+    reader.write(_frame(_event("s1", "first")))
+    reader.wait(1)  # read at once: the buffer does not wait to be filled
+    pipe = reader.process.stdout
+    before = pipe.reads
+    reader.write(b"".join(_frame(_event("s1", str(i))) for i in range(100)))
+    reader.wait(101)
+    assert [p["event"]["data"]["content"] for _, p in reader.got] == ["first"] + [str(i) for i in range(100)]
+    # the SDK's reader: one read(2) per byte of each header, ~2,500 here
+    assert pipe.reads - before < 50, f"{pipe.reads - before} reads of the pipe for 100 frames"
+    reader.write(_frame(_event("s1", "split"))[:7])
+    threading.Event().wait(0.1)
+    reader.write(_frame(_event("s1", "split"))[7:])
+    reader.wait(102)
+    assert reader.got[-1][1]["event"]["data"]["content"] == "split"
 
 
 def test_the_sdks_own_reader_loses_the_connection_on_invalid_utf8() -> None:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import inspect
+import io
 import json
 import re
 from collections.abc import Callable
@@ -71,6 +72,8 @@ HEAD_BYTES = 8 << 10
 #: A frame this big or bigger is first told by its head (:func:`peek`): one nobody reads is
 #: drained, never decoded (the CLI's model.messages_snapshot holds the session's whole context).
 PEEK_BYTES = 64 << 10
+#: The read buffer put on the CLI's unbuffered stdout and stderr.
+STREAM_BUFFER = 64 << 10
 #: Chunk size for draining a refused frame.
 DRAIN_CHUNK = 1 << 20
 #: A header line longer than this is broken framing.
@@ -126,6 +129,9 @@ class BoundedJsonRpcClient(JsonRpcClient):
         self.unread = unread
         #: why the framing broke (the connection then ended), for the runtime's exit reason
         self.violation = ""
+        # The SDK starts the CLI with bufsize=0: a readline of its raw pipe is a read(2) per byte
+        # (~25 for a frame's header).
+        self._stdout = _buffered(getattr(process, "stdout", None))
 
     def _read_message(self) -> dict[str, Any] | None:
         """The next usable message; refused frames are reported and skipped. None: the stream ended."""
@@ -176,7 +182,7 @@ class BoundedJsonRpcClient(JsonRpcClient):
     def _stderr_loop(self) -> None:
         # The SDK's decoded each stderr line as strict UTF-8: one odd byte ended this loop, after
         # which nobody drained the pipe and the CLI blocked once it filled. Its lines were all kept.
-        stderr = self.process.stderr
+        stderr = _buffered(self.process.stderr)
         try:
             while self._running and stderr:
                 line = stderr.readline(HEADER_LINE_MAX)
@@ -192,7 +198,7 @@ class BoundedJsonRpcClient(JsonRpcClient):
 
     def _read_header(self) -> int | None:
         """The Content-Length of the next frame; None at EOF or broken framing (then :attr:`violation`)."""
-        stdout = self.process.stdout
+        stdout = self._stdout
         length: int | None = None
         first = True
         while True:
@@ -223,7 +229,7 @@ class BoundedJsonRpcClient(JsonRpcClient):
     def _drain(self, length: int, frame: int = 0) -> bytes:
         """Read and drop ``length`` bytes of a frame (of ``frame`` bytes in all, if more), keeping its
         first HEAD_BYTES; EOFError at a short stream."""
-        stdout = self.process.stdout
+        stdout = self._stdout
         head = bytearray()
         left = length
         while left > 0:
@@ -237,11 +243,11 @@ class BoundedJsonRpcClient(JsonRpcClient):
         return bytes(head)
 
     def _read_exact(self, num_bytes: int, frame: int = 0) -> bytes:
-        try:
-            return super()._read_exact(num_bytes)
-        except EOFError:
+        data = self._stdout.read(num_bytes)  # a buffered read returns short only at the end
+        if len(data) < num_bytes:
             self._broken(f"the stream ended inside a frame of {max(frame, num_bytes):,} bytes")
-            raise
+            raise EOFError("Unexpected end of stream while reading JSON-RPC message")
+        return data
 
     def _broken(self, why: str) -> None:
         if not self.violation:
@@ -270,6 +276,13 @@ class BoundedJsonRpcClient(JsonRpcClient):
                 self.on_refused(head, text)
         except Exception:
             log.exception("copilot.on_refused_failed")
+
+
+def _buffered(stream: Any) -> Any:
+    """``stream`` with a read buffer when it is a raw (unbuffered) file, else itself."""
+    if isinstance(stream, io.RawIOBase):
+        return io.BufferedReader(stream, STREAM_BUFFER)
+    return stream
 
 
 def _head_of(message: dict[str, Any]) -> FrameHead:
@@ -378,7 +391,7 @@ def check_sdk() -> None:
     problems: list[str] = []
     if list(inspect.signature(JsonRpcClient.__init__).parameters) != ["self", "process"]:
         problems.append("JsonRpcClient(process) takes other arguments")
-    for name in ("_read_message", "_read_exact", "_read_loop", "_send_error_response", "_handle_message",
+    for name in ("_read_message", "_read_loop", "_send_error_response", "_handle_message",
                  "_stderr_loop", "get_stderr_output"):
         if not callable(getattr(JsonRpcClient, name, None)):
             problems.append(f"JsonRpcClient.{name} is gone")
@@ -392,7 +405,6 @@ def check_sdk() -> None:
         if not hasattr(probe, attr):
             problems.append(f"JsonRpcClient has no {attr}")
     for owner, fn, needle in ((JsonRpcClient, "_read_loop", "self._read_message()"),
-                              (JsonRpcClient, "_read_exact", "self.process.stdout.read("),
                               (JsonRpcClient, "start", "target=self._stderr_loop"),
                               (CopilotClient, "_connect_via_stdio", "self._client = JsonRpcClient(self._process)"),
                               (CopilotClient, "_connect_via_stdio", 'event_dict = params["event"]'),
