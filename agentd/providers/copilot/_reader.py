@@ -31,13 +31,14 @@ installed: the SDK builds its ``JsonRpcClient`` inside ``_connect_via_stdio``
 and starts it at once, so the subclass catches the assignment to ``_client``
 (a property) and puts the bounded reader in its place before it starts.
 
-What the SDK does per event costs agentd's CPU, so two more of its parts are
-replaced: the notifications nobody reads are dropped in the read thread
-(:class:`BoundedJsonRpcClient`'s ``unread``), and the session events' timestamps
-are parsed by :func:`from_datetime` in place of ``dateutil.parser.parse``
-(:func:`install_from_datetime`). All of this depends on the SDK's private
-shape; :func:`check_sdk` verifies it (run before each CLI start) and refuses
-to start on an SDK that changed it.
+What the SDK does per frame and per event costs agentd's CPU, so the reader
+also reads the CLI's pipes through a buffer (the SDK's read a frame's header a
+byte per read(2)), drops the notifications nobody reads in its thread
+(:class:`BoundedJsonRpcClient`'s ``unread``), and the session events'
+timestamps are parsed by :func:`from_datetime` in place of
+``dateutil.parser.parse`` (:func:`install_from_datetime`). All of this depends
+on the SDK's private shape; :func:`check_sdk` verifies it (run before each CLI
+start) and refuses to start on an SDK that changed it.
 """
 
 from __future__ import annotations
