@@ -223,7 +223,8 @@ class CopilotConversation:
         }
 
     def _sdk_event(self, event: se.SessionEvent) -> None:
-        """SDK callback (asyncio thread): note request ids, then hand the event to trio (unless inert)."""
+        """SDK callback (asyncio thread): note request ids, then hand the event to trio (unless inert;
+        the reader drops most of those before the SDK parses them, :func:`unread_event_type`)."""
         t = event.type
         if t in _MCP_EVENTS:
             self._bridge.to_trio(self._on_mcp, event)
