@@ -286,6 +286,102 @@ def test_a_burst_of_frames_is_read_in_few_reads_of_the_pipe_and_a_lone_frame_is_
     assert reader.got[-1][1]["event"]["data"]["content"] == "split"
 
 
+def _method(text: str) -> bytes:
+    """A notification the SDK hands to a method handler (not to the notification handler): it ends a burst."""
+    return json.dumps({"jsonrpc": "2.0", "method": "test.method", "params": {"text": text}}).encode()
+
+
+class _Recorder:
+    """What the reader hands the loop, in the order the loop runs it; the read thread's progress."""
+
+    def __init__(self, reader: _Reader) -> None:
+        self.order: list[str] = []
+        self.changed = threading.Event()
+        self.read: list[str] = []  # each notification's method or text, as the read thread sees it
+        self.bursts: list[int] = []
+        self.hold = threading.Event()
+        self.hold.set()
+        self.held = threading.Event()
+        client = reader.client
+        client.set_notification_handler(self._note)
+        client.set_notification_method_handler("test.method", lambda params: self._add("m:" + params["text"]))
+        client.on_refused = lambda head, text: self._add("refused")
+        client.unread = self._spy
+        run = client._run_burst
+        client._run_burst = lambda burst: (self.bursts.append(len(burst.items)), run(burst))  # type: ignore[method-assign]
+
+    def _spy(self, method: str, event_type: str) -> bool:
+        self.read.append(method)
+        return False
+
+    def _note(self, method: str, params: Any) -> None:
+        text = params["event"]["data"]["content"] if method == "session.event" else method
+        if text == "hold":
+            self.held.set()
+            self.hold.wait(10)
+        if text == "raise":
+            raise RuntimeError("a handler's error")
+        self._add(text)
+
+    def _add(self, what: str) -> None:
+        self.order.append(what)
+        self.changed.set()
+
+    def until(self, count: int, timeout: float = 10.0) -> list[str]:
+        for _ in range(int(timeout * 20)):
+            if len(self.order) >= count:
+                break
+            self.changed.wait(0.05)
+            self.changed.clear()
+        return self.order
+
+    def until_read(self, count: int) -> None:
+        for _ in range(200):
+            if len(self.read) >= count:
+                return
+            threading.Event().wait(0.01)
+        raise AssertionError(f"the reader read only {self.read}")
+
+
+def test_notifications_read_in_a_row_run_in_one_loop_callback_in_order_with_what_comes_between(reader: _Reader) -> None:
+    rec = _Recorder(reader)
+    gate = threading.Event()
+    reader.loop.call_soon_threadsafe(gate.wait, 10)  # the loop is busy while all of it is read
+    reader.write(_frame(_event("s", "e1")), _frame(_event("s", "e2")), _frame(_method("1")),
+                 _frame(_event("s", "e3")), _frame(b'{"broken'), _frame(_event("s", "e4")), _frame(_event("s", "e5")),
+                 _frame(_method("2")))
+    rec.until_read(7)  # all of it read (the refused one never reaches the spy)
+    gate.set()
+    assert rec.until(8) == ["e1", "e2", "m:1", "e3", "refused", "e4", "e5", "m:2"]
+    assert rec.bursts == [2, 1, 2]  # one loop callback per burst: an answer or a refusal ends one
+
+
+def test_a_notification_read_while_a_burst_runs_is_run_without_waiting_for_another(reader: _Reader) -> None:
+    rec = _Recorder(reader)
+    rec.hold.clear()
+    reader.write(_frame(_event("s", "hold")))
+    assert rec.held.wait(10)  # its burst runs (and waits): what is read now cannot join it
+    reader.write(_frame(_event("s", "next")), _frame(_method("end")))
+    rec.until_read(3)
+    rec.hold.set()
+    assert rec.until(3) == ["hold", "next", "m:end"]
+    assert rec.bursts == [1, 1]
+
+
+def test_a_handlers_error_is_reported_as_the_loop_reports_it_and_the_rest_of_its_burst_runs(reader: _Reader) -> None:
+    rec = _Recorder(reader)
+    errors: list[BaseException] = []
+    reader.loop.set_exception_handler(lambda loop, context: errors.append(context["exception"]))
+    gate = threading.Event()
+    reader.loop.call_soon_threadsafe(gate.wait, 10)
+    reader.write(_frame(_event("s", "raise")), _frame(_event("s", "after")), _frame(_method("end")))
+    rec.until_read(3)
+    gate.set()
+    assert rec.until(2) == ["after", "m:end"]
+    assert rec.bursts == [2]
+    assert [str(e) for e in errors] == ["a handler's error"]
+
+
 def test_the_sdks_own_reader_loses_the_connection_on_invalid_utf8() -> None:
     """Why agentd's reader exists: the SDK's ends its read loop (and the connection) at the first odd byte."""
     r = _Reader(JsonRpcClient)

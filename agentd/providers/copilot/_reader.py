@@ -34,8 +34,8 @@ and starts it at once, so the subclass catches the assignment to ``_client``
 What the SDK does per frame and per event costs agentd's CPU, so the reader
 also reads the CLI's pipes through a buffer (the SDK's read a frame's header a
 byte per read(2)), drops the notifications nobody reads in its thread
-(:class:`BoundedJsonRpcClient`'s ``unread``), and the session events'
-timestamps are parsed by :func:`from_datetime` in place of
+(:class:`BoundedJsonRpcClient`'s ``unread``), hands the others to the loop a
+burst at a time, and the session events' timestamps are parsed by :func:`from_datetime` in place of
 ``dateutil.parser.parse`` (:func:`install_from_datetime`). All of this depends
 on the SDK's private shape; :func:`check_sdk` verifies it (run before each CLI
 start) and refuses to start on an SDK that changed it.
@@ -49,6 +49,7 @@ import inspect
 import io
 import json
 import re
+import threading
 from collections.abc import Callable
 from datetime import datetime
 from json.decoder import scanstring
@@ -121,7 +122,8 @@ class BoundedJsonRpcClient(JsonRpcClient):
     turn's events are of that kind (``assistant.streaming_delta``, the
     ``model.*`` telemetry). A frame of :data:`PEEK_BYTES` or more is told by
     its head, and one nobody reads is drained undecoded (so also one whose JSON
-    breaks past its head: it is not refused).
+    breaks past its head: it is not refused). The notifications read in a row
+    reach the loop in one callback (:meth:`_notify`), not one each.
     """
 
     def __init__(self, process: Any, on_refused: OnRefused | None = None, unread: Unread | None = None) -> None:
@@ -133,6 +135,9 @@ class BoundedJsonRpcClient(JsonRpcClient):
         # The SDK starts the CLI with bufsize=0: a readline of its raw pipe is a read(2) per byte
         # (~25 for a frame's header).
         self._stdout = _buffered(getattr(process, "stdout", None))
+        #: the notifications read whose run on the loop is scheduled (see _notify)
+        self._burst: _Burst | None = None
+        self._burst_lock = threading.Lock()
 
     def _read_message(self) -> dict[str, Any] | None:
         """The next usable message; refused frames are reported and skipped. None: the stream ended."""
@@ -172,6 +177,10 @@ class BoundedJsonRpcClient(JsonRpcClient):
             kind = event.get("type") if isinstance(event, dict) else None
             if isinstance(method, str) and unread(method, kind if isinstance(kind, str) else ""):
                 return
+        if "id" not in message and self._loop is not None and self._burstable(message.get("method")):
+            self._notify(message["method"], message.get("params", {}))
+            return
+        self._burst = None  # what the SDK schedules now comes after the open burst's notifications
         # A message the SDK's dispatch cannot take (say, an "error" that is no object) raised in
         # the read thread and ended the connection: it is refused like a frame that is no JSON-RPC.
         try:
@@ -179,6 +188,40 @@ class BoundedJsonRpcClient(JsonRpcClient):
         except Exception as exc:
             self._refuse(_head_of(message), f"the Copilot CLI sent a message the SDK cannot take "
                                             f"({type(exc).__name__}: {exc}): {_preview(json.dumps(message).encode())}")
+
+    def _burstable(self, method: Any) -> bool:
+        """Whether the SDK would hand notification ``method`` to its notification handler on the loop."""
+        return (isinstance(method, str) and method != "$/cancelRequest" and self.notification_handler is not None
+                and method not in self.notification_method_handlers)
+
+    def _notify(self, method: str, params: Any) -> None:
+        """Hand a notification to the loop as the SDK does (the read thread), one wake-up per burst.
+
+        The SDK scheduled a loop callback for each (a write to the loop's self-pipe, and a pass of
+        the loop); here it joins the burst whose run is scheduled and has not begun, else starts one.
+        A burst is closed once anything else is scheduled from this thread (an answer, a refusal),
+        so the loop still runs everything in the order read.
+        """
+        item = (self.notification_handler, method, params)
+        with self._burst_lock:
+            burst = self._burst
+            if burst is not None and burst.open:
+                burst.items.append(item)
+                return
+            burst = self._burst = _Burst(item)
+        self._loop.call_soon_threadsafe(self._run_burst, burst)  # type: ignore[union-attr]
+
+    def _run_burst(self, burst: _Burst) -> None:
+        """Run a burst's notifications, in order (the loop); a handler's error is reported as the loop does."""
+        with self._burst_lock:
+            burst.open = False  # what is read from now on starts a burst of its own
+            items = burst.items
+        for handler, method, params in items:
+            try:
+                handler(method, params)
+            except Exception as exc:
+                self._loop.call_exception_handler(  # type: ignore[union-attr]
+                    {"message": f"Exception in callback {handler!r}({method!r}, ...)", "exception": exc})
 
     def _stderr_loop(self) -> None:
         # The SDK's decoded each stderr line as strict UTF-8: one odd byte ended this loop, after
@@ -257,6 +300,7 @@ class BoundedJsonRpcClient(JsonRpcClient):
 
     def _refuse(self, head: FrameHead, text: str) -> None:
         """Fail what the refused frame was: our request's wait, or the CLI's request; then tell its session."""
+        self._burst = None  # the report comes after the notifications read before
         log.info("copilot.frame_refused", method=head.method, id=head.id, session=head.session_id,
                  event_type=head.event_type, why=text)
         if head.id is not None and not head.method:
@@ -277,6 +321,17 @@ class BoundedJsonRpcClient(JsonRpcClient):
                 self.on_refused(head, text)
         except Exception:
             log.exception("copilot.on_refused_failed")
+
+
+class _Burst:
+    """Notifications read in a row, run by one loop callback: (handler, method, params) each."""
+
+    __slots__ = ("items", "open")
+
+    def __init__(self, first: tuple[Any, str, Any]) -> None:
+        self.items = [first]
+        #: False once its run began: nothing more joins it
+        self.open = True
 
 
 def _buffered(stream: Any) -> Any:
@@ -402,11 +457,13 @@ def check_sdk() -> None:
         problems.append("copilot.client no longer builds copilot._jsonrpc.JsonRpcClient")
     probe = JsonRpcClient(None)
     for attr in ("pending_requests", "_pending_inline_callbacks", "_pending_lock", "_loop", "_running",
-                 "_stderr_output", "_stderr_lock"):
+                 "_stderr_output", "_stderr_lock", "notification_handler", "notification_method_handlers"):
         if not hasattr(probe, attr):
             problems.append(f"JsonRpcClient has no {attr}")
     for owner, fn, needle in ((JsonRpcClient, "_read_loop", "self._read_message()"),
                               (JsonRpcClient, "start", "target=self._stderr_loop"),
+                              (JsonRpcClient, "_handle_message",
+                               "self._loop.call_soon_threadsafe(self.notification_handler, method, params)"),
                               (CopilotClient, "_connect_via_stdio", "self._client = JsonRpcClient(self._process)"),
                               (CopilotClient, "_connect_via_stdio", 'event_dict = params["event"]'),
                               (CopilotClient, "_connect_via_stdio", "self._dispatch_lifecycle_event(lifecycle_event)"),
