@@ -35,10 +35,11 @@ What the SDK does per frame and per event costs agentd's CPU, so the reader
 also reads the CLI's pipes through a buffer (the SDK's read a frame's header a
 byte per read(2)), drops the notifications nobody reads in its thread
 (:class:`BoundedJsonRpcClient`'s ``unread``), hands the others to the loop a
-burst at a time, and the session events' timestamps are parsed by :func:`from_datetime` in place of
-``dateutil.parser.parse`` (:func:`install_from_datetime`). All of this depends
-on the SDK's private shape; :func:`check_sdk` verifies it (run before each CLI
-start) and refuses to start on an SDK that changed it.
+burst at a time, and the session events' timestamps are parsed by
+:func:`from_datetime` in place of ``dateutil.parser.parse``
+(:func:`install_from_datetime`). All of this depends on the SDK's private
+shape; :func:`check_sdk` verifies it (run before each CLI start) and refuses
+to start on an SDK that changed it.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class BoundedJsonRpcClient(JsonRpcClient):
     """The SDK's JSON-RPC client with agentd's reader (see the module docstring).
 
     ``on_refused`` and ``unread`` are set by :class:`AgentdCopilotClient` before :meth:`start`.
-    A notification ``unread(method, params)`` says nobody reads is dropped in
+    A notification ``unread(method, event_type)`` says nobody reads is dropped in
     the read thread: the SDK never parses it (a ``SessionEvent``'s ``dateutil``
     timestamp parse alone is ~30 us) nor hops it to its asyncio loop. Most of a
     turn's events are of that kind (``assistant.streaming_delta``, the
@@ -135,6 +136,7 @@ class BoundedJsonRpcClient(JsonRpcClient):
         # The SDK starts the CLI with bufsize=0: a readline of its raw pipe is a read(2) per byte
         # (~25 for a frame's header).
         self._stdout = _buffered(getattr(process, "stdout", None))
+        self._stderr = _buffered(getattr(process, "stderr", None))
         #: the notifications read whose run on the loop is scheduled (see _notify)
         self._burst: _Burst | None = None
         self._burst_lock = threading.Lock()
@@ -226,7 +228,7 @@ class BoundedJsonRpcClient(JsonRpcClient):
     def _stderr_loop(self) -> None:
         # The SDK's decoded each stderr line as strict UTF-8: one odd byte ended this loop, after
         # which nobody drained the pipe and the CLI blocked once it filled. Its lines were all kept.
-        stderr = _buffered(self.process.stderr)
+        stderr = self._stderr
         try:
             while self._running and stderr:
                 line = stderr.readline(HEADER_LINE_MAX)
