@@ -31,3 +31,22 @@ def test_inert_events_are_neither_mapped_nor_handled() -> None:
 
 def test_every_inert_event_is_also_ignored_by_the_mapper() -> None:
     assert m.INERT <= m._IGNORED
+
+
+def test_no_event_the_sdk_itself_acts_on_goes_unread() -> None:
+    """The reader drops unread events before the SDK parses them: its own handlers (the broadcast
+    requests it answers, the waits of send_and_wait) must never be of those types."""
+    import copilot.client
+    import copilot.session
+
+    from agentd.providers.copilot._conversation import unread_event_type
+    from copilot.generated import session_events as se
+
+    parse = inspect.getsource(se.SessionEvent.from_dict)
+    type_of = {cls: getattr(T, member) for member, cls in
+               re.findall(r"case SessionEventType\.([A-Z_]+): data = (\w+)\.from_dict", parse)}
+    assert len(type_of) > 50, "the SDK's event parse changed shape: the check would prove nothing"
+    used = {name for module in (copilot.session, copilot.client)
+            for name in re.findall(r"\b(\w+Data)\b", inspect.getsource(module)) if name in type_of}
+    assert {"PermissionRequestedData", "ExternalToolRequestedData", "SessionIdleData"} <= used
+    assert not [type_of[name].value for name in sorted(used) if unread_event_type(type_of[name].value)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import datetime as _dt
 import io
 import json
 import os
@@ -20,21 +21,30 @@ import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
+import dateutil.parser
 import pytest
 from copilot import RuntimeConnection
+from copilot.generated import session_events as se
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from copilot._jsonrpc import JsonRpcClient
+from copilot.generated.session_events import SessionEventType as T
 
 from agentd import runtime_output
 from agentd.providers.copilot import _reader
+from agentd.providers.copilot import _mapping as m
+from agentd.providers.copilot._conversation import _MCP_EVENTS, unread_event_type
 from agentd.providers.copilot._reader import AgentdCopilotClient, BoundedJsonRpcClient, MessageRefused, peek
 
 CEILING = runtime_output.MAX_MESSAGE_BYTES
 
 
 class _Process:
-    """What JsonRpcClient needs of a process: stdout to read, stdin to write its answers to."""
+    """What JsonRpcClient needs of a process: stdout to read, stdin to write its answers to.
 
-    def __init__(self, stdout: io.BufferedReader, stderr: io.BufferedReader | None = None) -> None:
+    Unbuffered, as the SDK's ``Popen(bufsize=0)`` gives them."""
+
+    def __init__(self, stdout: io.RawIOBase | io.BufferedReader, stderr: io.RawIOBase | None = None) -> None:
         self.stdout = stdout
         self.stdin = io.BytesIO()
         self.stderr = stderr
@@ -44,9 +54,9 @@ def _frame(body: bytes) -> bytes:
     return b"Content-Length: %d\r\n\r\n" % len(body) + body
 
 
-def _event(session: str, text: str) -> bytes:
+def _event(session: str, text: str, kind: str = "assistant.message") -> bytes:
     return json.dumps({"jsonrpc": "2.0", "method": "session.event",
-                       "params": {"sessionId": session, "event": {"type": "assistant.message", "data": {"content": text}}}},
+                       "params": {"sessionId": session, "event": {"type": kind, "data": {"content": text}}}},
                       separators=(",", ":")).encode()
 
 
@@ -64,6 +74,22 @@ def _big_frame(prefix: bytes, size: int) -> Iterator[bytes]:
     yield tail
 
 
+class _CountingPipe(io.FileIO):
+    """The read end of an OS pipe, unbuffered, counting the read(2) calls made on it."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(fd, "rb")
+        self.reads = 0
+
+    def readinto(self, buffer: Any) -> int | None:
+        self.reads += 1
+        return super().readinto(buffer)
+
+    def read(self, size: int = -1) -> bytes | None:
+        self.reads += 1
+        return super().read(size)
+
+
 class _Reader:
     """A BoundedJsonRpcClient started on a pipe with an asyncio loop; records what it dispatched."""
 
@@ -73,8 +99,8 @@ class _Reader:
         err = None
         if stderr:
             er, self.err_w = os.pipe()
-            err = open(er, "rb")
-        self.process = _Process(open(r, "rb"), err)
+            err = open(er, "rb", buffering=0)
+        self.process = _Process(_CountingPipe(r), err)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -172,6 +198,190 @@ def test_a_frame_with_invalid_utf8_is_decoded_with_u_fffd_and_the_next_frame_is_
     assert not reader.closed.is_set()
 
 
+def _agentd_client() -> AgentdCopilotClient:
+    # a path given: the SDK never looks for (or downloads) a CLI; nothing is started here
+    return AgentdCopilotClient(connection=RuntimeConnection.for_stdio(path="/bin/true"), drop_event=unread_event_type)
+
+
+def test_events_agentd_drops_unseen_never_reach_the_sdk_and_every_other_message_comes_in_order(reader: _Reader) -> None:
+    reader.client.unread = _agentd_client()._unread  # as AgentdCopilotClient sets it (read per message)
+    sent = [("assistant.message", "1"), ("assistant.streaming_delta", "x"), ("model.log", "x"),
+            ("assistant.message_delta", "2"), ("session.mcp_servers_loaded", "3"), ("pending_messages.modified", "x"),
+            ("assistant.idle", "x"), ("session.idle", "4"), ("some.future_type", "5"), ("model.messages_snapshot", "x")]
+    reader.write(*(_frame(_event("s1", text, kind)) for kind, text in sent))
+    other = {"jsonrpc": "2.0", "method": "session.other", "params": {"type": "assistant.streaming_delta"}}
+    reader.write(_frame(json.dumps(other).encode()), _frame(_event("s1", "last")))  # the read is in order: all before came
+    reader.wait(7)
+    got = [(p["event"]["type"], p["event"]["data"]["content"]) if method == "session.event" else (method, "")
+           for method, p in reader.got]
+    assert got == [("assistant.message", "1"), ("assistant.message_delta", "2"), ("session.mcp_servers_loaded", "3"),
+                   ("session.idle", "4"), ("some.future_type", "5"), ("session.other", ""), ("assistant.message", "last")]
+    assert reader.refused == []
+
+
+def test_a_big_frame_nobody_reads_is_drained_by_its_head_unheld_and_a_big_one_read_is_read_whole(reader: _Reader) -> None:
+    reader.client.unread = _agentd_client()._unread
+    size = 24 << 20
+    assert size < CEILING
+    snapshot = b'{"jsonrpc":"2.0","method":"session.event","params":{"sessionId":"s1","event":{"type":"model.messages_snapshot","data":{"m":"'
+    broken = b'{"jsonrpc":"2.0","method":"session.event","params":{"sessionId":"s1","event":{"type":"assistant.streaming_delta","data":{"m":"'
+    late = {"jsonrpc": "2.0", "method": "session.event",  # its type past the head: told once decoded
+            "params": {"sessionId": "s1", "event": {"data": {"m": "y" * (1 << 20)}, "type": "assistant.streaming_delta"}}}
+    kept = _event("s1", "z" * (256 << 10))
+    assert len(kept) >= _reader.PEEK_BYTES  # told by its head too
+    tracemalloc.start()
+    try:
+        writer = threading.Thread(target=lambda: [reader.write(p) for p in _big_frame(snapshot, size)])
+        writer.start()
+        writer.join(60)
+        _, peak = tracemalloc.get_traced_memory()
+        body = b"".join(_big_frame(broken, 1 << 20)).split(b"\r\n\r\n", 1)[1][:-3]  # its JSON ends too soon
+        reader.write(_frame(body), _frame(json.dumps(late).encode()), _frame(kept), _frame(_event("s1", "after")))
+        reader.wait(2)
+    finally:
+        tracemalloc.stop()
+    assert [p["event"]["data"]["content"] for _, p in reader.got] == ["z" * (256 << 10), "after"]
+    assert reader.refused == []
+    assert peak < 8 << 20, f"the reader held {peak:,} bytes for a frame of {size:,} nobody reads"
+
+
+def test_lifecycle_events_are_read_only_while_a_handler_listens(reader: _Reader) -> None:
+    client = _agentd_client()
+    reader.client.unread = client._unread
+    lifecycle = {"jsonrpc": "2.0", "method": "session.lifecycle", "params": {"type": "session.updated", "sessionId": "s1"}}
+    reader.write(_frame(json.dumps(lifecycle).encode()), _frame(_event("s1", "1")))
+    reader.wait(1)
+    unsubscribe = client.on_lifecycle(lambda event: None)
+    reader.write(_frame(json.dumps(lifecycle).encode()), _frame(_event("s1", "2")))
+    reader.wait(3)
+    unsubscribe()
+    client.on_lifecycle("session.deleted", lambda event: None)
+    reader.write(_frame(json.dumps(lifecycle).encode()), _frame(_event("s1", "3")))
+    reader.wait(5)
+    assert [method for method, _ in reader.got] == ["session.event", "session.lifecycle", "session.event",
+                                                    "session.lifecycle", "session.event"]
+
+
+def test_the_event_types_left_unread_are_the_inert_ones_but_the_mcp_events() -> None:
+    for t in T:
+        assert unread_event_type(t.value) == (t in m.INERT and t not in _MCP_EVENTS), t
+    assert unread_event_type("model.turn_started") and unread_event_type("model.messages_snapshot")
+    assert not unread_event_type("some.future_type") and not unread_event_type("")
+
+
+def test_a_burst_of_frames_is_read_in_few_reads_of_the_pipe_and_a_lone_frame_is_not_held_back(reader: _Reader) -> None:
+    reader.write(_frame(_event("s1", "first")))
+    reader.wait(1)  # read at once: the buffer does not wait to be filled
+    pipe = reader.process.stdout
+    before = pipe.reads
+    reader.write(b"".join(_frame(_event("s1", str(i))) for i in range(100)))
+    reader.wait(101)
+    assert [p["event"]["data"]["content"] for _, p in reader.got] == ["first"] + [str(i) for i in range(100)]
+    # the SDK's reader: one read(2) per byte of each header, ~2,500 here
+    assert pipe.reads - before < 50, f"{pipe.reads - before} reads of the pipe for 100 frames"
+    reader.write(_frame(_event("s1", "split"))[:7])
+    threading.Event().wait(0.1)
+    reader.write(_frame(_event("s1", "split"))[7:])
+    reader.wait(102)
+    assert reader.got[-1][1]["event"]["data"]["content"] == "split"
+
+
+def _method(text: str) -> bytes:
+    """A notification the SDK hands to a method handler (not to the notification handler): it ends a burst."""
+    return json.dumps({"jsonrpc": "2.0", "method": "test.method", "params": {"text": text}}).encode()
+
+
+class _Recorder:
+    """What the reader hands the loop, in the order the loop runs it; the read thread's progress."""
+
+    def __init__(self, reader: _Reader) -> None:
+        self.order: list[str] = []
+        self.changed = threading.Event()
+        self.read: list[str] = []  # each notification's method or text, as the read thread sees it
+        self.bursts: list[int] = []
+        self.hold = threading.Event()
+        self.hold.set()
+        self.held = threading.Event()
+        client = reader.client
+        client.set_notification_handler(self._note)
+        client.set_notification_method_handler("test.method", lambda params: self._add("m:" + params["text"]))
+        client.on_refused = lambda head, text: self._add("refused")
+        client.unread = self._spy
+        run = client._run_burst
+        client._run_burst = lambda burst: (self.bursts.append(len(burst.items)), run(burst))  # type: ignore[method-assign]
+
+    def _spy(self, method: str, event_type: str) -> bool:
+        self.read.append(method)
+        return False
+
+    def _note(self, method: str, params: Any) -> None:
+        text = params["event"]["data"]["content"] if method == "session.event" else method
+        if text == "hold":
+            self.held.set()
+            self.hold.wait(10)
+        if text == "raise":
+            raise RuntimeError("a handler's error")
+        self._add(text)
+
+    def _add(self, what: str) -> None:
+        self.order.append(what)
+        self.changed.set()
+
+    def until(self, count: int, timeout: float = 10.0) -> list[str]:
+        for _ in range(int(timeout * 20)):
+            if len(self.order) >= count:
+                break
+            self.changed.wait(0.05)
+            self.changed.clear()
+        return self.order
+
+    def until_read(self, count: int) -> None:
+        for _ in range(200):
+            if len(self.read) >= count:
+                return
+            threading.Event().wait(0.01)
+        raise AssertionError(f"the reader read only {self.read}")
+
+
+def test_notifications_read_in_a_row_run_in_one_loop_callback_in_order_with_what_comes_between(reader: _Reader) -> None:
+    rec = _Recorder(reader)
+    gate = threading.Event()
+    reader.loop.call_soon_threadsafe(gate.wait, 10)  # the loop is busy while all of it is read
+    reader.write(_frame(_event("s", "e1")), _frame(_event("s", "e2")), _frame(_method("1")),
+                 _frame(_event("s", "e3")), _frame(b'{"broken'), _frame(_event("s", "e4")), _frame(_event("s", "e5")),
+                 _frame(_method("2")))
+    rec.until_read(7)  # all of it read (the refused one never reaches the spy)
+    gate.set()
+    assert rec.until(8) == ["e1", "e2", "m:1", "e3", "refused", "e4", "e5", "m:2"]
+    assert rec.bursts == [2, 1, 2]  # one loop callback per burst: an answer or a refusal ends one
+
+
+def test_a_notification_read_while_a_burst_runs_is_run_without_waiting_for_another(reader: _Reader) -> None:
+    rec = _Recorder(reader)
+    rec.hold.clear()
+    reader.write(_frame(_event("s", "hold")))
+    assert rec.held.wait(10)  # its burst runs (and waits): what is read now cannot join it
+    reader.write(_frame(_event("s", "next")), _frame(_method("end")))
+    rec.until_read(3)
+    rec.hold.set()
+    assert rec.until(3) == ["hold", "next", "m:end"]
+    assert rec.bursts == [1, 1]
+
+
+def test_a_handlers_error_is_reported_as_the_loop_reports_it_and_the_rest_of_its_burst_runs(reader: _Reader) -> None:
+    rec = _Recorder(reader)
+    errors: list[BaseException] = []
+    reader.loop.set_exception_handler(lambda loop, context: errors.append(context["exception"]))
+    gate = threading.Event()
+    reader.loop.call_soon_threadsafe(gate.wait, 10)
+    reader.write(_frame(_event("s", "raise")), _frame(_event("s", "after")), _frame(_method("end")))
+    rec.until_read(3)
+    gate.set()
+    assert rec.until(2) == ["after", "m:end"]
+    assert rec.bursts == [2]
+    assert [str(e) for e in errors] == ["a handler's error"]
+
+
 def test_the_sdks_own_reader_loses_the_connection_on_invalid_utf8() -> None:
     """Why agentd's reader exists: the SDK's ends its read loop (and the connection) at the first odd byte."""
     r = _Reader(JsonRpcClient)
@@ -247,10 +457,13 @@ def test_the_copilot_client_reads_with_agentds_reader_and_the_sdk_shape_is_check
     seen: list[tuple[_reader.FrameHead, str]] = []
     # a path given: the SDK never looks for (or downloads) a CLI; nothing is started here
     client = AgentdCopilotClient(connection=RuntimeConnection.for_stdio(path="/bin/true"),
-                                 on_refused=lambda head, text: seen.append((head, text)))
+                                 on_refused=lambda head, text: seen.append((head, text)), drop_event=unread_event_type)
     assert client._client is None
     client._client = JsonRpcClient(_Process(io.BufferedReader(io.BytesIO(b""))))  # as _connect_via_stdio does
     assert isinstance(client._client, BoundedJsonRpcClient)
+    assert client._client.unread == client._unread
+    assert client._unread("session.event", "assistant.streaming_delta")
+    assert not client._unread("session.event", "session.idle") and not client._unread("session.event", "")
     client._client.on_refused(_reader.FrameHead(session_id="s"), "t")  # type: ignore[misc]
     assert seen == [(_reader.FrameHead(session_id="s"), "t")]
     client._client = None
@@ -425,3 +638,46 @@ def test_an_sdk_that_changed_what_the_reader_relies_on_is_refused_naming_it(monk
     assert f"agentd is built for {_reader.SDK_VERSION}" in text
     assert "JsonRpcClient._stderr_loop is gone" in text
     assert "CopilotClient._connect_via_stdio no longer does 'self._client = JsonRpcClient(self._process)'" in text
+    assert "_connect_via_stdio no longer does 'event_dict = params[\"event\"]'" in text
+    monkeypatch.setattr(se, "from_datetime", lambda x: x)  # a release that parses its times in another way
+    with pytest.raises(_reader.SdkChanged, match="session_events.from_datetime is no longer the SDK's own"):
+        _reader.check_sdk()
+
+
+_times = st.datetimes(min_value=_dt.datetime(1, 1, 1), max_value=_dt.datetime(9999, 12, 31, 23, 59, 59))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_times, st.integers(0, 6), st.sampled_from(["Z", "+00:00", "-00:00", "+05:30", "-11:45", "+14:00"]))
+def test_the_clis_times_are_parsed_as_the_sdk_parses_them(when: _dt.datetime, digits: int, offset: str) -> None:
+    text = f"{when.year:04d}" + when.strftime("-%m-%dT%H:%M:%S") + ("." + f"{when.microsecond:06d}"[:digits] if digits else "") + offset
+    ours, sdks = _reader.from_datetime(text), dateutil.parser.parse(text)
+    assert ours == sdks and ours.utcoffset() == sdks.utcoffset()
+    assert ours.replace(tzinfo=None) == sdks.replace(tzinfo=None)
+
+
+@pytest.mark.parametrize("text", ["2026-12-02 20:29:09", "2026-12-02T20:29:09", "Dec 2 2026 20:29", "2026-12-02T20:29:09.1234567Z",
+                                  "２０２６-12-02T20:29:09Z"])
+def test_other_times_are_parsed_by_the_sdks_own(text: str) -> None:
+    try:
+        sdks = dateutil.parser.parse(text)
+    except ValueError as exc:
+        with pytest.raises(type(exc)):
+            _reader.from_datetime(text)
+    else:
+        assert _reader.from_datetime(text) == sdks and type(_reader.from_datetime(text).tzinfo) is type(sdks.tzinfo)
+
+
+@pytest.mark.parametrize("text", ["2026-02-30T20:29:09Z", "2026-12-02T24:00:00Z", "2026-12-02T20:61:09.5+01:00"])
+def test_a_time_of_the_clis_shape_that_is_no_time_is_refused_as_the_sdk_refuses_it(text: str) -> None:
+    with pytest.raises(dateutil.parser.ParserError):
+        _reader.from_datetime(text)
+
+
+def test_the_session_events_parse_their_times_with_agentds_once_a_client_is_made() -> None:
+    _agentd_client()
+    assert se.from_datetime is _reader.from_datetime
+    event = se.session_event_from_dict({"type": "session.idle", "data": {}, "id": "27ba8409-ba20-41d9-a87e-82055935ec03",
+                                        "timestamp": "2026-12-02T20:29:50.203Z", "parentId": None})
+    assert event.timestamp == _dt.datetime(2026, 12, 2, 20, 29, 50, 203000, tzinfo=_dt.timezone.utc)
+    assert event.timestamp.tzinfo is _dt.timezone.utc  # ours: dateutil's is a tzlocal or tzutc

@@ -87,6 +87,14 @@ log = structlog.get_logger(__name__)
 T = se.SessionEventType
 #: the CLI's MCP server events agentd reads (the rest of its MCP events are unknown records)
 _MCP_EVENTS = frozenset({T.SESSION_MCP_SERVERS_LOADED, T.SESSION_MCP_SERVER_STATUS_CHANGED})
+_MCP_NAMES = frozenset(t.value for t in _MCP_EVENTS)
+
+
+def unread_event_type(name: str) -> bool:
+    """Whether session events of type ``name`` (the CLI's type string) may go unparsed: those
+    :meth:`CopilotConversation._sdk_event` drops unseen. The reader drops them in its thread
+    (``drop_event``), before the SDK builds a ``SessionEvent`` and hops it to its loop."""
+    return name not in _MCP_NAMES and m.inert_type(name)
 
 
 def _enum_value(value: Any) -> str:
@@ -215,7 +223,8 @@ class CopilotConversation:
         }
 
     def _sdk_event(self, event: se.SessionEvent) -> None:
-        """SDK callback (asyncio thread): note request ids, then hand the event to trio (unless inert)."""
+        """SDK callback (asyncio thread): note request ids, then hand the event to trio (unless inert;
+        the reader drops most of those before the SDK parses them, :func:`unread_event_type`)."""
         t = event.type
         if t in _MCP_EVENTS:
             self._bridge.to_trio(self._on_mcp, event)

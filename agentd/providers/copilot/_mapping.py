@@ -597,8 +597,10 @@ class EventMapper:
 
 
 #: SDK event types that change nothing in agentd: no contract event, and no effect in
-#: CopilotConversation._handle. Dropped in the SDK's thread, before the hop to trio: most of a
-#: turn's events are assistant.streaming_delta (one per chunk, beside assistant.message_delta).
+#: CopilotConversation._handle. Dropped in the reader's thread before the SDK parses them (but the
+#: MCP ones, which agentd reads; _conversation.unread_event_type), so no SDK handler sees them
+#: either: most of a turn's events are assistant.streaming_delta (one per chunk, beside
+#: assistant.message_delta).
 INERT = frozenset(
     {
         T.ASSISTANT_MESSAGE_START,

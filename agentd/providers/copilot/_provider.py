@@ -61,7 +61,7 @@ from .._restart import RestartBackoff, RestartPolicy
 from . import _mapping as m
 from ._bridge import AsyncioBridge, BridgeClosed
 from .._mcp import McpStates
-from ._conversation import CopilotConversation, clean_title
+from ._conversation import CopilotConversation, clean_title, unread_event_type
 from ._reader import AgentdCopilotClient, FrameHead, SdkChanged, check_sdk
 
 log = structlog.get_logger(__name__)
@@ -497,6 +497,7 @@ class CopilotProvider:
                     use_logged_in_user=self.byok is None,
                     client_info={"application_name": "agentd"},
                     on_refused=refused,
+                    drop_event=unread_event_type,
                 )
                 try:
                     await client.start()

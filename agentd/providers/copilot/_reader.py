@@ -30,8 +30,16 @@ dispatch of a message), applying agentd.runtime_output's rules:
 installed: the SDK builds its ``JsonRpcClient`` inside ``_connect_via_stdio``
 and starts it at once, so the subclass catches the assignment to ``_client``
 (a property) and puts the bounded reader in its place before it starts.
-Both depend on the SDK's private shape; :func:`check_sdk` verifies it (run
-before each CLI start) and refuses to start on an SDK that changed it.
+
+What the SDK does per frame and per event costs agentd's CPU, so the reader
+also reads the CLI's pipes through a buffer (the SDK's read a frame's header a
+byte per read(2)), drops the notifications nobody reads in its thread
+(:class:`BoundedJsonRpcClient`'s ``unread``), hands the others to the loop a
+burst at a time, and the session events' timestamps are parsed by
+:func:`from_datetime` in place of ``dateutil.parser.parse``
+(:func:`install_from_datetime`). All of this depends on the SDK's private
+shape; :func:`check_sdk` verifies it (run before each CLI start) and refuses
+to start on an SDK that changed it.
 """
 
 from __future__ import annotations
@@ -39,9 +47,12 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import inspect
+import io
 import json
 import re
+import threading
 from collections.abc import Callable
+from datetime import datetime
 from json.decoder import scanstring
 from typing import Any
 
@@ -51,6 +62,7 @@ from copilot import CopilotClient
 from copilot import client as _sdk_client
 from copilot._jsonrpc import JsonRpcClient, JsonRpcError
 from copilot._jsonrpc import logger as _sdk_logger
+from copilot.generated import session_events as _sdk_events
 
 from ... import runtime_output
 
@@ -60,6 +72,11 @@ log = structlog.get_logger(__name__)
 SDK_VERSION = "1.0.27"
 #: How much of a refused frame is kept to tell what it was (its id, method and sessionId come first).
 HEAD_BYTES = 8 << 10
+#: A frame this big or bigger is first told by its head (:func:`peek`): one nobody reads is
+#: drained, never decoded (the CLI's model.messages_snapshot holds the session's whole context).
+PEEK_BYTES = 64 << 10
+#: The read buffer put on the CLI's unbuffered stdout and stderr.
+STREAM_BUFFER = 64 << 10
 #: Chunk size for draining a refused frame.
 DRAIN_CHUNK = 1 << 20
 #: A header line longer than this is broken framing.
@@ -72,6 +89,11 @@ INTERNAL_ERROR = -32603
 
 #: on_refused(head, text): called on the SDK's asyncio loop
 OnRefused = Callable[["FrameHead", str], None]
+#: drop_event(event_type): whether a session event of that type (the CLI's type string) goes unread
+DropEvent = Callable[[str], bool]
+#: unread(method, event_type): whether a notification of the CLI goes undispatched (the read thread);
+#: event_type is a session.event's ``params.event.type``, else ""
+Unread = Callable[[str, str], bool]
 
 
 class FrameHead(msgspec.Struct, frozen=True):
@@ -94,14 +116,30 @@ class MessageRefused(JsonRpcError):
 class BoundedJsonRpcClient(JsonRpcClient):
     """The SDK's JSON-RPC client with agentd's reader (see the module docstring).
 
-    ``on_refused`` is set by :class:`AgentdCopilotClient` before :meth:`start`.
+    ``on_refused`` and ``unread`` are set by :class:`AgentdCopilotClient` before :meth:`start`.
+    A notification ``unread(method, event_type)`` says nobody reads is dropped in
+    the read thread: the SDK never parses it (a ``SessionEvent``'s ``dateutil``
+    timestamp parse alone is ~30 us) nor hops it to its asyncio loop. Most of a
+    turn's events are of that kind (``assistant.streaming_delta``, the
+    ``model.*`` telemetry). A frame of :data:`PEEK_BYTES` or more is told by
+    its head, and one nobody reads is drained undecoded (so also one whose JSON
+    breaks past its head: it is not refused). The notifications read in a row
+    reach the loop in one callback (:meth:`_notify`), not one each.
     """
 
-    def __init__(self, process: Any, on_refused: OnRefused | None = None) -> None:
+    def __init__(self, process: Any, on_refused: OnRefused | None = None, unread: Unread | None = None) -> None:
         super().__init__(process)
         self.on_refused = on_refused
+        self.unread = unread
         #: why the framing broke (the connection then ended), for the runtime's exit reason
         self.violation = ""
+        # The SDK starts the CLI with bufsize=0: a readline of its raw pipe is a read(2) per byte
+        # (~25 for a frame's header).
+        self._stdout = _buffered(getattr(process, "stdout", None))
+        self._stderr = _buffered(getattr(process, "stderr", None))
+        #: the notifications read whose run on the loop is scheduled (see _notify)
+        self._burst: _Burst | None = None
+        self._burst_lock = threading.Lock()
 
     def _read_message(self) -> dict[str, Any] | None:
         """The next usable message; refused frames are reported and skipped. None: the stream ended."""
@@ -113,7 +151,15 @@ class BoundedJsonRpcClient(JsonRpcClient):
                 head = self._drain(length)
                 self._refuse(peek(head), runtime_output.too_big(length))
                 continue
-            data = self._read_exact(length)
+            if length >= PEEK_BYTES and self.unread is not None:
+                start = self._read_exact(HEAD_BYTES)
+                head = peek(start)
+                if head.id is None and head.method and self.unread(head.method, head.event_type):
+                    self._drain(length - HEAD_BYTES, frame=length)
+                    continue
+                data = start + self._read_exact(length - HEAD_BYTES, frame=length)
+            else:
+                data = self._read_exact(length)
             try:
                 message = runtime_output.decode_json(data)  # odd bytes become U+FFFD
             except msgspec.DecodeError:
@@ -125,6 +171,18 @@ class BoundedJsonRpcClient(JsonRpcClient):
                                                    f"{_preview(data)}")
 
     def _handle_message(self, message: dict[str, Any]) -> None:
+        unread = self.unread
+        if unread is not None and "id" not in message:
+            method = message.get("method")
+            params = message.get("params")
+            event = params.get("event") if isinstance(params, dict) else None
+            kind = event.get("type") if isinstance(event, dict) else None
+            if isinstance(method, str) and unread(method, kind if isinstance(kind, str) else ""):
+                return
+        if "id" not in message and self._loop is not None and self._burstable(message.get("method")):
+            self._notify(message["method"], message.get("params", {}))
+            return
+        self._burst = None  # what the SDK schedules now comes after the open burst's notifications
         # A message the SDK's dispatch cannot take (say, an "error" that is no object) raised in
         # the read thread and ended the connection: it is refused like a frame that is no JSON-RPC.
         try:
@@ -133,10 +191,44 @@ class BoundedJsonRpcClient(JsonRpcClient):
             self._refuse(_head_of(message), f"the Copilot CLI sent a message the SDK cannot take "
                                             f"({type(exc).__name__}: {exc}): {_preview(json.dumps(message).encode())}")
 
+    def _burstable(self, method: Any) -> bool:
+        """Whether the SDK would hand notification ``method`` to its notification handler on the loop."""
+        return (isinstance(method, str) and method != "$/cancelRequest" and self.notification_handler is not None
+                and method not in self.notification_method_handlers)
+
+    def _notify(self, method: str, params: Any) -> None:
+        """Hand a notification to the loop as the SDK does (the read thread), one wake-up per burst.
+
+        The SDK scheduled a loop callback for each (a write to the loop's self-pipe, and a pass of
+        the loop); here it joins the burst whose run is scheduled and has not begun, else starts one.
+        A burst is closed once anything else is scheduled from this thread (an answer, a refusal),
+        so the loop still runs everything in the order read.
+        """
+        item = (self.notification_handler, method, params)
+        with self._burst_lock:
+            burst = self._burst
+            if burst is not None and burst.open:
+                burst.items.append(item)
+                return
+            burst = self._burst = _Burst(item)
+        self._loop.call_soon_threadsafe(self._run_burst, burst)  # type: ignore[union-attr]
+
+    def _run_burst(self, burst: _Burst) -> None:
+        """Run a burst's notifications, in order (the loop); a handler's error is reported as the loop does."""
+        with self._burst_lock:
+            burst.open = False  # what is read from now on starts a burst of its own
+            items = burst.items
+        for handler, method, params in items:
+            try:
+                handler(method, params)
+            except Exception as exc:
+                self._loop.call_exception_handler(  # type: ignore[union-attr]
+                    {"message": f"Exception in callback {handler!r}({method!r}, ...)", "exception": exc})
+
     def _stderr_loop(self) -> None:
         # The SDK's decoded each stderr line as strict UTF-8: one odd byte ended this loop, after
         # which nobody drained the pipe and the CLI blocked once it filled. Its lines were all kept.
-        stderr = self.process.stderr
+        stderr = self._stderr
         try:
             while self._running and stderr:
                 line = stderr.readline(HEADER_LINE_MAX)
@@ -152,7 +244,7 @@ class BoundedJsonRpcClient(JsonRpcClient):
 
     def _read_header(self) -> int | None:
         """The Content-Length of the next frame; None at EOF or broken framing (then :attr:`violation`)."""
-        stdout = self.process.stdout
+        stdout = self._stdout
         length: int | None = None
         first = True
         while True:
@@ -180,27 +272,28 @@ class BoundedJsonRpcClient(JsonRpcClient):
                     self._broken(f"a bad Content-Length: {value.strip()[:50]!r}")
                     return None
 
-    def _drain(self, length: int) -> bytes:
-        """Read and drop ``length`` bytes of a frame, keeping its first HEAD_BYTES; EOFError at a short stream."""
-        stdout = self.process.stdout
+    def _drain(self, length: int, frame: int = 0) -> bytes:
+        """Read and drop ``length`` bytes of a frame (of ``frame`` bytes in all, if more), keeping its
+        first HEAD_BYTES; EOFError at a short stream."""
+        stdout = self._stdout
         head = bytearray()
         left = length
         while left > 0:
             chunk = stdout.read(min(left, DRAIN_CHUNK))
             if not chunk:
-                self._broken(f"the stream ended inside a frame of {length:,} bytes")
+                self._broken(f"the stream ended inside a frame of {max(frame, length):,} bytes")
                 raise EOFError("the stream ended inside a frame")
             if len(head) < HEAD_BYTES:
                 head += chunk[: HEAD_BYTES - len(head)]
             left -= len(chunk)
         return bytes(head)
 
-    def _read_exact(self, num_bytes: int) -> bytes:
-        try:
-            return super()._read_exact(num_bytes)
-        except EOFError:
-            self._broken(f"the stream ended inside a frame of {num_bytes:,} bytes")
-            raise
+    def _read_exact(self, num_bytes: int, frame: int = 0) -> bytes:
+        data = self._stdout.read(num_bytes)  # a buffered read returns short only at the end
+        if len(data) < num_bytes:
+            self._broken(f"the stream ended inside a frame of {max(frame, num_bytes):,} bytes")
+            raise EOFError("Unexpected end of stream while reading JSON-RPC message")
+        return data
 
     def _broken(self, why: str) -> None:
         if not self.violation:
@@ -209,6 +302,7 @@ class BoundedJsonRpcClient(JsonRpcClient):
 
     def _refuse(self, head: FrameHead, text: str) -> None:
         """Fail what the refused frame was: our request's wait, or the CLI's request; then tell its session."""
+        self._burst = None  # the report comes after the notifications read before
         log.info("copilot.frame_refused", method=head.method, id=head.id, session=head.session_id,
                  event_type=head.event_type, why=text)
         if head.id is not None and not head.method:
@@ -229,6 +323,24 @@ class BoundedJsonRpcClient(JsonRpcClient):
                 self.on_refused(head, text)
         except Exception:
             log.exception("copilot.on_refused_failed")
+
+
+class _Burst:
+    """Notifications read in a row, run by one loop callback: (handler, method, params) each."""
+
+    __slots__ = ("items", "open")
+
+    def __init__(self, first: tuple[Any, str, Any]) -> None:
+        self.items = [first]
+        #: False once its run began: nothing more joins it
+        self.open = True
+
+
+def _buffered(stream: Any) -> Any:
+    """``stream`` with a read buffer when it is a raw (unbuffered) file, else itself."""
+    if isinstance(stream, io.RawIOBase):
+        return io.BufferedReader(stream, STREAM_BUFFER)
+    return stream
 
 
 def _head_of(message: dict[str, Any]) -> FrameHead:
@@ -257,11 +369,17 @@ class AgentdCopilotClient(CopilotClient):
     """``CopilotClient`` whose JSON-RPC connection reads with :class:`BoundedJsonRpcClient`.
 
     ``on_refused(head, text)`` is called on the SDK's asyncio loop for each
-    refused frame (:class:`FrameHead`: what its start names, "" for what it does not).
+    refused frame (:class:`FrameHead`: what its start names, "" for what it does not);
+    ``drop_event(event_type)`` (the SDK's read thread) says which session events go
+    unread (see :class:`BoundedJsonRpcClient`); lifecycle events go unread while
+    nobody listens to them (agentd does not).
     """
 
-    def __init__(self, *args: Any, on_refused: OnRefused | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, on_refused: OnRefused | None = None, drop_event: DropEvent | None = None,
+                 **kwargs: Any) -> None:
+        install_from_datetime()
         self._agentd_on_refused = on_refused
+        self._agentd_drop_event = drop_event
         super().__init__(*args, **kwargs)
 
     @property
@@ -272,8 +390,46 @@ class AgentdCopilotClient(CopilotClient):
     def _client(self, value: JsonRpcClient | None) -> None:
         # The SDK assigns a JsonRpcClient it just built (not started yet): ours takes its place.
         if value is not None and not isinstance(value, BoundedJsonRpcClient):
-            value = BoundedJsonRpcClient(value.process, self.__dict__.get("_agentd_on_refused"))
+            value = BoundedJsonRpcClient(value.process, self.__dict__.get("_agentd_on_refused"), self._unread)
         self.__dict__["_agentd_rpc"] = value
+
+    def _unread(self, method: str, event_type: str) -> bool:
+        """Whether the CLI's notification ``method`` goes undispatched (the read thread): a session
+        event whose type ``drop_event`` names, a lifecycle event while no handler listens."""
+        if method == "session.event":
+            drop = self._agentd_drop_event
+            return drop is not None and bool(event_type) and drop(event_type)
+        if method == "session.lifecycle":
+            return not (self._lifecycle_handlers or any(self._typed_lifecycle_handlers.values()))
+        return False
+
+
+#: The times the CLI sends (JavaScript's toISOString; an offset allowed): the shape fromisoformat
+#: reads as dateutil does (the same instant, offset and fields).
+_ISO_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?(?:Z|[+-][0-9]{2}:[0-9]{2})")
+_sdk_from_datetime = _sdk_events.from_datetime
+
+
+def from_datetime(x: Any) -> datetime:
+    """The SDK's ``from_datetime`` (``dateutil.parser.parse``, ~30 us), in ~1 us for the CLI's times.
+
+    A string of the CLI's shape (``2026-12-02T20:29:09.123Z``) is read by
+    ``datetime.fromisoformat``: the same instant, offset and fields as the SDK's
+    (the tzinfo is ``timezone.utc`` or a fixed ``timezone``, not dateutil's
+    ``tzlocal``/``tzutc``/``tzoffset``). Anything else, and a string of that
+    shape that is no valid time, is parsed, or refused, by the SDK's own.
+    """
+    if isinstance(x, str) and _ISO_TIME.fullmatch(x):
+        try:
+            return datetime.fromisoformat(x)
+        except ValueError:
+            pass  # say Feb 30: the SDK's parse raises its own error
+    return _sdk_from_datetime(x)
+
+
+def install_from_datetime() -> None:
+    """Have the SDK's session events parse their times with :func:`from_datetime` (idempotent)."""
+    _sdk_events.from_datetime = from_datetime
 
 
 class SdkChanged(RuntimeError):
@@ -293,7 +449,7 @@ def check_sdk() -> None:
     problems: list[str] = []
     if list(inspect.signature(JsonRpcClient.__init__).parameters) != ["self", "process"]:
         problems.append("JsonRpcClient(process) takes other arguments")
-    for name in ("_read_message", "_read_exact", "_read_loop", "_send_error_response", "_handle_message",
+    for name in ("_read_message", "_read_loop", "_send_error_response", "_handle_message",
                  "_stderr_loop", "get_stderr_output"):
         if not callable(getattr(JsonRpcClient, name, None)):
             problems.append(f"JsonRpcClient.{name} is gone")
@@ -303,13 +459,18 @@ def check_sdk() -> None:
         problems.append("copilot.client no longer builds copilot._jsonrpc.JsonRpcClient")
     probe = JsonRpcClient(None)
     for attr in ("pending_requests", "_pending_inline_callbacks", "_pending_lock", "_loop", "_running",
-                 "_stderr_output", "_stderr_lock"):
+                 "_stderr_output", "_stderr_lock", "notification_handler", "notification_method_handlers"):
         if not hasattr(probe, attr):
             problems.append(f"JsonRpcClient has no {attr}")
     for owner, fn, needle in ((JsonRpcClient, "_read_loop", "self._read_message()"),
-                              (JsonRpcClient, "_read_exact", "self.process.stdout.read("),
                               (JsonRpcClient, "start", "target=self._stderr_loop"),
-                              (CopilotClient, "_connect_via_stdio", "self._client = JsonRpcClient(self._process)")):
+                              (JsonRpcClient, "_handle_message",
+                               "self._loop.call_soon_threadsafe(self.notification_handler, method, params)"),
+                              (CopilotClient, "_connect_via_stdio", "self._client = JsonRpcClient(self._process)"),
+                              (CopilotClient, "_connect_via_stdio", 'event_dict = params["event"]'),
+                              (CopilotClient, "_connect_via_stdio", "self._dispatch_lifecycle_event(lifecycle_event)"),
+                              (CopilotClient, "_dispatch_lifecycle_event", "self._typed_lifecycle_handlers.get("),
+                              (CopilotClient, "_dispatch_lifecycle_event", "list(self._lifecycle_handlers)")):
         try:
             source = inspect.getsource(getattr(owner, fn))
         except (OSError, TypeError, AttributeError):
@@ -318,6 +479,16 @@ def check_sdk() -> None:
             continue
         if needle not in source:
             problems.append(f"{owner.__name__}.{fn} no longer does {needle!r}")
+    if _sdk_events.from_datetime not in (_sdk_from_datetime, from_datetime):
+        problems.append("copilot.generated.session_events.from_datetime is no longer the SDK's own")
+    try:
+        if "dateutil.parser.parse(" not in inspect.getsource(_sdk_from_datetime):
+            problems.append("copilot.generated.session_events.from_datetime no longer parses with dateutil")
+        if "from_datetime(obj.get(\"timestamp\"))" not in inspect.getsource(_sdk_events.SessionEvent.from_dict):
+            problems.append("SessionEvent.from_dict no longer parses its timestamp with from_datetime")
+    except (OSError, TypeError):
+        if installed != SDK_VERSION:
+            problems.append("copilot.generated.session_events' source cannot be read to check it")
     if problems:
         raise SdkChanged(
             f"github-copilot-sdk {installed} changed what agentd's Copilot reader relies on "
