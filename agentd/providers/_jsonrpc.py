@@ -16,6 +16,7 @@ trio checkpoints, and every task lives in the nursery given to
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import math
 import os
@@ -174,14 +175,44 @@ class Connection:
         await self._write({"jsonrpc": "2.0", "method": method, "params": params})
 
     async def _write(self, message: dict[str, Any]) -> None:
+        """Write one line, whole, after any line being written. A checkpoint; cancelled only before
+        any of it was written. Raises ConnectionLost."""
         line = _encoder.encode(message) + b"\n"
-        async with self._write_lock:
-            if self.lost is not None:
-                raise self.lost
-            try:
-                await self._send.send_all(line)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                raise ConnectionLost(f"the {self._label} stopped reading its input ({exc.__class__.__name__})") from None
+        lock = self._write_lock
+        send = self._send
+        if not isinstance(send, trio.lowlevel.FdStream) or lock.locked():
+            async with lock:
+                await self._send_line(line)
+            return
+        # A pipe nobody writes to: the line goes now, not after the scheduler passes that the lock's and
+        # send_all's checkpoints took (the prompt waited behind the journaling of its own turn's start).
+        await trio.lowlevel.checkpoint_if_cancelled()
+        lock.acquire_nowait()  # not locked: nobody waits for it either
+        try:
+            await self._send_line(line, send.fileno())
+        finally:
+            lock.release()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _send_line(self, line: bytes, fd: int = -1) -> None:
+        """``line`` on the stream, the write lock held: at once on ``fd`` (when >= 0) as far as the pipe
+        takes it, the rest by ``send_all``. Raises ConnectionLost."""
+        if self.lost is not None:
+            raise self.lost
+        try:
+            if fd >= 0:
+                try:
+                    sent = os.write(fd, line)
+                except BlockingIOError:  # the pipe is full
+                    sent = 0
+                except OSError as exc:  # named as send_all would have
+                    raise trio.ClosedResourceError() if exc.errno == errno.EBADF else trio.BrokenResourceError()
+                if sent == len(line):
+                    return
+                line = line[sent:]
+            await self._send.send_all(line)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise ConnectionLost(f"the {self._label} stopped reading its input ({exc.__class__.__name__})") from None
 
     async def _answer(self, id: Any, result: Any = None, error: RpcError | None = None) -> None:
         msg: dict[str, Any] = {"jsonrpc": "2.0", "id": id}

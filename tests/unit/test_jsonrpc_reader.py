@@ -187,3 +187,64 @@ async def test_closing_the_pipe_while_the_reader_waits_ends_it() -> None:
     await send.aclose()
     assert peer.conn.violation == ""
     assert [p[0] for p, _ in peer.log] == [0]
+
+
+# --------------------------------------------------------------------------- writing
+
+
+async def _read_lines(receive: trio.abc.ReceiveStream, count: int, slow: bool = False) -> list[bytes]:
+    got = b""
+    while got.count(b"\n") < count:
+        chunk = await receive.receive_some(4096 if slow else 1 << 16)
+        if not chunk:
+            break
+        got += chunk
+        if slow:
+            await trio.sleep(0)
+    return got.split(b"\n")[:-1]
+
+
+async def test_lines_written_at_once_by_many_tasks_stay_whole_and_in_each_task_s_order() -> None:
+    receive, send = _pipe()
+    conn = Connection(send, on_request=Peer().on_request, on_notification=lambda m, p: None)
+    sizes = [10, 5000, 70_000, 150_000, 100]  # a pipe takes 64 KiB: the big ones are written in parts
+
+    async def writer(w: int) -> None:
+        for i in range(12):
+            await conn.notify("n", [w, i, "z" * sizes[(w + i) % len(sizes)]])
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for w in range(4):
+                nursery.start_soon(writer, w)
+            lines = await _read_lines(receive, 4 * 12, slow=True)
+    seen: dict[int, list[int]] = {}
+    for line in lines:
+        msg = msgspec.json.decode(line)  # raises for a line broken or interleaved with another
+        w, i, text = msg["params"]
+        assert len(text) == sizes[(w + i) % len(sizes)]
+        seen.setdefault(w, []).append(i)
+    assert seen == {w: list(range(12)) for w in range(4)}
+
+
+async def test_a_cancelled_write_writes_nothing_and_the_next_one_goes_whole() -> None:
+    receive, send = _pipe()
+    conn = Connection(send, on_request=Peer().on_request, on_notification=lambda m, p: None)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await conn.notify("first", [])
+    assert scope.cancelled_caught
+    await conn.notify("second", [])
+    with trio.fail_after(10):
+        assert [msgspec.json.decode(line)["method"] for line in await _read_lines(receive, 1)] == ["second"]
+
+
+async def test_writing_to_an_agent_that_closed_its_input_is_a_lost_connection() -> None:
+    receive, send = _pipe()
+    conn = Connection(send, on_request=Peer().on_request, on_notification=lambda m, p: None)
+    await receive.aclose()
+    with pytest.raises(_jsonrpc.ConnectionLost, match="stopped reading its input \\(BrokenResourceError\\)"):
+        await conn.notify("n", [])
+    await send.aclose()
+    with pytest.raises(_jsonrpc.ConnectionLost, match="stopped reading its input \\(ClosedResourceError\\)"):
+        await conn.notify("n", [])
