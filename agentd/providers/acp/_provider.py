@@ -1138,6 +1138,9 @@ class AcpConversation:
         """The live agent of this session, starting a fresh process and loading the session into it
         when the previous one exited. Raises Closed, ConversationNotFound (the new process does not
         have the session), RuntimeUnavailable."""
+        agent = self._agent
+        if agent is not None and agent.alive and not self._revive_lock.locked():
+            return agent  # no checkpoint here: a prompt is written before any other task runs
         async with self._revive_lock:
             agent = self._agent
             if agent is not None and agent.alive:
@@ -1283,7 +1286,8 @@ class AcpConversation:
     # ------------------------------------------------------------------ session/update
 
     def _on_update(self, raw: dict[str, Any]) -> None:
-        self._last_update = trio.current_time()
+        if self._turn is None:  # what a load's replay waits on (_attach): no turn runs then
+            self._last_update = trio.current_time()
         kind = raw.get("sessionUpdate")
         unknown = m.unknown_update(self._provider.name, raw)
         if unknown is not None:
