@@ -780,7 +780,7 @@ class ClaudeConversation:
                     await self.cancel()
             self._closed = True
             await self._stop_session("closed")
-            await self._save_quietly()
+            await self._save_quietly(now=True)
         self._provider._restarts.forget(self.id)
         self._provider._forget(self)
 
@@ -891,6 +891,12 @@ class ClaudeConversation:
         :class:`_Inbox` in place of its message stream): this task only waits for the end.
         """
         lib = sdk()
+        query = getattr(client, "_query", None)
+        if isinstance(getattr(query, "_run_end_ceiling_ms", None), int):
+            # The SDK times the end of a run (a system task armed at each result, cancelled at the
+            # next turn) for a prompt stream it ends itself; agentd writes every prompt and never
+            # ends input but by disconnect: no timer task per turn.
+            query._run_end_ceiling_ms = 0
         inbox = _Inbox.attach(client, lambda data: self._on_data(session, data))
         try:
             if inbox is not None:
@@ -898,7 +904,6 @@ class ClaudeConversation:
                 if inbox.error is not None:
                     raise inbox.error
             else:  # pragma: no cover - an SDK without the private query object or its message stream
-                query = getattr(client, "_query", None)
                 if query is not None:
                     async for data in query.receive_messages():
                         self._on_data(session, data)
@@ -1344,11 +1349,11 @@ class ClaudeConversation:
 
     # ------------------------------------------------------------------ persistence
 
-    async def _save(self) -> None:
-        await self._provider.save_record(self._record)
+    async def _save(self, *, now: bool = False) -> None:
+        await self._provider.save_record(self._record, now=now)
 
-    async def _save_quietly(self) -> None:
+    async def _save_quietly(self, *, now: bool = False) -> None:
         try:
-            await self._save()
+            await self._save(now=now)
         except OSError as exc:
             log.warning("claude.record_not_saved", conversation=self.id, error=str(exc))
