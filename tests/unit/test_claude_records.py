@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 import trio
+import trio.testing
 
 from agentd.config import ClaudeConfig
 from agentd.providers.claude import _provider
@@ -33,6 +34,12 @@ async def _running(nursery: trio.Nursery, tmp_path: pathlib.Path) -> tuple[Claud
 
     await nursery.start(serve)
     return provider, scope
+
+
+async def _until(done: Any) -> None:
+    with trio.fail_after(5):
+        while not done():
+            await trio.sleep(0.01)
 
 
 @pytest.fixture
@@ -149,3 +156,28 @@ async def test_the_inbox_keeps_the_readers_error_and_ends_on_close() -> None:
     assert fresh is not None and not fresh.ended.is_set()
     fresh.close()  # the SDK's Query.close
     assert fresh.ended.is_set()
+
+
+async def test_a_turns_end_starts_a_write_only_for_a_change_other_than_the_cost(
+        tmp_path: pathlib.Path, nursery: trio.Nursery, short_delay: float) -> None:
+    provider, _ = await _running(nursery, tmp_path)
+    record = _Record(id="d", workdir=str(tmp_path), cost_usd=0.1)
+    saves: list[float | None] = []
+
+    async def save() -> None:
+        saves.append(record.cost_usd)
+        await provider.save_record(record)
+
+    provider.save_soon(record, save)  # never written yet: at once
+    await _until(lambda: (provider.dir / "d.json").exists())
+    assert saves == [0.1] and _on_disk(provider, "d")["cost_usd"] == 0.1
+    record.cost_usd = 0.2
+    provider.save_soon(record, save)  # the cost alone: no task, written later
+    provider.save_soon(record, save)
+    await trio.testing.wait_all_tasks_blocked()
+    assert saves == [0.1] and _on_disk(provider, "d")["cost_usd"] == 0.1
+    await _until(lambda: _on_disk(provider, "d")["cost_usd"] == 0.2)
+    record.allowed_tools.append("Bash")
+    provider.save_soon(record, save)
+    await _until(lambda: "allowed_tools" in _on_disk(provider, "d"))
+    assert saves == [0.1, 0.2] and _on_disk(provider, "d")["allowed_tools"] == ["Bash"]

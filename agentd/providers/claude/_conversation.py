@@ -488,7 +488,7 @@ class ClaudeConversation:
                     raise SubmissionUncertain(f"the prompt may or may not have reached Claude Code: {exc}") from None
             if not self._record.prompted:
                 self._record.prompted = True
-                self._provider.spawn(self._save_quietly)
+                self._provider.save_soon(self._record, self._save_quietly)
         finally:
             self._submitting = False
 
@@ -593,7 +593,7 @@ class ClaudeConversation:
             return
         state, error, reason = (TurnState.CANCELLED, "", "") if turn.cancelling else turn.deferred
         self._end_turn(turn, state, error=error, reason=reason)
-        self._provider.spawn(self._save_quietly)
+        self._provider.save_soon(self._record, self._save_quietly)
 
     def _steer_used(self, turn: _Turn, mid: str) -> None:
         """The CLI took the steer written as ``mid`` into the turn: its user item (delivery steer)."""
@@ -1039,7 +1039,7 @@ class ClaudeConversation:
             return lib.PermissionResultAllow()
         # allow_always: this tool, for the rest of this conversation (kept across processes).
         self._record.allowed_tools.append(tool_name)
-        self._provider.spawn(self._save_quietly)
+        self._provider.save_soon(self._record, self._save_quietly)
         from claude_agent_sdk.types import PermissionRuleValue, PermissionUpdate
 
         rule = PermissionUpdate(type="addRules", rules=[PermissionRuleValue(tool_name=tool_name)],
@@ -1268,7 +1268,7 @@ class ClaudeConversation:
             self._finish_live(end[1] or "the answer ended")  # what that answer streamed is over
             return
         self._end_turn(turn, end[0], error=end[1], reason=end[2])
-        self._provider.spawn(self._save_quietly)
+        self._provider.save_soon(self._record, self._save_quietly)
 
     @staticmethod
     def _result_error(turn: _Turn, msg: Any) -> str:

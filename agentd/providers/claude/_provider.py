@@ -573,19 +573,15 @@ class ClaudeProvider:
         reading the record (a reopen, ``history``), closing its conversation and the provider's
         stop write it first. A failed later write is logged; the next change tries again.
         """
+        if not now and self._spared(record):
+            await trio.lowlevel.checkpoint()
+            return
         same = _encoder.encode(msgspec.structs.replace(record, updated_at=None))
         if self._saved.get(record.id) == same:
             self._later.pop(record.id, None)
             await trio.lowlevel.checkpoint()
             return
         shape = _encoder.encode(msgspec.structs.replace(record, updated_at=None, cost_usd=None))
-        if not now and self._shapes.get(record.id) == shape and self._nursery is not None:
-            self._later[record.id] = record
-            if not self._writing_later:
-                self._writing_later = True
-                self._nursery.start_soon(self._write_later)
-            await trio.lowlevel.checkpoint()
-            return
         self._later.pop(record.id, None)
         record.updated_at = utcnow()
         data = _encoder.encode(record)
@@ -601,6 +597,29 @@ class ClaudeProvider:
         await trio.to_thread.run_sync(write)
         self._saved[record.id] = same
         self._shapes[record.id] = shape
+
+    def save_soon(self, record: _Record, save: Any) -> None:
+        """What a turn's end does: nothing now when ``record`` is as last written or only its cost
+        changed (:meth:`save_record` writes that later), else ``save()`` in a task of its own."""
+        if not self._spared(record):
+            self.spawn(save)
+
+    def _spared(self, record: _Record) -> bool:
+        """True when ``record`` needs no write now: unchanged since the last, or its cost alone
+        changed (it is then left for :meth:`_write_later`, started here if none runs)."""
+        last = self._shapes.get(record.id)
+        if last is None or self._nursery is None:
+            return False
+        if _encoder.encode(msgspec.structs.replace(record, updated_at=None, cost_usd=None)) != last:
+            return False
+        if self._saved.get(record.id) == _encoder.encode(msgspec.structs.replace(record, updated_at=None)):
+            self._later.pop(record.id, None)
+        else:
+            self._later[record.id] = record
+            if not self._writing_later:
+                self._writing_later = True
+                self._nursery.start_soon(self._write_later)
+        return True
 
     async def _write_later(self) -> None:
         """The provider's task writing the records whose cost alone changed, COST_WRITE_DELAY_S on."""
