@@ -173,11 +173,88 @@ def prompt_content(prompt: Prompt) -> Any:
     return blocks
 
 
+_sdk: Any = None
+
+
 def sdk() -> Any:
     """The ``claude_agent_sdk`` module; imported on first use (the provider imports it in a thread first)."""
-    import claude_agent_sdk
+    global _sdk
+    if _sdk is None:
+        import claude_agent_sdk
 
-    return claude_agent_sdk
+        _sdk = claude_agent_sdk
+    return _sdk
+
+
+def _parse_message(data: dict[str, Any]) -> Any:
+    """The SDK's typed message for one raw CLI message (None: a type it skips); raises ClaudeSDKError."""
+    from claude_agent_sdk._internal.message_parser import parse_message
+
+    return parse_message(data)
+
+
+class _Inbox:
+    """Stands in for the SDK's message stream (``Query._message_send``, an anyio memory stream):
+    its stdout reader hands each message it does not route itself straight to ``handle``, in
+    its own task. A burst read in one chunk is mapped in one go, without the two task switches
+    per message a stream between the reader and a consumer task costs on trio.
+
+    What the reader sends last (``end``, or ``error`` with its exception), or a ``close``, sets
+    :attr:`ended`; :attr:`error` is then the reader's exception, if any. ``handle`` must not
+    block (it is synchronous); what it raises ends the reader as any reading error would.
+    """
+
+    __slots__ = ("_handle", "ended", "error")
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self.ended = trio.Event()
+        self.error: Exception | None = None
+
+    @classmethod
+    def attach(cls, client: Any, handle: Any) -> _Inbox | None:
+        """Put an inbox in place of ``client``'s message stream, first handing ``handle`` what
+        that stream holds already, in order. None when this SDK has no such stream."""
+        query = getattr(client, "_query", None)
+        stream = getattr(query, "_message_send", None)
+        buffered = getattr(query, "_message_receive", None)
+        if stream is None or buffered is None:
+            return None
+        import anyio
+
+        inbox = cls(handle)
+        while not inbox.ended.is_set():  # no checkpoint until the swap: nothing comes in between
+            try:
+                message = buffered.receive_nowait()
+            except anyio.WouldBlock:
+                break
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                inbox.close()
+                break
+            inbox.send_nowait(message)
+        query._message_send = inbox
+        stream.close()
+        buffered.close()
+        return inbox
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.send_nowait(message)
+
+    def send_nowait(self, message: dict[str, Any]) -> None:
+        if self.ended.is_set():
+            return
+        kind = message.get("type")
+        if kind == "end":
+            self.ended.set()
+        elif kind == "error":
+            exc = message.get("exception")
+            self.error = exc if isinstance(exc, Exception) else Exception(message.get("error", "Unknown error"))
+            self.ended.set()
+        else:
+            self._handle(message)
+
+    def close(self) -> None:
+        self.ended.set()
 
 
 class _Pending:
@@ -411,7 +488,7 @@ class ClaudeConversation:
                     raise SubmissionUncertain(f"the prompt may or may not have reached Claude Code: {exc}") from None
             if not self._record.prompted:
                 self._record.prompted = True
-                self._provider.spawn(self._save_quietly)
+                self._provider.save_soon(self._record, self._save_quietly)
         finally:
             self._submitting = False
 
@@ -516,7 +593,7 @@ class ClaudeConversation:
             return
         state, error, reason = (TurnState.CANCELLED, "", "") if turn.cancelling else turn.deferred
         self._end_turn(turn, state, error=error, reason=reason)
-        self._provider.spawn(self._save_quietly)
+        self._provider.save_soon(self._record, self._save_quietly)
 
     def _steer_used(self, turn: _Turn, mid: str) -> None:
         """The CLI took the steer written as ``mid`` into the turn: its user item (delivery steer)."""
@@ -703,7 +780,7 @@ class ClaudeConversation:
                     await self.cancel()
             self._closed = True
             await self._stop_session("closed")
-            await self._save_quietly()
+            await self._save_quietly(now=True)
         self._provider._restarts.forget(self.id)
         self._provider._forget(self)
 
@@ -808,34 +885,31 @@ class ClaudeConversation:
                     self._session_ended(session, reason)
 
     async def _pump(self, session: _Session, client: Any) -> str:
-        """Map every message of the CLI until its output ends; returns why it ended."""
+        """Map every message of the CLI until its output ends; returns why it ended.
+
+        The SDK's stdout reader hands each message to :meth:`_on_data` itself (an
+        :class:`_Inbox` in place of its message stream): this task only waits for the end.
+        """
         lib = sdk()
         query = getattr(client, "_query", None)
+        if isinstance(getattr(query, "_run_end_ceiling_ms", None), int):
+            # The SDK times the end of a run (a system task armed at each result, cancelled at the
+            # next turn) for a prompt stream it ends itself; agentd writes every prompt and never
+            # ends input but by disconnect: no timer task per turn.
+            query._run_end_ceiling_ms = 0
+        inbox = _Inbox.attach(client, lambda data: self._on_data(session, data))
         try:
-            if query is not None:
-                # Parse message by message, so one message this SDK cannot parse is skipped, not fatal.
-                from claude_agent_sdk._internal.message_parser import parse_message
-
-                async for data in query.receive_messages():
-                    try:
-                        message = parse_message(data)
-                    except lib.ClaudeSDKError as exc:
-                        # A known type in a shape this SDK cannot read: kept as unknown, not lost.
-                        log.warning("claude.unparsed_message", conversation=self.id, error=str(exc))
-                        message = None
-                    unknown = m.unknown_message(data, message)  # a type this SDK skips, a new subtype
-                    if unknown is not None:
-                        self._emit(unknown)
-                    if isinstance(data, dict) and data.get("type") == "user" and data.get("isReplay"):
-                        self._echoed(data)
-                        continue
-                    if isinstance(data, dict) and data.get("type") == "command_lifecycle":
-                        self._lifecycle(data)
-                    if message is not None:
+            if inbox is not None:
+                await inbox.ended.wait()
+                if inbox.error is not None:
+                    raise inbox.error
+            else:  # pragma: no cover - an SDK without the private query object or its message stream
+                if query is not None:
+                    async for data in query.receive_messages():
+                        self._on_data(session, data)
+                else:
+                    async for message in client.receive_messages():
                         self._dispatch(session, message)
-            else:  # pragma: no cover - an SDK without the private query object
-                async for message in client.receive_messages():
-                    self._dispatch(session, message)
         except lib.ProcessError as exc:
             return self._exit_text(session, exc.exit_code)
         except Exception as exc:  # a broken pipe, undecodable output: the session is unusable either way
@@ -846,6 +920,37 @@ class ClaudeConversation:
             return f"the connection to Claude Code failed: {exc}"
         proc = session.process
         return self._exit_text(session, proc.returncode if proc is not None else None)
+
+    def _on_data(self, session: _Session, data: Any) -> None:
+        """One message of the CLI as the SDK read it (a dict): parsed message by message, so one
+        this SDK cannot parse is kept as unknown, not fatal. Runs in the SDK's reader task."""
+        if type(data) is dict and data.get("type") == "stream_event":
+            # The hot path (every streamed delta): what parse_message would wrap in a StreamEvent.
+            event = data.get("event")
+            if isinstance(event, dict) and "uuid" in data and "session_id" in data:
+                if data.get("parent_tool_use_id") is None:
+                    try:
+                        self._on_stream(event)
+                    except Exception:  # a mapping bug must not take the session down
+                        log.exception("claude.mapping_failed", conversation=self.id, message="StreamEvent")
+                return
+        lib = sdk()
+        try:
+            message = _parse_message(data)
+        except lib.ClaudeSDKError as exc:
+            # A known type in a shape this SDK cannot read: kept as unknown, not lost.
+            log.warning("claude.unparsed_message", conversation=self.id, error=str(exc))
+            message = None
+        unknown = m.unknown_message(data, message)  # a type this SDK skips, a new subtype
+        if unknown is not None:
+            self._emit(unknown)
+        if isinstance(data, dict) and data.get("type") == "user" and data.get("isReplay"):
+            self._echoed(data)
+            return
+        if isinstance(data, dict) and data.get("type") == "command_lifecycle":
+            self._lifecycle(data)
+        if message is not None:
+            self._dispatch(session, message)
 
     def _exit_text(self, session: _Session, code: int | None) -> str:
         text = f"Claude Code exited unexpectedly ({m.describe_exit(code)})"
@@ -934,7 +1039,7 @@ class ClaudeConversation:
             return lib.PermissionResultAllow()
         # allow_always: this tool, for the rest of this conversation (kept across processes).
         self._record.allowed_tools.append(tool_name)
-        self._provider.spawn(self._save_quietly)
+        self._provider.save_soon(self._record, self._save_quietly)
         from claude_agent_sdk.types import PermissionRuleValue, PermissionUpdate
 
         rule = PermissionUpdate(type="addRules", rules=[PermissionRuleValue(tool_name=tool_name)],
@@ -1163,7 +1268,7 @@ class ClaudeConversation:
             self._finish_live(end[1] or "the answer ended")  # what that answer streamed is over
             return
         self._end_turn(turn, end[0], error=end[1], reason=end[2])
-        self._provider.spawn(self._save_quietly)
+        self._provider.save_soon(self._record, self._save_quietly)
 
     @staticmethod
     def _result_error(turn: _Turn, msg: Any) -> str:
@@ -1244,11 +1349,11 @@ class ClaudeConversation:
 
     # ------------------------------------------------------------------ persistence
 
-    async def _save(self) -> None:
-        await self._provider.save_record(self._record)
+    async def _save(self, *, now: bool = False) -> None:
+        await self._provider.save_record(self._record, now=now)
 
-    async def _save_quietly(self) -> None:
+    async def _save_quietly(self, *, now: bool = False) -> None:
         try:
-            await self._save()
+            await self._save(now=now)
         except OSError as exc:
             log.warning("claude.record_not_saved", conversation=self.id, error=str(exc))

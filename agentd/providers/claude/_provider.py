@@ -184,6 +184,11 @@ def _mcp_config(server: McpServer) -> dict[str, Any]:
     return {"type": "stdio", "command": server.command, "args": list(server.args), "env": dict(server.env)}
 
 
+#: How long a record whose running cost alone changed (every turn's) may wait to be written: the
+#: turns ending meanwhile cost one write. A crash loses at most that much of the cost in it (a
+#: resumed CLI reports the session's total again; agentd's journal has every turn's usage).
+COST_WRITE_DELAY_S = 2.0
+
 _record_decoder = msgspec.json.Decoder(_Record)
 _encoder = msgspec.json.Encoder()
 
@@ -211,6 +216,11 @@ class ClaudeProvider:
         self._sdk_loaded = False
         #: each record as last written (without updated_at), by id: an unchanged one is not written again
         self._saved: dict[str, bytes] = {}
+        #: the same without cost_usd: a record whose cost alone changed is written later
+        self._shapes: dict[str, bytes] = {}
+        #: records to write later (their cost alone changed), by id, and whether a task will
+        self._later: dict[str, _Record] = {}
+        self._writing_later = False
         #: restart backoff: one slot per conversation id; "" for new conversations' first process
         self._restarts = RestartBackoff("Claude Code", provider=name, log_prefix="claude", policy=restart_policy)
 
@@ -294,6 +304,8 @@ class ClaudeProvider:
                 conv._closed = True
                 conv._closed_reason = f"provider {self.name!r} stopped"
             self._open.clear()
+            with trio.CancelScope(shield=True):
+                await self._write_pending()
 
     def spawn(self, fn: Any, *args: Any) -> None:
         """Run ``fn(*args)`` in the provider's nursery; dropped when the provider stopped."""
@@ -533,6 +545,7 @@ class ClaudeProvider:
         return self.dir / f"{session_id}.json"
 
     async def _read_record(self, session_id: str) -> _Record | None:
+        await self._write_pending(session_id)  # what is to be written later is what it says
         path = self._record_path(session_id)
         try:
             data = await trio.to_thread.run_sync(read_file, path)
@@ -547,15 +560,29 @@ class ClaudeProvider:
     async def forget_record(self, session_id: str) -> None:
         """Delete agentd's record of ``session_id`` (none: nothing happens). Raises OSError."""
         self._saved.pop(session_id, None)
+        self._shapes.pop(session_id, None)
+        self._later.pop(session_id, None)
         await trio.to_thread.run_sync(lambda: self._record_path(session_id).unlink(missing_ok=True))
 
-    async def save_record(self, record: _Record) -> None:
-        """Write ``record`` atomically, unless it is what this provider last wrote for its id (then
-        nothing happens: a turn that changed nothing costs no write). Raises OSError."""
-        same = _encoder.encode(msgspec.structs.replace(record, updated_at=None))
-        if self._saved.get(record.id) == same:
+    async def save_record(self, record: _Record, *, now: bool = False) -> None:
+        """Write ``record`` atomically (fsynced), unless it is what this provider last wrote for its id
+        (then nothing happens: a turn that changed nothing costs no write). Raises OSError.
+
+        A change of the running cost alone (every turn's) is written up to
+        :data:`COST_WRITE_DELAY_S` later, once for the turns that end meanwhile, unless ``now``;
+        reading the record (a reopen, ``history``), closing its conversation and the provider's
+        stop write it first. A failed later write is logged; the next change tries again.
+        """
+        if not now and self._spared(record):
             await trio.lowlevel.checkpoint()
             return
+        same = _encoder.encode(msgspec.structs.replace(record, updated_at=None))
+        if self._saved.get(record.id) == same:
+            self._later.pop(record.id, None)
+            await trio.lowlevel.checkpoint()
+            return
+        shape = _encoder.encode(msgspec.structs.replace(record, updated_at=None, cost_usd=None))
+        self._later.pop(record.id, None)
         record.updated_at = utcnow()
         data = _encoder.encode(record)
         path = self._record_path(record.id)
@@ -569,6 +596,47 @@ class ClaudeProvider:
 
         await trio.to_thread.run_sync(write)
         self._saved[record.id] = same
+        self._shapes[record.id] = shape
+
+    def save_soon(self, record: _Record, save: Any) -> None:
+        """What a turn's end does: nothing now when ``record`` is as last written or only its cost
+        changed (:meth:`save_record` writes that later), else ``save()`` in a task of its own."""
+        if not self._spared(record):
+            self.spawn(save)
+
+    def _spared(self, record: _Record) -> bool:
+        """True when ``record`` needs no write now: unchanged since the last, or its cost alone
+        changed (it is then left for :meth:`_write_later`, started here if none runs)."""
+        last = self._shapes.get(record.id)
+        if last is None or self._nursery is None:
+            return False
+        if _encoder.encode(msgspec.structs.replace(record, updated_at=None, cost_usd=None)) != last:
+            return False
+        if self._saved.get(record.id) == _encoder.encode(msgspec.structs.replace(record, updated_at=None)):
+            self._later.pop(record.id, None)
+        else:
+            self._later[record.id] = record
+            if not self._writing_later:
+                self._writing_later = True
+                self._nursery.start_soon(self._write_later)
+        return True
+
+    async def _write_later(self) -> None:
+        """The provider's task writing the records whose cost alone changed, COST_WRITE_DELAY_S on."""
+        try:
+            await trio.sleep(COST_WRITE_DELAY_S)
+        finally:
+            self._writing_later = False
+        await self._write_pending()
+
+    async def _write_pending(self, session_id: str | None = None) -> None:
+        """Write the records waiting to be written later (only ``session_id``'s, when given); logs a failure."""
+        for record in [r for i, r in self._later.items() if session_id in (None, i)]:
+            try:
+                await self.save_record(record, now=True)
+            except OSError as exc:
+                self._later.pop(record.id, None)
+                log.warning("claude.record_not_saved", conversation=record.id, error=str(exc))
 
     # ------------------------------------------------------------------ conversations
 
