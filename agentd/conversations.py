@@ -547,6 +547,7 @@ class ConversationService:
         tools: dict[tuple[str, str], c.Item] = {}  # the active run's tool items, latest record of each
         ended: set[str] = set()
         usage: c.Usage | None = None
+        active_end: tuple[int, c.Turn] | None = None  # the active run's end, when it is journaled
         for line in lines:
             rec = wire.decode_record(line)
             if rec.run not in runs:
@@ -563,8 +564,10 @@ class ConversationService:
                 item = msgspec.json.decode(rec.data, type=c.Item)
                 if item.tool is not None:
                     tools[(item.agent_id, item.id)] = item
-            elif rec.type == "turn" and msgspec.json.decode(rec.data, type=c.Turn).state.terminal:
+            elif rec.type == "turn" and (turn := msgspec.json.decode(rec.data, type=c.Turn)).state.terminal:
                 ended.add(rec.run)
+                if rec.run == record.active_run:
+                    active_end = (rec.seq, turn)
         for run in runs:
             if run in ended:
                 continue
@@ -585,6 +588,9 @@ class ConversationService:
         record.active_run = ""
         record.queued = []
         record.state = _S.IDLE
+        if active_end is not None:  # it ended before the record was saved: as _end_turn left it
+            record.turn_after = active_end[0]
+            record.error = active_end[1].error if active_end[1].state is c.TurnState.FAILED else ""
         if usage is not None:
             record.usage = usage
         self._save(record)
@@ -630,7 +636,8 @@ class ConversationService:
         changed = False
         if usage is not None and usage != record.usage:
             record.usage, changed = usage, True
-        if last_end is not None and (not record.active_run or record.active_run in ended):
+        if last_end is not None and not record.active_run:
+            # (An active run the record names is _recover_one's: it reads the run from turn_after.)
             record.turn_after = last_end[0]  # as _end_turn set it: the seq of the end
             record.error = last_end[1].error if last_end[1].state is c.TurnState.FAILED else ""
             changed = True

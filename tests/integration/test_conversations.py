@@ -365,9 +365,18 @@ def test_turns_that_ended_behind_their_record_are_caught_up_from_the_journal_aft
             run = client.request(wire.Send, conversation=spent, text=text)["run"]
             client.follow(run)
         client.subscribe(failed)
-        client.follow(client.request(wire.Send, conversation=failed, text="boom")["run"])
+        boom = client.request(wire.Send, conversation=failed, text="boom")["run"]
+        client.follow(boom)
         live = {cid: d.record(cid) for cid in (spent, failed)}  # show: the daemon's own
     d.kill()
+    # ``failed`` as a save made mid-turn (a state change) leaves it: its run active, the checkpoint
+    # at the prompt. Its end is in the tail; recovery must not end it a second time.
+    path = d.state_dir / "conversations" / failed / "record.json"
+    lines = (d.state_dir / "conversations" / failed / "events.jsonl").read_bytes().splitlines(keepends=True)
+    prompt = next(r["seq"] for r in d.journal(failed) if r["type"] == "prompt" and r["run"] == boom)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "active_run": boom, "state": "running",
+                                "turn_after": prompt - 1, "journal_seq": prompt,
+                                "journal_end": sum(map(len, lines[:prompt]))}))
     for cid in (spent, failed):
         journal = d.journal(cid)
         end = max(r["seq"] for r in journal if r["type"] == "turn" and r["data"]["state"] != "working")
