@@ -47,6 +47,7 @@ from . import tool_outputs as _tool_outputs
 from . import turnwatch as _turnwatch
 from . import usage as _usage
 from . import wire
+from . import write_behind as _write_behind
 from ._keyed_lock import KeyedLock
 from .hub import Hub
 from .journal import FsyncPolicy
@@ -444,6 +445,8 @@ class ConversationService:
         self._nursery: trio.Nursery | None = None
         #: agentd.checkpoints.Checkpoints, set by the daemon (None: no checkpoints are taken)
         self.checkpoints: Any = None
+        #: records owing a save whose news the journal holds (a turn's end): written behind
+        self.write_behind = _write_behind.WriteBehind()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -458,14 +461,16 @@ class ConversationService:
             self._nursery = nursery
             await self._recover()
             nursery.start_soon(self._retention_loop)
+            nursery.start_soon(self.write_behind.run, self._save_behind)
             task_status.started()
             try:
                 await trio.sleep_forever()
             finally:
                 with trio.CancelScope(shield=True) as scope:
                     scope.deadline = trio.current_time() + 5
+                    owed = set(self.write_behind.owed())
                     for live in list(self._live.values()):
-                        if live.run or live.record.queued:
+                        if live.run or live.record.queued or live.record.id in owed:
                             # The checkpoint catches up with the journal: the records index a clean
                             # stop writes is then exact, and the next start reads no journal.
                             self._save_quietly(live.record)
@@ -503,7 +508,11 @@ class ConversationService:
         for record in list(self._records.values()):
             if not caught_up:
                 try:
-                    await self._catch_up(record)
+                    if await self._catch_up(record) and not self.store.capabilities.shared \
+                            and not record.active_run and not record.queued:
+                        # What the tail said is saved (else the index a clean stop writes would hide
+                        # it again). On a shared store the record is its holder's to write.
+                        self._save_quietly(record)
                 except c.Refused:
                     pass  # damage the store already logged, in one line
                 except (c.AgentdError, OSError) as exc:
@@ -538,6 +547,7 @@ class ConversationService:
         tools: dict[tuple[str, str], c.Item] = {}  # the active run's tool items, latest record of each
         ended: set[str] = set()
         usage: c.Usage | None = None
+        active_end: tuple[int, c.Turn] | None = None  # the active run's end, when it is journaled
         for line in lines:
             rec = wire.decode_record(line)
             if rec.run not in runs:
@@ -554,8 +564,10 @@ class ConversationService:
                 item = msgspec.json.decode(rec.data, type=c.Item)
                 if item.tool is not None:
                     tools[(item.agent_id, item.id)] = item
-            elif rec.type == "turn" and msgspec.json.decode(rec.data, type=c.Turn).state.terminal:
+            elif rec.type == "turn" and (turn := msgspec.json.decode(rec.data, type=c.Turn)).state.terminal:
                 ended.add(rec.run)
+                if rec.run == record.active_run:
+                    active_end = (rec.seq, turn)
         for run in runs:
             if run in ended:
                 continue
@@ -576,47 +588,76 @@ class ConversationService:
         record.active_run = ""
         record.queued = []
         record.state = _S.IDLE
+        if active_end is not None:  # it ended before the record was saved: as _end_turn left it
+            record.turn_after = active_end[0]
+            record.error = active_end[1].error if active_end[1].state is c.TurnState.FAILED else ""
         if usage is not None:
             record.usage = usage
         self._save(record)
 
-    async def _catch_up(self, record: wire.ConversationRecord) -> None:
+    async def _catch_up(self, record: wire.ConversationRecord) -> bool:
         """Bring a record that is older than its journal up to date with the journal's tail.
 
-        A turn's start is its prompt record, not a record write: prompts journaled past
-        the record's checkpoint whose run has no terminal turn there become the active run
-        (or, never started, queued ones), for :meth:`_recover_one` to end ``run_interrupted``.
-        One stat per conversation; the journal is read only when it grew past the checkpoint.
+        The record is a checkpoint (a turn's end is written behind, a turn's start is its prompt
+        record): of the tail past it, the last ``usage`` record gives the running total, the
+        last terminal ``turn`` gives ``turn_after`` and ``error`` as the turn's end set them,
+        and prompts whose run has no terminal turn there become the active run (or, never
+        started, queued ones), for :meth:`_recover_one` to end ``run_interrupted``. A run the
+        record names whose end is in the tail is left to :meth:`_recover_one`, which adds no
+        second end. One stat per conversation; the journal is read only when it grew past the
+        checkpoint. Returns whether the record changed.
         """
         if record.journal_end < 0 or await self.store.journal_size(record.id) <= record.journal_end:
-            return
+            return False
         journal = await self.store.open(record.id)
         started: dict[str, bool] = {}  # run -> it got further than its prompt
-        first_seq = 0
+        prompted: dict[str, int] = {}  # run -> its prompt's seq
+        ended: set[str] = set()
+        usage: c.Usage | None = None
+        last_end: tuple[int, c.Turn] | None = None
         for line in await journal.read_after(record.journal_seq):
             rec = wire.decode_record(line)
+            if rec.type == "usage":
+                usage = msgspec.json.decode(rec.data, type=c.Usage)  # the running total, not a delta
+                continue
             if not rec.run:
                 continue
             if rec.type == "prompt":
-                if rec.run not in started:
-                    first_seq = first_seq or rec.seq
+                if rec.run not in started and rec.run not in ended:
+                    prompted[rec.run] = rec.seq
                     queued = msgspec.json.decode(rec.data, type=wire.PromptRecord).disposition == "queued"
                     started[rec.run] = not queued
-            elif rec.type == "turn" and msgspec.json.decode(rec.data, type=c.Turn).state.terminal:
+            elif rec.type == "turn" and (turn := msgspec.json.decode(rec.data, type=c.Turn)).state.terminal:
                 started.pop(rec.run, None)
+                ended.add(rec.run)
+                last_end = (rec.seq, turn)
             elif rec.run in started:
                 started[rec.run] = True
+        changed = False
+        if usage is not None and usage != record.usage:
+            record.usage, changed = usage, True
+        if last_end is not None and not record.active_run:
+            # (An active run the record names is _recover_one's: it reads the run from turn_after.)
+            record.turn_after = last_end[0]  # as _end_turn set it: the seq of the end
+            record.error = last_end[1].error if last_end[1].state is c.TurnState.FAILED else ""
+            changed = True
+        record.journal_end, record.journal_seq = journal.size, journal.last_seq  # read up to here
         if not started:
-            return
+            return changed
         log.info("conversation.caught_up", conversation=record.id, runs=list(started))
+        if record.active_run in ended:
+            record.active_run = ""  # its end is in the tail: the first open run is active now
+            if record.state is _S.RUNNING:
+                record.state = _S.IDLE
         if not record.active_run:
-            record.turn_after = first_seq - 1  # as _start set it: the seq before the turn's prompt
+            record.turn_after = min(prompted[run] for run in started) - 1  # as _start set it
         for run, ran in started.items():
             if ran and not record.active_run:
                 record.active_run = run
             elif run != record.active_run and run not in record.queued:
                 record.queued.append(run)
         record.state = _S.RUNNING
+        return True
 
     def _run_start_seq(self, record: wire.ConversationRecord) -> int:
         return max(0, record.turn_after)
@@ -627,13 +668,29 @@ class ConversationService:
         live = self._live.get(record.id)
         if live is None and self._forgotten.get(record.id) is record:
             return  # the copy of a conversation this host lost (see forget): the new holder writes it
+        self.write_behind.discard(record.id)  # this save carries whatever one owed said
+        if live is not None and flush:
+            self._flush(live)  # records held back go out first: the write below blocks on fsyncs
+        self.store.write_record(record.id, self._checkpoint(record, live))
+
+    def _checkpoint(self, record: wire.ConversationRecord, live: _Live | None) -> bytes:
+        """The bytes of ``record`` as saved now (masked), its journal position updated from ``live``."""
         if live is not None:
-            if flush:
-                self._flush(live)  # records held back go out first: the write below blocks on fsyncs
             # The checkpoint says how far into the journal it reaches (recovery reads on from there).
             record.journal_end, record.journal_seq = live.journal.size, live.journal.last_seq
         record.updated_at = _now()
-        self.store.write_record(record.id, masking.mask_json(_json.encode(record)))
+        return masking.mask_json(_json.encode(record))
+
+    async def _save_behind(self, cid: str) -> None:
+        """The save :attr:`write_behind` owed ``cid``, off the event loop; errors are logged (the
+        journal still holds what it would have said)."""
+        live = self._live.get(cid)
+        if live is None or live.lost:
+            return  # unloaded (saved then) or lost to another host (its record now)
+        try:
+            await self.store.write_record_async(cid, self._checkpoint(live.record, live))
+        except OSError as exc:
+            log.error("conversation.record_write_failed", conversation=cid, error=str(exc))
 
     def _save_quietly(self, record: wire.ConversationRecord, *, flush: bool = True) -> bool:
         """``_save`` for bookkeeping that must go on when the disk refuses (full, read-only):
@@ -1312,9 +1369,12 @@ class ConversationService:
             if holding:
                 self._flush(live)
                 live.held = None
-        # The end goes out first, the record (two fsyncs) follows: a crash in between is
-        # harmless, as recovery sees the run's terminal record in the journal and adds none.
-        self._spawn(self._save_after_end, live)
+        # The end is in the journal: the record follows behind it (a crash in between is harmless,
+        # as recovery brings the record up to date from the journal's tail and adds no end).
+        if live.unjournaled or not self.store.capabilities.blocking_records:
+            self._spawn(self._save_after_end, live)  # the end's only mark, or a save that costs no wait
+        else:
+            self.write_behind.mark(live.record.id)
         if self.checkpoints is not None:
             self.checkpoints.turn_ended(self, live, run)  # an end agentd decided: after it, returns at once
         live.turn_done.set()
@@ -1337,11 +1397,10 @@ class ConversationService:
             record.queued.remove(run)
 
     async def _save_after_end(self, live: _Live) -> None:
-        """Save the record of a turn that just ended, once its end record was sent.
-
-        The subscribers' writers are woken by the end's publication; one
-        checkpoint lets them send it before this blocks on the record's
-        fsyncs. Saves even when cancelled (shutdown) at that checkpoint.
+        """Save the record of a turn at once (its end the journal refused: the record is its only
+        mark; or a store whose save does not block), once the end was sent: the subscribers'
+        writers are woken by its publication, and one checkpoint lets them send it before this
+        blocks. Saves even when cancelled (shutdown) at that checkpoint.
         """
         try:
             await trio.lowlevel.checkpoint()
@@ -1783,6 +1842,7 @@ class ConversationService:
     async def delete(self, ref: str) -> None:
         """Close the conversation and delete its record and journal."""
         cid = self.resolve(ref)
+        self.write_behind.discard(cid)
         live = self._live.pop(cid, None)
         # Gone before anything awaits: a subscriber dropped below re-subscribes to find it gone,
         # not still listed (it would then follow a conversation nobody ends).
@@ -1905,6 +1965,7 @@ class ConversationService:
         (the new holder writes it now), stop its runtime's turn, and keep ``record`` (the database's,
         None: deleted) as this host's copy. Its journal starts again at the last seq this host
         committed; the caller relays the rest to subscribers."""
+        self.write_behind.discard(cid)
         live = self._live.pop(cid, None)
         if live is None:
             return

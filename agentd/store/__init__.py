@@ -55,6 +55,9 @@ class StorageCapabilities(msgspec.Struct, frozen=True, kw_only=True):
     crash_safe_append: bool = True
     #: other processes are woken when records commit (PostgreSQL LISTEN/NOTIFY)
     notify: bool = False
+    #: ``write_record`` blocks on the disk (the file store: two fsyncs on the calling thread), so a
+    #: save the journal can rebuild (a turn's end) is written behind, off the event loop
+    blocking_records: bool = True
 
 
 class Journal(Protocol):
@@ -132,6 +135,13 @@ class ConversationStore(Protocol):
         """Replace the conversation's record. Synchronous: the file store writes it atomically at once;
         PostgreSQL buffers it into the next group commit (with every journal row appended before it).
         Raises Invalid, OSError."""
+        ...
+
+    async def write_record_async(self, conversation_id: str, data: bytes) -> None:
+        """``write_record`` without blocking the event loop on it: the file store writes in a
+        worker thread, and a ``write_record`` or ``remove`` of the same record made meanwhile wins
+        (this one is then skipped); PostgreSQL buffers it as ``write_record`` does. Raises Invalid,
+        OSError."""
         ...
 
     def drop_index(self) -> None:

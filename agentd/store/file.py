@@ -10,6 +10,7 @@ the hot path and these reads are page-cache reads (see BENCHMARKS.md). Appends a
 from __future__ import annotations
 
 import pathlib
+import threading
 from typing import Any
 
 import trio
@@ -58,6 +59,11 @@ class FileStore:
         self.files = JournalStore(root, fsync=fsync, batch_ms=batch_ms)
         self.root = self.files.root
         self._journals: dict[str, FileJournal] = {}
+        # A record is written by one thread at a time (the trio thread's write_record, or the
+        # worker of write_record_async); each write or removal counts, so a write started
+        # before a newer one never lands after it.
+        self._record_lock = threading.Lock()
+        self._record_writes: dict[str, int] = {}
 
     @property
     def records_from_index(self) -> bool:
@@ -87,7 +93,21 @@ class FileStore:
         return self.files.read_record(conversation_id)
 
     def write_record(self, conversation_id: str, data: bytes) -> None:
-        self.files.write_record(conversation_id, data)
+        self._record_writes[conversation_id] = self._record_writes.get(conversation_id, 0) + 1
+        with self._record_lock:
+            self.files.write_record(conversation_id, data)
+
+    async def write_record_async(self, conversation_id: str, data: bytes) -> None:
+        """``write_record`` in a worker thread; skipped when a write or removal of the same record
+        came meanwhile (it is newer). Raises Invalid, OSError."""
+        ticket = self._record_writes.get(conversation_id, 0)
+
+        def write() -> None:
+            with self._record_lock:
+                if self._record_writes.get(conversation_id, 0) == ticket:
+                    self.files.write_record(conversation_id, data)
+
+        await trio.to_thread.run_sync(write)
 
     def drop_index(self) -> None:
         self.files.drop_index()
@@ -97,7 +117,9 @@ class FileStore:
 
     async def remove(self, conversation_id: str) -> None:
         self._journals.pop(conversation_id, None)
-        self.files.remove(conversation_id)
+        self._record_writes[conversation_id] = self._record_writes.get(conversation_id, 0) + 1
+        with self._record_lock:  # a write in flight would make its directory again
+            self.files.remove(conversation_id)
 
     async def aclose(self) -> None:
         self._journals.clear()

@@ -351,6 +351,62 @@ def test_a_turn_the_record_does_not_know_is_found_in_the_journal_and_ends_interr
         d.stop()
 
 
+def test_turns_that_ended_behind_their_record_are_caught_up_from_the_journal_after_a_kill(
+        tmp_path: Path, workdir: Path) -> None:
+    # A turn's end does not write the record (agentd.write_behind): after a SIGKILL the record on
+    # disk is older than the turns' ends, and recovery brings it up to date from the journal's
+    # tail (usage, turn_after, error) without ending any run a second time.
+    d = Daemon(tmp_path).start()
+    with d.client() as client:
+        spent = new(client, workdir, SCRIPTS / "spend.toml")
+        failed = new(client, workdir, Path(WAIT).with_name("fail.toml"))
+        client.subscribe(spent)
+        for text in ("spend one", "spend two"):
+            run = client.request(wire.Send, conversation=spent, text=text)["run"]
+            client.follow(run)
+        client.subscribe(failed)
+        boom = client.request(wire.Send, conversation=failed, text="boom")["run"]
+        client.follow(boom)
+        live = {cid: d.record(cid) for cid in (spent, failed)}  # show: the daemon's own
+    d.kill()
+    # ``failed`` as a save made mid-turn (a state change) leaves it: its run active, the checkpoint
+    # at the prompt. Its end is in the tail; recovery must not end it a second time.
+    path = d.state_dir / "conversations" / failed / "record.json"
+    lines = (d.state_dir / "conversations" / failed / "events.jsonl").read_bytes().splitlines(keepends=True)
+    prompt = next(r["seq"] for r in d.journal(failed) if r["type"] == "prompt" and r["run"] == boom)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "active_run": boom, "state": "running",
+                                "turn_after": prompt - 1, "journal_seq": prompt,
+                                "journal_end": sum(map(len, lines[:prompt]))}))
+    for cid in (spent, failed):
+        journal = d.journal(cid)
+        end = max(r["seq"] for r in journal if r["type"] == "turn" and r["data"]["state"] != "working")
+        on_disk = json.loads((d.state_dir / "conversations" / cid / "record.json").read_text())
+        assert on_disk["journal_seq"] < end  # the end was not written through
+        assert live[cid]["turn_after"] == end
+    assert live[spent]["usage"]["cost_usd"] == pytest.approx(0.60)
+    assert live[failed]["error"] == "the script says this turn fails"
+    d.start()
+    try:
+        for cid in (spent, failed):
+            after = d.record(cid)
+            for field in ("usage", "turn_after", "error", "state"):
+                assert after.get(field) == live[cid].get(field), (cid, field)
+            assert not after.get("active_run") and not after.get("queued")
+            ends = [r for r in d.journal(cid) if r["type"] == "turn" and r["data"]["state"] != "working"]
+            assert len(ends) == len({r["run"] for r in ends})  # one end a run
+            assert not [r for r in ends if r["data"].get("reason") == c.RUN_INTERRUPTED]
+        with d.client() as client:
+            client.subscribe(spent)
+            client.follow(client.request(wire.Send, conversation=spent, text="spend three")["run"])
+            assert d.record(spent)["usage"]["cost_usd"] == pytest.approx(0.90)  # on the caught-up total
+    finally:
+        assert d.stop() == 0
+    # A clean stop saved what was owed: the record on disk (the index's too) is the daemon's.
+    on_disk = json.loads((d.state_dir / "conversations" / spent / "record.json").read_text())
+    assert on_disk["usage"]["cost_usd"] == pytest.approx(0.90)
+    assert on_disk["journal_seq"] == len(d.journal(spent))
+
+
 def test_a_run_both_active_and_queued_in_the_record_gets_one_interrupted_end(tmp_path: Path, workdir: Path) -> None:
     # The record as a crash could leave it while a queued prompt was being handed over: the
     # run active, and still listed as queued. Found by the SIGKILL harness (two ends for one run).

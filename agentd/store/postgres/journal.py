@@ -50,7 +50,8 @@ from .. import StorageCapabilities
 
 __all__ = ["CAPABILITIES", "CHANNEL", "RECORDS_CHANNEL", "PgConversationStore", "PgJournal"]
 
-CAPABILITIES = StorageCapabilities(backend="postgres", shared=True, crash_safe_append=False, notify=True)
+CAPABILITIES = StorageCapabilities(backend="postgres", shared=True, crash_safe_append=False, notify=True,
+                                   blocking_records=False)
 #: the NOTIFY channel of committed journal rows; payload ``<conversation id>:<last seq>``
 CHANNEL = "agentd_journal"
 #: the NOTIFY channel of conversation records written or deleted; payload ``<conversation id>``
@@ -444,6 +445,9 @@ class PgConversationStore:
             self._dirty_since = time.monotonic()
         self._records[conversation_id] = data
         self._wake.set()
+
+    async def write_record_async(self, conversation_id: str, data: bytes) -> None:
+        self.write_record(conversation_id, data)  # a buffer for the group commit: nothing blocks
 
     def drop_index(self) -> None:
         pass  # no records index: every start catches records up with their journals
