@@ -320,6 +320,14 @@ def alternate(root: Path, server: _ModelServerProcess, cpu: _Cpu, turns: int,
     return ours, base
 
 
+def _iqr_ms(seconds: list[float]) -> float:
+    """The interquartile range of ``seconds``, in ms (0 for fewer than two)."""
+    if len(seconds) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(seconds, n=4)
+    return (q3 - q1) * 1000
+
+
 def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: list[float], cpu: _Cpu, *,
                  direct: str, cli: str) -> list[Result]:
     """The two rows of one runtime: the turn's wall time through agentd against the direct driver's
@@ -337,6 +345,10 @@ def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: lis
             "of the working directory before and after it ([checkpoints] enabled, the default: a git run each unless "
             "[checkpoints] watch saw the directory unchanged; what agentctl diff and revert read), which the direct "
             "driver does not take")
+    if r.met is False and r.base_median:
+        r.notes.append(
+            f"why: the 1.02x budget is {r.base_median * 0.02 * 1000:.1f} ms per turn here, while the middle half of "
+            f"the turns spans {_iqr_ms(ours):.1f} ms through agentd and {_iqr_ms(base):.1f} ms directly")
     if cpu.no_checkpoints_s and r.base_median:
         plain = statistics.median(cpu.no_checkpoints_s)
         r.notes.append(
@@ -344,6 +356,8 @@ def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: lis
             f"run: {plain:.3f} s (median), {plain / r.base_median:.2f}x the direct driver, "
             f"{(plain - r.base_median) * 1000:+.1f} ms per turn; agentd's own CPU per turn there "
             f"{statistics.median(cpu.samples.get(('plain', 'agentd')) or [0]):.1f} ms (median)")
+    r.notes.append("a turn's start is its prompt record in the journal (under the journal's fsync policy); the "
+                   "conversation record is a checkpoint, written behind the turn's end (agentd.write_behind)")
     c = Result(f"{runtime} turn: agentd's own CPU per turn", "ms", cpu.samples.get(("agentd", "agentd"), []),
                cpu.samples.get(("direct", "bench"), []), higher=False, target=f"<= {CPU_TARGET}x baseline",
                baseline_name="the direct driver's CPU per turn (the bench process)")
