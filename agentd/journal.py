@@ -10,8 +10,9 @@ and ``read_after`` are synchronous and must be called from that thread only
 (the group-commit thread shares a few attributes with it, see
 ``_GroupCommit``). A record is durable once the fsync policy says so:
 ``always`` after ``await journal.sync()``, ``batch`` within ``batch_ms``
-while :meth:`JournalStore.run` runs, ``never`` when the kernel gets to it. Nothing here rewrites a record; on open, only a torn last line
-(a crash mid-write) is cut off.
+while :meth:`JournalStore.run` runs, ``never`` when the kernel gets to it.
+Nothing here rewrites a record; on open, only a torn last line (a crash
+mid-write) is cut off.
 """
 
 from __future__ import annotations

@@ -620,6 +620,28 @@ async def test_group_commit_never_syncs_a_journal_again_once_its_fsync_failed(
     j.close()
 
 
+async def test_batch_without_an_fd_to_hand_over_syncs_on_the_trio_thread(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, fsyncs: list[int]
+) -> None:
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH)
+    j = store.open("a")
+    fsyncs.clear()
+
+    def no_dup(fd: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "dup", no_dup)
+    with structlog.testing.capture_logs() as logs:
+        seq, _ = j.append("item", payload(1))  # the record is written: the append succeeds
+    assert seq == 1 and j._synced == j.size and fsyncs == [j._fd]
+    assert [e["event"] for e in logs] == ["journal.dup_failed"]
+    monkeypatch.undo()
+    j.append("item", payload(2))  # and the next one is queued again
+    assert store._queue.qsize() == 1
+    await store.aclose()
+    assert store._queue.qsize() == 0
+
+
 async def test_batch_shutdown_waits_for_the_fsync_under_way_and_syncs_the_rest(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
