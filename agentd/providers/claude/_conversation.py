@@ -848,7 +848,9 @@ class ClaudeConversation:
         Raises (before ``started``) RuntimeUnavailable or ConversationNotFound
         when the CLI cannot start; afterwards it never raises but Cancelled.
         """
-        client = sdk().ClaudeSDKClient(options)
+        from ._stdout import lean_transport
+
+        client = sdk().ClaudeSDKClient(options, transport=lean_transport(options))
         session.client = client
         reason = ""
         log.info("claude.session_starting", conversation=self.id, generation=session.generation,
