@@ -181,3 +181,74 @@ async def test_a_turns_end_starts_a_write_only_for_a_change_other_than_the_cost(
     provider.save_soon(record, save)
     await _until(lambda: "allowed_tools" in _on_disk(provider, "d"))
     assert saves == [0.1, 0.2] and _on_disk(provider, "d")["allowed_tools"] == ["Bash"]
+
+
+# ---------------------------------------------------------------- the CLI's stdout, read lean
+
+_CLI = """#!{python}
+import os, sys, time
+chunks = open(os.environ["CHUNKS"], "rb").read().split(b"\\0")
+for chunk in chunks:
+    sys.stdout.buffer.write(chunk)
+    sys.stdout.buffer.flush()
+    time.sleep(0.005)
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+async def _read_all(transport_class: Any, tmp_path: pathlib.Path, chunks: list[bytes], exit_code: int = 0,
+                    limit: int = 1 << 20) -> tuple[list[Any], str]:
+    """Every message ``transport_class`` reads off a stand-in CLI printing ``chunks``, and what it raised."""
+    import sys
+
+    from claude_agent_sdk import ClaudeAgentOptions
+
+    from agentd.providers.claude._stdout import _no_prompt
+
+    cli = tmp_path / "cli"
+    cli.write_text(_CLI.format(python=sys.executable))
+    cli.chmod(0o755)
+    (tmp_path / "chunks").write_bytes(b"\0".join(chunks))
+    options = ClaudeAgentOptions(cli_path=str(cli), max_buffer_size=limit,
+                                 env={"CHUNKS": str(tmp_path / "chunks"), "EXIT": str(exit_code)})
+    transport = transport_class(prompt=_no_prompt(), options=options)
+    await transport.connect()
+    got: list[Any] = []
+    error = ""
+    try:
+        async for message in transport.read_messages():
+            got.append(message)
+    except Exception as exc:
+        cause = str(getattr(exc, "original_error", ""))  # the ceiling's text agentd reads (the rest is json's or msgspec's)
+        error = f"{type(exc).__name__} {getattr(exc, 'exit_code', '')} {cause if 'Buffer size' in cause else ''}"
+    finally:
+        await transport.close()
+    return got, error
+
+
+_STDOUT_CASES = {
+    "lines split anywhere, several per chunk, blank and non-JSON ones skipped, CRLF": (
+        [b'{"type":"a","n":1}\n{"type":"b","te', b'xt":"h\xc3', b'\xa9llo \\u00e9"}\n\n[SandboxDebug] x\n',
+         b'{"type":"c","n":[1,2.5,null,true]}\r\n{"type":"d"}'], 0),
+    "what json reads and msgspec does not: a lone surrogate, Infinity": (
+        [b'{"type":"a","text":"x\\ud800y"}\n{"type":"b","n":Infinity}\n'], 0),
+    "a non-zero exit after the messages": ([b'{"type":"a"}\n', b'{"type":"result"}\n'], 3),
+    "a corrupt line": ([b'{"type":"a"}\n{"type":\n', b'{"type":"b"}\n'], 0),
+    "a line over the limit": ([b'{"type":"a"}\n', b'{"type":"b","text":"' + b"x" * 3000 + b'"}\n'], 0),
+    "a cut-off last line is dropped": ([b'{"type":"a"}\n{"type":"b","te'], 0),
+}
+
+
+@pytest.mark.parametrize("case", list(_STDOUT_CASES))
+async def test_the_lean_reader_reads_what_the_sdks_own_reader_reads(case: str, tmp_path: pathlib.Path) -> None:
+    from claude_agent_sdk._internal.transport.subprocess_cli import SubprocessCLITransport
+
+    from agentd.providers.claude._stdout import LeanTransport
+
+    chunks, code = _STDOUT_CASES[case]
+    (tmp_path / "sdk").mkdir()
+    (tmp_path / "lean").mkdir()
+    theirs = await _read_all(SubprocessCLITransport, tmp_path / "sdk", chunks, code, limit=2048)
+    ours = await _read_all(LeanTransport, tmp_path / "lean", chunks, code, limit=2048)
+    assert ours == theirs
+    assert theirs[0], "the case reads something"

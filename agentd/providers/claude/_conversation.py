@@ -3,12 +3,14 @@
 Tasks. Each CLI process is a *session* whose runner task
 (:meth:`ClaudeConversation._run_session`) lives in the provider's nursery: it
 connects a ``ClaudeSDKClient`` (which starts the CLI with
-``--input-format stream-json``), reads every message the CLI sends and maps it
-to events, and disconnects when the process ends, the conversation closes or
-the provider stops. The SDK's helpers (its stdout reader, the
-``can_use_tool`` callbacks) are trio system tasks that ``disconnect``
-cancels. Everything runs on the trio thread, so ``EventSink.emit`` is only
-ever called there.
+``--input-format stream-json``; its stdout read by :mod:`._stdout`), waits for
+the CLI's output to end, and disconnects when the process ends, the
+conversation closes or the provider stops. The SDK's helpers (its stdout
+reader, the ``can_use_tool`` callbacks) are trio system tasks that
+``disconnect`` cancels; the reader maps every message the CLI sends to events
+itself (:class:`_Inbox`, in place of the SDK's message stream), so a burst read
+at once is mapped without a task switch per message. Everything runs on the
+trio thread, so ``EventSink.emit`` is only ever called there.
 
 A turn. :meth:`ClaudeConversation.send` emits the user item and
 ``TurnEvent(working)``, then writes the prompt to the CLI. The CLI's
@@ -848,7 +850,9 @@ class ClaudeConversation:
         Raises (before ``started``) RuntimeUnavailable or ConversationNotFound
         when the CLI cannot start; afterwards it never raises but Cancelled.
         """
-        client = sdk().ClaudeSDKClient(options)
+        from ._stdout import lean_transport
+
+        client = sdk().ClaudeSDKClient(options, transport=lean_transport(options))
         session.client = client
         reason = ""
         log.info("claude.session_starting", conversation=self.id, generation=session.generation,
