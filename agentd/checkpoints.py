@@ -106,7 +106,7 @@ class _Job:
         self.started = False
         self.on_done = on_done
         self.conv = conv
-        #: the ref under refs/agentd/ that keeps its tree, "" = none
+        #: the name of the ref under refs/agentd/<conv>/ that keeps its tree, "" = none (see _Shadow._keep)
         self.ref = ref
 
 
@@ -137,6 +137,8 @@ class _Shadow:
         self._watch: TreeWatch | None = None
         #: the last recording's (tree, too_large, nested), kept while the watch saw no change since
         self._watched: tuple[str, list[str], list[str]] | None = None
+        #: conversation -> the tree its last ref (written by this process) keeps; see _keep
+        self._kept: dict[str, str] = {}
 
     # ------------------------------------------------------------------ git
 
@@ -202,8 +204,7 @@ class _Shadow:
         if self._watched is not None and self._watch is not None and not self._watch.changed():
             job.tree, too_large, nested = self._watched  # the kernel saw no change since: git would find none
             job.too_large, job.nested = list(too_large), list(nested)
-            if job.ref:
-                self._keep(job.ref, job.tree)
+            self._keep(job.conv, job.ref, job.tree)
             return
         self._watched = None  # until a recording after a mark succeeds
         armed = False
@@ -231,8 +232,7 @@ class _Shadow:
             self.last_tree = ""  # until write-tree says what the index holds now
             self.last_tree = (await self.git("write-tree")).strip().decode()
         job.tree = self.last_tree  # nothing changed: the index, so its tree, is what it was
-        if job.ref:
-            self._keep(job.ref, job.tree)
+        self._keep(job.conv, job.ref, job.tree)
         if armed:
             self._watched = (job.tree, list(job.too_large), list(job.nested))
 
@@ -284,13 +284,23 @@ class _Shadow:
                 force[path] = None  # a tracked file became a directory, a fifo, ...
         return list(update), list(force), too_large, nested
 
-    def _keep(self, ref: str, tree: str) -> None:
-        """Point refs/agentd/<ref> at ``tree``, so a gc would never drop it (a loose ref file)."""
-        path = self.git_dir / "refs" / "agentd" / ref
-        _fsutil.make_dirs(path.parent)
+    def _keep(self, conv: str, name: str, tree: str) -> None:
+        """Keep ``tree`` reachable, so a gc never drops a tree a checkpoint record names: a loose
+        ref ``refs/agentd/<conv>/<name>`` (``name``: ``<step>-<phase>``; "" = no ref) pointing at it.
+
+        A conversation's refs are kept or dropped together, never one step's alone: a tree the
+        conversation's last ref already keeps needs no new one, so an unchanged tree (the usual
+        case: a turn that wrote nothing, the after-state that is the next before-state) costs
+        nothing here. Raises OSError.
+        """
+        if not name or self._kept.get(conv) == tree:
+            return
+        path = self.git_dir / "refs" / "agentd" / conv / name
+        _fsutil.make_dirs(path.parent)  # one per conversation: a lstat once it exists
         tmp = path.with_name(path.name + ".tmp")
         _write_private(tmp, tree + "\n")
         os.replace(tmp, path)
+        self._kept[conv] = tree
 
     async def worker(self) -> None:
         async for job in self.jobs_out:
@@ -424,7 +434,7 @@ class Checkpoints:
             await self._journal(service, live, self._rec(run, "after", job, 0), run="")
 
         try:
-            self._last[cid] = shadow.submit(_Job(cid, f"{cid}/{run}/after", journal))
+            self._last[cid] = shadow.submit(_Job(cid, f"{run}-after", journal))
         except Exception:  # the turn's end goes on regardless
             log.exception("checkpoint.after_failed", conversation=cid, run=run)
 
@@ -434,7 +444,7 @@ class Checkpoints:
         if shadow is None:
             return wire.CheckpointRecord(step=step, phase=phase, skipped="no_workdir",  # type: ignore[arg-type]
                                          error=f"{record.workdir!r} is not a directory")
-        job = shadow.submit(_Job(record.id, f"{record.id}/{step}/{phase}"))
+        job = shadow.submit(_Job(record.id, f"{step}-{phase}"))
         with trio.move_on_after(timeout):
             await job.done.wait()
         ms = int((time.monotonic() - t0) * 1000)
@@ -596,7 +606,7 @@ class Checkpoints:
             if dry_run or not todo:
                 return wire.RevertResult(conversation=record.id, run=step, files=todo, dry_run=dry_run)
             vid = "v" + secrets.token_hex(6)
-            shadow._keep(f"{record.id}/{vid}/before", now.tree)
+            shadow._keep(record.id, f"{vid}-before", now.tree)
             await self._journal(service, live, wire.CheckpointRecord(step=vid, phase="before", tree=now.tree,
                                                                      too_large=now.too_large, nested=now.nested),
                                 run="")
@@ -607,7 +617,7 @@ class Checkpoints:
                 raise c.InternalError(f"revert of {step} failed part way: {exc}") from None
             finally:
                 await self._journal(service, live, wire.RevertRecord(id=vid, of=step, files=todo, by=by), run="")
-                after = shadow.submit(_Job(record.id, f"{record.id}/{vid}/after"))
+                after = shadow.submit(_Job(record.id, f"{vid}-after"))
                 with trio.move_on_after(self.config.max_run_s):
                     await after.done.wait()
                 await self._journal(service, live, self._rec(vid, "after", after, 0), run="")

@@ -8,9 +8,13 @@ Rules kept here (from the provider contract):
 
 * A conversation belongs to the daemon. A client that goes away leaves its
   turn running.
-* A prompt is journaled and the record marks the turn active *before* the
-  prompt reaches the provider; after a crash the turn is recorded as
-  ``run_interrupted`` and the prompt is never resent.
+* A prompt is journaled *before* it reaches the provider; after a crash the turn
+  is recorded as ``run_interrupted`` and the prompt is never resent.
+* The journal is the source of truth; the record is a checkpoint of it (``journal_end``).
+  A turn's start is its prompt record and its end its terminal ``turn`` record; the
+  record's save at the end is written behind (:mod:`agentd.write_behind`), and recovery
+  brings an older record up to date from the journal's tail (:meth:`_catch_up`). What the
+  journal does not hold (creation, settings, close, title) is saved at once.
 * Nobody answers an interaction on the user's behalf, except yolo mode, which
   answers permission requests only, only with the allow-once option, and the
   journal says it was automatic. A pending interaction may expire by policy

@@ -22,7 +22,7 @@ def _shadow(tmp_path: Path, **config: object) -> tuple[cp._Shadow, Path]:
 
 
 async def _record(shadow: cp._Shadow) -> cp._Job:
-    job = cp._Job("c1", "c1/r1/before")
+    job = cp._Job("c1", "r1-before")
     await shadow.record(job)
     assert len(job.tree) == 40, job.error
     return job
@@ -92,3 +92,38 @@ def test_the_runtimes_own_turn_diff_is_its_last_report_for_the_run(tmp_path: Pat
     assert trio.run(cp._runtime_diff, FileJournal(journal), "r1") == "second"
     assert trio.run(cp._runtime_diff, FileJournal(journal), "r3") == ""
     journal.close()
+
+
+def test_an_unchanged_tree_writes_no_ref_and_every_named_tree_survives_a_gc(tmp_path: Path) -> None:
+    # Refs keep the trees checkpoint records name; a tree the conversation's last ref keeps gets
+    # no new one (no mkdir, no file, no rename per checkpoint), yet `git gc --prune=now` keeps all.
+    for watch in (True, False):  # unchanged as the kernel saw it, and as git found it
+        base = tmp_path / ("watched" if watch else "unwatched")
+        base.mkdir()
+        shadow, work = _shadow(base, watch=watch)
+        (work / "a.txt").write_text("one\n")
+        named: list[str] = []
+
+        async def main() -> None:
+            for run, change in enumerate(["", "", "two\n", "", "three\n", "two\n", ""]):
+                if change:
+                    (work / "a.txt").write_text(change)
+                for phase in ("before", "after"):
+                    for conv in ("c1", "c2"):  # two conversations of one working directory
+                        job = cp._Job(conv, f"r{run}-{phase}")
+                        await shadow.record(job)
+                        assert len(job.tree) == 40, job.error
+                        named.append(job.tree)
+
+        trio.run(main)
+        refs = sorted(p.relative_to(shadow.git_dir / "refs" / "agentd").as_posix()
+                      for p in (shadow.git_dir / "refs" / "agentd").rglob("*") if p.is_file())
+        # One ref a conversation for each tree change (the revert to "two" is a change too).
+        assert refs == sorted(f"{conv}/r{run}-before" for conv in ("c1", "c2") for run in (0, 2, 4, 5)), refs
+        env = {**shadow.env(), "GIT_WORK_TREE": str(work)}
+        subprocess.run(["git", "gc", "--prune=now", "-q"], env=env, cwd=work, check=True)
+        assert not list((shadow.git_dir / "objects").glob("??/*"))  # loose objects gone: only what refs keep
+        shadow.index.unlink()  # nor does the index keep anything alive
+        subprocess.run(["git", "gc", "--prune=now", "-q"], env=env, cwd=work, check=True)
+        for tree in set(named):
+            subprocess.run(["git", "cat-file", "-e", f"{tree}^{{tree}}"], env=env, cwd=work, check=True)
