@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
@@ -14,6 +15,10 @@ from agentd import wire
 from daemon_harness import Client, Daemon
 
 from .conftest import WAIT, fast_daemon, log_events, new, run_turn, turn_state, wait_for
+
+
+def _record_on_disk(d: Daemon, cid: str) -> dict:
+    return json.loads((d.state_dir / "conversations" / cid / "record.json").read_bytes())
 
 
 def _journal_path(d: Daemon, cid: str) -> Path:
@@ -210,6 +215,8 @@ def test_a_symlink_planted_where_a_journal_belongs_is_refused_by_name_at_start_a
         later = new(client, work)
         client.subscribe(later)
         run_turn(client, later, "finished too")
+        # Its record saved (a turn's end is written behind): nothing sends recovery to its journal.
+        wait_for(lambda: _record_on_disk(d, later).get("journal_seq") == len(d.journal(later)))
         stuck = new(client, work, WAIT)
         client.request(wire.Send, conversation=stuck, text="wait")
         wait_for(lambda: any(r["type"] == "turn" for r in d.journal(stuck)))
