@@ -252,3 +252,16 @@ async def test_the_lean_reader_reads_what_the_sdks_own_reader_reads(case: str, t
     ours = await _read_all(LeanTransport, tmp_path / "lean", chunks, code, limit=2048)
     assert ours == theirs
     assert theirs[0], "the case reads something"
+
+
+def test_an_sdk_without_what_the_lean_reader_takes_keeps_its_own_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """claude-agent-sdk is not pinned: a release whose transport lacks one of the private names the
+    lean reader uses gets the SDK's own transport (None), not a reader that fails mid-turn."""
+    from claude_agent_sdk import ClaudeAgentOptions
+    from claude_agent_sdk._internal.transport.subprocess_cli import SubprocessCLITransport
+
+    from agentd.providers.claude import _stdout
+
+    assert isinstance(_stdout.lean_transport(ClaudeAgentOptions(cli_path="/bin/true")), _stdout.LeanTransport)
+    monkeypatch.delattr(SubprocessCLITransport, "_check_claude_version")
+    assert _stdout.lean_transport(ClaudeAgentOptions(cli_path="/bin/true")) is None

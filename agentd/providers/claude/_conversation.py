@@ -258,6 +258,9 @@ class _Inbox:
     def close(self) -> None:
         self.ended.set()
 
+    async def aclose(self) -> None:  # the rest of a memory send stream's closing, should the SDK use it
+        self.close()
+
 
 class _Pending:
     """An interaction a ``can_use_tool`` callback waits on."""

@@ -40,13 +40,25 @@ async def _no_prompt() -> AsyncIterator[dict[str, Any]]:
     yield {}  # an async generator that never yields
 
 
-def lean_transport(options: Any) -> LeanTransport:
+#: what LeanTransport takes of the SDK's transport besides its public methods (this SDK's private
+#: names; claude-agent-sdk is not pinned, so a release without them keeps the SDK's own reader)
+RELIES_ON = ("_process", "_stdout_stream", "_max_buffer_size", "_exit_error", "_version_checked",
+             "_check_claude_version")
+
+
+def lean_transport(options: Any) -> LeanTransport | None:
     """The transport ``ClaudeSDKClient(options, transport=...)`` gets: the options as connect()
     would pass them to the SDK's own (permission prompts over the control protocol when
-    ``can_use_tool`` is set, as ``_configure_can_use_tool`` does)."""
+    ``can_use_tool`` is set, as ``_configure_can_use_tool`` does). None (the SDK's own
+    transport, as the SDK builds it) when this SDK's transport lacks one of :data:`RELIES_ON`."""
     if options.can_use_tool and not options.permission_prompt_tool_name:
         options = dataclasses.replace(options, permission_prompt_tool_name="stdio")
-    return LeanTransport(prompt=_no_prompt(), options=options)
+    transport = LeanTransport(prompt=_no_prompt(), options=options)
+    missing = [name for name in RELIES_ON if not hasattr(transport, name)]
+    if missing:
+        log.info("claude.sdk_reader_kept", missing=missing)
+        return None
+    return transport
 
 
 class LeanTransport(SubprocessCLITransport):
