@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 import trio
 
@@ -236,6 +237,30 @@ class _Connection:
             del buf[:start]
             if len(buf) > max_frame:
                 raise c.LimitExceeded(f"frame of more than {max_frame} bytes is over the limit")
+
+
+def _snapshot_frame(sub: int, cid: str, snapshot: wire.Snapshot) -> bytes:
+    """The snapshot frame, never over what a client accepts (wire.CLIENT_MAX_FRAME_BYTES).
+
+    An in-flight item holds every delta streamed so far, up to the provider's 64 MiB ceiling,
+    so a frame of it could pass the client's limit (agentctl then gives up on the connection:
+    a slow follower resubscribing after a lag mid-way through a huge answer). Each text then
+    keeps only its latest part, behind a line saying how much was cut; the item's own record,
+    when it ends, carries what the provider kept.
+    """
+    frame = masking.mask_json(wire.encode(wire.SnapshotFrame(sub=sub, conversation=cid, snapshot=snapshot)))
+    keep = wire.CLIENT_MAX_FRAME_BYTES // 8
+    while len(frame) > wire.CLIENT_MAX_FRAME_BYTES and keep:
+        cut = [
+            msgspec.structs.replace(item, text=f"[{len(item.text) - keep:,} characters before this cut from the "
+                                               "snapshot]\n" + item.text[-keep:])
+            if len(item.text) > keep else item
+            for item in snapshot.items
+        ]
+        trimmed = msgspec.structs.replace(snapshot, items=cut)
+        frame = masking.mask_json(wire.encode(wire.SnapshotFrame(sub=sub, conversation=cid, snapshot=trimmed)))
+        keep //= 4
+    return frame
 
 
 class Server:
@@ -862,8 +887,7 @@ class Server:
         # No checkpoint from the last check above to here: the switch is atomic.
         sub.live = True
         if req.snapshot:
-            snap = wire.SnapshotFrame(sub=req.id, conversation=cid, snapshot=self.service.snapshot(live))
-            if not conn.offer(masking.mask_json(wire.encode(snap))):
+            if not conn.offer(_snapshot_frame(req.id, cid, self.service.snapshot(live))):
                 self.hub.remove(sub)
                 conn.lagged(sub)
         return _NO_REPLY
