@@ -48,8 +48,13 @@ def short_delay(monkeypatch: pytest.MonkeyPatch) -> float:
     return 0.3
 
 
-async def test_a_cost_change_alone_is_written_once_after_the_delay_anything_else_at_once(
-        tmp_path: pathlib.Path, nursery: trio.Nursery, short_delay: float) -> None:
+@pytest.fixture
+def long_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_provider, "COST_WRITE_DELAY_S", 3600.0)  # only what must write it does, however loaded the host
+
+
+async def test_a_cost_change_alone_waits_anything_else_is_written_at_once_with_it(
+        tmp_path: pathlib.Path, nursery: trio.Nursery, long_delay: None) -> None:
     provider, _ = await _running(nursery, tmp_path)
     record = _Record(id="a", workdir=str(tmp_path), cost_usd=0.5)
     await provider.save_record(record)
@@ -62,21 +67,26 @@ async def test_a_cost_change_alone_is_written_once_after_the_delay_anything_else
     await provider.save_record(record)
     assert _on_disk(provider, "a") | {"updated_at": ""} == {
         "id": "a", "workdir": str(tmp_path), "cost_usd": 1.25, "prompted": True, "updated_at": ""}
-    record.cost_usd = 2.0
-    await provider.save_record(record)
-    written = _on_disk(provider, "a")["updated_at"]
-    with trio.fail_after(5):
-        while _on_disk(provider, "a")["cost_usd"] != 2.0:
-            await trio.sleep(0.02)
-    assert _on_disk(provider, "a")["updated_at"] != written
+    assert not provider._later
     record.resume_at = "entry-1"
     await provider.save_record(record)
     assert _on_disk(provider, "a")["resume_at"] == "entry-1"
 
 
+async def test_a_waiting_cost_is_written_once_the_delay_passed(
+        tmp_path: pathlib.Path, nursery: trio.Nursery, short_delay: float) -> None:
+    provider, _ = await _running(nursery, tmp_path)
+    record = _Record(id="e", workdir=str(tmp_path), cost_usd=0.5)
+    await provider.save_record(record)
+    written = _on_disk(provider, "e")["updated_at"]
+    record.cost_usd = 2.0
+    await provider.save_record(record)
+    await _until(lambda: _on_disk(provider, "e")["cost_usd"] == 2.0)
+    assert _on_disk(provider, "e")["updated_at"] != written and not provider._later
+
+
 async def test_a_waiting_cost_is_written_before_the_record_is_read_on_close_and_at_the_stop(
-        tmp_path: pathlib.Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_provider, "COST_WRITE_DELAY_S", 3600.0)  # only what must write it does
+        tmp_path: pathlib.Path, nursery: trio.Nursery, long_delay: None) -> None:
     provider, stop = await _running(nursery, tmp_path)
     record = _Record(id="b", workdir=str(tmp_path), cost_usd=0.1)
     await provider.save_record(record)
@@ -159,7 +169,7 @@ async def test_the_inbox_keeps_the_readers_error_and_ends_on_close() -> None:
 
 
 async def test_a_turns_end_starts_a_write_only_for_a_change_other_than_the_cost(
-        tmp_path: pathlib.Path, nursery: trio.Nursery, short_delay: float) -> None:
+        tmp_path: pathlib.Path, nursery: trio.Nursery, long_delay: None) -> None:
     provider, _ = await _running(nursery, tmp_path)
     record = _Record(id="d", workdir=str(tmp_path), cost_usd=0.1)
     saves: list[float | None] = []
@@ -172,15 +182,14 @@ async def test_a_turns_end_starts_a_write_only_for_a_change_other_than_the_cost(
     await _until(lambda: (provider.dir / "d.json").exists())
     assert saves == [0.1] and _on_disk(provider, "d")["cost_usd"] == 0.1
     record.cost_usd = 0.2
-    provider.save_soon(record, save)  # the cost alone: no task, written later
+    provider.save_soon(record, save)  # the cost alone: no task, left for the later write
     provider.save_soon(record, save)
     await trio.testing.wait_all_tasks_blocked()
-    assert saves == [0.1] and _on_disk(provider, "d")["cost_usd"] == 0.1
-    await _until(lambda: _on_disk(provider, "d")["cost_usd"] == 0.2)
+    assert saves == [0.1] and provider._later == {"d": record} and _on_disk(provider, "d")["cost_usd"] == 0.1
     record.allowed_tools.append("Bash")
     provider.save_soon(record, save)
     await _until(lambda: "allowed_tools" in _on_disk(provider, "d"))
-    assert saves == [0.1, 0.2] and _on_disk(provider, "d")["allowed_tools"] == ["Bash"]
+    assert saves == [0.1, 0.2] and _on_disk(provider, "d")["cost_usd"] == 0.2 and not provider._later
 
 
 # ---------------------------------------------------------------- the CLI's stdout, read lean
