@@ -127,3 +127,56 @@ def test_an_unchanged_tree_writes_no_ref_and_every_named_tree_survives_a_gc(tmp_
         subprocess.run(["git", "gc", "--prune=now", "-q"], env=env, cwd=work, check=True)
         for tree in set(named):
             subprocess.run(["git", "cat-file", "-e", f"{tree}^{{tree}}"], env=env, cwd=work, check=True)
+
+
+def test_an_unchanged_watched_tree_is_recorded_in_place_and_never_overtakes_an_open_job(tmp_path: Path) -> None:
+    # A recording the kernel saw no change for is done in the caller's task (no round trip to the
+    # worker), with the tree the worker would give; a change still goes to git; and while the
+    # worker has a job open, even an unchanged recording waits its turn behind it.
+    import trio.testing
+
+    from agentd import wire
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("one\n")
+    checkpoints = cp.Checkpoints(CheckpointsConfig(watch=True), tmp_path / "state" / "checkpoints", tmp_path / "state")
+    record = wire.ConversationRecord(id="c1", provider="script", workdir=str(work), created_at="t", updated_at="t")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(checkpoints.run)
+            first = await checkpoints._wait(record, "r1", "before", 30)
+            assert len(first.tree) == 40 and not first.skipped, first
+            shadow = checkpoints._shadows[str(work)]
+            submitted: list[cp._Job] = []
+            submit = shadow.submit
+            shadow.submit = lambda job: submitted.append(job) or submit(job)  # type: ignore[method-assign]
+
+            same = await checkpoints._wait(record, "r1", "after", 30)
+            assert (same.tree, same.skipped, submitted) == (first.tree, "", [])
+
+            (work / "a.txt").write_text("two\n")
+            changed = await checkpoints._wait(record, "r2", "before", 30)
+            assert len(changed.tree) == 40 and changed.tree != first.tree and len(submitted) == 1
+
+            gate = trio.Event()
+
+            async def journaling(job: cp._Job) -> None:
+                await gate.wait()  # as a turn_ended after-state being journaled
+
+            shadow.submit(cp._Job("c1", "r2-after", journaling))
+            got: list[wire.CheckpointRecord] = []
+
+            async def behind() -> None:
+                got.append(await checkpoints._wait(record, "r3", "before", 30))
+
+            nursery.start_soon(behind)
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == [] and len(submitted) == 3  # queued behind the open job, not done in place
+            gate.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert got[0].tree == changed.tree and shadow.open_jobs == 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
