@@ -53,6 +53,7 @@ from . import usage as _usage
 from . import wire
 from . import write_behind as _write_behind
 from ._keyed_lock import KeyedLock
+from ._quick_lock import QuickLock
 from .hub import Hub
 from .journal import FsyncPolicy
 from .leases import LeaseHeld
@@ -326,8 +327,8 @@ class _Live:
         self.turn_done.set()
         #: an interrupting send waits for the cancelled turn; queued prompts wait for it
         self.interrupting = False
-        self.open_lock = trio.Lock()
-        self.send_lock = trio.Lock()
+        self.open_lock = QuickLock()
+        self.send_lock = QuickLock()
         #: the last journal write failed (logged once until one succeeds again)
         self.write_failing = False
         #: the run being failed because its journal cannot be written, and why

@@ -507,8 +507,12 @@ class Server:
                         await conn.send(wire.encode_error(request.id, c.Invalid("hello was already sent")))
                         continue
                     # Back-pressure: with every slot taken, stop reading; the client's writes then
-                    # block on full socket buffers instead of agentd holding a task per line.
-                    await conn.in_flight.acquire()
+                    # block on full socket buffers instead of agentd holding a task per line. A free
+                    # slot is taken without a scheduler pass (reading the next line waits anyway).
+                    try:
+                        conn.in_flight.acquire_nowait()
+                    except trio.WouldBlock:
+                        await conn.in_flight.acquire()
                     nursery.start_soon(self._dispatch, conn, request)
         except c.LimitExceeded as exc:
             log.warning("server.frame_too_large", peer=conn.peer, error=exc.message)

@@ -55,6 +55,7 @@ import trio
 
 from ... import procs, runtime_output
 from ..._fsutil import read_file
+from ..._quick_lock import QuickLock
 from .._mcp import McpStates
 from ...contract import (
     Activity,
@@ -392,7 +393,7 @@ class ClaudeConversation:
         self._record = record
         self._sink = sink
         self._session: _Session | None = None
-        self._start_lock = trio.Lock()
+        self._start_lock = QuickLock()
         self._generation = 0
         self._turn: _Turn | None = None
         self._turns = 0

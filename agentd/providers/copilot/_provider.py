@@ -37,6 +37,7 @@ from copilot import RuntimeConnection, SessionListFilter
 from copilot._jsonrpc import JsonRpcError, ProcessExitedError
 
 from ... import _fsutil, procs
+from ..._quick_lock import QuickLock
 from ...contract import (
     Account,
     Capabilities,
@@ -305,7 +306,7 @@ class CopilotProvider:
         self._bridge: AsyncioBridge | None = None
         self._nursery: trio.Nursery | None = None
         self._runtime: _Runtime | None = None
-        self._start_lock = trio.Lock()
+        self._start_lock = QuickLock()
         self._generation = 0
         #: restart backoff of the one runtime (slot "")
         self._restarts = RestartBackoff("the Copilot CLI", provider=name, log_prefix="copilot", policy=restart_policy)
