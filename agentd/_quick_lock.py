@@ -3,7 +3,7 @@
 ``trio.Lock.acquire`` is a checkpoint even when the lock is free: the task yields, and every
 other runnable task (and an I/O poll) runs before it goes on. A turn's prompt passes three
 such locks on its way to the runtime (a conversation's send and open locks, a provider's
-start lock), each costing its waiting user a full pass of the run loop. :class:`QuickLock`
+start or attach lock), each costing its user a full pass of the run loop. :class:`QuickLock`
 takes a free lock at once and waits (trio.Lock's fair, first come first served wait) only
 when it is held, so it is no checkpoint then: use it only where the block it guards, or the
 code around it, checkpoints anyway.

@@ -70,6 +70,7 @@ from ...contract import (
     validate_answer,
 )
 from ... import runtime_output
+from ..._quick_lock import QuickLock
 from .._common import unused_steer
 from .._jsonrpc import Call, ConnectionLost, RpcError
 from .._mcp import McpStates
@@ -151,7 +152,7 @@ class CodexConversation:
         self.workdir = workdir
         self._sink = sink
         self._server: AppServer | None = None
-        self._attach_lock = trio.Lock()
+        self._attach_lock = QuickLock()
         self._turn: _Turn | None = None
         self._starting = False
         self._pending: dict[str, _Pending] = {}
