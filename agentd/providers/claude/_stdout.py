@@ -4,9 +4,10 @@ The SDK's ``SubprocessCLITransport`` reads the CLI's NDJSON stdout through three
 layers (an anyio text stream over anyio's wrapper of trio's ``FdStream``, then a
 line framer over ``str``, then ``json.loads``): per chunk a checkpoint, a read
 that would block, a wait, a copy and a decode. :class:`LeanTransport` is that
-transport with only its reading replaced: one wait for the pipe per chunk, lines
-split as bytes, each decoded by msgspec. Everything else (the command line, the
-process, stdin, stderr, closing) is the SDK's. What it yields and raises is what
+transport with its reading replaced: one wait for the pipe per chunk, lines
+split as bytes, each decoded by msgspec. Its ``write`` puts a line on stdin at once
+when nobody else is writing (see there). Everything else (the command line, the
+process, stderr, closing) is the SDK's. What it yields and raises is what
 the SDK's reader yields and raises: the same dicts (json reads what msgspec refuses), ``CLIJSONDecodeError`` for a
 corrupt line or one over ``max_buffer_size`` (bytes here, characters there),
 ``ProcessError`` for a non-zero exit once stdout ended.
@@ -43,7 +44,7 @@ async def _no_prompt() -> AsyncIterator[dict[str, Any]]:
 #: what LeanTransport takes of the SDK's transport besides its public methods (this SDK's private
 #: names; claude-agent-sdk is not pinned, so a release without them keeps the SDK's own reader)
 RELIES_ON = ("_process", "_stdout_stream", "_max_buffer_size", "_exit_error", "_version_checked",
-             "_check_claude_version")
+             "_check_claude_version", "_write_lock", "_stdin_stream", "_ready")
 
 
 def lean_transport(options: Any) -> LeanTransport | None:
@@ -70,6 +71,43 @@ class LeanTransport(SubprocessCLITransport):
         if not isinstance(pipe, trio.lowlevel.FdStream):  # not the streams this reads: the SDK's own reader
             return super().read_messages()
         return self._read(pipe)
+
+    async def write(self, data: str) -> None:
+        """As the SDK's ``write`` (the same checks, errors and lock), but when nobody else is
+        writing, the line goes to the pipe at once, as far as the pipe takes it, not after the
+        two scheduler passes the lock and ``send_all`` would take first: a prompt waited there
+        behind the journaling of its own turn's start. The rest, if any, goes by ``send_all``.
+        Raises CLIConnectionError."""
+        lock = self._write_lock
+        pipe = getattr(getattr(self._process, "stdin", None), "_stream", None)
+        if lock.locked() or not isinstance(pipe, trio.lowlevel.FdStream):
+            await super().write(data)
+            return
+        await trio.lowlevel.checkpoint_if_cancelled()
+        lock.acquire_nowait()  # not locked: nobody waits for it either
+        try:
+            if not self._ready or not self._stdin_stream:
+                raise CLIConnectionError("ProcessTransport is not ready for writing")
+            if self._process and self._process.returncode is not None:
+                raise CLIConnectionError(f"Cannot write to terminated process (exit code: {self._process.returncode})")
+            if self._exit_error:
+                raise CLIConnectionError(f"Cannot write to process that exited with error: {self._exit_error}") \
+                    from self._exit_error
+            try:
+                line = data.encode()
+                try:
+                    sent = os.write(pipe.fileno(), line)
+                except BlockingIOError:
+                    sent = 0
+                if sent < len(line):
+                    await self._stdin_stream.transport_stream.send(line[sent:])
+            except Exception as exc:
+                self._ready = False
+                self._exit_error = CLIConnectionError(f"Failed to write to process stdin: {exc}")
+                raise self._exit_error from exc
+        finally:
+            lock.release()
+        await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def _read(self, pipe: trio.lowlevel.FdStream) -> AsyncIterator[dict[str, Any]]:
         if not self._process or not self._stdout_stream:
