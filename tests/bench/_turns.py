@@ -328,6 +328,17 @@ def _iqr_ms(seconds: list[float]) -> float:
     return (q3 - q1) * 1000
 
 
+def _ratio_interval(ours: list[float], base: list[float], rounds: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval of median(ours) / median(base): both resampled with replacement
+    ``rounds`` times (a fixed seed, so a run's table is reproducible from its raw figures)."""
+    import random
+
+    rng = random.Random(0)
+    ratios = sorted(statistics.median(rng.choices(ours, k=len(ours))) / statistics.median(rng.choices(base, k=len(base)))
+                    for _ in range(rounds))
+    return ratios[int(rounds * 0.025)], ratios[int(rounds * 0.975) - 1]
+
+
 def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: list[float], cpu: _Cpu, *,
                  direct: str, cli: str) -> list[Result]:
     """The two rows of one runtime: the turn's wall time through agentd against the direct driver's
@@ -345,6 +356,11 @@ def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: lis
             "of the working directory before and after it ([checkpoints] enabled, the default: a git run each unless "
             "[checkpoints] watch saw the directory unchanged; what agentctl diff and revert read), which the direct "
             "driver does not take")
+    if turns >= 2 and min(base) > 0:
+        lo, hi = _ratio_interval(ours, base)
+        r.notes.append(f"how precise the ratio is: its 95% bootstrap interval over these turns is {lo:.2f}x-{hi:.2f}x"
+                       + (" (the 1.02x target lies inside it: this run cannot tell the ratio from 1.02x)"
+                          if lo <= 1.02 <= hi else ""))
     if r.met is False and r.base_median:
         r.notes.append(
             f"why: the 1.02x budget is {r.base_median * 0.02 * 1000:.1f} ms per turn here, while the middle half of "
