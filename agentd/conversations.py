@@ -240,7 +240,10 @@ class _Events:
 
     async def get(self) -> Any:
         """The next event, waiting for one; EndOfChannel once closed and drained."""
-        await trio.lowlevel.checkpoint()
+        if self._items or self._closed:
+            await trio.lowlevel.checkpoint()  # a busy pump yields between bursts
+        # else the wait below is the checkpoint: a checkpoint first would be a second scheduler
+        # pass per wake-up of an idle pump (per chunk a runtime writes)
         while not self._items:
             if self._closed:
                 raise trio.EndOfChannel

@@ -105,6 +105,40 @@ async def test_the_event_queue_keeps_order_wakes_its_reader_and_ends_after_a_clo
         assert await fresh.get() == 5
 
 
+async def test_an_idle_reader_woken_by_an_event_takes_one_scheduler_pass_to_get_it() -> None:
+    # The wait is the checkpoint: a checkpoint before it too would cost an idle pump a second
+    # pass of the run loop per wake-up, that is per chunk a runtime writes.
+    import trio
+    import trio.testing
+
+    events = cv._Events()
+    steps: list[int] = []
+    got: list[object] = []
+
+    class Steps(trio.abc.Instrument):
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            if task.name.endswith("reader"):
+                steps.append(len(got))
+
+    async def reader() -> None:
+        got.append(await events.get())
+        got.append(await events.get())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        trio.lowlevel.add_instrument(instrument := Steps())
+        try:
+            events.put(1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == [1] and steps == [0]  # woken once, and it has the event
+            events.put(2)
+            await trio.testing.wait_all_tasks_blocked()
+        finally:
+            trio.lowlevel.remove_instrument(instrument)
+    assert got == [1, 2] and steps == [0, 1]
+
+
 def test_runs_of_interleaved_items_come_out_in_order_and_an_item_is_kept_from_its_first_text() -> None:
     class Journal:
         last_seq = 0
