@@ -19,7 +19,9 @@ Rules kept here:
 * A turn never waits longer than ``timeout_s``: past it the checkpoint record says
   ``skipped: timeout`` and the turn goes on; the recording finishes in the background (up to
   ``max_run_s``), so git's index is warm for the next one. Recordings of one working
-  directory run one at a time, in the order they were asked for; when a turn stops waiting,
+  directory run one at a time, in the order they were asked for (one that needs no git, the
+  watch having seen no change, is done at once in the asking task when none is queued or
+  running, else in its turn by the worker); when a turn stops waiting,
   every recording queued before it is marked late too (its after-state may mix in the new
   turn's writes), and its record says ``timeout``.
 * Every checkpoint is journaled (``checkpoint``, :class:`~agentd.wire.CheckpointRecord`),
