@@ -23,7 +23,7 @@ from typing import Any
 
 from ._common import Ctx, Result
 from ._turns import PROMPT, _Cpu, _ModelServerProcess, _StdioRpc, _ThroughAgentd, alternate, e2e_path, tree, \
-    turn_results
+    turn_count, turn_results
 
 
 def _gemini(root: Path, url: str) -> Any:
@@ -83,7 +83,7 @@ def bench_acp(ctx: Ctx) -> list[Result]:
         reason = f"the ACP agents could not be installed: {exc}"
         ctx.log(f"  SKIP: {reason}")
         return [Result(name, "s", skipped=reason, target="<= 1.02x baseline")]
-    turns = 2 if ctx.quick else 10
+    turns = turn_count(ctx)
     root = ctx.scratch("acp")
     server = _ModelServerProcess(root / "model-requests.jsonl")
     cpu = _Cpu()

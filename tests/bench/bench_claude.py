@@ -29,7 +29,7 @@ from agentd.config import ClaudeConfig
 
 from ._common import Ctx, Result
 from ._turns import KEY_ENV, MODEL, PROMPT, _Cpu, _LoopThread, _ModelServerProcess, _ThroughAgentd, alternate, tree, \
-    turn_results
+    turn_count, turn_results
 
 
 def claude_config(url: str, root: Path) -> ClaudeConfig:
@@ -137,7 +137,7 @@ def bench_claude(ctx: Ctx) -> list[Result]:
         ctx.log(f"  SKIP: {reason}")
         return [Result(name, "s", skipped=reason, target="<= 1.02x baseline")]
     root = ctx.scratch("claude")
-    turns = 2 if ctx.quick else 10
+    turns = turn_count(ctx)
     server = _ModelServerProcess(root / "model-requests.jsonl")
     os.environ[KEY_ENV] = "sk-agentd-bench-dummy-key"
     cpu = _Cpu()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ._common import Ctx, Result
 from ._turns import E2E, KEY_ENV, MODEL, PROMPT, _Cpu, _ModelServerProcess, _StdioRpc, _ThroughAgentd, alternate, \
-    e2e_path, tree, turn_results
+    e2e_path, tree, turn_count, turn_results
 
 #: Codex settings both sides get: its network extras off, no retries
 OVERRIDES = ["features.plugins=false", "analytics.enabled=false"]
@@ -88,7 +88,7 @@ def bench_codex(ctx: Ctx) -> list[Result]:
         reason = f"the Codex CLI could not be installed: {exc}"
         ctx.log(f"  SKIP: {reason}")
         return [Result(name, "s", skipped=reason, target="<= 1.02x baseline")]
-    turns = 2 if ctx.quick else 10
+    turns = turn_count(ctx)
     root = ctx.scratch("codex")
     server = _ModelServerProcess(root / "model-requests.jsonl")
     os.environ[KEY_ENV] = "sk-agentd-bench-dummy-key"

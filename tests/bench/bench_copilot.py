@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from ._common import Ctx, Result
 from ._turns import (KEY_ENV, MODEL, PROMPT, E2E, _children, _Cpu, _LoopThread, _ModelServerProcess, _ThroughAgentd,
-                     alternate, e2e_path, tree, turn_results)
+                     alternate, e2e_path, tree, turn_count, turn_results)
 
 
 def _cli() -> str:
@@ -135,7 +135,7 @@ def bench_copilot(ctx: Ctx) -> list[Result]:
         reason = f"the Copilot CLI could not be installed: {exc}"
         ctx.log(f"  SKIP: {reason}")
         return [Result(name, "s", skipped=reason, target="<= 1.02x baseline")]
-    turns = 2 if ctx.quick else 10
+    turns = turn_count(ctx)
     root = ctx.scratch("copilot")
     server = _ModelServerProcess(root / "model-requests.jsonl")
     os.environ[KEY_ENV] = "sk-agentd-bench-dummy-key"
