@@ -9,6 +9,9 @@ one, coalesced (one save per conversation, whatever came meanwhile) and due
 ``delay_s`` after the first change, so a busy conversation is still checkpointed every
 ``delay_s`` and its journal's unread tail stays short. A save made at once (settings,
 close, release, a turn's start without a checkpoint) supersedes the one owed.
+
+The Claude provider keeps one too, for its own records whose running cost alone changed
+(``COST_WRITE_DELAY_S`` in :mod:`agentd.providers.claude._provider`).
 """
 
 from __future__ import annotations

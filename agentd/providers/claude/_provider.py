@@ -48,6 +48,7 @@ import trio
 
 from ... import procs, runtime_output
 from ..._fsutil import atomic_write, make_dirs, read_file
+from ...write_behind import WriteBehind
 from ...contract import (
     Account,
     Capabilities,
@@ -218,9 +219,9 @@ class ClaudeProvider:
         self._saved: dict[str, bytes] = {}
         #: the same without cost_usd: a record whose cost alone changed is written later
         self._shapes: dict[str, bytes] = {}
-        #: records to write later (their cost alone changed), by id, and whether a task will
+        #: records to write later (their cost alone changed), by id; when each is due is in _behind
         self._later: dict[str, _Record] = {}
-        self._writing_later = False
+        self._behind = WriteBehind(COST_WRITE_DELAY_S)
         #: restart backoff: one slot per conversation id; "" for new conversations' first process
         self._restarts = RestartBackoff("Claude Code", provider=name, log_prefix="claude", policy=restart_policy)
 
@@ -296,6 +297,7 @@ class ClaudeProvider:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._behind.run, self._write_pending)
                 task_status.started()
                 await trio.sleep_forever()
         finally:
@@ -562,6 +564,7 @@ class ClaudeProvider:
         self._saved.pop(session_id, None)
         self._shapes.pop(session_id, None)
         self._later.pop(session_id, None)
+        self._behind.discard(session_id)
         await trio.to_thread.run_sync(lambda: self._record_path(session_id).unlink(missing_ok=True))
 
     async def save_record(self, record: _Record, *, now: bool = False) -> None:
@@ -578,11 +581,11 @@ class ClaudeProvider:
             return
         same = _encoder.encode(msgspec.structs.replace(record, updated_at=None))
         if self._saved.get(record.id) == same:
-            self._later.pop(record.id, None)
+            self._forget_later(record.id)
             await trio.lowlevel.checkpoint()
             return
         shape = _encoder.encode(msgspec.structs.replace(record, updated_at=None, cost_usd=None))
-        self._later.pop(record.id, None)
+        self._forget_later(record.id)
         record.updated_at = utcnow()
         data = _encoder.encode(record)
         path = self._record_path(record.id)
@@ -606,28 +609,24 @@ class ClaudeProvider:
 
     def _spared(self, record: _Record) -> bool:
         """True when ``record`` needs no write now: unchanged since the last, or its cost alone
-        changed (it is then left for :meth:`_write_later`, started here if none runs)."""
+        changed (it is then left for the write-behind, due :data:`COST_WRITE_DELAY_S` after the first
+        such change)."""
         last = self._shapes.get(record.id)
         if last is None or self._nursery is None:
             return False
         if _encoder.encode(msgspec.structs.replace(record, updated_at=None, cost_usd=None)) != last:
             return False
         if self._saved.get(record.id) == _encoder.encode(msgspec.structs.replace(record, updated_at=None)):
-            self._later.pop(record.id, None)
+            self._forget_later(record.id)
         else:
             self._later[record.id] = record
-            if not self._writing_later:
-                self._writing_later = True
-                self._nursery.start_soon(self._write_later)
+            self._behind.mark(record.id)
         return True
 
-    async def _write_later(self) -> None:
-        """The provider's task writing the records whose cost alone changed, COST_WRITE_DELAY_S on."""
-        try:
-            await trio.sleep(COST_WRITE_DELAY_S)
-        finally:
-            self._writing_later = False
-        await self._write_pending()
+    def _forget_later(self, session_id: str) -> None:
+        """``session_id``'s record is written now (or need not be): it owes no later write."""
+        self._later.pop(session_id, None)
+        self._behind.discard(session_id)
 
     async def _write_pending(self, session_id: str | None = None) -> None:
         """Write the records waiting to be written later (only ``session_id``'s, when given); logs a failure."""
