@@ -1416,9 +1416,19 @@ class ConversationService:
             self._save_quietly(live.record)
 
     def _set_state(self, live: _Live, state: wire.ConversationState) -> None:
+        """A running turn's state (running <-> requires_action) in the record.
+
+        Once the record checkpoints a journal position, the save is written behind, as a turn's
+        end is: the journal holds why (the interaction's records), and recovery ends the active
+        run whatever state the older record says. Saved at once otherwise (a store whose records
+        do not block, a journal that refused records: then the record is the only mark).
+        """
         if live.record.state is not state and live.record.state is not _S.CLOSED:
             live.record.state = state
-            self._save_quietly(live.record)
+            if live.record.journal_end >= 0 and self.store.capabilities.blocking_records and not live.unjournaled:
+                self.write_behind.mark(live.record.id)
+            else:
+                self._save_quietly(live.record)
 
     def _spawn(self, fn: Any, *args: Any) -> None:
         assert self._nursery is not None

@@ -407,6 +407,48 @@ def test_turns_that_ended_behind_their_record_are_caught_up_from_the_journal_aft
     assert on_disk["journal_seq"] == len(d.journal(spent))
 
 
+def test_a_pending_interaction_is_written_behind_and_a_kill_meanwhile_ends_its_run_once(
+        tmp_path: Path, workdir: Path) -> None:
+    # running -> requires_action is not written through (two fsyncs on the event loop per
+    # interaction): the record follows behind the interaction's journal records, and a crash
+    # before it is harmless, since recovery ends the active run whatever state the record says.
+    d = Daemon(tmp_path).start()
+    path = d.state_dir / "conversations"
+    with d.client() as client:
+        cid = new(client, workdir, SCRIPTS / "perm.toml")
+        path = path / cid / "record.json"
+        client.subscribe(cid)
+
+        def pending() -> list:
+            return client.request(wire.Show, conversation=cid).get("pending") or []
+
+        def on_disk() -> dict:
+            return json.loads(path.read_text())
+
+        first = client.request(wire.Send, conversation=cid, text="first")["run"]  # saved at its start
+        perm = wait_for(pending)[0]
+        client.request(wire.AnswerInteraction, conversation=cid, interaction=perm["id"],
+                       answer={"decision": "allow_once"})
+        client.follow(first)
+        end = len(d.journal(cid))
+        wait_for(lambda: on_disk()["journal_seq"] == end and on_disk().get("state", "idle") == "idle")  # its end, behind
+        run = client.request(wire.Send, conversation=cid, text="second")["run"]
+        wait_for(pending)
+        assert client.request(wire.Show, conversation=cid)["record"]["state"] == "requires_action"
+        assert on_disk().get("state", "idle") == "idle" and on_disk()["journal_seq"] == end  # not written through
+        wait_for(lambda: on_disk().get("state") == "requires_action")  # behind it, within write_behind.DELAY_S
+    d.kill()
+    d.start()
+    try:
+        ends = [r for r in d.journal(cid) if r["type"] == "turn" and r["data"]["state"] != "working"]
+        assert [(r["run"], r["data"].get("reason")) for r in ends][-1] == (run, c.RUN_INTERRUPTED)
+        assert len(ends) == len({r["run"] for r in ends}) == 2  # one end a run
+        after = d.record(cid)
+        assert after.get("state", "idle") == "idle" and not after.get("active_run")
+    finally:
+        assert d.stop() == 0
+
+
 def test_a_run_both_active_and_queued_in_the_record_gets_one_interrupted_end(tmp_path: Path, workdir: Path) -> None:
     # The record as a crash could leave it while a queued prompt was being handed over: the
     # run active, and still listed as queued. Found by the SIGKILL harness (two ends for one run).
