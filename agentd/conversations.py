@@ -12,10 +12,10 @@ Rules kept here (from the provider contract):
   is recorded as ``run_interrupted`` and the prompt is never resent.
 * The journal is the source of truth; the record is a checkpoint of it (``journal_end``).
   A turn's start is its prompt record and its end its terminal ``turn`` record; the
-  record's save at the end, and at a pending interaction's running <-> requires_action, is
-  written behind (:mod:`agentd.write_behind`), and recovery
-  brings an older record up to date from the journal's tail (:meth:`_catch_up`). What the
-  journal does not hold (creation, settings, close, title) is saved at once.
+  record's save at the end, and at a pending interaction's running <-> requires_action,
+  is written behind (:mod:`agentd.write_behind`), and recovery brings an older record up
+  to date from the journal's tail (:meth:`_catch_up`). What the journal does not hold
+  (creation, settings, close, title) is saved at once.
 * Nobody answers an interaction on the user's behalf, except yolo mode, which
   answers permission requests only, only with the allow-once option, and the
   journal says it was automatic. A pending interaction may expire by policy
