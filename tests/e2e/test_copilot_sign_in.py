@@ -124,6 +124,17 @@ def test_device_sign_in_without_a_keychain_asks_before_a_plain_file_and_ctrl_c_c
         d.stop()
 
 
+def _login_start(pid: int) -> str:
+    """The start time (/proc stat field 22) of ``pid`` when it is a ``copilot login`` process, else "".
+    A descendant may end between the listing and the read (the CLI's short-lived helpers): then ""."""
+    try:
+        if b"login" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return ""
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return ""
+
+
 def test_sigkill_of_agentd_while_a_device_sign_in_waits_leaves_no_copilot_login_process(
         tmp_path: Path, copilot_cli: str, standin: GitHubStandIn) -> None:
     """The CLI polls GitHub for up to 15 minutes; it runs under agentd's keeper like every runtime
@@ -133,8 +144,7 @@ def test_sigkill_of_agentd_while_a_device_sign_in_waits_leaves_no_copilot_login_
         proc = _login_lines(d)
         assert proc.stdout is not None
         assert json.loads(proc.stdout.readline())["device"]["code"] == CODE
-        logins = {p: Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[19]
-                  for p in _descendants(d.proc.pid) if b"login" in Path(f"/proc/{p}/cmdline").read_bytes()}
+        logins = {p: start for p in _descendants(d.proc.pid) if (start := _login_start(p))}
         assert logins, "no copilot login process runs under the daemon"
         records = list((d.state_dir / "runtimes").glob("*.json"))
         assert any(json.loads(r.read_text())["what"] == "copilot login" for r in records), records
