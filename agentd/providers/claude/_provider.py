@@ -48,7 +48,6 @@ import trio
 
 from ... import procs, runtime_output
 from ..._fsutil import atomic_write, make_dirs, read_file
-from ...write_behind import WriteBehind
 from ...contract import (
     Account,
     Capabilities,
@@ -67,6 +66,7 @@ from ...contract import (
     Usage,
     utcnow,
 )
+from ...write_behind import WriteBehind
 from .._restart import RestartBackoff, RestartPolicy
 from . import _mapping as m
 from ._conversation import EFFORTS, ClaudeConversation, _Session
@@ -563,8 +563,7 @@ class ClaudeProvider:
         """Delete agentd's record of ``session_id`` (none: nothing happens). Raises OSError."""
         self._saved.pop(session_id, None)
         self._shapes.pop(session_id, None)
-        self._later.pop(session_id, None)
-        self._behind.discard(session_id)
+        self._forget_later(session_id)
         await trio.to_thread.run_sync(lambda: self._record_path(session_id).unlink(missing_ok=True))
 
     async def save_record(self, record: _Record, *, now: bool = False) -> None:
