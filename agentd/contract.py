@@ -125,6 +125,17 @@ class RuntimeUnavailable(AgentdError):
     code = "unsupported"
 
 
+class SessionUnreadable(RuntimeUnavailable):
+    """The runtime answered the reopen of a session it has with an error: its store of that session
+    is empty or damaged (a runtime killed before it wrote the session: codex-acp's "empty session
+    file"), or the runtime failed otherwise. Not a timeout or a crash: those stay RuntimeUnavailable.
+
+    As with ConversationNotFound, agentd.lost_sessions goes on in a fresh session where the journal
+    shows the runtime held no context; otherwise this error stands and a later prompt tries the
+    reopen again. On the wire it is RuntimeUnavailable's ``unsupported``.
+    """
+
+
 #: Wire error code -> exception class, one to one (the client re-raises these).
 ERRORS_BY_CODE: dict[str, type[AgentdError]] = {
     cls.code: cls

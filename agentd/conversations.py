@@ -931,11 +931,13 @@ class ConversationService:
             )
             try:
                 conv = await self.runtimes.open(record.provider, request, live.sink)  # warm pool
-            except c.ConversationNotFound as exc:
+            except (c.ConversationNotFound, c.SessionUnreadable) as exc:
                 if not request.conversation_id:
+                    if isinstance(exc, c.SessionUnreadable):
+                        raise
                     raise c.NotFound(f"the provider could not open a conversation: {exc.message}") from None
-                # The runtime lost its session (it died before saving it, say): a fresh one when
-                # nothing it kept is lost, else NotFound saying so (agentd.lost_sessions).
+                # The runtime lost its session or cannot read it back (it died before saving it, say):
+                # a fresh one when nothing it kept is lost, else the error says so (agentd.lost_sessions).
                 conv = await _lost_sessions.reopen_lost(self, live, request, exc)
             live.conv = conv
             live.last_event = trio.current_time()  # just opened: idle from now (agentd.idle_release)
@@ -1675,9 +1677,10 @@ class ConversationService:
             prompt = c.Prompt(text=text, attachments=list(attachments or []))
             try:
                 await self._submit(live, run, conv, prompt)
-            except c.ConversationNotFound as exc:
+            except (c.ConversationNotFound, c.SessionUnreadable) as exc:
                 # The provider found, before it sent anything, that its runtime came back without
-                # the session: reopen (agentd.lost_sessions decides how) and hand it over once more.
+                # the session (or unable to read it): reopen (agentd.lost_sessions decides how) and
+                # hand it over once more.
                 log.warning("turn.session_lost_at_send", conversation=live.record.id, run=run, error=exc.message)
                 conv = await self._reopen_after_loss(live, conv)
                 if live.run != run:

@@ -7,8 +7,12 @@ session yet, and the restarted runtime then answers the reopen "not found". agen
 still holds everything, and the conversation record maps agentd's id to the runtime's
 (``provider_conversation_id``), so agentd's id never has to be the runtime's.
 
+A runtime killed while it wrote the session can also leave it unreadable: codex-acp then answers
+the reload "empty session file". The provider raises SessionUnreadable for any error answer to a
+reopen that is not "not found" (a timeout or a crash stays RuntimeUnavailable).
+
 The rules, applied by :func:`reopen_lost` (agentd.conversations calls it when a provider's reopen
-raised ConversationNotFound; it is the same for every provider):
+raised ConversationNotFound or SessionUnreadable; it is the same for every provider):
 
 * Nothing the runtime could have kept is lost when the journal shows it never held context: no
   turn completed (outside runs a rewind dropped) and the conversation was neither imported from
@@ -18,7 +22,9 @@ raised ConversationNotFound; it is the same for every provider):
 * Otherwise the runtime's context of those turns is gone for good. Going on in a fresh session
   would answer a prompt written for that context without it (a script may never read a notice),
   so nothing is made: NotFound says what was lost and what the user can do (the journal stays
-  readable; a new conversation starts afresh).
+  readable; a new conversation starts afresh). An unreadable session with context is not known
+  to be gone (the runtime's error may pass): its SessionUnreadable is raised as it is, nothing
+  changes, and the next prompt tries the reopen again.
 * A prompt is never resent: this runs before the prompt reaches any runtime, and the fresh
   session gets only the prompt that asked for the reopen, once.
 """
@@ -85,18 +91,26 @@ async def held_context(journal: "Journal", dropped: "list[str]", upto: int) -> s
 
 
 async def reopen_lost(
-    service: "ConversationService", live: "_Live", request: c.OpenRequest, lost: c.ConversationNotFound
+    service: "ConversationService", live: "_Live", request: c.OpenRequest,
+    lost: c.ConversationNotFound | c.SessionUnreadable,
 ) -> c.Conversation:
-    """Open a fresh runtime session for ``live`` in place of the one its runtime lost (``lost``: the
-    reopen's error), when the journal shows the runtime held no context of it (see the rules above).
+    """Open a fresh runtime session for ``live`` in place of the one its runtime lost or cannot read
+    (``lost``: the reopen's error), when the journal shows the runtime held no context of it (see
+    the rules above).
 
     Saves the new runtime id in the record, then emits a notice item through the conversation's
-    sink. Raises NotFound when the runtime's context is gone (nothing is opened), InternalError when
-    the record cannot be saved (the fresh session is closed again), and what ``Provider.open`` raises.
+    sink. Raises NotFound when the runtime's context is gone, ``lost`` itself when it is a
+    SessionUnreadable and the runtime held context (nothing is opened in either case),
+    InternalError when the record cannot be saved (the fresh session is closed again), and what
+    ``Provider.open`` raises.
     """
     record = live.record
     old = record.provider_conversation_id
     why = await held_context(live.journal, record.dropped, live.journal.last_seq)
+    if why and isinstance(lost, c.SessionUnreadable):
+        log.warning("conversation.runtime_session_unreadable", conversation=record.id, provider=record.provider,
+                    runtime_session=old, held=why, error=lost.message)
+        raise lost
     if why:
         log.warning("conversation.runtime_context_lost", conversation=record.id, provider=record.provider,
                     runtime_session=old, held=why, error=lost.message)
@@ -118,7 +132,8 @@ async def reopen_lost(
                 lost=old, fresh=conv.id, error=lost.message)
     live.sink.emit(c.ItemEvent(item=c.Item(
         id=f"notice-session-{conv.id}", kind=c.ItemKind.NOTICE, time=c.utcnow(),
-        text=(f"{record.provider} no longer had its session {old!r} of this conversation ({lost.message}). "
+        text=(f"{record.provider} no longer had its session {old!r} of this conversation, or could not read it "
+              f"back ({lost.message}). "
               f"No turn of it had completed, so nothing it kept is lost: agentd goes on in a new session "
               f"{conv.id!r}. The prompts of the earlier unfinished turns are not in it (none is resent).")),
     ))

@@ -120,6 +120,7 @@ def serve(
     session_prefix: str = "fake",
     commands: Mapping[str, Command] = COMMANDS,
     sessions_file: str | None = None,
+    unsaved: str = "not_found",
 ) -> None:
     """Answer ACP on stdio until stdin closes.
 
@@ -130,7 +131,9 @@ def serve(
     ``sessions_file``: the agent's session store, like a real agent's, that it
     writes only when a turn ends (``end_turn``): a session id a line. A load of
     a session not in it (the agent died during the session's first turn, or the
-    file was removed) answers ACP's "resource not found", as Copilot CLI does.
+    file was removed) answers ACP's "resource not found", as Copilot CLI does;
+    with ``unsaved="empty"`` it answers an internal error "empty session file"
+    instead, as codex-acp does for a session file it created but never wrote.
     """
     while True:
         msg = read()
@@ -146,8 +149,10 @@ def serve(
         elif method == "session/load" and load_session:
             sid = params.get("sessionId")
             if sessions_file is not None and sid not in _saved(sessions_file):
-                send({"jsonrpc": "2.0", "id": rid, "error": {
-                    "code": -32002, "message": f"Resource not found: Session {sid} not found"}})
+                error = ({"code": -32603, "message": "Internal error", "data": "empty session file"}
+                         if unsaved == "empty" else
+                         {"code": -32002, "message": f"Resource not found: Session {sid} not found"})
+                send({"jsonrpc": "2.0", "id": rid, "error": error})
             else:
                 send({"jsonrpc": "2.0", "id": rid, "result": {}})
         elif method == "session/prompt":

@@ -39,7 +39,8 @@ count restarts and see when they happened; every prompt received appends its
 text, JSON-encoded, as a line to ``$FAULT_AGENT_PROMPTS`` (when set), so a test
 can tell which prompts reached the agent. With ``$FAULT_SESSIONS`` set, that file is the agent's
 session store, written only as a turn ends: a load of a session not in it answers "resource not
-found" (a real agent that died before it saved the session). Standard library only.
+found" (a real agent that died before it saved the session), or with ``$FAULT_UNSAVED=empty``
+codex-acp's internal error "empty session file". Standard library only.
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ def main() -> None:
     if prompts:
         log_prompts(prompts)
     fake.serve(name="fault", load_session=True, session_prefix=f"fault-{os.getpid()}", commands=COMMANDS,
-               sessions_file=os.environ.get("FAULT_SESSIONS"))
+               sessions_file=os.environ.get("FAULT_SESSIONS"), unsaved=os.environ.get("FAULT_UNSAVED", "not_found"))
 
 
 if __name__ == "__main__":

@@ -37,10 +37,10 @@ def fast_daemon(root: Path, extra: str = "", env: dict[str, str] | None = None) 
 FAULT_AGENT = Path(__file__).parent / "acp_fault_agent.py"
 
 
-def fault_agent_daemon(root: Path, name: str, agent_env: dict[str, Path], *, before: str = "",
+def fault_agent_daemon(root: Path, name: str, agent_env: dict[str, Path | str], *, before: str = "",
                        provider: str = "") -> Daemon:
     """A fast daemon (not started) on ``root`` whose provider ``acp:<name>`` runs :data:`FAULT_AGENT`
-    with ``agent_env`` (variable -> file it logs to or keeps); ``before``: config ahead of that
+    with ``agent_env`` (variable -> file it logs to or keeps, or a setting); ``before``: config ahead of that
     provider's table, ``provider``: more of its keys. The agent's prompts log, if given
     (``FAULT_AGENT_PROMPTS``), is what :func:`agent_prompts` reads."""
     env = ", ".join(f"{k} = {json.dumps(str(v))}" for k, v in agent_env.items())

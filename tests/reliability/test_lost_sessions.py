@@ -3,7 +3,8 @@ and says so clearly when the runtime's context of completed turns is gone (agent
 
 The runtime is ``acp_fault_agent.py`` with a session store of its own (``$FAULT_SESSIONS``) that it
 writes only as a turn ends, like Copilot CLI: killed during the first turn, it never wrote the
-session, and its next process answers the load "resource not found".
+session, and its next process answers the load "resource not found" or, as codex-acp does for a
+session file it created and never wrote, an internal error "empty session file" (``unreadable``).
 """
 
 from __future__ import annotations
@@ -22,17 +23,32 @@ from daemon_harness import Client, Daemon
 from .conftest import agent_prompts, fault_agent_daemon
 
 
-@pytest.fixture
-def forgetful(tmp_path: Path) -> Iterator[Daemon]:
+def _forgetful(tmp_path: Path, unsaved: str) -> Iterator[Daemon]:
     root = tmp_path / "daemon"
     sessions, prompts = tmp_path / "agent-sessions", tmp_path / "agent-prompts"
-    d = fault_agent_daemon(root, "forgetful", {"FAULT_SESSIONS": sessions, "FAULT_AGENT_PROMPTS": prompts},
-                           provider="cancel_timeout_s = 1.0\n").start()
+    env: dict[str, Path | str] = {"FAULT_SESSIONS": sessions, "FAULT_AGENT_PROMPTS": prompts, "FAULT_UNSAVED": unsaved}
+    d = fault_agent_daemon(root, "forgetful", env, provider="cancel_timeout_s = 1.0\n").start()
     d.sessions = sessions  # type: ignore[attr-defined]
     try:
         yield d
     finally:
         d.stop()
+
+
+@pytest.fixture(params=["not_found", "empty"])
+def forgetful(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    """The agent answers the load of a session it never saved "not found" or "empty session file"."""
+    yield from _forgetful(tmp_path, request.param)
+
+
+@pytest.fixture
+def not_found(tmp_path: Path) -> Iterator[Daemon]:
+    yield from _forgetful(tmp_path, "not_found")
+
+
+@pytest.fixture
+def unreadable(tmp_path: Path) -> Iterator[Daemon]:
+    yield from _forgetful(tmp_path, "empty")
 
 
 def _turn(client: Client, cid: str, text: str) -> tuple[dict[str, Any], list[wire.Record]]:
@@ -87,8 +103,9 @@ def test_a_runtime_killed_before_it_saved_the_session_gets_a_fresh_one_and_the_c
 
 
 def test_a_runtime_that_lost_a_session_with_completed_turns_is_a_clear_error_not_a_fresh_start(
-    forgetful: Daemon, tmp_path: Path
+    not_found: Daemon, tmp_path: Path
 ) -> None:
+    forgetful = not_found
     with forgetful.client() as client:
         cid = _new(client, tmp_path)
         sid = forgetful.record(cid)["provider_conversation_id"]
@@ -129,3 +146,34 @@ def test_a_session_lost_by_an_agent_agentd_restarted_itself_is_replaced_at_the_n
         assert any(lost in n for n in _texts(records, "notice"))
         assert forgetful.record(cid)["provider_conversation_id"] not in ("", lost)
         assert agent_prompts(forgetful) == ["hang", "after"]
+
+
+def test_a_session_with_completed_turns_the_runtime_cannot_read_stays_its_own_and_a_later_prompt_retries(
+    unreadable: Daemon, tmp_path: Path
+) -> None:
+    """An error answer to the reload is not known to mean the context is gone: the runtime's own
+    error reaches the user, nothing is swapped in, and once the runtime reads the session again
+    the conversation goes on in it."""
+    with unreadable.client() as client:
+        cid = _new(client, tmp_path)
+        sid = unreadable.record(cid)["provider_conversation_id"]
+        assert _turn(client, cid, "hello")[0]["state"] == "completed"
+        store = unreadable.sessions  # type: ignore[attr-defined]
+        store.write_text("")  # the runtime can no longer read the session back
+        assert _turn(client, cid, "crash")[0]["state"] == "failed"
+
+        with pytest.raises(c.AgentdError) as err:
+            client.request(wire.Send, conversation=cid, text="do you remember?")
+        assert err.value.code == "unsupported", err.value
+        assert "empty session file" in err.value.message and sid in err.value.message, err.value.message
+        assert unreadable.record(cid)["provider_conversation_id"] == sid
+        assert agent_prompts(unreadable) == ["hello", "crash"]
+        journal = unreadable.journal(cid)
+        assert not [r for r in journal if r["type"] == "item" and r["data"].get("kind") == "notice"], journal
+
+        store.write_text(sid + "\n")  # readable again
+        end, records = _turn(client, cid, "again")
+        assert end["state"] == "completed", end
+        assert "echo:again" in _texts(records, "assistant")
+        assert unreadable.record(cid)["provider_conversation_id"] == sid
+    assert agent_prompts(unreadable) == ["hello", "crash", "again"]

@@ -86,6 +86,7 @@ from ...contract import (
     PreviousConversation,
     Prompt,
     RuntimeUnavailable,
+    SessionUnreadable,
     TitleEvent,
     TodosEvent,
     TokenUsage,
@@ -534,7 +535,7 @@ class AcpProvider:
             await conv._select(request.model, request.effort)
         except BaseException as exc:
             files.close()
-            if isinstance(exc, RuntimeUnavailable):
+            if isinstance(exc, RuntimeUnavailable) and not isinstance(exc, SessionUnreadable):
                 self._start_failed(agent, exc)
             with trio.CancelScope(shield=True):
                 await self._release(agent)
@@ -1081,8 +1082,8 @@ class AcpConversation:
         """session/load or session/resume this session into ``agent``.
 
         A load's replay (and anything else until the next turn) builds the
-        transcript afresh. Raises ConversationNotFound, RuntimeUnavailable.
-        """
+        transcript afresh. Raises ConversationNotFound, SessionUnreadable (an error answer),
+        RuntimeUnavailable (no answer in time, the agent gone)."""
         self._agent = agent
         if method == "session/load":
             self._items.clear()
@@ -1105,7 +1106,9 @@ class AcpConversation:
             agent.unregister(self.id)
             if m.is_not_found(exc.code, exc.describe()):
                 raise ConversationNotFound(f"{self._provider.name} has no session {self.id!r}: {exc.describe()}") from None
-            raise agent.startup_error(method, exc, timeout) from None
+            # The agent is up and answered: it cannot read this session back (agentd.lost_sessions decides).
+            raise SessionUnreadable(f"{self._provider.name} refused {method} of session {self.id!r}: "
+                                    f"{exc.describe()}") from None
         except BaseException as exc:
             agent.unregister(self.id)
             raise agent.startup_error(method, exc, timeout) from None
@@ -1165,7 +1168,7 @@ class AcpConversation:
                     await self._provider._release(agent)
                 raise ConversationNotFound(f"the agent restarted but no longer has this session: {exc.message}") from None
             except BaseException as exc:
-                if isinstance(exc, RuntimeUnavailable):
+                if isinstance(exc, RuntimeUnavailable) and not isinstance(exc, SessionUnreadable):
                     self._provider._start_failed(agent, exc)
                 with trio.CancelScope(shield=True):
                     await self._provider._release(agent)

@@ -56,6 +56,7 @@ from ...contract import (
     ModelSelection,
     ModelSelectionEvent,
     Prompt,
+    SessionUnreadable,
     SubmissionUncertain,
     TitleEvent,
     TokensEvent,
@@ -250,7 +251,8 @@ class CodexConversation:
             self.workdir = self.workdir or str(thread.get("cwd") or setup.get("cwd") or "")
 
     async def _resume(self, server: AppServer) -> None:
-        """thread/resume this thread into ``server``. Raises ConversationNotFound, RuntimeUnavailable."""
+        """thread/resume this thread into ``server``. Raises ConversationNotFound, SessionUnreadable (an error
+        answer), RuntimeUnavailable (no answer in time, the app-server gone)."""
         params = {"threadId": self._id, "excludeTurns": True,
                   **self._provider.thread_params(self.workdir, self._next_model or self._model, self.mcp.servers)}
         server.threads[self._id] = self  # notifications may come before the answer
@@ -263,7 +265,8 @@ class CodexConversation:
             # 0.171.0: "no rollout found for thread id ..." (unknown), "invalid session id: ..." (not a UUID)
             if any(m in text.lower() for m in ("not found", "no rollout", "invalid session id", "invalid thread id")):
                 raise ConversationNotFound(f"{self._provider.name} has no thread {self._id!r}: {text}") from None
-            raise server.error("thread/resume", exc, timeout) from None
+            # Up and answering, yet it cannot read the thread back (an empty rollout: agentd.lost_sessions decides).
+            raise SessionUnreadable(f"{self._provider.name} refused thread/resume of {self._id!r}: {text}") from None
         except BaseException as exc:
             server.threads.pop(self._id, None)
             raise server.error("thread/resume", exc, timeout) from None
@@ -286,8 +289,10 @@ class CodexConversation:
 
         Emits the user item and TurnEvent(working) first; the turn ends with
         exactly one terminal TurnEvent. Raises Busy while a turn runs, Closed,
-        RuntimeUnavailable when the app-server cannot start (or the thread not
-        resume). A prompt that cannot be written fails its turn; never resent.
+        RuntimeUnavailable when the app-server cannot start, ConversationNotFound
+        or SessionUnreadable when a new one cannot resume the thread (nothing was
+        sent; agentd.lost_sessions decides). A prompt that cannot be written fails
+        its turn; never resent.
         """
         await self._start_turn(prompt, prompt.text, [])
 

@@ -55,6 +55,7 @@ from ...contract import (
     OpenRequest,
     PreviousConversation,
     RuntimeUnavailable,
+    SessionUnreadable,
     SubmissionUncertain,
     Unsupported,
 )
@@ -694,7 +695,7 @@ class CopilotProvider:
             except JsonRpcError as exc:
                 if "not found" in exc.message.lower():
                     raise ConversationNotFound(f"the Copilot CLI has no session {sid!r}: {exc.message}") from None
-                raise InternalError(f"the Copilot CLI could not resume session {sid!r}: {exc.message}") from None
+                raise SessionUnreadable(f"the Copilot CLI could not resume session {sid!r}: {exc.message}") from None
         else:
             title = clean_title(request.title) if request.title else ""
             if title:
