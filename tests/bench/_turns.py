@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -52,6 +53,29 @@ TURNS = 50
 def turn_count(ctx: Ctx) -> int:
     """How many turns each side runs: 2 in quick mode, else :data:`TURNS`."""
     return 2 if ctx.quick else TURNS
+
+
+RELAY = Path(__file__).with_name("_relay.py")
+
+
+class Relay:
+    """Starts a direct side's runtime behind :mod:`._relay` (one more process on every message's path,
+    doing the least a supervisor must), its journal file in ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.journal = root / "relay-journal"
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """``argv`` run behind the relay."""
+        return [sys.executable, str(RELAY), str(self.journal), *argv]
+
+    def cli(self, cli: str) -> str:
+        """An executable that runs ``cli`` (with its arguments) behind the relay, for an SDK that takes a CLI path."""
+        script = self.root / "relayed-cli"
+        script.write_text("#!/bin/sh\nexec " + " ".join(shlex.quote(a) for a in self.argv([cli])) + ' "$@"\n')
+        script.chmod(0o755)
+        return str(script)
 
 
 def e2e_path() -> None:
@@ -271,6 +295,8 @@ class _Cpu:
         self.checkpoint_ms: list[float] = []
         #: wall time of each turn through an agentd with [checkpoints] enabled = false, s
         self.no_checkpoints_s: list[float] = []
+        #: wall time of each turn of the direct driver with its runtime behind :mod:`._relay`, s
+        self.relayed_s: list[float] = []
 
     @property
     def ms(self) -> dict[tuple[str, str], float]:
@@ -294,33 +320,40 @@ class _Cpu:
 
 
 def alternate(root: Path, server: _ModelServerProcess, cpu: _Cpu, turns: int,
-              through_agentd: Callable[[Path, Path], Any], direct: Callable[[Path, Path], Any],
+              through_agentd: Callable[..., Any], direct: Callable[..., Any],
               direct_pids: Callable[[Any, int], list[int]]) -> tuple[list[float], list[float]]:
     """Both sides' turn times: each started (home and work under ``root/<side>``), one warm-up turn each,
     then ``turns`` turns alternating, CPU counted into ``cpu``. ``direct_pids(direct, agentd_pid)`` names
-    the runtime's processes on the direct side. Stops both sides and ``server``."""
+    the runtime's processes on the direct side. Stops both sides and ``server``.
+
+    Two more sides alternate with them, for the notes: ``through_agentd(home, work, checkpoints=False)``
+    (what agentd's checkpoints cost, ``cpu.no_checkpoints_s``) and ``direct(home, work, relay=Relay)``,
+    the direct driver with its runtime behind :mod:`._relay` (the floor of any supervisor process,
+    ``cpu.relayed_s``)."""
     ours: list[float] = []
     base: list[float] = []
     sides: list[Any] = []
     try:
-        for side in ("agentd", "direct", "plain"):
+        for side in ("agentd", "direct", "plain", "relayed"):
             (root / side / "home").mkdir(parents=True)
             (root / side / "work").mkdir()
         sides.append(through_agentd(root / "agentd" / "home", root / "agentd" / "work"))
         sides.append(direct(root / "direct" / "home", root / "direct" / "work"))
-        # A third side says what agentd's checkpoints cost: the same, with [checkpoints] enabled = false.
         sides.append(through_agentd(root / "plain" / "home", root / "plain" / "work", checkpoints=False))
-        ag, di, plain = sides
+        sides.append(direct(root / "relayed" / "home", root / "relayed" / "work", relay=Relay(root / "relayed")))
+        ag, di, plain, relayed = sides
         for side in sides:
             side.turn()  # warm-up: the first turn pays for lazy work on every side
         daemon = ag.daemon.proc.pid
         through = {"agentd": [daemon], "cli": descendants(daemon)}
         alone = {"cli": direct_pids(di, daemon)}
         bare = {"agentd": [plain.daemon.proc.pid]}
+        behind = {"cli": direct_pids(relayed, daemon)}
         for _ in range(turns):
             ours.append(cpu.turn("agentd", through, ag.turn))
             base.append(cpu.turn("direct", alone, di.turn))
             cpu.no_checkpoints_s.append(cpu.turn("plain", bare, plain.turn))
+            cpu.relayed_s.append(cpu.turn("relayed", behind, relayed.turn))
         cpu.checkpoint_ms = ag.checkpoint_ms[1:]  # the warm-up turn's left out
     finally:
         for side in sides:
@@ -381,6 +414,17 @@ def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: lis
             f"run: {plain:.3f} s (median), {plain / r.base_median:.2f}x the direct driver, "
             f"{(plain - r.base_median) * 1000:+.1f} ms per turn; agentd's own CPU per turn there "
             f"{statistics.median(cpu.samples.get(('plain', 'agentd')) or [0]):.1f} ms (median)")
+    if cpu.relayed_s and r.base_median and r.median:
+        floor = statistics.median(cpu.relayed_s)
+        lo, hi = _ratio_interval(cpu.relayed_s, base) if turns >= 2 else (0.0, 0.0)
+        r.extra["relay_floor"] = floor / r.base_median
+        r.notes.append(
+            f"the floor of any supervisor in a process of its own: the direct driver with its runtime behind a bare "
+            f"relay process (tests/bench/_relay.py: stdio copied chunk by chunk, each chunk to the runtime fsynced "
+            f"first, nothing parsed), alternating in the same run: {floor:.3f} s (median), "
+            f"{floor / r.base_median:.2f}x the direct driver (95% interval {lo:.2f}x-{hi:.2f}x), "
+            f"{(floor - r.base_median) * 1000:+.1f} ms per turn; agentd is {r.median / floor:.2f}x that floor "
+            f"({(r.median - floor) * 1000:+.1f} ms)")
     r.notes.append("a turn's start is its prompt record in the journal (under the journal's fsync policy); the "
                    "conversation record is a checkpoint, written behind the turn's end (agentd.write_behind)")
     c = Result(f"{runtime} turn: agentd's own CPU per turn", "ms", cpu.samples.get(("agentd", "agentd"), []),
@@ -395,4 +439,4 @@ def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: lis
     return [r, c]
 
 
-__all__ = ["ANSWER", "E2E", "KEY_ENV", "MODEL", "PROMPT", "TURNS", "alternate", "e2e_path", "tree", "turn_count", "turn_results"]
+__all__ = ["ANSWER", "E2E", "KEY_ENV", "MODEL", "PROMPT", "TURNS", "Relay", "alternate", "e2e_path", "tree", "turn_count", "turn_results"]

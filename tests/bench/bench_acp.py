@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ._common import Ctx, Result
-from ._turns import PROMPT, _Cpu, _ModelServerProcess, _StdioRpc, _ThroughAgentd, alternate, e2e_path, tree, \
+from ._turns import PROMPT, Relay, _Cpu, _ModelServerProcess, _StdioRpc, _ThroughAgentd, alternate, e2e_path, tree, \
     turn_count, turn_results
 
 
@@ -47,8 +47,9 @@ class _Direct(_StdioRpc):
 
     envelope = {"jsonrpc": "2.0"}
 
-    def __init__(self, config: Any, work: Path) -> None:
-        super().__init__(list(config.command), {**os.environ, **config.env}, work)
+    def __init__(self, config: Any, work: Path, relay: Relay | None = None) -> None:
+        argv = list(config.command)
+        super().__init__(relay.argv(argv) if relay else argv, {**os.environ, **config.env}, work)
         self.request("initialize", {
             "protocolVersion": 1,
             "clientCapabilities": {"fs": {"readTextFile": True, "writeTextFile": True}, "terminal": False},
@@ -91,7 +92,7 @@ def bench_acp(ctx: Ctx) -> list[Result]:
         root, server, cpu, turns,
         lambda home, work, **kw: _ThroughAgentd(ctx, work, provider="acp:gemini",
                                           config=_agentd_config(_gemini(home, server.url)), **kw),
-        lambda home, work: _Direct(_gemini(home, server.url), work),
+        lambda home, work, **kw: _Direct(_gemini(home, server.url), work, **kw),
         lambda direct, daemon: tree(direct.proc.pid))
     return turn_results(ctx, "Gemini CLI (ACP)", name, ours, base, cpu,
                         direct="the same turn on the agent's stdio directly (a blocking JSON-RPC client)",

@@ -28,7 +28,7 @@ from typing import Any
 from agentd.config import ClaudeConfig
 
 from ._common import Ctx, Result
-from ._turns import KEY_ENV, MODEL, PROMPT, _Cpu, _LoopThread, _ModelServerProcess, _ThroughAgentd, alternate, tree, \
+from ._turns import KEY_ENV, MODEL, PROMPT, Relay, _Cpu, _LoopThread, _ModelServerProcess, _ThroughAgentd, alternate, tree, \
     turn_count, turn_results
 
 
@@ -62,7 +62,7 @@ def claude_toml(config: ClaudeConfig) -> str:
 class _Direct(_LoopThread):
     """claude-agent-sdk driven directly: one ClaudeSDKClient kept connected between turns."""
 
-    def __init__(self, config: ClaudeConfig, home: Path, work: Path) -> None:
+    def __init__(self, config: ClaudeConfig, home: Path, work: Path, relay: Relay | None = None) -> None:
         super().__init__("bench-claude-sdk")
         from agentd.providers.claude import ClaudeProvider
         from agentd import runtime_output
@@ -70,7 +70,7 @@ class _Direct(_LoopThread):
         self.session_id = str(uuid.uuid4())
         self.options: dict[str, Any] = dict(
             cwd=str(work),
-            cli_path=config.cli_path,
+            cli_path=relay.cli(config.cli_path) if relay else config.cli_path,
             # the environment agentd's provider gives the CLI, on top of its own
             env=ClaudeProvider(config, state_dir=home).cli_env(),
             model=config.model or None,
@@ -145,7 +145,7 @@ def bench_claude(ctx: Ctx) -> list[Result]:
         root, server, cpu, turns,
         lambda home, work, **kw: _ThroughAgentd(ctx, work, provider="claude",
                                           config=claude_toml(claude_config(server.url, home)), **kw),
-        lambda home, work: _Direct(claude_config(server.url, home), home, work),
+        lambda home, work, **kw: _Direct(claude_config(server.url, home), home, work, **kw),
         lambda direct, daemon: tree(direct.pid))
     return turn_results(ctx, "Claude Code", name, ours, base, cpu,
                         direct="the same turn with claude-agent-sdk directly", cli="Claude Code")

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from ._common import Ctx, Result
-from ._turns import E2E, KEY_ENV, MODEL, PROMPT, _Cpu, _ModelServerProcess, _StdioRpc, _ThroughAgentd, alternate, \
+from ._turns import E2E, KEY_ENV, MODEL, PROMPT, Relay, _Cpu, _ModelServerProcess, _StdioRpc, _ThroughAgentd, alternate, \
     e2e_path, tree, turn_count, turn_results
 
 #: Codex settings both sides get: its network extras off, no retries
@@ -47,11 +47,11 @@ def _provider_overrides(url: str) -> list[str]:
 class _Direct(_StdioRpc):
     """``codex app-server`` spoken to directly: newline-delimited JSON-RPC on its stdio."""
 
-    def __init__(self, cli: str, url: str, home: Path, work: Path) -> None:
+    def __init__(self, cli: str, url: str, home: Path, work: Path, relay: Relay | None = None) -> None:
         argv = [cli, "app-server"]
         for o in _provider_overrides(url):
             argv += ["-c", o]
-        super().__init__(argv, {**os.environ, "CODEX_HOME": str(home)}, work)
+        super().__init__(relay.argv(argv) if relay else argv, {**os.environ, "CODEX_HOME": str(home)}, work)
         self.request("initialize", {"clientInfo": {"name": "agentd-bench", "version": "0"}})
         self.write({"method": "initialized"})
         started = self.request("thread/start", {"cwd": str(work), "model": MODEL, "approvalPolicy": "on-request",
@@ -96,7 +96,7 @@ def bench_codex(ctx: Ctx) -> list[Result]:
     ours, base = alternate(
         root, server, cpu, turns,
         lambda home, work, **kw: _ThroughAgentd(ctx, work, provider="codex", config=_agentd_config(cli, server.url, home), **kw),
-        lambda home, work: _Direct(cli, server.url, home, work),
+        lambda home, work, **kw: _Direct(cli, server.url, home, work, **kw),
         lambda direct, daemon: tree(direct.proc.pid))
     return turn_results(ctx, "Codex", name, ours, base, cpu, direct="the same turn on codex app-server directly",
                         cli="the app-server")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ._common import Ctx, Result
-from ._turns import (KEY_ENV, MODEL, PROMPT, E2E, _children, _Cpu, _LoopThread, _ModelServerProcess, _ThroughAgentd,
+from ._turns import (KEY_ENV, MODEL, PROMPT, E2E, Relay, _children, _Cpu, _LoopThread, _ModelServerProcess, _ThroughAgentd,
                      alternate, e2e_path, tree, turn_count, turn_results)
 
 
@@ -76,9 +76,9 @@ async def create_session(client: Any, url: str, work: Path, on_event: Callable[[
 class _Direct(_LoopThread):
     """The SDK driven directly, on an asyncio loop in a thread of its own."""
 
-    def __init__(self, cli: str, url: str, home: Path, work: Path) -> None:
+    def __init__(self, cli: str, url: str, home: Path, work: Path, relay: Relay | None = None) -> None:
         super().__init__("bench-copilot-sdk")
-        self.cli, self.url, self.home, self.work = cli, url, home, work
+        self.cli, self.url, self.home, self.work = relay.cli(cli) if relay else cli, url, home, work
         self.idle: asyncio.Event | None = None
         before = set(_children(os.getpid()))
         self.call(self._start())
@@ -144,7 +144,7 @@ def bench_copilot(ctx: Ctx) -> list[Result]:
     ours, base = alternate(root, server, cpu, turns,
                            lambda home, work, **kw: _ThroughAgentd(ctx, work, provider="copilot",
                                                              config=_agentd_config(cli, server.url, home), **kw),
-                           lambda home, work: _Direct(cli, server.url, home, work),
+                           lambda home, work, **kw: _Direct(cli, server.url, home, work, **kw),
                            lambda direct, daemon: tree(direct.pid))
     rows = turn_results(ctx, "Copilot", name, ours, base, cpu, direct="the same turn with github-copilot-sdk directly",
                         cli="the Copilot CLI")
