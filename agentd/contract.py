@@ -1034,7 +1034,9 @@ class Conversation(Protocol):
         Raises :class:`Busy` if a turn runs (a provider never folds a prompt
         into a running turn), :class:`SubmissionUncertain` when the outcome
         is unknown (never resent), :class:`ConversationNotFound` when its
-        restarted runtime no longer has the session (nothing was sent).
+        restarted runtime no longer has the session, :class:`SessionUnreadable`
+        when it answered the session's reload with an error (nothing was sent
+        in either case).
         """
         ...
 
@@ -1097,8 +1099,9 @@ class Provider(Protocol):
     async def open(self, request: OpenRequest, sink: EventSink) -> Conversation:
         """Create, or reopen exactly ``request.conversation_id``.
 
-        Raises :class:`ConversationNotFound` when that id no longer exists;
-        the caller never creates a replacement.
+        Raises :class:`ConversationNotFound` when that id no longer exists,
+        :class:`SessionUnreadable` when the runtime answered its reopen with an
+        error; the provider never makes a replacement itself (agentd.lost_sessions decides).
         """
         ...
 
