@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 # without what the Python wrappers add at import (enums, selectors), which every
 # agentctl start would pay for (about 5 ms on a slow machine).
 import _queue as queue
+import _signal
 import _socket as socket
 
 import msgspec
@@ -56,6 +57,10 @@ class NotRunning(Unreachable):
 
 class ForeignListener(Unreachable):
     """The process listening on the socket runs as another uid (SO_PEERCRED): nothing is sent to it."""
+
+
+#: the signals only agentctl's main thread takes (see Client._start)
+_MAIN_THREAD_SIGNALS = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGWINCH}
 
 
 class _Closed:
@@ -161,8 +166,16 @@ class Client:
         return client
 
     def _start(self) -> None:
+        # The kernel gives a process-directed signal (Ctrl-C's SIGINT) to any thread that does not
+        # block it. Taken by the reader, Python's handler would only mark it for the main thread,
+        # asleep in a reply's wait that nothing wakes: agentctl would not stop. The reader starts
+        # with them blocked (a thread inherits its creator's mask), so only the main thread takes them.
+        held = _signal.pthread_sigmask(_signal.SIG_BLOCK, _MAIN_THREAD_SIGNALS)
+        try:
+            self._reader.start()
+        finally:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, held)
         # The daemon speaks first, but both hellos can cross: send ours right away.
-        self._reader.start()
         hello_q = self._register_reply(0)
         self._send(wire.Hello(id=0, protocol=wire.PROTOCOL_VERSION, client=f"agentctl/{__version__}"))
         raw = self._wait(hello_q, 0)

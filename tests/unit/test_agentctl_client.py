@@ -228,3 +228,29 @@ def test_default_socket_is_where_agentd_puts_it(env: dict[str, str], monkeypatch
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert default_socket_path() == str(Config().resolved_paths().socket)
+
+
+def _blocked(tid: int) -> int:
+    """The signal mask of thread ``tid`` of this process (SigBlk in /proc), as a bit set."""
+    for line in Path(f"/proc/self/task/{tid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return int(line.split()[1], 16)
+    raise AssertionError("no SigBlk line")
+
+
+def test_only_the_main_thread_takes_ctrl_c(tmp_path: Path) -> None:
+    """A process-directed SIGINT goes to any thread not blocking it: the reader blocks it, else
+    Ctrl-C taken there would leave the main thread asleep in a reply's wait (CI: a `login --device`
+    that Ctrl-C did not stop)."""
+    import signal
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    Peer(tmp_path / "s", lambda req, send: None)
+    with Client.connect(str(tmp_path / "s"), autostart=False) as client:
+        reader = client._reader.native_id
+        assert reader is not None
+        mask = _blocked(reader)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            assert mask & (1 << (sig - 1)), f"the reader thread takes {sig.name}"
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before  # the caller's mask is as it was
+        assert not _blocked(threading.get_native_id()) & (1 << (signal.SIGINT - 1))
