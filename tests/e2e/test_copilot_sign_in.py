@@ -108,7 +108,7 @@ def test_device_sign_in_without_a_keychain_asks_before_a_plain_file_and_ctrl_c_c
         logins = [p for p in _descendants(d.proc.pid) if b"login" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert logins, "no copilot login process runs under the daemon"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 130
+        assert _exit_status(proc, 30) == 130
         deadline = time.monotonic() + 15
         while any(os.path.exists(f"/proc/{p}") and b"login" in Path(f"/proc/{p}/cmdline").read_bytes()
                   for p in logins if os.path.exists(f"/proc/{p}")):
@@ -122,6 +122,27 @@ def test_device_sign_in_without_a_keychain_asks_before_a_plain_file_and_ctrl_c_c
         assert d.agentctl("account", "copilot", timeout=120).returncode == 4
     finally:
         d.stop()
+
+
+def _exit_status(proc: subprocess.Popen[str], timeout: float) -> int:
+    """``proc``'s exit status within ``timeout`` s; else it is killed and the failure shows where it
+    waited (its signal masks and each thread's wait channel and syscall, from /proc) and its stderr."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        where = []
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+            where += [line for line in status if line.startswith(("Sig", "ShdPnd", "State"))]
+            for task in sorted(Path(f"/proc/{proc.pid}/task").iterdir()):
+                parts = [(task / name).read_text().strip() for name in ("comm", "wchan", "syscall")]
+                where.append(f"thread {task.name}: " + " | ".join(parts))
+        except OSError as exc:
+            where.append(f"/proc: {exc}")
+        proc.kill()
+        _, err = proc.communicate(10)
+        raise AssertionError(f"still running {timeout:g} s after the signal:\n" + "\n".join(where)
+                             + f"\nstderr: {err[-2000:]}") from None
 
 
 def _login_start(pid: int) -> str:
