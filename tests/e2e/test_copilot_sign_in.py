@@ -40,9 +40,17 @@ def _daemon(tmp_path: Path, cli: str, gh: GitHubStandIn, home: Path) -> Daemon:
     return Daemon(tmp_path, config, env=env).start()
 
 
+#: runs its arguments as a command with SIGINT at its default, as at a terminal: a shell's background
+#: job (`bash .ci/run &`, no job control) starts with SIGINT ignored, its children inherit that across
+#: exec, and Python then leaves Ctrl-C ignored (the CI flake: agentctl outlived its SIGINT)
+_SIGINT_AT_DEFAULT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                      "os.execv(sys.argv[1], sys.argv[1:])")
+
+
 def _login_lines(d: Daemon, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "agentctl", "--socket", str(d.socket), "--json", "login", "copilot",
-                             "--device", *args], env=d.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-m", "agentctl", "--socket", str(d.socket), "--json", "login", "copilot", "--device", *args]
+    return subprocess.Popen([sys.executable, "-c", _SIGINT_AT_DEFAULT, *argv], env=d.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def test_device_sign_in_shows_the_code_waits_for_approval_and_signs_the_runtime_in(
