@@ -116,6 +116,12 @@ class ModelServer:
         self.fail_count = count
         self.retry_after = retry_after
 
+    def stream_normally(self) -> None:
+        """No more delay or drop, the scripted answer kept. Both are read per chunk, so a stream
+        under way goes on whole too; :meth:`reset` would also change an answer not composed yet."""
+        self.chunk_delay = 0.0
+        self.drop_after = None
+
     def drop_stream(self, after_chunks: int = 2) -> None:
         """Close the connection mid-stream, after ``after_chunks`` chunks, with no end marker."""
         self.drop_after = after_chunks
