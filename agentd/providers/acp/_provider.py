@@ -535,7 +535,7 @@ class AcpProvider:
             await conv._select(request.model, request.effort)
         except BaseException as exc:
             files.close()
-            if isinstance(exc, RuntimeUnavailable) and not isinstance(exc, SessionUnreadable):
+            if isinstance(exc, RuntimeUnavailable):
                 self._start_failed(agent, exc)
             with trio.CancelScope(shield=True):
                 await self._release(agent)
@@ -593,8 +593,9 @@ class AcpProvider:
 
     def _start_failed(self, agent: _Agent, error: RuntimeUnavailable) -> None:
         """A process started for a request did not come up (its session setup failed): a failure of
-        its restart slot. The shared process, which serves others, is judged by its exit only."""
-        if agent is not self._shared:
+        its restart slot. The shared process, which serves others, is judged by its exit only; a
+        session it refused to load (SessionUnreadable) is no failure of the process."""
+        if agent is not self._shared and not isinstance(error, SessionUnreadable):
             agent.note_failure(error.message)
 
     def _fresh_start_worked(self, why: str) -> None:
@@ -1168,7 +1169,7 @@ class AcpConversation:
                     await self._provider._release(agent)
                 raise ConversationNotFound(f"the agent restarted but no longer has this session: {exc.message}") from None
             except BaseException as exc:
-                if isinstance(exc, RuntimeUnavailable) and not isinstance(exc, SessionUnreadable):
+                if isinstance(exc, RuntimeUnavailable):
                     self._provider._start_failed(agent, exc)
                 with trio.CancelScope(shield=True):
                     await self._provider._release(agent)
