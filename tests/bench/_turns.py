@@ -323,7 +323,8 @@ def alternate(root: Path, server: _ModelServerProcess, cpu: _Cpu, turns: int,
               through_agentd: Callable[..., Any], direct: Callable[..., Any],
               direct_pids: Callable[[Any, int], list[int]]) -> tuple[list[float], list[float]]:
     """Both sides' turn times: each started (home and work under ``root/<side>``), one warm-up turn each,
-    then ``turns`` turns alternating, CPU counted into ``cpu``. ``direct_pids(direct, agentd_pid)`` names
+    then ``turns`` rounds of one turn per side, each round starting one side later than the one before
+    (no side always follows the same other), CPU counted into ``cpu``. ``direct_pids(direct, agentd_pid)`` names
     the runtime's processes on the direct side. Stops both sides and ``server``.
 
     Two more sides alternate with them, for the notes: ``through_agentd(home, work, checkpoints=False)``
@@ -349,11 +350,17 @@ def alternate(root: Path, server: _ModelServerProcess, cpu: _Cpu, turns: int,
         alone = {"cli": direct_pids(di, daemon)}
         bare = {"agentd": [plain.daemon.proc.pid]}
         behind = {"cli": direct_pids(relayed, daemon)}
-        for _ in range(turns):
-            ours.append(cpu.turn("agentd", through, ag.turn))
-            base.append(cpu.turn("direct", alone, di.turn))
-            cpu.no_checkpoints_s.append(cpu.turn("plain", bare, plain.turn))
-            cpu.relayed_s.append(cpu.turn("relayed", behind, relayed.turn))
+        order = [
+            lambda: ours.append(cpu.turn("agentd", through, ag.turn)),
+            lambda: base.append(cpu.turn("direct", alone, di.turn)),
+            lambda: cpu.no_checkpoints_s.append(cpu.turn("plain", bare, plain.turn)),
+            lambda: cpu.relayed_s.append(cpu.turn("relayed", behind, relayed.turn)),
+        ]
+        for i in range(turns):
+            # Each round starts one side later: every side follows every other equally often, so what
+            # a side leaves running after its turn (a runtime's own after-turn work) weighs on all alike.
+            for k in range(len(order)):
+                order[(i + k) % len(order)]()
         cpu.checkpoint_ms = ag.checkpoint_ms[1:]  # the warm-up turn's left out
     finally:
         for side in sides:
@@ -389,7 +396,7 @@ def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: lis
     turns = len(ours)
     r = Result(name, "s", ours, base, baseline_name=direct, higher=False, target=f"<= 1.02x baseline (median of {turns})")
     r.met = (r.ratio or 99) <= 1.02 if not ctx.quick else None
-    r.notes.append(f"{turns} turns each, alternating, after one warm-up turn each; "
+    r.notes.append(f"{turns} turns each, alternating (each round starts one side later), after one warm-up turn each; "
                    f"{((r.median or 0) - (r.base_median or 0)) * 1000:+.0f} ms per turn through agentd; answer of "
                    f"{len(ANSWER.split())} words, streamed")
     if cpu.checkpoint_ms:
