@@ -263,7 +263,10 @@ def answer_summary(answer: Answer, inter: Interaction | None = None) -> str:
     for i, values in enumerate(answer.answers):
         text = ", ".join(v for v in values if v)
         field = questions[i].field if i < len(questions) else None
-        parts.append(f"{field.name}={text}" if field is not None else text)
+        if field is None:
+            parts.append(text)
+        elif text:  # an optional field left out is not shown as given empty
+            parts.append(f"{field.name}={text}")
     return "; ".join(parts) or "accepted"
 
 

@@ -228,6 +228,12 @@ def test_resolutions_read_like_agentctl_answer_says_them() -> None:
                          questions=[c.Question(text="Lines", field=c.Field(name="lines", type="integer"))])
     assert answer_summary(c.Answer(cancel=True), form) == "dismissed"
     assert answer_summary(c.Answer(answers=[["3"]]), form) == "lines=3"
+    two = msgspec.structs.replace(form, questions=[
+        c.Question(text="Name", field=c.Field(name="name", type="string", required=True)),
+        c.Question(text="Email", field=c.Field(name="email", type="string")),
+        *form.questions])
+    assert answer_summary(c.Answer(answers=[["Ada"], [], ["3"]]), two) == "name=Ada; lines=3"  # email left out
+    assert answer_summary(c.Answer(answers=[[], [], []]), two) == "accepted"
 
 
 def test_a_user_item_echoing_the_prompt_is_shown_once_but_a_steer_is_shown() -> None:
@@ -430,7 +436,7 @@ def test_a_choice_text_that_is_no_choice_is_refused_also_where_free_text_is_take
 
 def test_a_form_answered_with_the_wrong_options_says_it_is_a_form_and_names_its_fields() -> None:
     form = c.Interaction(id="f1", kind=c.InteractionKind.QUESTION, title="Details", elicitation=c.Elicitation(),
-                         questions=[c.Question(text="Name", field=c.Field(name="name", type="string")),
+                         questions=[c.Question(text="Name", field=c.Field(name="name", type="string", required=True)),
                                     c.Question(text="Lines", field=c.Field(name="lines", type="integer",
                                                                            required=True))])
     for kw in ({"choices": ["blue"]}, {"texts": ["x"]}, {"choices": ["1"], "fields": ["name=a"]}, {"allow": True}):
