@@ -70,6 +70,21 @@ class Relay:
         """``argv`` run behind the relay."""
         return [sys.executable, str(RELAY), str(self.journal), *argv]
 
+    def pids(self) -> list[int]:
+        """The relay processes started by :meth:`argv` (or :meth:`cli`) that run now: found by their journal's path."""
+        mark = os.fsencode(self.journal)
+        found = []
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                        argv = f.read().split(b"\0")
+                except OSError:
+                    continue
+                if len(argv) > 2 and argv[1] == os.fsencode(RELAY) and argv[2] == mark:
+                    found.append(int(entry.name))
+        return found
+
     def cli(self, cli: str) -> str:
         """An executable that runs ``cli`` (with its arguments) behind the relay, for an SDK that takes a CLI path."""
         script = self.root / "relayed-cli"
@@ -341,7 +356,8 @@ def alternate(root: Path, server: _ModelServerProcess, cpu: _Cpu, turns: int,
         sides.append(through_agentd(root / "agentd" / "home", root / "agentd" / "work"))
         sides.append(direct(root / "direct" / "home", root / "direct" / "work"))
         sides.append(through_agentd(root / "plain" / "home", root / "plain" / "work", checkpoints=False))
-        sides.append(direct(root / "relayed" / "home", root / "relayed" / "work", relay=Relay(root / "relayed")))
+        relay = Relay(root / "relayed")
+        sides.append(direct(root / "relayed" / "home", root / "relayed" / "work", relay=relay))
         ag, di, plain, relayed = sides
         for side in sides:
             side.turn()  # warm-up: the first turn pays for lazy work on every side
@@ -349,7 +365,7 @@ def alternate(root: Path, server: _ModelServerProcess, cpu: _Cpu, turns: int,
         through = {"agentd": [daemon], "cli": descendants(daemon)}
         alone = {"cli": direct_pids(di, daemon)}
         bare = {"agentd": [plain.daemon.proc.pid]}
-        behind = {"cli": direct_pids(relayed, daemon)}
+        behind = {"cli": direct_pids(relayed, daemon), "relay": relay.pids()}
         order = [
             lambda: ours.append(cpu.turn("agentd", through, ag.turn)),
             lambda: base.append(cpu.turn("direct", alone, di.turn)),
@@ -443,6 +459,18 @@ def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: lis
         f"{cpu.per_turn('agentd', 'agentd'):.1f} ms (its SDK threads included), {cli} {cpu.per_turn('agentd', 'cli'):.1f}"
         f" ms, the bench client reading agentd's frames {cpu.per_turn('agentd', 'bench'):.1f} ms; directly, the bench "
         f"process {cpu.per_turn('direct', 'bench'):.1f} ms, {cli} {cpu.per_turn('direct', 'cli'):.1f} ms")
+    relay_ms = cpu.samples.get(("relayed", "relay"))
+    if relay_ms and c.base_median and c.median:
+        # What the relay alone spends is what any supervisor in a process of its own spends on top of the
+        # direct driver's own work (which it must do too, parsing what it relays): their sum is its floor.
+        spent = statistics.median(relay_ms)
+        floor = c.base_median + spent
+        c.extra["relay_cpu_ms"] = spent
+        c.notes.append(
+            f"the bare relay process of the wall row's floor (each chunk read and written on, nothing parsed) "
+            f"used {spent:.1f} ms of CPU per turn (median) by itself, {spent / c.base_median:.2f}x the direct "
+            f"driver's: a supervisor process that also does the direct driver's work spends at least their sum, "
+            f"{floor:.1f} ms, {floor / c.base_median:.2f}x the direct driver; agentd is {c.median / floor:.2f}x that sum")
     return [r, c]
 
 
