@@ -6,7 +6,8 @@ server in a process of its own (:class:`_ModelServerProcess`), answering
 :data:`ANSWER` as plain streamed text to :data:`PROMPT`. :func:`alternate`
 starts both sides (agentd with one conversation open, :class:`_ThroughAgentd`;
 the direct driver in the bench process), gives each one warm-up turn, then
-alternates their turns while :class:`_Cpu` counts the CPU each process used.
+alternates their turns (each round starting one side later) while :class:`_Cpu` counts the CPU each
+process used.
 :func:`turn_results` makes the two rows of the table per runtime: the turn's
 wall time and agentd's own CPU per turn, each against the direct driver's.
 
@@ -365,7 +366,9 @@ def alternate(root: Path, server: _ModelServerProcess, cpu: _Cpu, turns: int,
         through = {"agentd": [daemon], "cli": descendants(daemon)}
         alone = {"cli": direct_pids(di, daemon)}
         bare = {"agentd": [plain.daemon.proc.pid]}
-        behind = {"cli": direct_pids(relayed, daemon), "relay": relay.pids()}
+        behind = {"cli": direct_pids(relayed, daemon)}
+        if pids := relay.pids():
+            behind["relay"] = pids  # its own CPU: the floor of the CPU rows (turn_results)
         order = [
             lambda: ours.append(cpu.turn("agentd", through, ag.turn)),
             lambda: base.append(cpu.turn("direct", alone, di.turn)),
