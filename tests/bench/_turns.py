@@ -73,7 +73,7 @@ class Relay:
 
     def pids(self) -> list[int]:
         """The relay processes started by :meth:`argv` (or :meth:`cli`) that run now: found by their journal's path."""
-        mark = os.fsencode(self.journal)
+        relay, mark = os.fsencode(RELAY), os.fsencode(self.journal)
         found = []
         for entry in os.scandir("/proc"):
             if entry.name.isdigit():
@@ -82,7 +82,7 @@ class Relay:
                         argv = f.read().split(b"\0")
                 except OSError:
                     continue
-                if len(argv) > 2 and argv[1] == os.fsencode(RELAY) and argv[2] == mark:
+                if len(argv) > 2 and argv[1] == relay and argv[2] == mark:
                     found.append(int(entry.name))
         return found
 
