@@ -427,7 +427,7 @@ class Checkpoints:
             return
         self._began.add((live.record.id, run))
         try:
-            rec = await self._wait(live.record, run, "before", self.config.timeout_s)
+            rec = await self._wait(service, live, run, "before", self.config.timeout_s)
         except Exception as exc:  # a bug here must never keep a prompt from its provider
             log.exception("checkpoint.before_failed", conversation=live.record.id, run=run)
             rec = wire.CheckpointRecord(step=run, phase="before", skipped="error", error=str(exc))
@@ -442,7 +442,7 @@ class Checkpoints:
             return
         self._began.discard((cid, run))
         try:
-            rec = await self._wait(live.record, run, "after", self.config.timeout_s)
+            rec = await self._wait(service, live, run, "after", self.config.timeout_s)
         except Exception as exc:
             log.exception("checkpoint.after_failed", conversation=cid, run=run)
             rec = wire.CheckpointRecord(step=run, phase="after", skipped="error", error=str(exc))
@@ -472,14 +472,17 @@ class Checkpoints:
         except Exception:  # the turn's end goes on regardless
             log.exception("checkpoint.after_failed", conversation=cid, run=run)
 
-    async def _wait(self, record: wire.ConversationRecord, step: str, phase: str, timeout: float) -> wire.CheckpointRecord:
+    async def _wait(self, service: "ConversationService", live: "_Live", step: str, phase: str,
+                    timeout: float) -> wire.CheckpointRecord:
         t0 = time.monotonic()
+        record = live.record
         shadow = self._shadow(record.workdir)
         if shadow is None:
             return wire.CheckpointRecord(step=step, phase=phase, skipped="no_workdir",  # type: ignore[arg-type]
                                          error=f"{record.workdir!r} is not a directory")
         job = _Job(record.id, f"{step}-{phase}")
         if not shadow.record_now(job):
+            service.publish_held(live)  # nothing held back waits for a git run
             shadow.submit(job)
             with trio.move_on_after(timeout):
                 await job.done.wait()

@@ -304,7 +304,8 @@ class _Live:
         self.events = _Events()
         self.sink = _Sink(self)
         self.published_seq = journal.last_seq
-        #: records held back while the pump handles a burst, published at its end; None: publish at once
+        #: records held back while the pump handles a burst or a turn starts, published together at its
+        #: end (or before anything waits: publish_held); None: publish at once
         self.held: list[tuple[int, bytes]] | None = None
         self.pending: dict[str, c.Interaction] = {}
         #: interactions the daemon answered itself (yolo, timeout), until the provider resolves them
@@ -916,6 +917,8 @@ class ConversationService:
         return self._live.get(cid) or _Reader(self._records[cid], journal, self._live)
 
     async def _ensure_open(self, live: _Live) -> c.Conversation:
+        if live.conv is None or live.open_lock.locked():
+            self.publish_held(live)  # a runtime's start, or another opener, is waited for below
         async with live.open_lock:
             if live.conv is not None:
                 return live.conv
@@ -1068,6 +1071,20 @@ class ConversationService:
         if held:
             live.held = []
             self.hub.publish_many(live.record.id, held)
+
+    def publish_held(self, live: _Live) -> None:
+        """Publish the records held back, in order, and hold none from now on.
+
+        Called before anything that waits (a runtime's start or answer, a git run):
+        no record is held back while something slow runs. Whoever held them finds
+        nothing left to flush; a hold only ever saves writes, so ending one early
+        costs writes, never a record or its order.
+        """
+        held = live.held
+        if held is not None:
+            live.held = None
+            if held:
+                self.hub.publish_many(live.record.id, held)
 
     async def _pump(self, live: _Live) -> None:
         """Consume one conversation's provider events in order: state, journal, publish.
@@ -1620,7 +1637,25 @@ class ConversationService:
         without an outcome. When the record or the prompt cannot be written
         (disk full, read-only), nothing reached the provider: the conversation
         stays idle and InternalError says why.
+
+        The turn's start records (its prompt, the checkpoint before it) are
+        held back and published together, one write per subscriber, until the
+        prompt is handed to the provider; every step on the way that has to
+        wait (a runtime's start, a git run, a queued model change) publishes
+        them first (:meth:`publish_held`), so no watcher waits for them.
         """
+        if live.held is not None:  # someone holding already publishes them
+            return await self._start_turn(live, run, text, journal_prompt, attachments)
+        live.held = []
+        try:
+            return await self._start_turn(live, run, text, journal_prompt, attachments)
+        finally:
+            self.publish_held(live)
+
+    async def _start_turn(
+        self, live: _Live, run: str, text: str, journal_prompt: bool, attachments: "list[c.Attachment] | None"
+    ) -> int:
+        """What :meth:`_start` says, its start records held back (or not) by the caller."""
         after = live.published_seq
         record = live.record
         self._make_active(record, run)
@@ -1675,6 +1710,7 @@ class ConversationService:
                     await self._abandoned_open(live, run)
                     return after
             prompt = c.Prompt(text=text, attachments=list(attachments or []))
+            self.publish_held(live)  # a provider's send may wait for its runtime
             try:
                 await self._submit(live, run, conv, prompt)
             except (c.ConversationNotFound, c.SessionUnreadable) as exc:
@@ -1749,6 +1785,7 @@ class ConversationService:
         nothing open yet): then it is closed here.
         """
         log.info("turn.ended_before_send", conversation=live.record.id, run=run)
+        self.publish_held(live)  # a close below waits for the runtime
         if live.record.state is not _S.CLOSED and self._live.get(live.record.id) is live:
             return
         conv, live.conv = live.conv, None

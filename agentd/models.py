@@ -140,6 +140,7 @@ async def apply_queued(service: "ConversationService", live: "_Live", conv: c.Co
     choice = live.record.next_model
     if choice is None:
         return
+    service.publish_held(live)  # the provider's answer is waited for
     await _apply(service, live, choice, conv)
 
 

@@ -202,6 +202,7 @@ async def settle(service: "ConversationService", live: "_Live", conv: c.Conversa
         return conv
     stale = tagger.run
     log.warning("turn.provider_still_running", conversation=live.record.id, run=stale, next_run=live.run)
+    service.publish_held(live)  # the cancel below is waited for
     with trio.move_on_after(service.cancel_timeout_s):
         try:
             await conv.cancel()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import types
 from pathlib import Path
 
 import trio
@@ -142,23 +143,36 @@ def test_an_unchanged_watched_tree_is_recorded_in_place_and_never_overtakes_an_o
     (work / "a.txt").write_text("one\n")
     checkpoints = cp.Checkpoints(CheckpointsConfig(watch=True), tmp_path / "state" / "checkpoints", tmp_path / "state")
     record = wire.ConversationRecord(id="c1", provider="script", workdir=str(work), created_at="t", updated_at="t")
+    live = types.SimpleNamespace(record=record)
+
+    class Service:  # what _wait asks of the conversation service: publish what is held before it waits
+        published = 0
+
+        def publish_held(self, live_: object) -> None:
+            assert live_ is live
+            self.published += 1
+
+    service = Service()
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(checkpoints.run)
-            first = await checkpoints._wait(record, "r1", "before", 30)
+            first = await checkpoints._wait(service, live, "r1", "before", 30)  # type: ignore[arg-type]
+            assert service.published == 1  # the first recording of a tree runs git
             assert len(first.tree) == 40 and not first.skipped, first
             shadow = checkpoints._shadows[str(work)]
             submitted: list[cp._Job] = []
             submit = shadow.submit
             shadow.submit = lambda job: submitted.append(job) or submit(job)  # type: ignore[method-assign]
 
-            same = await checkpoints._wait(record, "r1", "after", 30)
+            same = await checkpoints._wait(service, live, "r1", "after", 30)  # type: ignore[arg-type]
             assert (same.tree, same.skipped, submitted) == (first.tree, "", [])
+            assert service.published == 1  # recorded in place: nothing waited, nothing to publish early
 
             (work / "a.txt").write_text("two\n")
-            changed = await checkpoints._wait(record, "r2", "before", 30)
+            changed = await checkpoints._wait(service, live, "r2", "before", 30)  # type: ignore[arg-type]
             assert len(changed.tree) == 40 and changed.tree != first.tree and len(submitted) == 1
+            assert service.published == 2
 
             gate = trio.Event()
 
@@ -169,7 +183,7 @@ def test_an_unchanged_watched_tree_is_recorded_in_place_and_never_overtakes_an_o
             got: list[wire.CheckpointRecord] = []
 
             async def behind() -> None:
-                got.append(await checkpoints._wait(record, "r3", "before", 30))
+                got.append(await checkpoints._wait(service, live, "r3", "before", 30))  # type: ignore[arg-type]
 
             nursery.start_soon(behind)
             await trio.testing.wait_all_tasks_blocked()

@@ -1,0 +1,159 @@
+"""A turn's start records (its prompt, the checkpoint before it) reach a subscriber together,
+in one write, and never wait behind something slow: a runtime's start or a git run publishes
+what is held back first (ConversationService._start, publish_held).
+
+The service runs in-process on the script provider, with real checkpoints (git) of a real
+working directory; the subscriber's outbox records each hand-over, which the server writes
+to the socket as one write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+
+from agentd import checkpoints as cp
+from agentd import wire
+from agentd.config import parse_config
+from agentd.conversations import ConversationService
+from agentd.hub import Hub, Subscription
+from agentd.journal import FsyncPolicy
+from agentd.leases import FileLeaseStore
+from agentd.runtimes import Runtimes
+from agentd.store.file import FileLeases, FileStore
+
+from daemon_harness import REPO
+
+ECHO = REPO / "conf" / "scripts" / "echo.toml"
+
+
+class _Outbox:
+    """A subscriber's outbox that keeps each hand-over (one socket write in the server) apart."""
+
+    def __init__(self) -> None:
+        self.writes: list[list[wire.Record]] = []
+
+    def offer(self, frame: bytes) -> bool:
+        return self.offer_many(frame, 1)
+
+    def offer_many(self, frames: bytes, count: int) -> bool:
+        batch = []
+        for line in frames.splitlines():
+            event = wire.decode_server_frame(line)
+            assert isinstance(event, wire.EventFrame)
+            batch.append(wire.decode_record(event.record))
+        assert len(batch) == count
+        self.writes.append(batch)
+        return True
+
+    def lagged(self, sub: Subscription) -> None:  # pragma: no cover - the outbox is unbounded
+        raise AssertionError("lagged")
+
+    def types(self, run: str) -> list[list[str]]:
+        """The record types of ``run``, write by write (writes without any of them left out)."""
+        out = [[r.type for r in batch if r.run == run] for batch in self.writes]
+        return [t for t in out if t]
+
+    def delivered(self, run: str, type_: str) -> bool:
+        return any(r.run == run and r.type == type_ for batch in self.writes for r in batch)
+
+
+@asynccontextmanager
+async def _service(tmp_path: Path, extra: str = "") -> AsyncIterator[tuple[ConversationService, Hub]]:
+    config = parse_config(extra)
+    state = tmp_path / "state"
+    root = state / "conversations"
+    store = FileStore(root, fsync=FsyncPolicy.BATCH, batch_ms=1)
+    leases = FileLeases(FileLeaseStore(root, owner="test", ttl_s=30))
+    hub = Hub()
+    runtimes = Runtimes(config, state)
+    service = ConversationService(store=store, leases=leases, runtimes=runtimes, hub=hub, fsync=FsyncPolicy.BATCH,
+                                  owner="test")
+    service.checkpoints = cp.Checkpoints(config.checkpoints, state / "checkpoints", state)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        await nursery.start(runtimes.run)
+        await nursery.start(service.checkpoints.run)
+        await nursery.start(service.run)
+        try:
+            yield service, hub
+        finally:
+            nursery.cancel_scope.cancel()
+    await store.aclose()
+
+
+async def _turn(service: ConversationService, cid: str, text: str) -> str:
+    sent = await service.send(cid, text)
+    with trio.fail_after(20):
+        while service.record(cid).active_run:
+            await trio.sleep(0.005)
+    return sent.run
+
+
+def _subscribe(hub: Hub, cid: str) -> _Outbox:
+    outbox = _Outbox()
+    sub = Subscription(1, cid, outbox)
+    sub.live = True
+    hub.add(sub)
+    return outbox
+
+
+async def test_the_prompt_and_the_checkpoint_before_it_reach_a_subscriber_in_one_write(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("one\n")
+    async with _service(tmp_path) as (service, hub):
+        record = await service.create(provider="script", workdir=str(work), model=str(ECHO))
+        await _turn(service, record.id, "first")  # opens the conversation, records the tree once
+        outbox = _subscribe(hub, record.id)
+        run = await _turn(service, record.id, "second")  # an unchanged tree: recorded in place
+        writes = outbox.types(run)
+        assert writes[0] == ["prompt", "checkpoint"], writes
+        phases = [msgspec.json.decode(r.data)["phase"] for b in outbox.writes for r in b if r.type == "checkpoint"]
+        assert phases == ["before", "after"]
+        assert writes[-1][-1] == "turn"  # the turn still ends, its records all delivered
+        assert sum(len(w) for w in writes) == len([r for b in outbox.writes for r in b if r.run == run])
+
+
+async def test_a_prompt_is_delivered_before_the_git_run_of_its_checkpoint_and_before_its_runtime_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # [checkpoints] watch = false: every checkpoint runs git, which the turn waits for; the prompt
+    # record must not wait with it. A prompt to a closed conversation waits for its runtime likewise.
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("one\n")
+    seen: dict[str, bool] = {}
+    async with _service(tmp_path, "[checkpoints]\nwatch = false\n") as (service, hub):
+        record = await service.create(provider="script", workdir=str(work), model=str(ECHO))
+        outbox = _subscribe(hub, record.id)
+        open_ = service.runtimes.open
+
+        async def opening(*args: object, **kwargs: object) -> object:
+            run = service.record(record.id).active_run
+            seen["open"] = outbox.delivered(run, "prompt")
+            return await open_(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(service.runtimes, "open", opening)
+        record_git = cp._Shadow.record
+
+        async def recording(shadow: cp._Shadow, job: cp._Job) -> None:
+            run = service.record(record.id).active_run
+            if job.ref == f"{run}-before":
+                seen.setdefault("git", outbox.delivered(run, "prompt"))
+            await record_git(shadow, job)
+
+        monkeypatch.setattr(cp._Shadow, "record", recording)
+        first = await _turn(service, record.id, "first")  # open since its create: only git is waited for
+        assert seen == {"git": True}, seen
+        seen.clear()
+        assert await service.reopen_later(record.id)  # closed: the next prompt opens it again
+        second = await _turn(service, record.id, "second")
+        assert seen == {"open": True, "git": True}, seen
+        for run in (first, second):
+            assert outbox.types(run)[0] == ["prompt"]  # published on its own, ahead of the wait
+            assert outbox.delivered(run, "checkpoint") and outbox.delivered(run, "turn")
