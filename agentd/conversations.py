@@ -304,6 +304,8 @@ class _Live:
         self.events = _Events()
         self.sink = _Sink(self)
         self.published_seq = journal.last_seq
+        #: records journaled whose sync is awaited before they are published (fsync always), in seq order
+        self.syncing: list[tuple[int, bytes]] = []
         #: records held back while the pump handles a burst or a turn starts, published together at its
         #: end (or before anything waits: publish_held); None: publish at once
         self.held: list[tuple[int, bytes]] | None = None
@@ -1000,6 +1002,7 @@ class ConversationService:
             seq, line = live.journal.append(type_, data, run=run)
             if self._sync_before_publish:
                 self._flush(live)  # what is held back goes out before this task yields
+                live.syncing.append((seq, line))
                 # Shielded: a record appended is published, or a subscriber would see a gap.
                 with trio.CancelScope(shield=True):
                     await live.journal.sync()
@@ -1011,9 +1014,33 @@ class ConversationService:
         if live.write_failing:
             live.write_failing = False
             log.info("journal.write_recovered", conversation=live.record.id)
-        live.published_seq = seq
-        self._publish(live, seq, line)
+        if self._sync_before_publish:
+            self._publish_synced(live, seq)
+        else:
+            live.published_seq = seq
+            self._publish(live, seq, line)
         return seq
+
+    def _publish_synced(self, live: _Live, seq: int) -> None:
+        """Publish, in seq order, every record up to ``seq`` whose sync was awaited.
+
+        A sync puts every record appended before it on disk, so what other tasks
+        journaled before ``seq`` is durable too, and goes out here even when its
+        own task has not resumed yet: trio resumes two tasks woken together in
+        either order, and a subscriber never gets a record published after a
+        later one (the hub skips a seq at or below its cursor).
+        """
+        syncing = live.syncing
+        n = 0
+        while n < len(syncing) and syncing[n][0] <= seq:
+            n += 1
+        if not n:
+            return  # another task's sync published it already
+        ready = syncing[:n]
+        del syncing[:n]
+        live.published_seq = max(live.published_seq, ready[-1][0])
+        for s, line in ready:
+            self._publish(live, s, line)
 
     async def _append_or_publish(self, live: _Live, type_: str, data: bytes, *, run: str) -> None:
         """Journal a record that ends something; when the journal cannot take it, still tell

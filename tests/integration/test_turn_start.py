@@ -16,6 +16,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from agentd import checkpoints as cp
 from agentd import wire
@@ -157,3 +158,38 @@ async def test_a_prompt_is_delivered_before_the_git_run_of_its_checkpoint_and_be
         for run in (first, second):
             assert outbox.types(run)[0] == ["prompt"]  # published on its own, ahead of the wait
             assert outbox.delivered(run, "checkpoint") and outbox.delivered(run, "turn")
+
+
+async def test_records_synced_out_of_order_reach_a_subscriber_in_seq_order(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # fsync always: each record is on disk before anyone sees it. Two tasks journaling into one
+    # conversation each await a sync; the later one may resume first (trio runs a batch in either
+    # order). Its record must not go out ahead of the earlier one, which a subscriber would then
+    # never get (the hub skips what is at or below its cursor).
+    work = tmp_path / "work"
+    work.mkdir()
+    calls: list[trio.Event] = []
+
+    async def out_of_order() -> None:
+        mine = trio.Event()
+        calls.append(mine)
+        await sync()
+        if len(calls) == 1:
+            await mine.wait()  # the first caller resumes only after the second one is through
+        else:
+            calls[0].set()
+
+    async with _service(tmp_path) as (service, hub):
+        service._sync_before_publish = True  # as with [journal] fsync = "always"
+        record = await service.create(provider="script", workdir=str(work), model=str(ECHO))
+        live = await service.live(record.id)
+        outbox = _subscribe(hub, record.id)
+        sync = live.journal.sync
+        monkeypatch.setattr(live.journal, "sync", out_of_order)
+        async with trio.open_nursery() as nursery:
+            for text in ("first", "second"):
+                nursery.start_soon(service.journal, live, "error", msgspec.json.encode({"message": text}))
+                await trio.testing.wait_all_tasks_blocked()
+        got = [(r.seq, msgspec.json.decode(r.data)["message"]) for b in outbox.writes for r in b]
+        assert [m for _, m in got] == ["first", "second"], got
+        assert [s for s, _ in got] == sorted(s for s, _ in got)
