@@ -1107,11 +1107,8 @@ class ConversationService:
         nothing left to flush; a hold only ever saves writes, so ending one early
         costs writes, never a record or its order.
         """
-        held = live.held
-        if held is not None:
-            live.held = None
-            if held:
-                self.hub.publish_many(live.record.id, held)
+        self._flush(live)
+        live.held = None
 
     async def _pump(self, live: _Live) -> None:
         """Consume one conversation's provider events in order: state, journal, publish.
@@ -1162,8 +1159,7 @@ class ConversationService:
                         # What _handle stamps per event, once: nobody reads it before the pump yields.
                         live.last_event = trio.current_time()
                     if holding:
-                        self._flush(live)
-                        live.held = None
+                        self.publish_held(live)
         finally:
             events.close()  # as leaving ``async with`` a receive channel did: later events are dropped
 
@@ -1422,8 +1418,7 @@ class ConversationService:
             live.record.error = turn.error if turn.state is c.TurnState.FAILED else ""
         finally:
             if holding:
-                self._flush(live)
-                live.held = None
+                self.publish_held(live)
         # The end is in the journal: the record follows behind it (a crash in between is harmless,
         # as recovery brings the record up to date from the journal's tail and adds no end).
         if live.unjournaled or not self.store.capabilities.blocking_records:
@@ -1671,13 +1666,14 @@ class ConversationService:
         wait (a runtime's start, a git run, a queued model change) publishes
         them first (:meth:`publish_held`), so no watcher waits for them.
         """
-        if live.held is not None:  # someone holding already publishes them
-            return await self._start_turn(live, run, text, journal_prompt, attachments)
-        live.held = []
+        holding = live.held is None  # else someone holding already publishes them
+        if holding:
+            live.held = []
         try:
             return await self._start_turn(live, run, text, journal_prompt, attachments)
         finally:
-            self.publish_held(live)
+            if holding:
+                self.publish_held(live)
 
     async def _start_turn(
         self, live: _Live, run: str, text: str, journal_prompt: bool, attachments: "list[c.Attachment] | None"
