@@ -6,7 +6,7 @@ server in a process of its own (:class:`_ModelServerProcess`), answering
 :data:`ANSWER` as plain streamed text to :data:`PROMPT`. :func:`alternate`
 starts both sides (agentd with one conversation open, :class:`_ThroughAgentd`;
 the direct driver in the bench process), gives each one warm-up turn, then
-alternates their turns (each round starting one side later) while :class:`_Cpu` counts the CPU each
+alternates their turns (in the order of :data:`ROUNDS`) while :class:`_Cpu` counts the CPU each
 process used.
 :func:`turn_results` makes the two rows of the table per runtime: the turn's
 wall time and agentd's own CPU per turn, each against the direct driver's.
@@ -45,10 +45,23 @@ ANSWER = "Hello from the scripted model. " * 8
 PROMPT = "Say hello, please."
 #: the CPU target of every turn benchmark: agentd's CPU per turn against the direct driver's
 CPU_TARGET = 1.3
-#: turns per side in a full run. The target asks for a median of at least 10; with 10, one run's
-#: 95% interval of a Claude Code ratio spanned 0.94x-1.87x (the turns' own spread), so a 2% budget
-#: could not be told from noise. 50 turns of ~40 ms cost a few seconds per runtime.
-TURNS = 50
+#: The order of the four sides' turns in :func:`alternate` (0 through agentd, 1 direct, 2 through
+#: agentd without checkpoints, 3 direct behind the relay): 12 rounds of one turn per side, repeated.
+#: Read as one cycle (each round's last turn followed by the next round's first, the last round's
+#: by the first's), each side follows each other side exactly 4 times and never itself, and every
+#: side has the same gaps between its own turns (2 to 5 other turns): what a side leaves running
+#: after its turn (a runtime's after-turn work, agentd's write-behind) weighs on every other side
+#: alike. (Starting each round one side later, as before, had each side follow the same other side
+#: in 3 rounds of 4.) Found by a search; tests/bench/test_turn_order.py checks these properties.
+ROUNDS: tuple[tuple[int, int, int, int], ...] = (
+    (0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 3), (0, 2, 1, 3), (2, 0, 1, 3), (2, 1, 3, 0),
+    (2, 1, 0, 3), (2, 0, 3, 1), (0, 2, 1, 3), (2, 0, 3, 1), (0, 2, 3, 1), (0, 3, 1, 2),
+)
+#: turns per side in a full run: whole cycles of :data:`ROUNDS`. The target asks for a median of at
+#: least 10; with 10, one run's 95% interval of a Claude Code ratio spanned 0.94x-1.87x (the turns'
+#: own spread), so a 2% budget could not be told from noise. 60 turns of ~40 ms cost a few seconds
+#: per runtime.
+TURNS = 5 * len(ROUNDS)
 
 
 def turn_count(ctx: Ctx) -> int:
@@ -339,8 +352,8 @@ def alternate(root: Path, server: _ModelServerProcess, cpu: _Cpu, turns: int,
               through_agentd: Callable[..., Any], direct: Callable[..., Any],
               direct_pids: Callable[[Any, int], list[int]]) -> tuple[list[float], list[float]]:
     """Both sides' turn times: each started (home and work under ``root/<side>``), one warm-up turn each,
-    then ``turns`` rounds of one turn per side, each round starting one side later than the one before
-    (no side always follows the same other), CPU counted into ``cpu``. ``direct_pids(direct, agentd_pid)`` names
+    then ``turns`` rounds of one turn per side in the order of :data:`ROUNDS` (each side follows each
+    other side equally often over whole cycles), CPU counted into ``cpu``. ``direct_pids(direct, agentd_pid)`` names
     the runtime's processes on the direct side. Stops both sides and ``server``.
 
     Two more sides alternate with them, for the notes: ``through_agentd(home, work, checkpoints=False)``
@@ -376,10 +389,8 @@ def alternate(root: Path, server: _ModelServerProcess, cpu: _Cpu, turns: int,
             lambda: cpu.relayed_s.append(cpu.turn("relayed", behind, relayed.turn)),
         ]
         for i in range(turns):
-            # Each round starts one side later: every side follows every other equally often, so what
-            # a side leaves running after its turn (a runtime's own after-turn work) weighs on all alike.
-            for k in range(len(order)):
-                order[(i + k) % len(order)]()
+            for k in ROUNDS[i % len(ROUNDS)]:
+                order[k]()
         cpu.checkpoint_ms = ag.checkpoint_ms[1:]  # the warm-up turn's left out
     finally:
         for side in sides:
@@ -415,7 +426,8 @@ def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: lis
     turns = len(ours)
     r = Result(name, "s", ours, base, baseline_name=direct, higher=False, target=f"<= 1.02x baseline (median of {turns})")
     r.met = (r.ratio or 99) <= 1.02 if not ctx.quick else None
-    r.notes.append(f"{turns} turns each, alternating (each round starts one side later), after one warm-up turn each; "
+    r.notes.append(f"{turns} turns each, alternating (each side follows each other side equally often, tests/bench/_turns.py "
+                   f"ROUNDS), after one warm-up turn each; "
                    f"{((r.median or 0) - (r.base_median or 0)) * 1000:+.0f} ms per turn through agentd; answer of "
                    f"{len(ANSWER.split())} words, streamed")
     if cpu.checkpoint_ms:
@@ -477,4 +489,4 @@ def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: lis
     return [r, c]
 
 
-__all__ = ["ANSWER", "E2E", "KEY_ENV", "MODEL", "PROMPT", "TURNS", "Relay", "alternate", "e2e_path", "tree", "turn_count", "turn_results"]
+__all__ = ["ANSWER", "E2E", "KEY_ENV", "MODEL", "PROMPT", "ROUNDS", "TURNS", "Relay", "alternate", "e2e_path", "tree", "turn_count", "turn_results"]
