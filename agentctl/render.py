@@ -217,8 +217,11 @@ def _field_placeholder(q: Question) -> str:
     if f.type == "boolean":
         return "yes|no"
     if q.choices:
-        return "|".join(q.choices) if len(q.choices) <= 4 else "CHOICE"
-    return {"number": "NUMBER", "integer": "INTEGER", "array": "VALUE"}.get(f.type, "TEXT")
+        one = "|".join(q.choices) if len(q.choices) <= 4 else "CHOICE"
+    else:
+        one = {"number": "NUMBER", "integer": "INTEGER", "array": "VALUE"}.get(f.type, "TEXT")
+    # A multi-choice field takes several, comma-separated (or the flag repeated): not "pick one of".
+    return f"{one}[,...]" if f.type == "array" else one
 
 
 def field_hint(q: Question) -> str:

@@ -328,10 +328,12 @@ def test_answer_commands_for_forms_questions_and_plans() -> None:
         questions=[
             c.Question(text="Name", field=c.Field(name="name", type="string", required=True)),
             c.Question(text="Lines", field=c.Field(name="lines", type="integer")),
+            c.Question(text="Topics", choices=["Tools", "Subagents"], multiple=True,
+                       field=c.Field(name="topics", type="array")),
         ],
     )
     assert answer_commands("c1", form) == [
-        "agentctl answer c1 f1 --field name=TEXT --field lines=INTEGER",
+        "agentctl answer c1 f1 --field name=TEXT --field lines=INTEGER --field 'topics=Tools|Subagents[,...]'",
         "agentctl answer c1 f1 --reject",
         "agentctl answer c1 f1 --dismiss",
     ]
