@@ -1004,8 +1004,14 @@ class ConversationService:
                 self._flush(live)  # what is held back goes out before this task yields
                 live.syncing.append((seq, line))
                 # Shielded: a record appended is published, or a subscriber would see a gap.
-                with trio.CancelScope(shield=True):
-                    await live.journal.sync()
+                try:
+                    with trio.CancelScope(shield=True):
+                        await live.journal.sync()
+                except BaseException:
+                    # Not known to be on disk, nor anything journaled after it: no later sync may
+                    # publish them as durable (the journal refuses from now on; see Journal.sync).
+                    live.syncing[:] = [entry for entry in live.syncing if entry[0] < seq]
+                    raise
         except OSError as exc:
             if not live.write_failing:
                 live.write_failing = True
@@ -1099,6 +1105,14 @@ class ConversationService:
             live.held = []
             self.hub.publish_many(live.record.id, held)
 
+    def flush_held(self, cid: str) -> None:
+        """Publish what a loaded conversation holds back now (its hold goes on); for a subscriber
+        about to go live (agentd.server), whose catch-up read the journal to ``published_seq``,
+        which counts held records: it must not get the held live-only records after those."""
+        live = self._live.get(cid)
+        if live is not None:
+            self._flush(live)
+
     def publish_held(self, live: _Live) -> None:
         """Publish the records held back, in order, and hold none from now on.
 
@@ -1128,7 +1142,8 @@ class ConversationService:
                     return
                 # Records of the burst are held back and published together at its end (the
                 # hub builds each subscriber's frames in one join). Nobody can tell: no task
-                # runs in between unless handling yields, and _append flushes before it does.
+                # runs in between unless handling yields, and whatever yields publishes what is
+                # held first (_append, publish_held); a subscriber going live flushes (flush_held).
                 holding = live.held is None  # else someone holding already (an ending turn) flushes
                 if holding:
                     live.held = []
@@ -1382,6 +1397,7 @@ class ConversationService:
         await self._append(live, type_, data, run=run)
 
     async def _keep_output(self, live: _Live, event: c.ToolOutputEvent) -> None:
+        self.publish_held(live)  # nothing held back waits for the worker thread below
         try:
             await trio.to_thread.run_sync(self.tool_outputs.keep, live.record.id, event.agent_id, event.item_id,
                                           event.output)

@@ -18,6 +18,7 @@ mid-write) is cut off.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import enum
 import errno
 import math
@@ -315,6 +316,19 @@ class _GroupCommit:
             self._to_trio(_fsync_failed, failed, error)
 
 
+def _fsync_here(j: Journal, dup_error: OSError) -> None:
+    """fsync ``j`` on the trio thread: there is no fd to hand a worker thread (``dup_error``,
+    EMFILE). Raises OSError when the fsync fails, after refusing the journal (_fsync_failed)."""
+    _log().warning("journal.dup_failed", path=str(j.path), error=str(dup_error))
+    end = j._end
+    try:
+        os.fsync(j._fd)
+    except OSError as err:
+        _fsync_failed([(j, end)], err)
+        raise
+    j._synced = max(j._synced, end)
+
+
 async def _sync_journals(journals: list[Journal]) -> None:
     """fsync every journal with unsynced appends, all in one worker-thread call.
 
@@ -325,9 +339,16 @@ async def _sync_journals(journals: list[Journal]) -> None:
     fds: list[int] = []
     try:
         for j in journals:
-            if j._fd >= 0 and j._policy is not FsyncPolicy.NEVER and j._synced < j._end:
+            if j._fd < 0 or j._policy is FsyncPolicy.NEVER or j._synced >= j._end or j._sync_failed:
+                continue
+            try:
                 fds.append(os.dup(j._fd))
-                jobs.append((j, j._end))
+            except OSError as exc:
+                # Rather than fail a sync that can be done: a failed sync leaves what was written
+                # not known to be durable, and the journal refusing records.
+                _fsync_here(j, exc)
+                continue
+            jobs.append((j, j._end))
     except OSError:
         for fd in fds:
             os.close(fd)
@@ -340,9 +361,14 @@ async def _sync_journals(journals: list[Journal]) -> None:
     except OSError as exc:
         _fsync_failed(jobs, exc)
         raise
+    failed = None
     for j, end in jobs:
-        if end > j._synced:
+        if j._sync_failed:
+            failed = failed or j  # another fsync of it failed meanwhile: this success proves nothing
+        elif end > j._synced:
             j._synced = end
+    if failed is not None:
+        failed._raise_unusable()
 
 
 class Journal:
@@ -358,7 +384,7 @@ class Journal:
     __slots__ = (
         "path", "last_seq", "_policy", "_on_dirty", "_queued", "_readonly", "_fd", "_end", "_synced", "_broken",
         "_broken_reason", "_errno", "_idx_seq", "_idx_off", "_cursors", "_ts_lo", "_ts_hi", "_ts", "_ts_mid",
-        "_heads", "_run", "_run_tail", "_seq_hi", "_seq_low",
+        "_heads", "_run", "_run_tail", "_seq_hi", "_seq_low", "_sync_failed", "_sync_done",
     )
 
     path: pathlib.Path
@@ -381,6 +407,10 @@ class Journal:
         flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         #: the file can only be read (a read-only file system): why
         self._readonly: OSError | None = None
+        #: an fsync of it failed: nothing written since the last good one is known to be on disk
+        self._sync_failed = False
+        #: set when the fsync a worker thread runs for :meth:`sync` ends (None: none runs)
+        self._sync_done: trio.Event | None = None
         try:
             self._fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, _fsutil.FILE_MODE)
             _fsutil.fsync_dir(self.path.parent)  # the new name must survive a crash too
@@ -613,7 +643,8 @@ class Journal:
         return True
 
     def _fail(self, exc: OSError) -> None:
-        """An fsync failed: refuse appends from now on (reads go on); reopening clears it."""
+        """An fsync failed: refuse appends and syncs from now on (reads go on); reopening clears it."""
+        self._sync_failed = True
         self._errno = exc.errno or errno.EIO
         self._refuse(
             f"could not be synced ({exc.strerror or exc}); what it holds since is not known to be on disk, "
@@ -645,10 +676,21 @@ class Journal:
         every PUMP_SLICE_S (a schedule point right after an fsync costs about
         45 us on a 2-core VM, a fifth of the fsync; see BENCHMARKS.md).
         Cancellation waits for an fsync already started. Raises OSError when
-        the fsync fails, and ``trio.ClosedResourceError`` when closed.
+        the fsync fails, and from then on (the journal then refuses appends
+        too: what it holds since its last good fsync is not known to be on
+        disk), and ``trio.ClosedResourceError`` when closed.
+
+        One fsync of a journal runs at a time: Linux reports a writeback error
+        to one fsync of the file only, so a second fsync running meanwhile
+        could report success over pages the kernel dropped. A caller that finds
+        one running waits for its outcome, then fsyncs what it did not cover.
         """
-        if self._fd < 0:
+        if self._fd < 0 or self._sync_failed:
             self._raise_unusable()
+        while self._sync_done is not None:
+            await self._sync_done.wait()
+            if self._fd < 0 or self._sync_failed:
+                self._raise_unusable()
         if _fsync_timer.inline and self._policy is not FsyncPolicy.NEVER and self._synced < self._end:
             end = self._end
             t0 = time.perf_counter()
@@ -662,7 +704,12 @@ class Journal:
             self._synced = end
             await trio.lowlevel.checkpoint_if_cancelled()
             return
-        await _sync_journals([self])
+        done = self._sync_done = trio.Event()
+        try:
+            await _sync_journals([self])
+        finally:
+            self._sync_done = None
+            done.set()
 
     def close(self) -> None:
         """Close the file; idempotent.
@@ -855,15 +902,9 @@ class JournalStore:
             fd = os.dup(journal._fd)
         except OSError as exc:
             # No fd to hand over (EMFILE): sync here, on the trio thread, rather than not at all.
-            _log().warning("journal.dup_failed", path=str(journal.path), error=str(exc))
             journal._queued = False
-            end = journal._end
-            try:
-                os.fsync(journal._fd)
-            except OSError as err:
-                _fsync_failed([(journal, end)], err)
-                return
-            journal._synced = max(journal._synced, end)
+            with contextlib.suppress(OSError):  # _fsync_failed has refused the journal
+                _fsync_here(journal, exc)
             return
         self._queue.put((time.monotonic() + self.batch_ms / 1000, journal, fd))
 

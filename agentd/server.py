@@ -888,7 +888,9 @@ class Server:
             await trio.lowlevel.checkpoint()
         if sub.closed:
             return _NO_REPLY
-        # No checkpoint from the last check above to here: the switch is atomic.
+        # No checkpoint from the last check above to here: the switch is atomic. What a burst holds
+        # back goes to the live subscribers first: this one read its durable records from the journal.
+        self.service.flush_held(cid)
         sub.live = True
         if req.snapshot:
             if not conn.offer(_snapshot_frame(req.id, cid, self.service.snapshot(live))):

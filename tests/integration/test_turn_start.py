@@ -9,9 +9,8 @@ to the socket as one write.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -19,41 +18,17 @@ import trio
 import trio.testing
 
 from agentd import checkpoints as cp
-from agentd import wire
-from agentd.config import parse_config
 from agentd.conversations import ConversationService
-from agentd.hub import Hub, Subscription
-from agentd.journal import FsyncPolicy
-from agentd.leases import FileLeaseStore
-from agentd.runtimes import Runtimes
-from agentd.store.file import FileLeases, FileStore
+from agentd.hub import Hub
 
 from daemon_harness import REPO
+from inprocess import RecordingOutbox, in_process_service, subscribe
 
 ECHO = REPO / "conf" / "scripts" / "echo.toml"
 
 
-class _Outbox:
-    """A subscriber's outbox that keeps each hand-over (one socket write in the server) apart."""
-
-    def __init__(self) -> None:
-        self.writes: list[list[wire.Record]] = []
-
-    def offer(self, frame: bytes) -> bool:
-        return self.offer_many(frame, 1)
-
-    def offer_many(self, frames: bytes, count: int) -> bool:
-        batch = []
-        for line in frames.splitlines():
-            event = wire.decode_server_frame(line)
-            assert isinstance(event, wire.EventFrame)
-            batch.append(wire.decode_record(event.record))
-        assert len(batch) == count
-        self.writes.append(batch)
-        return True
-
-    def lagged(self, sub: Subscription) -> None:  # pragma: no cover - the outbox is unbounded
-        raise AssertionError("lagged")
+class _Outbox(RecordingOutbox):
+    """Each hand-over (one socket write in the server) kept apart, read by run."""
 
     def types(self, run: str) -> list[list[str]]:
         """The record types of ``run``, write by write (writes without any of them left out)."""
@@ -61,31 +36,11 @@ class _Outbox:
         return [t for t in out if t]
 
     def delivered(self, run: str, type_: str) -> bool:
-        return any(r.run == run and r.type == type_ for batch in self.writes for r in batch)
+        return any(r.run == run and r.type == type_ for r in self.records)
 
 
-@asynccontextmanager
-async def _service(tmp_path: Path, extra: str = "") -> AsyncIterator[tuple[ConversationService, Hub]]:
-    config = parse_config(extra)
-    state = tmp_path / "state"
-    root = state / "conversations"
-    store = FileStore(root, fsync=FsyncPolicy.BATCH, batch_ms=1)
-    leases = FileLeases(FileLeaseStore(root, owner="test", ttl_s=30))
-    hub = Hub()
-    runtimes = Runtimes(config, state)
-    service = ConversationService(store=store, leases=leases, runtimes=runtimes, hub=hub, fsync=FsyncPolicy.BATCH,
-                                  owner="test")
-    service.checkpoints = cp.Checkpoints(config.checkpoints, state / "checkpoints", state)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(store.run)
-        await nursery.start(runtimes.run)
-        await nursery.start(service.checkpoints.run)
-        await nursery.start(service.run)
-        try:
-            yield service, hub
-        finally:
-            nursery.cancel_scope.cancel()
-    await store.aclose()
+def _service(tmp_path: Path, extra: str = "") -> Any:
+    return in_process_service(tmp_path, extra, checkpoints=True)
 
 
 async def _turn(service: ConversationService, cid: str, text: str) -> str:
@@ -98,9 +53,7 @@ async def _turn(service: ConversationService, cid: str, text: str) -> str:
 
 def _subscribe(hub: Hub, cid: str) -> _Outbox:
     outbox = _Outbox()
-    sub = Subscription(1, cid, outbox)
-    sub.live = True
-    hub.add(sub)
+    subscribe(hub, cid, outbox=outbox)
     return outbox
 
 

@@ -30,6 +30,7 @@ from agentd.leases import FileLeaseStore
 from agentd.runtimes import Runtimes
 from daemon_harness import Daemon
 from environment import unavailable
+from inprocess import RecordingOutbox
 
 from .conftest import ECHO, FAST, SCRIPTS, fast_daemon, log_events, new, run_turn, turn_state, wait_for
 from .figures import FAULTS
@@ -211,24 +212,6 @@ def test_a_read_only_state_dir_refuses_turns_with_the_reason_and_serves_reads(tm
 # --------------------------------------------------------------------------- injected fsync failure
 
 
-class _Outbox:
-    def __init__(self) -> None:
-        self.records: list[wire.Record] = []
-
-    def offer(self, frame: bytes) -> bool:
-        return self.offer_many(frame, 1)
-
-    def offer_many(self, frames: bytes, count: int) -> bool:
-        for line in frames.splitlines():
-            event = wire.decode_server_frame(line)
-            assert isinstance(event, wire.EventFrame)
-            self.records.append(wire.decode_record(event.record))
-        return True
-
-    def lagged(self, sub: Subscription) -> None:  # pragma: no cover - the outbox is unbounded
-        raise AssertionError("lagged")
-
-
 async def test_a_failing_fsync_fails_the_turn_not_the_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """fsync ``batch``: JournalStore.run() used to raise and take the daemon down with it."""
     work = tmp_path / "work"
@@ -256,7 +239,7 @@ async def test_a_failing_fsync_fails_the_turn_not_the_daemon(tmp_path: Path, mon
         await nursery.start(service.run)
         record = await service.create(provider="script", workdir=str(work), model=str(LONG))
         bystander = await service.create(provider="script", workdir=str(work), model=str(ECHO))
-        outbox = _Outbox()
+        outbox = RecordingOutbox()
         sub = Subscription(1, record.id, outbox)
         sub.live = True
         hub.add(sub)

@@ -15,6 +15,7 @@ import msgspec
 import pytest
 import structlog
 import trio
+import trio.testing
 
 from agentd import journal as journal_mod
 from agentd.journal import FsyncPolicy, Journal, JournalCorrupt, JournalStore
@@ -476,6 +477,82 @@ async def test_inline_fsync_error_refuses_further_appends(
         j.append("item", payload(1))
     assert j.last_seq == 1
     monkeypatch.undo()
+    j.close()
+
+
+async def test_always_runs_one_fsync_of_a_journal_at_a_time_and_a_failed_one_fails_every_later_sync(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, fsync_timer: journal_mod._FsyncTimer
+) -> None:
+    # Linux reports a writeback error to one fsync of the file only: a second fsync running while
+    # the first fails could report success over the dropped pages. So a sync that finds one running
+    # waits for its outcome, and after a failure no sync succeeds (nor does an append).
+    j = JournalStore(tmp_path, fsync=FsyncPolicy.ALWAYS).open("c1")
+    assert not fsync_timer.inline  # the worker-thread path
+    running: list[int] = []
+    overlapped: list[bool] = []
+    release = threading.Event()
+    started = threading.Event()
+
+    def fsync_fds(fds: list[int]) -> None:
+        overlapped.append(bool(running))
+        running.append(1)
+        started.set()
+        try:
+            release.wait(5)
+            raise OSError(errno.EIO, "Input/output error")
+        finally:
+            running.pop()
+            for fd in fds:
+                os.close(fd)
+
+    monkeypatch.setattr(journal_mod, "_timed_fsync_fds", fsync_fds)
+    errors: list[str] = []
+
+    async def sync() -> None:
+        try:
+            await j.sync()
+        except OSError as exc:
+            errors.append(str(exc))
+
+    async with trio.open_nursery() as nursery:
+        j.append("item", payload(0))
+        nursery.start_soon(sync)
+        with trio.fail_after(5):
+            while not started.is_set():
+                await trio.sleep(0.001)
+        j.append("item", payload(1))  # after the first fsync began: it is not known to cover this
+        nursery.start_soon(sync)
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(0.05)  # a second fsync, were one started, would be running by now
+        assert overlapped == [False]  # the second sync waits; no second fsync runs meanwhile
+        release.set()
+    assert overlapped == [False]  # nor after the failure: the second sync fails without one
+    assert len(errors) == 2 and all("could not be synced" in e for e in errors[1:])
+    with pytest.raises(OSError, match="could not be synced"):
+        await j.sync()
+    with pytest.raises(OSError, match="could not be synced"):
+        j.append("item", payload(2))
+    j.close()
+
+
+async def test_always_without_an_fd_to_hand_over_syncs_on_the_trio_thread(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, fsync_timer: journal_mod._FsyncTimer, fsyncs: list[int]
+) -> None:
+    # os.dup failing (EMFILE) is no failed sync: the fsync runs on the trio thread instead, and the
+    # journal goes on taking records (a sync that raised would leave them not known to be durable).
+    j = JournalStore(tmp_path, fsync=FsyncPolicy.ALWAYS).open("c1")
+    assert not fsync_timer.inline
+
+    def dup(fd: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(journal_mod.os, "dup", dup)
+    fsyncs.clear()
+    j.append("item", payload(0))
+    await j.sync()
+    assert fsyncs == [j._fd] and j._synced == j._end
+    j.append("item", payload(1))
+    assert j.last_seq == 2
     j.close()
 
 
