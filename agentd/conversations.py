@@ -1004,14 +1004,11 @@ class ConversationService:
                 self._flush(live)  # what is held back goes out before this task yields
                 live.syncing.append((seq, line))
                 # Shielded: a record appended is published, or a subscriber would see a gap.
-                try:
-                    with trio.CancelScope(shield=True):
-                        await live.journal.sync()
-                except BaseException:
-                    # Not known to be on disk, nor anything journaled after it: no later sync may
-                    # publish them as durable (the journal refuses from now on; see Journal.sync).
-                    live.syncing[:] = [entry for entry in live.syncing if entry[0] < seq]
-                    raise
+                # A failed sync leaves the record here: the file journal refuses every later sync
+                # (Journal.sync), and the postgres store retries the commit, whose next sync
+                # publishes it then.
+                with trio.CancelScope(shield=True):
+                    await live.journal.sync()
         except OSError as exc:
             if not live.write_failing:
                 live.write_failing = True

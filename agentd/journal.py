@@ -151,12 +151,31 @@ def _format_ms(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
-def _fsync_fds(fds: list[int]) -> None:
-    """fsync then close each fd (dups owned by the caller); raises the first OSError after closing all."""
-    error: OSError | None = None
-    for fd in fds:
+def _fsync_journal(j: Journal, fd: int) -> None:
+    """fsync ``fd`` (``j``'s, or a dup of it) holding ``j``'s fsync lock; from any thread.
+
+    Never two fsyncs of one journal at once (the group commit's thread, a :meth:`Journal.sync`,
+    a close), and none after one failed: Linux reports a writeback error to one fsync of the
+    file only, so another one, alongside or later, could succeed over the pages the kernel
+    dropped. A failure marks the journal (``_sync_failed``) before the lock is let go; the trio
+    thread refuses its appends once told (_fsync_failed). Raises OSError.
+    """
+    with j._fsync_lock:
+        if j._sync_failed:
+            raise OSError(errno.EIO, f"journal {j.path}: an earlier fsync of it failed")
         try:
             os.fsync(fd)
+        except OSError:
+            j._sync_failed = True
+            raise
+
+
+def _fsync_fds(jobs: list[tuple[Journal, int]]) -> None:
+    """fsync then close each journal's fd (dups owned by the caller); raises the first OSError after closing all."""
+    error: OSError | None = None
+    for j, fd in jobs:
+        try:
+            _fsync_journal(j, fd)
         except OSError as exc:
             error = error or exc
         finally:
@@ -197,12 +216,12 @@ class _FsyncTimer:
 _fsync_timer = _FsyncTimer()
 
 
-def _timed_fsync_fds(fds: list[int]) -> None:
+def _timed_fsync_fds(jobs: list[tuple[Journal, int]]) -> None:
     t0 = time.perf_counter()
     try:
-        _fsync_fds(fds)
+        _fsync_fds(jobs)
     finally:
-        _fsync_timer.add((time.perf_counter() - t0) / max(len(fds), 1))
+        _fsync_timer.add((time.perf_counter() - t0) / max(len(jobs), 1))
 
 
 def _fsync_failed(jobs: list[tuple[Journal, int]], exc: OSError) -> None:
@@ -301,7 +320,7 @@ class _GroupCommit:
         error: OSError | None = None
         for j, end in ends:
             try:
-                os.fsync(fds[j])
+                _fsync_journal(j, fds[j])
             except OSError as exc:
                 failed.append((j, end))
                 self._failed.add(j)
@@ -322,7 +341,7 @@ def _fsync_here(j: Journal, dup_error: OSError) -> None:
     _log().warning("journal.dup_failed", path=str(j.path), error=str(dup_error))
     end = j._end
     try:
-        os.fsync(j._fd)
+        _fsync_journal(j, j._fd)
     except OSError as err:
         _fsync_failed([(j, end)], err)
         raise
@@ -336,13 +355,13 @@ async def _sync_journals(journals: list[Journal]) -> None:
     number reused under the fsync. Raises OSError when an fsync fails.
     """
     jobs: list[tuple[Journal, int]] = []
-    fds: list[int] = []
+    fds: list[tuple[Journal, int]] = []
     try:
         for j in journals:
             if j._fd < 0 or j._policy is FsyncPolicy.NEVER or j._synced >= j._end or j._sync_failed:
                 continue
             try:
-                fds.append(os.dup(j._fd))
+                fds.append((j, os.dup(j._fd)))
             except OSError as exc:
                 # Rather than fail a sync that can be done: a failed sync leaves what was written
                 # not known to be durable, and the journal refusing records.
@@ -350,7 +369,7 @@ async def _sync_journals(journals: list[Journal]) -> None:
                 continue
             jobs.append((j, j._end))
     except OSError:
-        for fd in fds:
+        for _, fd in fds:
             os.close(fd)
         raise
     if not fds:
@@ -384,7 +403,7 @@ class Journal:
     __slots__ = (
         "path", "last_seq", "_policy", "_on_dirty", "_queued", "_readonly", "_fd", "_end", "_synced", "_broken",
         "_broken_reason", "_errno", "_idx_seq", "_idx_off", "_cursors", "_ts_lo", "_ts_hi", "_ts", "_ts_mid",
-        "_heads", "_run", "_run_tail", "_seq_hi", "_seq_low", "_sync_failed", "_sync_done",
+        "_heads", "_run", "_run_tail", "_seq_hi", "_seq_low", "_sync_failed", "_sync_done", "_fsync_lock",
     )
 
     path: pathlib.Path
@@ -411,6 +430,8 @@ class Journal:
         self._sync_failed = False
         #: set when the fsync a worker thread runs for :meth:`sync` ends (None: none runs)
         self._sync_done: trio.Event | None = None
+        #: held by whichever thread fsyncs it (_fsync_journal)
+        self._fsync_lock = threading.Lock()
         try:
             self._fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL, _fsutil.FILE_MODE)
             _fsutil.fsync_dir(self.path.parent)  # the new name must survive a crash too
@@ -654,6 +675,8 @@ class Journal:
     def _raise_unusable(self) -> None:
         if self._fd < 0:
             raise trio.ClosedResourceError(f"journal {self.path} is closed")
+        if self._sync_failed and not self._broken:  # marked by a worker thread; _fail is on its way
+            raise OSError(errno.EIO, f"journal {self.path}: an earlier fsync of it failed")
         raise OSError(self._errno, f"journal {self.path} {self._broken_reason}")
 
     def _index(self, seq: int, off: int) -> None:
@@ -695,7 +718,7 @@ class Journal:
             end = self._end
             t0 = time.perf_counter()
             try:
-                os.fsync(self._fd)
+                _fsync_journal(self, self._fd)
             except OSError as exc:
                 _fsync_failed([(self, end)], exc)
                 raise
@@ -726,8 +749,8 @@ class Journal:
         if fd < 0:
             return
         try:
-            if sync and self._policy is not FsyncPolicy.NEVER and self._synced < self._end:
-                os.fsync(fd)
+            if sync and self._policy is not FsyncPolicy.NEVER and self._synced < self._end and not self._sync_failed:
+                _fsync_journal(self, fd)
                 self._synced = self._end
         finally:
             os.close(fd)

@@ -72,15 +72,15 @@ async def test_a_record_whose_fsync_failed_is_never_published_as_durable_nor_twi
         calls: list[int] = []
         started, fail = threading.Event(), threading.Event()
 
-        def fsync_fds(fds: list[int]) -> None:
-            calls.append(len(fds))
+        def fsync_fds(jobs: list[tuple[Any, int]]) -> None:
+            calls.append(len(jobs))
             if len(calls) == 1:  # A's: fails once B waits too
                 started.set()
                 fail.wait(5)
-                for fd in fds:
+                for _, fd in jobs:
                     os.close(fd)
                 raise OSError(errno.EIO, "Input/output error")
-            real(fds)
+            real(jobs)
 
         monkeypatch.setattr(journal_mod, "_timed_fsync_fds", fsync_fds)
         turn = c.Turn(state=c.TurnState.COMPLETED)
@@ -98,7 +98,9 @@ async def test_a_record_whose_fsync_failed_is_never_published_as_durable_nor_twi
         # A's turn record: told live once, never as durable; B's record is not known durable either.
         assert [t for t in got if t[0] == "turn"] == [("turn", 0)], got
         assert [t for t in got if t[0] == "error"] == [], got
-        assert live.syncing == []
+        # Nor later: the journal takes no more records, and no sync of it succeeds.
+        await _journal_or_refused(service, live, b'{"message":"C"}')
+        assert [(r.type, r.seq) for r in outbox.records] == got
 
 
 async def test_a_sync_without_an_fd_to_hand_over_neither_fails_nor_duplicates_the_record(

@@ -493,16 +493,17 @@ async def test_always_runs_one_fsync_of_a_journal_at_a_time_and_a_failed_one_fai
     release = threading.Event()
     started = threading.Event()
 
-    def fsync_fds(fds: list[int]) -> None:
+    def fsync_fds(jobs: list[tuple[Journal, int]]) -> None:
         overlapped.append(bool(running))
         running.append(1)
         started.set()
         try:
             release.wait(5)
+            jobs[0][0]._sync_failed = True  # as _fsync_journal marks it
             raise OSError(errno.EIO, "Input/output error")
         finally:
             running.pop()
-            for fd in fds:
+            for _, fd in jobs:
                 os.close(fd)
 
     monkeypatch.setattr(journal_mod, "_timed_fsync_fds", fsync_fds)
@@ -533,6 +534,47 @@ async def test_always_runs_one_fsync_of_a_journal_at_a_time_and_a_failed_one_fai
     with pytest.raises(OSError, match="could not be synced"):
         j.append("item", payload(2))
     j.close()
+
+
+async def test_a_sync_never_succeeds_over_a_failed_fsync_of_the_group_commit_thread(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # fsync batch: the group-commit thread's fsync of x fails, and the thread goes on to y's (slow)
+    # before its failure reaches the trio thread. A sync of x meanwhile (what unload does before it
+    # lets the lease go) ran an fsync of its own, which succeeded: the error is reported to one
+    # fsync of the file only. The journal's fsync lock (_fsync_journal) keeps that from happening.
+    monkeypatch.setattr(journal_mod, "_fsync_timer", journal_mod._FsyncTimer())  # worker-thread path
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=1)
+    x = store.open("x")
+    y = store.open("y")
+    ino_x, ino_y = os.fstat(x._fd).st_ino, os.fstat(y._fd).st_ino
+    real = os.fsync
+    x_failed, release = threading.Event(), threading.Event()
+
+    def fsync(fd: int) -> None:
+        ino = os.fstat(fd).st_ino
+        if threading.current_thread().name == "agentd-journal-sync":
+            if ino == ino_x:
+                x_failed.set()
+                raise OSError(errno.EIO, "Input/output error")  # later fsyncs of x would succeed
+            if ino == ino_y:
+                release.wait(5)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        x.append("item", b'{"n":1}')  # both dirty, in one batch: x first
+        y.append("item", b'{"n":2}')
+        with trio.fail_after(5):
+            while not x_failed.is_set():
+                await trio.sleep(0.001)
+        try:
+            with pytest.raises(OSError):
+                await x.sync()
+        finally:
+            release.set()
+            nursery.cancel_scope.cancel()
+    await store.aclose()
 
 
 async def test_always_without_an_fd_to_hand_over_syncs_on_the_trio_thread(
