@@ -186,6 +186,11 @@ def _payload(event: c.Event) -> tuple[str, bytes]:
     return tag, _json.encode({f: getattr(event, f) for f in fields})
 
 
+class _Unsynced(c.InternalError):
+    """A record is in the journal but its sync failed: not known to be durable. Never written again:
+    the file journal takes no more records (Journal.sync), the postgres store retries the commit."""
+
+
 class _Events:
     """A conversation's queue of provider events for its pump: unbounded, FIFO, one reader.
 
@@ -998,8 +1003,10 @@ class ConversationService:
         if live.unjournaled:
             await self._append_unjournaled(live)
         data = masking.mask_json(data)  # what a runtime echoed of a secret is never written
+        written = False
         try:
             seq, line = live.journal.append(type_, data, run=run)
+            written = True
             if self._sync_before_publish:
                 self._flush(live)  # what is held back goes out before this task yields
                 live.syncing.append((seq, line))
@@ -1013,7 +1020,8 @@ class ConversationService:
             if not live.write_failing:
                 live.write_failing = True
                 log.error("journal.write_failed", conversation=live.record.id, error=str(exc))
-            raise c.InternalError(f"cannot write the journal: {exc.strerror or exc}") from None
+            raise (_Unsynced if written else c.InternalError)(
+                f"cannot write the journal: {exc.strerror or exc}") from None
         if live.write_failing:
             live.write_failing = False
             log.info("journal.write_recovered", conversation=live.record.id)
@@ -1050,8 +1058,8 @@ class ConversationService:
         subscribers live (seq 0), so nobody waits for an end that was not written."""
         try:
             await self._append(live, type_, data, run=run)
-        except c.InternalError:
-            if not live.lost:
+        except c.InternalError as exc:
+            if not live.lost and not isinstance(exc, _Unsynced):  # an unsynced one is in the journal already
                 live.unjournaled.append((type_, data, run))
             self._publish_live(live, type_, data, run=run)
 
@@ -1062,8 +1070,8 @@ class ConversationService:
         for i, (type_, data, run) in enumerate(backlog):
             try:
                 await self._append(live, type_, data, run=run)
-            except c.InternalError:
-                live.unjournaled[:0] = backlog[i:]
+            except c.InternalError as exc:
+                live.unjournaled[:0] = backlog[i + 1 if isinstance(exc, _Unsynced) else i:]
                 raise
 
     def _journal_recovered(self, cid: str) -> None:

@@ -135,3 +135,22 @@ async def test_pg_a_record_whose_own_sync_succeeded_is_published(tmp_path: Path,
         assert seq_b == before + 2, results  # B's record journaled, committed, acknowledged
         got = [r.seq for r in outbox.records]
         assert seq_b in got, (got, seq_b)  # ... and so published
+
+
+async def test_pg_an_ending_record_whose_commit_failed_is_journaled_once(tmp_path: Path, pg_db: Any) -> None:
+    # A turn's end whose commit failed is told live (seq 0), and its row is retried and committed.
+    # It was also queued as unjournaled, and written again once the journal recovered: twice.
+    fail: list[Any] = []
+    async with _pg_service(tmp_path, pg_db, fail) as (service, hub):
+        live = await _conversation(service, tmp_path)
+        before = live.published_seq
+        fail.append(1)  # the next commit fails: its rows are retried
+        turn = c.Turn(state=c.TurnState.COMPLETED)
+        await service._append_or_publish(live, "turn", msgspec.json.encode(turn), run="")
+        assert not fail and not live.unjournaled
+        with trio.fail_after(10):  # the retry commits it; the journal takes records again
+            while live.journal._broken or live.journal.durable_seq <= before:
+                await trio.sleep(0.02)
+        await service.note(live.record.id, "task", b'{"n":2}')  # what recovery wrote, if anything, is before it
+        on_disk = [msgspec.json.decode(x)["type"] for x in await live.journal.read_after(before)]
+        assert on_disk == ["turn", "task"], on_disk
