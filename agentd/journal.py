@@ -260,9 +260,6 @@ class _GroupCommit:
         self._token = token
         #: what ended the thread other than _STOP (a bug): run() raises it
         self.error: BaseException | None = None
-        #: journals whose fsync failed: never synced again here, lest a later fsync report success over
-        #: the pages the kernel dropped (before the trio thread has marked them)
-        self._failed: set[Journal] = set()
 
     def _to_trio(self, fn: Callable[..., object], *args: object) -> None:
         try:
@@ -305,7 +302,7 @@ class _GroupCommit:
     def _sync(self, batch: list[tuple[float, Journal, int]]) -> None:
         fds: dict[Journal, int] = {}
         for _, j, fd in batch:
-            if j in fds or j in self._failed:
+            if j in fds or j._sync_failed:
                 # queued twice (synced meanwhile, then dirty again): one fsync covers both; or failed before
                 os.close(fd)
             else:
@@ -323,7 +320,6 @@ class _GroupCommit:
                 _fsync_journal(j, fds[j])
             except OSError as exc:
                 failed.append((j, end))
-                self._failed.add(j)
                 error = error or exc
             else:
                 if end > j._synced:
@@ -380,14 +376,9 @@ async def _sync_journals(journals: list[Journal]) -> None:
     except OSError as exc:
         _fsync_failed(jobs, exc)
         raise
-    failed = None
-    for j, end in jobs:
-        if j._sync_failed:
-            failed = failed or j  # another fsync of it failed meanwhile: this success proves nothing
-        elif end > j._synced:
+    for j, end in jobs:  # each fsync held the journal's fsync lock: none ran over a failed one
+        if end > j._synced:
             j._synced = end
-    if failed is not None:
-        failed._raise_unusable()
 
 
 class Journal:
