@@ -299,8 +299,12 @@ class Item(msgspec.Struct, omit_defaults=True):
     attachments: list[Attachment] = []
 
 
-class Delta(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Appends ``text`` to item ``item_id`` of kind ``kind``, creating it when absent."""
+class Delta(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+    """Appends ``text`` to item ``item_id`` of kind ``kind``, creating it when absent.
+
+    Not tracked by the garbage collector (msgspec ``gc=False``): its fields are strings and an
+    enum, so it can never be part of a reference cycle, and one is made per streamed chunk.
+    """
 
     item_id: str
     kind: ItemKind
@@ -799,8 +803,9 @@ class ItemEvent(_Event, tag="item"):
     item: Item
 
 
-class DeltaEvent(_Event, tag="delta"):
-    """Streamed text for an item; live only, a snapshot rebuilds it."""
+class DeltaEvent(_Event, tag="delta", gc=False):
+    """Streamed text for an item; live only, a snapshot rebuilds it. Untracked by the garbage
+    collector, as :class:`Delta` (it holds one Delta: no reference cycle)."""
 
     durable: ClassVar[bool] = False
     delta: Delta

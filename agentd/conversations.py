@@ -33,7 +33,6 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -55,7 +54,7 @@ from . import wire
 from . import write_behind as _write_behind
 from ._keyed_lock import KeyedLock
 from ._quick_lock import QuickLock
-from .hub import Hub
+from .hub import Hub, Line, LiveRun
 from .journal import FsyncPolicy
 from .leases import LeaseHeld
 
@@ -313,7 +312,7 @@ class _Live:
         self.syncing: list[tuple[int, bytes]] = []
         #: records held back while the pump handles a burst or a turn starts, published together at its
         #: end (or before anything waits: publish_held); None: publish at once
-        self.held: list[tuple[int, bytes]] | None = None
+        self.held: list[tuple[int, Line]] | None = None
         self.pending: dict[str, c.Interaction] = {}
         #: interactions the daemon answered itself (yolo, timeout), until the provider resolves them
         self.auto_answered: set[str] = set()
@@ -1275,12 +1274,11 @@ class ConversationService:
             else:
                 pre, post = head, tail
                 datas = [_json.encode(msgspec.structs.replace(scoped, text=t)) for t in out]
-            lines = list(map(b"".join, zip(repeat(pre), datas, repeat(post))))
+            group_lines = LiveRun(pre, datas, post)  # no line made per delta: the hub joins each subscriber's frames
             if held is not None:
-                held.extend(zip(repeat(0), lines))
+                held.append((0, group_lines))
             else:
-                for line in lines:
-                    self.hub.publish(live.record.id, 0, line)
+                self.hub.publish(live.record.id, 0, group_lines)
 
     def _delta(self, live: _Live, d: c.Delta, data: bytes) -> None:
         """Keep ``d``'s text for a snapshot and publish ``data`` (``d`` encoded, masked already)."""

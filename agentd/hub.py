@@ -75,9 +75,61 @@ class Subscription:
         return prefix
 
 
-def _frames(prefix: bytes, lines: Sequence[bytes]) -> bytes:
+class LiveRun:
+    """Consecutive live-only records (seq 0) that share their start and end: record ``i`` is
+    ``head + bodies[i] + tail``.
+
+    What the conversation service publishes for a run of text deltas of one item (the same
+    envelope around each encoded text): one entry for the run, each subscriber's frames of it
+    one join, no line made per record. ``bodies`` holds one or more; ``len()`` is their number.
+    """
+
+    __slots__ = ("head", "bodies", "tail")
+
+    def __init__(self, head: bytes, bodies: list[bytes], tail: bytes) -> None:
+        self.head = head
+        self.bodies = bodies
+        self.tail = tail
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    def lines(self) -> list[bytes]:
+        """Each record of the run, encoded."""
+        head, tail = self.head, self.tail
+        return [b"".join((head, body, tail)) for body in self.bodies]
+
+
+#: A published record: its encoded line, or a run of live-only ones.
+Line = bytes | LiveRun
+
+
+def _frames(prefix: bytes, lines: Sequence[Line]) -> bytes:
     """The ``event`` frames of ``lines`` (one or more) with ``prefix``, joined: what Subscription.frame makes of each."""
-    return b"".join((prefix, (b"}\n" + prefix).join(lines), b"}\n"))
+    sep = b"}\n" + prefix
+    if LiveRun not in map(type, lines):  # C speed: no Python frame per line
+        return b"".join((prefix, sep.join(lines), b"}\n"))
+    parts: list[bytes] = []
+    plain: list[bytes] = []
+    for line in lines:
+        if type(line) is LiveRun:
+            if plain:
+                parts.append(sep.join(plain))
+                plain = []
+            head, tail = line.head, line.tail
+            parts.append(b"".join((head, (tail + sep + head).join(line.bodies), tail)))
+        else:
+            plain.append(line)
+    if plain:
+        parts.append(sep.join(plain))
+    return b"".join((prefix, sep.join(parts), b"}\n"))
+
+
+def _count(lines: Sequence[Line]) -> int:
+    """How many records ``lines`` holds (a LiveRun holds several)."""
+    if LiveRun not in map(type, lines):
+        return len(lines)
+    return sum(len(line) if type(line) is LiveRun else 1 for line in lines)
 
 
 class Hub:
@@ -108,8 +160,12 @@ class Hub:
     def subscribers(self, conversation: str) -> int:
         return len(self._by_conversation.get(conversation, ())) + len(self._all)
 
-    def publish(self, conversation: str, seq: int, line: bytes) -> None:
-        """Deliver one record (``seq`` 0 for live-only records) to every live subscriber."""
+    def publish(self, conversation: str, seq: int, line: Line) -> None:
+        """Deliver one record (``seq`` 0 for live-only records) to every live subscriber; a
+        :class:`LiveRun` (``seq`` 0) delivers its records, as :meth:`publish_many` does."""
+        if type(line) is LiveRun:
+            self.publish_many(conversation, [(0, line)])
+            return
         subs = self._by_conversation.get(conversation)
         if subs:
             for sub in list(subs):
@@ -127,17 +183,19 @@ class Hub:
             elif seq:
                 sub.positions[conversation] = seq
 
-    def publish_many(self, conversation: str, records: list[tuple[int, bytes]]) -> None:
-        """Deliver records ``(seq, line)`` in order, as :meth:`publish` one by one would.
+    def publish_many(self, conversation: str, records: list[tuple[int, Line]]) -> None:
+        """Deliver records ``(seq, line)`` in order, as :meth:`publish` one by one would; a line
+        may be a :class:`LiveRun` of live-only records (``seq`` 0).
 
         One ``offer_many`` per subscriber for the whole list: its frames are
         built by one join (C speed) instead of one per record, so fanning a
         burst out costs per subscriber, hardly per record. A subscriber whose
         outbox cannot take them all is cut off (``lagged``) with none of them.
         """
-        if len(records) <= 1:
-            if records:
-                self.publish(conversation, *records[0])
+        if len(records) == 1 and type(records[0][1]) is not LiveRun:
+            self.publish(conversation, *records[0])
+            return
+        if not records:
             return
         subs = self._by_conversation.get(conversation)
         if not subs and not self._all:
@@ -151,7 +209,7 @@ class Hub:
                 if seq:
                     first = first or seq
                     last = seq
-        count = len(records)
+        count = _count(lines)
         if subs:
             for sub in list(subs):
                 if not sub.live:
@@ -163,7 +221,11 @@ class Hub:
                             break
                         if seq and seq <= sub.cursor:
                             continue
-                        if not sub.outbox.offer(sub.frame(conversation, line)):
+                        if type(line) is LiveRun:
+                            taken = sub.outbox.offer_many(_frames(sub.prefix(conversation), (line,)), len(line))
+                        else:
+                            taken = sub.outbox.offer(sub.frame(conversation, line))
+                        if not taken:
                             self._lag(sub)
                         elif seq:
                             sub.cursor = seq

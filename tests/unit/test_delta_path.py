@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 from agentd import contract as c
 from agentd import conversations as cv
 from agentd import masking, wire
+from agentd.hub import LiveRun
 from agentd.itemids import ItemIds
+
+
+def held_lines(held: list) -> list[bytes]:
+    """Each record a conversation holds back, encoded (a LiveRun holds several)."""
+    return [one for _, line in held for one in (line.lines() if isinstance(line, LiveRun) else [line])]
 
 
 @pytest.mark.parametrize("type_", ["delta", "activity", 'odd "type"\\'])
@@ -60,7 +66,7 @@ def test_a_secret_split_across_deltas_through_the_stream_path(monkeypatch: pytes
     for at in range(0, len(chunks), run):
         service._stream(live, [c.Delta(item_id="i", kind=c.ItemKind.ASSISTANT, text=t) for t in chunks[at:at + run]])
     service._release_deltas(live, None)
-    sent = [msgspec.json.decode(line) for _, line in live.held]
+    sent = [msgspec.json.decode(line) for line in held_lines(live.held)]
     assert all(r["type"] == "delta" and r["run"] == "r1" and r["data"]["item_id"] == "r1.i" for r in sent)
     out = "".join(r["data"]["text"] for r in sent)
     assert secret[:8] not in out and "abcdefgh" not in out
@@ -151,7 +157,7 @@ def test_runs_of_interleaved_items_come_out_in_order_and_an_item_is_kept_from_it
     service._stream(live, [c.Delta(item_id="t", kind=r, text="think "), c.Delta(item_id="t", kind=r, text="more "),
                            c.Delta(item_id="m", kind=a, text="say "), c.Delta(item_id="t", kind=r, text="again "),
                            c.Delta(item_id="x", kind=a, text="a")])  # "a" may start a secret: held back
-    sent = [(r["data"]["item_id"], r["data"]["text"]) for r in (msgspec.json.decode(line) for _, line in live.held)]
+    sent = [(r["data"]["item_id"], r["data"]["text"]) for r in (msgspec.json.decode(line) for line in held_lines(live.held))]
     assert sent == [("r1.t", "think "), ("r1.t", "more "), ("r1.m", "say "), ("r1.t", "again ")]
     assert set(live.items) == {"r1.t", "r1.m"}  # nothing of x was sent yet
     assert live.items["r1.t"] == ("reasoning", "", ["think ", "more ", "again "])
@@ -187,9 +193,9 @@ def test_the_stream_path_sends_the_bytes_the_general_path_did(deltas: list, run:
             data = cv._json.encode(d)
         slow.items.setdefault(d.item_id, (d.kind.value, d.agent_id, []))[2].append(d.text)
         slow.held.append((0, cv._live_line("delta", data, "r1")))
-    strip = lambda held: [msgspec.json.decode(line)["data"] for _, line in held]  # noqa: E731 (ts may differ by a ms)
+    strip = lambda held: [msgspec.json.decode(line)["data"] for line in held_lines(held)]  # noqa: E731 (ts may differ by a ms)
     assert strip(fast.held) == strip(slow.held)
-    assert [line.split(b',"data":', 1)[1] for _, line in fast.held] == [line.split(b',"data":', 1)[1] for _, line in slow.held]
+    assert [line.split(b',"data":', 1)[1] for line in held_lines(fast.held)] == [line.split(b',"data":', 1)[1] for line in held_lines(slow.held)]
     assert fast.items == slow.items
     assert fast.deltas._held == slow.deltas._held
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from agentd.hub import Hub, Subscription
+import pytest
+
+from agentd.hub import Hub, LiveRun, Subscription
 
 
 class Outbox:
@@ -52,6 +54,42 @@ def test_a_burst_reaches_every_subscriber_as_the_same_bytes_as_one_by_one() -> N
     assert [s.cursor for s in many_subs[:2]] == [6, 6]
     assert many_subs[2].positions == {"c1": 6}
     assert many_boxes[0].data.count(b'{"type":"event","sub":1,"conversation":"c1","record":{"type":') == 4
+
+
+def _run(*texts: str) -> LiveRun:
+    return LiveRun(b'{"type":"delta","data":{"text":', [b'"%s"' % t.encode() for t in texts], b"}}")
+
+
+WITH_RUNS = [(0, _run("a", "b")), (5, b'{"type":"item","seq":5}'), (0, b'{"type":"delta","n":1}'), (0, _run("c")),
+             (0, _run("d", "e", "f")), (6, b'{"type":"turn","seq":6}')]
+
+
+def _one_by_one(records: list) -> list[tuple[int, bytes]]:
+    return [(seq, one) for seq, line in records for one in (line.lines() if isinstance(line, LiveRun) else [line])]
+
+
+@pytest.mark.parametrize("records", [WITH_RUNS, WITH_RUNS[:1], WITH_RUNS[3:5], WITH_RUNS[1:4]])
+@pytest.mark.parametrize("after", [4, 5])  # 5: the catch-up delivered seq 5 (the one-by-one path)
+def test_a_run_of_live_records_reaches_every_subscriber_as_its_lines_one_by_one(records: list, after: int) -> None:
+    one, one_boxes, one_subs = _hub(after)
+    for seq, line in _one_by_one(records):
+        one.publish("c1", seq, line)
+    many, many_boxes, many_subs = _hub(after)
+    many.publish_many("c1", records)
+    assert [b.data for b in many_boxes] == [b.data for b in one_boxes]
+    assert [b.frames for b in many_boxes] == [b.frames for b in one_boxes]
+    assert [s.cursor for s in many_subs] == [s.cursor for s in one_subs]
+    assert [s.positions for s in many_subs] == [s.positions for s in one_subs]
+    single, single_boxes, _ = _hub(after)
+    if len(records) == 1:  # publish takes a run as well
+        single.publish("c1", *records[0])
+        assert [b.data for b in single_boxes] == [b.data for b in one_boxes]
+
+
+def test_a_run_counts_as_its_records_against_the_outbox() -> None:
+    hub, boxes, subs = _hub(limit=6)  # WITH_RUNS is 9 records in 6 entries
+    hub.publish_many("c1", WITH_RUNS)
+    assert boxes[0].data == b"" and boxes[0].lagged_subs == [subs[0]]
 
 
 def test_records_the_catch_up_already_delivered_are_skipped() -> None:
