@@ -1274,11 +1274,12 @@ class ConversationService:
             else:
                 pre, post = head, tail
                 datas = [_json.encode(msgspec.structs.replace(scoped, text=t)) for t in out]
-            group_lines = LiveRun(pre, datas, post)  # no line made per delta: the hub joins each subscriber's frames
             if held is not None:
-                held.append((0, group_lines))
-            else:
-                self.hub.publish(live.record.id, 0, group_lines)
+                # no line made per delta: the hub joins each subscriber's frames of the run
+                held.append((0, LiveRun(pre, datas, post)))
+            else:  # one by one, as published at once (each to the outbox's rule for one frame)
+                for data in datas:
+                    self.hub.publish(live.record.id, 0, b"".join((pre, data, post)))
 
     def _delta(self, live: _Live, d: c.Delta, data: bytes) -> None:
         """Keep ``d``'s text for a snapshot and publish ``data`` (``d`` encoded, masked already)."""

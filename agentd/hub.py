@@ -79,9 +79,11 @@ class LiveRun:
     """Consecutive live-only records (seq 0) that share their start and end: record ``i`` is
     ``head + bodies[i] + tail``.
 
-    What the conversation service publishes for a run of text deltas of one item (the same
-    envelope around each encoded text): one entry for the run, each subscriber's frames of it
-    one join, no line made per record. ``bodies`` holds one or more; ``len()`` is their number.
+    What the conversation service holds back for a run of text deltas of one item (the same
+    envelope around each encoded text) and hands to :meth:`Hub.publish_many`: one entry for the
+    run, each subscriber's frames of it one join, no line made per record. Delivered exactly as
+    its records one by one would be, including the outbox's decisions (a record alone is offered
+    as one frame). ``bodies`` holds one or more; ``len()`` is their number.
     """
 
     __slots__ = ("head", "bodies", "tail")
@@ -100,7 +102,7 @@ class LiveRun:
         return [b"".join((head, body, tail)) for body in self.bodies]
 
 
-#: A published record: its encoded line, or a run of live-only ones.
+#: A record handed to Hub.publish_many: its encoded line, or a run of live-only ones.
 Line = bytes | LiveRun
 
 
@@ -160,12 +162,8 @@ class Hub:
     def subscribers(self, conversation: str) -> int:
         return len(self._by_conversation.get(conversation, ())) + len(self._all)
 
-    def publish(self, conversation: str, seq: int, line: Line) -> None:
-        """Deliver one record (``seq`` 0 for live-only records) to every live subscriber; a
-        :class:`LiveRun` (``seq`` 0) delivers its records, as :meth:`publish_many` does."""
-        if type(line) is LiveRun:
-            self.publish_many(conversation, [(0, line)])
-            return
+    def publish(self, conversation: str, seq: int, line: bytes) -> None:
+        """Deliver one record (``seq`` 0 for live-only records) to every live subscriber."""
         subs = self._by_conversation.get(conversation)
         if subs:
             for sub in list(subs):
@@ -192,9 +190,14 @@ class Hub:
         burst out costs per subscriber, hardly per record. A subscriber whose
         outbox cannot take them all is cut off (``lagged``) with none of them.
         """
-        if len(records) == 1 and type(records[0][1]) is not LiveRun:
-            self.publish(conversation, *records[0])
-            return
+        if len(records) == 1:
+            seq, line = records[0]
+            if type(line) is not LiveRun:
+                self.publish(conversation, seq, line)
+                return
+            if len(line) == 1:  # one record: the outbox's rule for one frame (offer), as publish
+                self.publish(conversation, 0, line.head + line.bodies[0] + line.tail)
+                return
         if not records:
             return
         subs = self._by_conversation.get(conversation)
@@ -221,14 +224,12 @@ class Hub:
                             break
                         if seq and seq <= sub.cursor:
                             continue
-                        if type(line) is LiveRun:
-                            taken = sub.outbox.offer_many(_frames(sub.prefix(conversation), (line,)), len(line))
-                        else:
-                            taken = sub.outbox.offer(sub.frame(conversation, line))
-                        if not taken:
-                            self._lag(sub)
-                        elif seq:
-                            sub.cursor = seq
+                        for one in line.lines() if type(line) is LiveRun else (line,):
+                            if not sub.outbox.offer(sub.frame(conversation, one)):
+                                self._lag(sub)
+                                break
+                            if seq:
+                                sub.cursor = seq
                     continue
                 if not sub.outbox.offer_many(_frames(sub.prefix(conversation), lines), count):
                     self._lag(sub)
