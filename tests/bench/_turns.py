@@ -59,9 +59,11 @@ ROUNDS: tuple[tuple[int, int, int, int], ...] = (
 )
 #: turns per side in a full run: whole cycles of :data:`ROUNDS`. The target asks for a median of at
 #: least 10; with 10, one run's 95% interval of a Claude Code ratio spanned 0.94x-1.87x (the turns'
-#: own spread), so a 2% budget could not be told from noise. 60 turns of ~40 ms cost a few seconds
-#: per runtime.
-TURNS = 5 * len(ROUNDS)
+#: own spread), so a 2% budget could not be told from noise. With 60, the interval still spanned
+#: +-10 to 15%, and two quiet runs of the same code read Claude Code 1.07x and 1.05x, Gemini CLI
+#: 1.01x and 1.05x: 180 (four sides of 20 to 60 ms turns: 15 to 45 s per runtime) narrows it by
+#: about sqrt(3).
+TURNS = 15 * len(ROUNDS)
 
 
 def turn_count(ctx: Ctx) -> int:
