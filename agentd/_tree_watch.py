@@ -19,8 +19,10 @@ Linux only (:data:`SUPPORTED`).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
+import termios
 import threading
 import weakref
 from pathlib import Path
@@ -91,8 +93,12 @@ class TreeWatch:
         self._paths: dict[int, str] = {}
         #: the watch on root/.git, whose events count only for its "info" entry
         self._git_wd = -1
+        #: the watch on root itself: its going (moved, deleted, unmounted) leaves nothing watched at root's path
+        self._root_wd = -1
         #: events read by changed() and not yet taken in by mark()
         self._seen: list[Any] = []
+        #: FIONREAD's answer, reused: changed() asks it before every turn (a read only when it says bytes)
+        self._avail = bytearray(4)
         #: why the watch is not armed ("" = armed or never marked)
         self.unarmed = ""
         #: held by the owner's mark() and changed(): another tree's mark evicts only an idle watch
@@ -122,6 +128,8 @@ class TreeWatch:
             from inotify_simple import flags
 
             events, self._seen = self._seen + self._read(), []
+            # root left its path (moved, deleted: its watch removed; unmounted): whatever lies there now is armed
+            root_gone = flags.MOVE_SELF | flags.DELETE_SELF | flags.IGNORED | flags.UNMOUNT
             fresh: list[str] = []
             for ev in events:
                 if ev is None or ev.mask & flags.Q_OVERFLOW or ev.wd not in self._paths:
@@ -129,6 +137,9 @@ class TreeWatch:
                         fresh = []
                         break
                     continue  # a watch removed since (IGNORED after a delete)
+                if ev.wd == self._root_wd and (ev.mask & root_gone or ev.name == ".git"):
+                    fresh = []
+                    break  # root (or root/.git) went, perhaps for another directory at its path: arm that
                 if ev.wd == self._git_wd:
                     if ev.name == "info":
                         fresh = []
@@ -191,7 +202,7 @@ class TreeWatch:
                 self._paths[self._git_wd] = git
                 if os.path.isdir(os.path.join(git, "info")):
                     self._arm(os.path.join(git, "info"))
-            self._arm(self.root)
+            self._root_wd = self._arm(self.root)
         except (OSError, _Unarmed) as exc:
             self.close()
             self.unarmed = str(exc)
@@ -199,9 +210,10 @@ class TreeWatch:
         self.unarmed = ""
         return True
 
-    def _arm(self, top: str) -> None:
-        """Watch ``top`` and every directory below it, each watched before it is listed."""
+    def _arm(self, top: str) -> int:
+        """Watch ``top`` and every directory below it, each watched before it is listed; ``top``'s watch."""
         stack = [top]
+        top_wd = -1
         while stack:
             path = stack.pop()
             if len(self._paths) >= self.max_dirs:
@@ -220,12 +232,15 @@ class TreeWatch:
                 with _lock:
                     _used["watches"] -= 1  # the same directory again: one watch
             self._paths[wd] = path
+            if top_wd < 0:
+                top_wd = wd
             if path == os.path.join(self.root, ".git", "info"):
                 continue
             with os.scandir(path) as entries:
                 for entry in entries:
                     if entry.is_dir(follow_symlinks=False) and entry.name != ".git" and entry.path not in self.exclude:
                         stack.append(entry.path)
+        return top_wd
 
     def _read(self) -> list[Any]:
         try:
@@ -238,12 +253,23 @@ class TreeWatch:
         with self._busy:
             if self._inotify is None:
                 return True
-            events = self._read()
-        self._seen += events
+            events = self._read() if self._queued() else []
+        if events:
+            self._seen += events
         with _lock:
-            if _armed.pop(id(self), None) is not None:
-                _armed[id(self)] = weakref.ref(self)  # the most recently used now
+            key = id(self)
+            if key in _armed and next(reversed(_armed)) != key:
+                _armed[key] = _armed.pop(key)  # the most recently used now
         return any(ev is None or ev.wd != self._git_wd or ev.name == "info" for ev in self._seen)
+
+    def _queued(self) -> bool:
+        """Whether the kernel holds events to read (True when it cannot say). The usual answer
+        before a turn is no: one ioctl then, not inotify_simple's read and parse."""
+        try:
+            fcntl.ioctl(self._inotify.fileno(), termios.FIONREAD, self._avail, True)
+        except OSError:
+            return True  # _read says why, as None: "changed"
+        return self._avail != b"\0\0\0\0"
 
     def __del__(self) -> None:
         try:
@@ -263,7 +289,7 @@ class TreeWatch:
             _used["watches"] -= len(self._paths)
             self._paths.clear()
         self._seen = []
-        self._git_wd = -1
+        self._git_wd = self._root_wd = -1
 
 
 def _evict_one(taker: TreeWatch) -> bool:

@@ -127,6 +127,8 @@ class _Shadow:
         self.state_dir = state_dir
         self.dir = root / hashlib.sha256(workdir.encode("utf-8", "surrogateescape")).hexdigest()[:24]
         self.git_dir = self.dir / "git"
+        #: git_dir/HEAD as a str: record_now stats it before every turn (os.path, not pathlib)
+        self._head = str(self.git_dir / "HEAD")
         self.index = self.dir / "index"
         self.jobs_in, self.jobs_out = trio.open_memory_channel[_Job](math.inf)
         #: jobs asked for and not finished, oldest first
@@ -254,7 +256,7 @@ class _Shadow:
         done, never submitted. Saves a turn the two task switches of a round trip to the worker
         (the usual case: a turn that wrote nothing, the after-state that is the next
         before-state). A ref that cannot be written fails ``job`` as the worker would."""
-        if self.open_jobs or not (self.git_dir / "HEAD").exists():
+        if self.open_jobs or not os.path.exists(self._head):
             return False
         job.started = True
         try:
@@ -476,12 +478,15 @@ class Checkpoints:
                     timeout: float) -> wire.CheckpointRecord:
         t0 = time.monotonic()
         record = live.record
-        shadow = self._shadow(record.workdir)
-        if shadow is None:
-            return wire.CheckpointRecord(step=step, phase=phase, skipped="no_workdir",  # type: ignore[arg-type]
-                                         error=f"{record.workdir!r} is not a directory")
         job = _Job(record.id, f"{step}-{phase}")
-        if not shadow.record_now(job):
+        # A shadow whose watch saw nothing needs no look at the directory: its watch on the
+        # root says "changed" when the root is deleted or moved away (DELETE_SELF, MOVE_SELF).
+        shadow = self._shadows.get(record.workdir)
+        if shadow is None or not shadow.record_now(job):
+            shadow = self._shadow(record.workdir)
+            if shadow is None:
+                return wire.CheckpointRecord(step=step, phase=phase, skipped="no_workdir",  # type: ignore[arg-type]
+                                             error=f"{record.workdir!r} is not a directory")
             service.publish_held(live)  # nothing held back waits for a git run
             shadow.submit(job)
             with trio.move_on_after(timeout):

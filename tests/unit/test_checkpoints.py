@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 
 from agentd import checkpoints as cp
+from agentd import wire
 from agentd.config import CheckpointsConfig
 from agentd.journal import FsyncPolicy, JournalStore
 from agentd.store.file import FileJournal
@@ -130,20 +131,24 @@ def test_an_unchanged_tree_writes_no_ref_and_every_named_tree_survives_a_gc(tmp_
             subprocess.run(["git", "cat-file", "-e", f"{tree}^{{tree}}"], env=env, cwd=work, check=True)
 
 
+def _watched(tmp_path: Path) -> tuple[Path, cp.Checkpoints, types.SimpleNamespace]:
+    """A working directory with one file, checkpoints that watch it, and a conversation (its live
+    state as _wait reads it) working there."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("one\n")
+    checkpoints = cp.Checkpoints(CheckpointsConfig(watch=True), tmp_path / "state" / "checkpoints", tmp_path / "state")
+    record = wire.ConversationRecord(id="c1", provider="script", workdir=str(work), created_at="t", updated_at="t")
+    return work, checkpoints, types.SimpleNamespace(record=record)
+
+
 def test_an_unchanged_watched_tree_is_recorded_in_place_and_never_overtakes_an_open_job(tmp_path: Path) -> None:
     # A recording the kernel saw no change for is done in the caller's task (no round trip to the
     # worker), with the tree the worker would give; a change still goes to git; and while the
     # worker has a job open, even an unchanged recording waits its turn behind it.
     import trio.testing
 
-    from agentd import wire
-
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "a.txt").write_text("one\n")
-    checkpoints = cp.Checkpoints(CheckpointsConfig(watch=True), tmp_path / "state" / "checkpoints", tmp_path / "state")
-    record = wire.ConversationRecord(id="c1", provider="script", workdir=str(work), created_at="t", updated_at="t")
-    live = types.SimpleNamespace(record=record)
+    work, checkpoints, live = _watched(tmp_path)
 
     class Service:  # what _wait asks of the conversation service: publish what is held before it waits
         published = 0
@@ -191,6 +196,36 @@ def test_an_unchanged_watched_tree_is_recorded_in_place_and_never_overtakes_an_o
             gate.set()
             await trio.testing.wait_all_tasks_blocked()
             assert got[0].tree == changed.tree and shadow.open_jobs == 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_working_directory_deleted_or_replaced_is_never_recorded_from_its_old_watch(tmp_path: Path) -> None:
+    # The in-place recording looks at no directory (agentd.checkpoints._wait): the watch on the
+    # root must say "changed" for the root itself going, so a deleted directory is no_workdir and
+    # a directory moved away and made anew at the same path is recorded by git, not as the old tree.
+    import shutil
+
+    work, checkpoints, live = _watched(tmp_path)
+    service = types.SimpleNamespace(publish_held=lambda live_: None)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(checkpoints.run)
+            first = await checkpoints._wait(service, live, "r1", "before", 30)  # type: ignore[arg-type]
+            assert len(first.tree) == 40 and not first.skipped, first
+            assert (await checkpoints._wait(service, live, "r1", "after", 30)).tree == first.tree  # type: ignore[arg-type]
+
+            work.rename(tmp_path / "elsewhere")
+            work.mkdir()
+            (work / "b.txt").write_text("another directory\n")
+            moved = await checkpoints._wait(service, live, "r2", "before", 30)  # type: ignore[arg-type]
+            assert len(moved.tree) == 40 and moved.tree != first.tree, moved
+
+            shutil.rmtree(work)
+            gone = await checkpoints._wait(service, live, "r3", "before", 30)  # type: ignore[arg-type]
+            assert gone.skipped == "no_workdir" and not gone.tree, gone
             nursery.cancel_scope.cancel()
 
     trio.run(main)

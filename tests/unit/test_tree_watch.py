@@ -86,6 +86,34 @@ def test_a_file_made_in_a_new_directory_after_the_next_mark_is_seen(tmp_path: Pa
     watch.close()
 
 
+REPLACED = {
+    "root moved away, another made": lambda r: (r.rename(r.with_name("elsewhere")), r.mkdir()),
+    "root deleted, made again": lambda r: (__import__("shutil").rmtree(r), r.mkdir()),
+    "root with no .git deleted, made again": lambda r: (__import__("shutil").rmtree(r), r.mkdir()),
+    "root/.git deleted, made again": lambda r: (__import__("shutil").rmtree(r / ".git"), (r / ".git" / "info").mkdir(parents=True)),
+}
+
+
+@pytest.mark.parametrize("replace", REPLACED)
+def test_what_lies_at_the_path_after_it_was_replaced_is_what_is_watched(tmp_path: Path, replace: str) -> None:
+    # A mark after root (or root/.git) left its path watches the directory there now: `rm -rf
+    # project && git clone ... project` leaves the old watches on inodes nobody uses any more.
+    root = _tree(tmp_path / "work")
+    if "no .git" in replace:
+        __import__("shutil").rmtree(root / ".git")  # nothing under root/.git to tell the delete on the way
+    watch = _watch(root)
+    REPLACED[replace](root)
+    assert watch.changed()
+    assert watch.mark(), watch.unarmed
+    assert not watch.changed()
+    if replace.startswith("root/.git"):
+        (root / ".git" / "info" / "exclude").write_text("*.txt\n")
+    else:
+        (root / "new.txt").write_text("in the directory now at root's path\n")
+    assert watch.changed()
+    watch.close()
+
+
 def test_a_tree_it_cannot_vouch_for_is_always_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _tree(tmp_path / "work")
     big = tw.TreeWatch(str(root), max_dirs=3)
