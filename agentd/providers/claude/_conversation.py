@@ -582,8 +582,10 @@ class ClaudeConversation:
                 return
 
     def _lifecycle(self, data: dict[str, Any]) -> None:
-        """A queued user message's ``command_lifecycle``: a steer the CLI says it will not run is
-        not waited for; a turn whose result came while it waited ends then."""
+        """A user message's ``command_lifecycle`` (Claude Code 2.1 sends one per state of every
+        message written to it): a steer the CLI says it will not run is not waited for; a turn
+        whose result came while it waited ends then. Any other state says nothing the turn's own
+        events do not."""
         turn = self._turn
         mid = str(data.get("command_uuid") or "")
         if turn is None or mid not in turn.steers or data.get("state") not in ("cancelled", "discarded", "refused"):
@@ -942,6 +944,11 @@ class ClaudeConversation:
                     except Exception:  # a mapping bug must not take the session down
                         log.exception("claude.mapping_failed", conversation=self.id, message="StreamEvent")
                 return
+        if type(data) is dict and data.get("type") == "command_lifecycle":
+            # Read here, never journaled: the state of each user message the CLI queued (queued,
+            # started, completed: the turn's own records say that) and what became of a steer.
+            self._lifecycle(data)
+            return
         lib = sdk()
         try:
             message = _parse_message(data)
@@ -955,8 +962,6 @@ class ClaudeConversation:
         if isinstance(data, dict) and data.get("type") == "user" and data.get("isReplay"):
             self._echoed(data)
             return
-        if isinstance(data, dict) and data.get("type") == "command_lifecycle":
-            self._lifecycle(data)
         if message is not None:
             self._dispatch(session, message)
 
