@@ -899,6 +899,10 @@ class JournalStore:
         self.refused: dict[str, JournalRefused] = {}
         #: what the group-commit thread is to sync: (deadline, journal, dup'd fd), or _STOP
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        #: items for ``_queue`` held until the trio thread's current task step ends (see _mark_dirty)
+        self._handoff: list[tuple[float, Journal, int]] = []
+        #: set to have :meth:`run` put ``_handoff`` on the queue; None while run() is not waiting
+        self._kick: trio.Event | None = None
         #: every record's bytes by id, kept from read_records() on, for the index aclose() writes
         self._records: dict[str, bytes] | None = None
         #: False once a record write failed half-way: what is on disk is then unknown
@@ -911,7 +915,15 @@ class JournalStore:
     # ------------------------------------------------------------------ group commit
 
     def _mark_dirty(self, journal: Journal) -> None:
-        """A journal's first unsynced append (BATCH): queue it for the group-commit thread."""
+        """A journal's first unsynced append (BATCH): queue it for the group-commit thread.
+
+        While :meth:`run` waits, the item is handed to the thread by run() itself, once the task
+        that appended has reached its next checkpoint: ``SimpleQueue.put`` wakes the thread, which
+        then takes the GIL from the trio thread at its next system call, and a turn's start (its
+        prompt journaled, then written to the runtime in the same task step) or end (journaled,
+        then sent to its subscribers) would wait for that hand-off. The deadline still counts
+        from the append.
+        """
         try:
             fd = os.dup(journal._fd)
         except OSError as exc:
@@ -920,7 +932,18 @@ class JournalStore:
             with contextlib.suppress(OSError):  # _fsync_failed has refused the journal
                 _fsync_here(journal, exc)
             return
-        self._queue.put((time.monotonic() + self.batch_ms / 1000, journal, fd))
+        item = (time.monotonic() + self.batch_ms / 1000, journal, fd)
+        kick = self._kick
+        if kick is None:
+            self._queue.put(item)
+            return
+        self._handoff.append(item)
+        kick.set()
+
+    def _hand_off(self) -> None:
+        items, self._handoff = self._handoff, []
+        for item in items:
+            self._queue.put(item)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Group commit for ``batch``: runs until cancelled.
@@ -938,13 +961,25 @@ class JournalStore:
         """
         commit = _GroupCommit(self._queue, trio.lowlevel.current_trio_token())
         ended = trio.Event()
-        thread = threading.Thread(target=commit.main, args=(ended.set,), name="agentd-journal-sync", daemon=True)
+
+        def thread_ended() -> None:
+            ended.set()
+            if self._kick is not None:
+                self._kick.set()
+
+        thread = threading.Thread(target=commit.main, args=(thread_ended,), name="agentd-journal-sync", daemon=True)
         thread.start()
         task_status.started()
         try:
-            await ended.wait()  # only when the thread died
+            while not ended.is_set():  # it ends only when the thread died
+                self._kick = kick = trio.Event()
+                await kick.wait()
+                self._kick = None
+                self._hand_off()
             raise RuntimeError("the journal's group-commit thread ended") from commit.error
         finally:
+            self._kick = None
+            self._hand_off()  # appended before the cancel: synced before the thread stops
             if not ended.is_set():
                 self._queue.put(_STOP)
                 with trio.CancelScope(shield=True):

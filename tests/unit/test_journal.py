@@ -761,6 +761,61 @@ async def test_batch_without_an_fd_to_hand_over_syncs_on_the_trio_thread(
     assert store._queue.qsize() == 0
 
 
+class _RecordingQueue(queue.SimpleQueue):  # type: ignore[type-arg]
+    """The group commit's queue, saying when each item was put (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.puts: list[tuple[float, object]] = []
+
+    def put(self, item: object, block: bool = True, timeout: float | None = None) -> None:
+        self.puts.append((time.monotonic(), item))
+        super().put(item, block, timeout)
+
+
+async def test_batch_wakes_the_sync_thread_only_once_the_appending_task_yields(tmp_path: pathlib.Path) -> None:
+    """An append's hand-off to the group-commit thread (which then takes the GIL) waits until the task
+    that appended reaches a checkpoint, so a turn's start and end run on without it; the deadline
+    still counts from the append, and every journal dirtied in that step goes in one hand-off."""
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=1)
+    store._queue = recording = _RecordingQueue()
+    a, b = store.open("a"), store.open("b")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        before = time.monotonic()
+        a.append("item", payload(1))
+        a.append("item", payload(2))
+        b.append("item", payload(1))
+        appended = time.monotonic()
+        assert recording.puts == []  # this task has not yielded yet
+        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint()
+        assert [item[1] for _, item in recording.puts] == [a, b]  # type: ignore[index]
+        for _, (deadline, _j, _fd) in recording.puts:  # type: ignore[misc]
+            assert before + 0.001 <= deadline <= appended + 0.001
+        with trio.fail_after(5):
+            while (a._synced, b._synced) != (a.size, b.size):
+                await trio.sleep(0.001)
+        a.append("item", payload(3))  # dirty again: handed off again
+        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint()
+        assert len(recording.puts) == 3
+        nursery.cancel_scope.cancel()
+    assert a._synced == a.size  # what was appended before the cancel is on disk once run() returned
+    await store.aclose()
+
+
+async def test_batch_hands_off_what_was_appended_right_before_the_cancel(tmp_path: pathlib.Path) -> None:
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=1000)
+    a = store.open("a")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        a.append("item", payload(1))
+        nursery.cancel_scope.cancel()  # before run() took the append: it syncs it on its way out
+    assert a._synced == a.size and store._handoff == []
+    await store.aclose()
+
+
 async def test_batch_shutdown_waits_for_the_fsync_under_way_and_syncs_the_rest(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
