@@ -52,6 +52,7 @@ from . import turnwatch as _turnwatch
 from . import usage as _usage
 from . import wire
 from . import write_behind as _write_behind
+from .publish_soon import PublishSoon
 from ._keyed_lock import KeyedLock
 from ._quick_lock import QuickLock
 from .hub import Hub, Line, LiveRun
@@ -463,6 +464,8 @@ class ConversationService:
         self.checkpoints: Any = None
         #: records owing a save whose news the journal holds (a turn's end): written behind
         self.write_behind = _write_behind.WriteBehind()
+        #: a turn's held start records, published once the prompt is written (or sooner: see there)
+        self.publish_soon: PublishSoon[_Live] = PublishSoon(self._publish_if_held)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -478,6 +481,7 @@ class ConversationService:
             await self._recover()
             nursery.start_soon(self._retention_loop)
             nursery.start_soon(self.write_behind.run, self._save_behind)
+            nursery.start_soon(self.publish_soon.run)
             task_status.started()
             try:
                 await trio.sleep_forever()
@@ -1117,6 +1121,10 @@ class ConversationService:
         if live is not None:
             self._flush(live)
 
+    def _publish_if_held(self, live: _Live) -> None:
+        if live.held is not None:
+            self.publish_held(live)  # its holder yielded while holding
+
     def publish_held(self, live: _Live) -> None:
         """Publish the records held back, in order, and hold none from now on.
 
@@ -1753,7 +1761,9 @@ class ConversationService:
                     await self._abandoned_open(live, run)
                     return after
             prompt = c.Prompt(text=text, attachments=list(attachments or []))
-            self.publish_held(live)  # a provider's send may wait for its runtime
+            # A provider's send may wait for its runtime: the start records go out then, at the
+            # next scheduler pass; usually it writes the prompt in this step, and they follow it.
+            self.publish_soon.arm(live)
             try:
                 await self._submit(live, run, conv, prompt)
             except (c.ConversationNotFound, c.SessionUnreadable) as exc:

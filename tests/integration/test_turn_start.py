@@ -113,6 +113,41 @@ async def test_a_prompt_is_delivered_before_the_git_run_of_its_checkpoint_and_be
             assert outbox.delivered(run, "checkpoint") and outbox.delivered(run, "turn")
 
 
+async def test_the_start_records_follow_the_prompt_to_a_running_runtime_and_precede_a_send_that_waits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A subscriber woken before the runtime has its prompt competes with it for the CPU: the start
+    # records go out once the provider's send is through. A send that waits (a runtime starting)
+    # must not hold them back: they go out at the next scheduler pass (agentd.publish_soon).
+    work = tmp_path / "work"
+    work.mkdir()
+    async with _service(tmp_path) as (service, hub):
+        record = await service.create(provider="script", workdir=str(work), model=str(ECHO))
+        await _turn(service, record.id, "first")
+        outbox = _subscribe(hub, record.id)
+        live = await service.live(record.id)
+        conv = live.conv
+        assert conv is not None
+        send = conv.send
+        seen: list[tuple[str, bool]] = []
+        waits = {"second": False, "third": True}
+
+        async def sending(prompt: Any) -> None:
+            run = service.record(record.id).active_run
+            seen.append((prompt.text, outbox.delivered(run, "prompt")))
+            if waits[prompt.text]:
+                await trio.sleep(0.05)
+                seen.append(("waited", outbox.delivered(run, "prompt")))
+            await send(prompt)
+
+        monkeypatch.setattr(conv, "send", sending)
+        second = await _turn(service, record.id, "second")
+        third = await _turn(service, record.id, "third")
+        assert seen == [("second", False), ("third", False), ("waited", True)], seen
+        for run in (second, third):
+            assert outbox.types(run)[0] == ["prompt", "checkpoint"]  # still one write
+            assert outbox.delivered(run, "turn")
+
+
 async def test_records_synced_out_of_order_reach_a_subscriber_in_seq_order(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # fsync always: each record is on disk before anyone sees it. Two tasks journaling into one
