@@ -79,6 +79,8 @@ class _Connection:
         self.subscriptions: dict[int, Subscription] = {}
         self.nursery: trio.Nursery | None = None
         self.closing = False
+        #: set once the last request read has begun: lines() reads the socket again only then
+        self.read_after: trio.Event | None = None
 
     # Outbox protocol (see hub.Outbox) -------------------------------------------
     def offer(self, frame: bytes) -> bool:
@@ -216,6 +218,9 @@ class _Connection:
         """Yield complete lines; raise LimitExceeded for a line longer than ``max_frame`` bytes."""
         buf = bytearray()
         while True:
+            if self.read_after is not None:
+                await self.read_after.wait()
+                self.read_after = None
             try:
                 chunk = await self.stream.receive_some(65536)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -513,7 +518,11 @@ class Server:
                         conn.in_flight.acquire_nowait()
                     except trio.WouldBlock:
                         await conn.in_flight.acquire()
-                    nursery.start_soon(self._dispatch, conn, request)
+                    # The request's first step runs before this reader reads the socket again
+                    # (conn.lines): a prompt then reaches its runtime (journaled and written to its
+                    # stdin in that one step) without waiting behind the read and its re-arming.
+                    conn.read_after = started = trio.Event()
+                    nursery.start_soon(self._dispatch, conn, request, started)
         except c.LimitExceeded as exc:
             log.warning("server.frame_too_large", peer=conn.peer, error=exc.message)
             await conn.send(wire.encode_error(None, exc))
@@ -522,7 +531,8 @@ class Server:
             err = c.Invalid(f"no hello within {self.hello_timeout_s:g} s (server.hello_timeout_s); closing")
             conn.offer(wire.encode_error(None, err))
 
-    async def _dispatch(self, conn: _Connection, request: Any) -> None:
+    async def _dispatch(self, conn: _Connection, request: Any, started: trio.Event) -> None:
+        started.set()
         try:
             await self._answer_request(conn, request)
         finally:
