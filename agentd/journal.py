@@ -903,6 +903,8 @@ class JournalStore:
         self._handoff: list[tuple[float, Journal, int]] = []
         #: set to have :meth:`run` put ``_handoff`` on the queue; None while run() is not waiting
         self._kick: trio.Event | None = None
+        #: the thread run() runs in: only an append there may leave the put to run()
+        self._kick_thread = 0
         #: every record's bytes by id, kept from read_records() on, for the index aclose() writes
         self._records: dict[str, bytes] | None = None
         #: False once a record write failed half-way: what is on disk is then unknown
@@ -934,7 +936,7 @@ class JournalStore:
             return
         item = (time.monotonic() + self.batch_ms / 1000, journal, fd)
         kick = self._kick
-        if kick is None:
+        if kick is None or threading.get_ident() != self._kick_thread:  # no run() to hand it off
             self._queue.put(item)
             return
         self._handoff.append(item)
@@ -969,6 +971,7 @@ class JournalStore:
 
         thread = threading.Thread(target=commit.main, args=(thread_ended,), name="agentd-journal-sync", daemon=True)
         thread.start()
+        self._kick_thread = threading.get_ident()
         task_status.started()
         try:
             while not ended.is_set():  # it ends only when the thread died

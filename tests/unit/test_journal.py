@@ -805,6 +805,22 @@ async def test_batch_wakes_the_sync_thread_only_once_the_appending_task_yields(t
     await store.aclose()
 
 
+async def test_batch_an_append_off_the_trio_thread_is_put_on_the_queue_at_once(tmp_path: pathlib.Path) -> None:
+    """Only the trio thread's appends wait for run() to hand them off (a trio Event is set only there)."""
+    store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=1)
+    store._queue = recording = _RecordingQueue()
+    a = store.open("a")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        await trio.to_thread.run_sync(a.append, "item", payload(1))
+        assert len(recording.puts) == 1 and store._handoff == []
+        with trio.fail_after(5):
+            while a._synced < a.size:
+                await trio.sleep(0.001)
+        nursery.cancel_scope.cancel()
+    await store.aclose()
+
+
 async def test_batch_hands_off_what_was_appended_right_before_the_cancel(tmp_path: pathlib.Path) -> None:
     store = JournalStore(tmp_path, fsync=FsyncPolicy.BATCH, batch_ms=1000)
     a = store.open("a")
