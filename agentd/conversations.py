@@ -52,7 +52,7 @@ from . import turnwatch as _turnwatch
 from . import usage as _usage
 from . import wire
 from . import write_behind as _write_behind
-from .publish_soon import PublishSoon
+from ._after_step import AfterStep
 from ._keyed_lock import KeyedLock
 from ._quick_lock import QuickLock
 from .hub import Hub, Line, LiveRun
@@ -465,7 +465,7 @@ class ConversationService:
         #: records owing a save whose news the journal holds (a turn's end): written behind
         self.write_behind = _write_behind.WriteBehind()
         #: a turn's held start records, published once the prompt is written (or sooner: see there)
-        self.publish_soon: PublishSoon[_Live] = PublishSoon(self._publish_if_held)
+        self.publish_soon: AfterStep[_Live] = AfterStep(self._publish_if_held)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -481,7 +481,7 @@ class ConversationService:
             await self._recover()
             nursery.start_soon(self._retention_loop)
             nursery.start_soon(self.write_behind.run, self._save_behind)
-            nursery.start_soon(self.publish_soon.run)
+            await nursery.start(self.publish_soon.run)
             task_status.started()
             try:
                 await trio.sleep_forever()
@@ -1763,7 +1763,7 @@ class ConversationService:
             prompt = c.Prompt(text=text, attachments=list(attachments or []))
             # A provider's send may wait for its runtime: the start records go out then, at the
             # next scheduler pass; usually it writes the prompt in this step, and they follow it.
-            self.publish_soon.arm(live)
+            self.publish_soon.defer(live)
             try:
                 await self._submit(live, run, conv, prompt)
             except (c.ConversationNotFound, c.SessionUnreadable) as exc:

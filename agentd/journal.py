@@ -37,6 +37,7 @@ import structlog
 import trio
 
 from . import _fsutil
+from ._after_step import AfterStep
 from .contract import AgentdError, Invalid, Refused
 
 __all__ = ["FsyncPolicy", "Journal", "JournalCorrupt", "JournalRefused", "JournalStore"]
@@ -899,12 +900,10 @@ class JournalStore:
         self.refused: dict[str, JournalRefused] = {}
         #: what the group-commit thread is to sync: (deadline, journal, dup'd fd), or _STOP
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
-        #: items for ``_queue`` held until the trio thread's current task step ends (see _mark_dirty)
-        self._handoff: list[tuple[float, Journal, int]] = []
-        #: set to have :meth:`run` put ``_handoff`` on the queue; None while run() is not waiting
-        self._kick: trio.Event | None = None
-        #: the thread run() runs in: only an append there may leave the put to run()
-        self._kick_thread = 0
+        #: puts on ``_queue`` made once the appending task step ends, while :meth:`run` runs (_mark_dirty)
+        self._handoff: AfterStep[tuple[float, Journal, int]] = AfterStep(self._put)
+        #: the thread run() runs in: only an append there may leave its put to the hand-off
+        self._run_thread = 0
         #: every record's bytes by id, kept from read_records() on, for the index aclose() writes
         self._records: dict[str, bytes] | None = None
         #: False once a record write failed half-way: what is on disk is then unknown
@@ -916,11 +915,14 @@ class JournalStore:
 
     # ------------------------------------------------------------------ group commit
 
+    def _put(self, item: tuple[float, Journal, int]) -> None:
+        self._queue.put(item)
+
     def _mark_dirty(self, journal: Journal) -> None:
         """A journal's first unsynced append (BATCH): queue it for the group-commit thread.
 
-        While :meth:`run` waits, the item is handed to the thread by run() itself, once the task
-        that appended has reached its next checkpoint: ``SimpleQueue.put`` wakes the thread, which
+        While :meth:`run` runs, the item is handed to the thread once the task that appended has
+        reached its next checkpoint (agentd._after_step): ``SimpleQueue.put`` wakes the thread, which
         then takes the GIL from the trio thread at its next system call, and a turn's start (its
         prompt journaled, then written to the runtime in the same task step) or end (journaled,
         then sent to its subscribers) would wait for that hand-off. The deadline still counts
@@ -935,16 +937,9 @@ class JournalStore:
                 _fsync_here(journal, exc)
             return
         item = (time.monotonic() + self.batch_ms / 1000, journal, fd)
-        kick = self._kick
-        if kick is None or threading.get_ident() != self._kick_thread:  # no run() to hand it off
-            self._queue.put(item)
-            return
-        self._handoff.append(item)
-        kick.set()
-
-    def _hand_off(self) -> None:
-        items, self._handoff = self._handoff, []
-        for item in items:
+        if threading.get_ident() == self._run_thread:
+            self._handoff.defer(item)  # at once when run() is not running
+        else:
             self._queue.put(item)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -963,26 +958,18 @@ class JournalStore:
         """
         commit = _GroupCommit(self._queue, trio.lowlevel.current_trio_token())
         ended = trio.Event()
-
-        def thread_ended() -> None:
-            ended.set()
-            if self._kick is not None:
-                self._kick.set()
-
-        thread = threading.Thread(target=commit.main, args=(thread_ended,), name="agentd-journal-sync", daemon=True)
+        thread = threading.Thread(target=commit.main, args=(ended.set,), name="agentd-journal-sync", daemon=True)
         thread.start()
-        self._kick_thread = threading.get_ident()
-        task_status.started()
+        self._run_thread = threading.get_ident()
         try:
-            while not ended.is_set():  # it ends only when the thread died
-                self._kick = kick = trio.Event()
-                await kick.wait()
-                self._kick = None
-                self._hand_off()
+            # The hand-off's puts left on a cancel are made as it returns: synced before _STOP.
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._handoff.run)
+                task_status.started()
+                await ended.wait()  # only when the thread died
+                nursery.cancel_scope.cancel()
             raise RuntimeError("the journal's group-commit thread ended") from commit.error
         finally:
-            self._kick = None
-            self._hand_off()  # appended before the cancel: synced before the thread stops
             if not ended.is_set():
                 self._queue.put(_STOP)
                 with trio.CancelScope(shield=True):

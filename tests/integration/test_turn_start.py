@@ -117,7 +117,7 @@ async def test_the_start_records_follow_the_prompt_to_a_running_runtime_and_prec
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A subscriber woken before the runtime has its prompt competes with it for the CPU: the start
     # records go out once the provider's send is through. A send that waits (a runtime starting)
-    # must not hold them back: they go out at the next scheduler pass (agentd.publish_soon).
+    # must not hold them back: they go out at the next scheduler pass (agentd._after_step).
     work = tmp_path / "work"
     work.mkdir()
     async with _service(tmp_path) as (service, hub):

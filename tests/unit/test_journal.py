@@ -813,7 +813,7 @@ async def test_batch_an_append_off_the_trio_thread_is_put_on_the_queue_at_once(t
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
         await trio.to_thread.run_sync(a.append, "item", payload(1))
-        assert len(recording.puts) == 1 and store._handoff == []
+        assert len(recording.puts) == 1 and store._handoff._items == []
         with trio.fail_after(5):
             while a._synced < a.size:
                 await trio.sleep(0.001)
@@ -828,7 +828,7 @@ async def test_batch_hands_off_what_was_appended_right_before_the_cancel(tmp_pat
         await nursery.start(store.run)
         a.append("item", payload(1))
         nursery.cancel_scope.cancel()  # before run() took the append: it syncs it on its way out
-    assert a._synced == a.size and store._handoff == []
+    assert a._synced == a.size and store._handoff._items == []
     await store.aclose()
 
 
