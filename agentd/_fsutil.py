@@ -71,19 +71,23 @@ def fsync_dir(path: pathlib.Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: pathlib.Path, data: bytes) -> None:
+def atomic_write(path: pathlib.Path, data: bytes, *, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` so a reader (or a crash) sees the old or the new content, never a mix.
 
     Writes a temporary file in the same directory (mode 0600), fsyncs it,
     renames it over ``path`` and fsyncs the directory. The directory must
-    exist. Raises ``OSError``; the temporary file is removed on failure.
+    exist. With ``durable`` false there is no fsync: readers still see old or
+    new, but a power cut may leave the old content (for what is worth nothing
+    after one, such as a liveness heartbeat). Raises ``OSError``; the
+    temporary file is removed on failure.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
     try:
         try:
             write_all(fd, data)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -93,4 +97,5 @@ def atomic_write(path: pathlib.Path, data: bytes) -> None:
         except OSError:
             pass
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)

@@ -231,7 +231,8 @@ class FileLeaseStore:
     per round, never one file per lease, and a lease lasts until the later of
     its own ``expires_at`` and its owner's heartbeat. So an idle daemon with a
     thousand open conversations writes one small file every ``ttl_s / 3``
-    (tests/bench ``idle``), and a dead owner's leases all expire together.
+    (tests/bench ``idle``), one holding none writes nothing and never wakes, and
+    a dead owner's leases all expire together.
     """
 
     def __init__(self, root: pathlib.Path, *, owner: str, ttl_s: float = 30.0, exclusive: bool = True) -> None:
@@ -242,6 +243,8 @@ class FileLeaseStore:
         self._held: set[str] = set()
         #: when our heartbeat file, as last written, expires (0: not written yet)
         self._beat_until = 0.0
+        #: set by :meth:`acquire` while :meth:`run` waits for a first lease to keep alive
+        self._first_lease: trio.Event | None = None
 
     # ------------------------------------------------------------------ heartbeats
 
@@ -271,7 +274,8 @@ class FileLeaseStore:
             raise Invalid(f"lease owner {self.owner!r} cannot name a file")
         until = time.time() + self.ttl_s
         _fsutil.make_dirs(path.parent)
-        _fsutil.atomic_write(path, _encode(OwnerHeartbeat(self.owner, os.getpid(), until)))
+        # Not fsynced: a power cut that loses it also ended its owner, whose leases may then go sooner.
+        _fsutil.atomic_write(path, _encode(OwnerHeartbeat(self.owner, os.getpid(), until)), durable=False)
         self._beat_until = until
 
     def _expires_at(self, lease: Lease) -> float:
@@ -357,7 +361,7 @@ class FileLeaseStore:
                     raise LeaseHeld(msgspec.structs.replace(cur, expires_at=until))
                 outcome = LeaseOutcome("taken_over", previous_owner=cur.owner, previous_expired=expired)
             self._write(d, Lease(key, self.owner, os.getpid(), acquired_at, now + self.ttl_s))
-        self._held.add(key)
+        self._hold(key)
         if self._beat_until < now + self.ttl_s * 2 / 3:
             try:
                 self._beat()  # the heartbeat covers this lease from now on
@@ -392,7 +396,12 @@ class FileLeaseStore:
         except (LeaseHeld, NotFound):
             self._held.discard(key)
             raise
+        self._hold(key)
+
+    def _hold(self, key: str) -> None:
         self._held.add(key)
+        if self._first_lease is not None:
+            self._first_lease.set()  # run() renews from now on
 
     def release(self, key: str) -> None:
         """Delete our lease on ``key``; idempotent; another owner's lease is left alone."""
@@ -430,20 +439,18 @@ class FileLeaseStore:
                 failed.append((key, exc))
         return failed
 
-    def _round(self, keys: list[str]) -> list[tuple[str, Exception]]:
-        """One renewal round (worker thread): the heartbeat, and every lease only when it had lapsed."""
+    def _round(self) -> bool:
+        """One renewal round: the heartbeat. Returns whether it had lapsed before
+        (every lease must then be looked at again); raises what :meth:`_beat` raises."""
         lapsed = self._beat_until <= time.time()
-        try:
-            self._beat()
-        except (AgentdError, OSError) as exc:
-            return [(self.owner, exc)]
-        # While it had lapsed another owner may have taken a lease: look at each one.
-        return self._renew_many(keys) if lapsed else []
+        self._beat()
+        return lapsed
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Renew every held lease every ``ttl_s / 3`` until cancelled, with one heartbeat write.
 
-        The file writes run in a worker thread. After a heartbeat that had
+        The heartbeat is written on the trio thread (see :meth:`_beat`); the
+        reads below run in a worker thread. After a heartbeat that had
         lapsed (a failed write, a stalled daemon) each lease is read again: one
         lost to another owner, or deleted, is dropped from :meth:`held` and
         logged (``lease.lost``). An OSError is logged (``lease.renew_failed``)
@@ -453,11 +460,27 @@ class FileLeaseStore:
             await trio.to_thread.run_sync(self.sweep)
         task_status.started()
         while True:
+            if not self._held:
+                # Nothing to keep alive: no wake-ups until an acquire, which writes the heartbeat itself.
+                self._first_lease = trio.Event()
+                try:
+                    await self._first_lease.wait()
+                finally:
+                    self._first_lease = None
             await trio.sleep(self.ttl_s / 3)
-            keys = sorted(self._held)
-            if not keys:
+            if not self._held:
                 continue
-            failed = await trio.to_thread.run_sync(self._round, keys)
+            try:
+                # On this thread, as acquire's own beat and the journal's writes: one small file, no
+                # fsync. A worker thread here was a new thread each round (trio keeps one 10 s).
+                lapsed = self._round()
+            except (AgentdError, OSError) as exc:
+                _log().error("lease.renew_failed", key=self.owner, error=str(exc))
+                continue
+            if not lapsed:
+                continue  # the one write of the round: nothing here is per lease
+            # While it had lapsed another owner may have taken a lease: look at each one.
+            failed = await trio.to_thread.run_sync(self._renew_many, sorted(self._held))
             for key, exc in failed:
                 if isinstance(exc, (LeaseHeld, NotFound)):
                     self._held.discard(key)
