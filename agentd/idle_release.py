@@ -9,12 +9,17 @@ reopens the exact runtime conversation (``OpenRequest.conversation_id``, as
 after a daemon restart), so its history is the runtime's own and nothing is
 resent. Only providers that can reopen (capability ``reopen``) are released.
 
-One task scans every loaded conversation every ``period`` seconds: no timer per
-conversation, so a thousand idle conversations cost one wake-up per period.
+One task scans the loaded conversations, and sleeps until the next one it saw
+can fall idle (at least ``period`` seconds, at most ``idle_release_s``): no
+timer per conversation, and one wake-up per ``idle_release_s`` while none can be released. A
+conversation it did not count (busy, closed, opened later) has an event or an
+opening after the scan, so it falls idle no sooner than ``idle_release_s``
+after it: the next scan comes in time for it too.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import structlog
@@ -25,12 +30,13 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("agentd.idle_release")
 
-#: the longest time between two scans, in seconds
+#: the most :func:`period` gives, in seconds
 MAX_PERIOD_S = 30.0
 
 
 def period(idle_release_s: float) -> float:
-    """Seconds between scans: a quarter of the idle time, within [0.25, MAX_PERIOD_S]."""
+    """The least time between two scans, in seconds (how late a release may come): a quarter of
+    the idle time, within [0.25, MAX_PERIOD_S]."""
     return min(MAX_PERIOD_S, max(0.25, idle_release_s / 4))
 
 
@@ -43,13 +49,22 @@ async def release_idle(service: ConversationService, idle_release_s: float) -> l
     ``idle_release_s`` seconds (trio's clock). A close that fails is logged and
     the conversation stays as it was. Never raises but Cancelled.
     """
-    cutoff = trio.current_time() - idle_release_s
+    released, _ = await _release_due(service, idle_release_s)
+    return released
+
+
+async def _release_due(service: ConversationService, idle_release_s: float) -> tuple[list[str], float]:
+    """:func:`release_idle`, and the earliest time (trio's clock) at which a conversation it looked
+    at and kept falls idle (``inf``: none will)."""
+    now = trio.current_time()
+    cutoff = now - idle_release_s
     released: list[str] = []
+    due = math.inf
     reopenable: dict[str, bool] = {}
     for live in list(service.loaded()):
         conv = live.conv
-        if conv is None or live.run or live.opening_run or live.queue or live.pending or live.last_event > cutoff:
-            continue
+        if conv is None or live.run or live.opening_run or live.queue or live.pending:
+            continue  # what ends a run, a queue or an interaction is an event: idle from then on
         provider = live.record.provider
         if provider not in reopenable:
             try:
@@ -57,6 +72,9 @@ async def release_idle(service: ConversationService, idle_release_s: float) -> l
             except Exception:
                 reopenable[provider] = False
         if not reopenable[provider]:
+            continue
+        if live.last_event > cutoff:
+            due = min(due, live.last_event + idle_release_s)
             continue
         async with live.open_lock:
             # Looked at again under the lock: a prompt may have come in meanwhile.
@@ -72,15 +90,21 @@ async def release_idle(service: ConversationService, idle_release_s: float) -> l
         log.info("conversation.runtime_released", conversation=live.record.id, provider=provider,
                  idle_s=round(trio.current_time() - live.last_event, 1))
         released.append(live.record.id)
-    return released
+    return released, due
 
 
 async def run(service: ConversationService, idle_release_s: float, *,
               task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Release idle runtimes (see :func:`release_idle`) until cancelled; ``idle_release_s`` 0 = never."""
+    """Release idle runtimes (see :func:`release_idle`) until cancelled; ``idle_release_s`` 0 = never.
+
+    Scans when the next conversation it saw can fall idle, ``period`` seconds after the last scan
+    at the soonest and ``idle_release_s`` at the latest (see the module's docstring).
+    """
     task_status.started()
     if idle_release_s <= 0:
         return
+    gap = period(idle_release_s)
     while True:
-        await trio.sleep(period(idle_release_s))
-        await release_idle(service, idle_release_s)
+        now = trio.current_time()
+        _, due = await _release_due(service, idle_release_s)
+        await trio.sleep_until(max(now + gap, min(due, now + idle_release_s)))
