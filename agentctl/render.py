@@ -199,7 +199,7 @@ def answer_commands(conversation: str, inter: Interaction, socket: str | None = 
             if q.field is not None:
                 args += ["--field", f"{q.field.name}={_field_placeholder(q)}"]
             elif q.choices:
-                args += ["--choice", "CHOICE"]
+                args += ["--choice", "N|TEXT"]  # the option's own metavar: a number as listed, or the text
             else:
                 args += ["--text", "TEXT"]
         out.append(cmd(*args))
@@ -238,6 +238,8 @@ def field_hint(q: Question) -> str:
         parts.append(_bounds(f.min_length, f.max_length, " chars"))
     if f.min_items is not None or f.max_items is not None:
         parts.append(_bounds(f.min_items, f.max_items, " choices"))
+    if not f.required and len(parts) > 1 and f.type != "boolean":
+        parts[-1] += " if given"  # "optional" and ">= 1 choices" side by side read as a contradiction
     parts.append("required" if f.required else "optional")
     return ", ".join(parts)
 

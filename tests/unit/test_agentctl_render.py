@@ -304,7 +304,7 @@ def test_a_replay_gives_the_hints_of_an_interaction_still_pending_at_its_end() -
                              questions=[c.Question(text="Which?", choices=["a", "b"])])
     text = replay([], wire.Snapshot(state=wire.ConversationState.RUNNING, last_seq=0),
                   live=[rec("interaction", question, seq=1)])
-    assert "answer with: agentctl answer c0ffee1234567 q1 --choice CHOICE" in text
+    assert "answer with: agentctl answer c0ffee1234567 q1 --choice 'N|TEXT'" in text
 
 
 def test_a_replay_drops_the_hints_of_interactions_the_turn_ended() -> None:
@@ -489,7 +489,7 @@ def test_a_form_prompt_re_asks_a_field_until_it_fits() -> None:
     p = Prompter(lambda prompt: prompts.append(prompt) or next(replies), said.append)
     answer = p.ask(inter)
     assert answer.answers == [["5"], ["yes"], ["Tools", "Subagents"]]
-    assert prompts[-1] == "  topics (array, >= 1 choices, optional, numbers or names, comma-separated): "
+    assert prompts[-1] == "  topics (array, >= 1 choices if given, optional, numbers or names, comma-separated): "
     c.validate_answer(inter, answer)
     assert any("required" in s for s in said)
     assert any("<= 20" in s for s in said)
