@@ -447,6 +447,14 @@ def turn_results(ctx: Ctx, runtime: str, name: str, ours: list[float], base: lis
         r.notes.append(
             f"why: the 1.02x budget is {r.base_median * 0.02 * 1000:.1f} ms per turn here, while the middle half of "
             f"the turns spans {_iqr_ms(ours):.1f} ms through agentd and {_iqr_ms(base):.1f} ms directly")
+        more = cpu.per_turn("agentd", "agentd") + cpu.per_turn("agentd", "bench") - cpu.per_turn("direct", "bench")
+        runtime_ms = cpu.per_turn("direct", "cli")
+        r.notes.append(
+            f"why, in CPU: through agentd, agentd and the client reading its frames used {more:.1f} ms more CPU per "
+            f"turn than the direct driver (means, the CPU row's notes), while {cli} itself used {runtime_ms:.1f} ms "
+            f"in a {r.base_median * 1000:.1f} ms turn ({runtime_ms / (r.base_median * 1000):.0%} of a core) on "
+            f"{os.cpu_count()} cores: what a second process spends on every streamed chunk competes with the "
+            f"runtime's own turn")
     if cpu.no_checkpoints_s and r.base_median:
         plain = statistics.median(cpu.no_checkpoints_s)
         r.notes.append(
