@@ -1441,6 +1441,9 @@ class ConversationService:
             live.items.clear()
             live.activity = None
             live.record.active_run = ""
+            # Idle from the end on (agentd.idle_release), an end agentd decided included (a silent
+            # runtime, a cancel not confirmed, a prompt that failed to send): no event stamps those.
+            live.last_event = trio.current_time()
             live.record.turn_after = live.published_seq
             live.record.state = _S.CLOSED if live.record.state is _S.CLOSED else _S.IDLE
             live.record.error = turn.error if turn.state is c.TurnState.FAILED else ""

@@ -11,10 +11,11 @@ resent. Only providers that can reopen (capability ``reopen``) are released.
 
 One task scans the loaded conversations, and sleeps until the next one it saw
 can fall idle (at least ``period`` seconds, at most ``idle_release_s``): no
-timer per conversation, and one wake-up per ``idle_release_s`` while none can be released. A
-conversation it did not count (busy, closed, opened later) has an event or an
-opening after the scan, so it falls idle no sooner than ``idle_release_s``
-after it: the next scan comes in time for it too.
+timer per conversation, and one wake-up per ``idle_release_s`` while none can
+be released. A conversation it did not count (busy, closed, opened later) has
+its ``last_event`` stamped after the scan (by an event, its opening, or its
+turn's end, whoever ended the turn), so it falls idle no sooner than
+``idle_release_s`` after it: the next scan comes in time for it too.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ async def _release_due(service: ConversationService, idle_release_s: float) -> t
     for live in list(service.loaded()):
         conv = live.conv
         if conv is None or live.run or live.opening_run or live.queue or live.pending:
-            continue  # what ends a run, a queue or an interaction is an event: idle from then on
+            continue  # a run's end stamps last_event, as events do: idle from then on
         provider = live.record.provider
         if provider not in reopenable:
             try:

@@ -256,7 +256,7 @@ async def test_run_drops_a_lease_taken_by_another_owner(tmp_path: pathlib.Path) 
 
 
 async def test_run_holding_nothing_never_wakes_until_the_first_lease(tmp_path: pathlib.Path) -> None:
-    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.15)
+    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.6)  # rounds every 0.2 s
     steps: list[float] = []
 
     class Steps(trio.abc.Instrument):
@@ -268,18 +268,19 @@ async def test_run_holding_nothing_never_wakes_until_the_first_lease(tmp_path: p
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
         trio.lowlevel.add_instrument(Steps())
-        await trio.sleep(0.5)  # ten renewal periods, holding nothing
+        await trio.sleep(1.0)  # five renewal periods, holding nothing
         assert steps == [] and not heartbeat.exists()
         store.acquire("c1")  # writes the heartbeat itself, and wakes run
-        await trio.sleep(0.5)  # past the lease's own expiry: run's rounds keep it
+        await trio.sleep(1.0)  # past the lease's own expiry: run's rounds keep it
         lease = store.get("c1")
         assert lease is not None and lease.expires_at > time.time()
         assert len(steps) >= 3
         nursery.cancel_scope.cancel()
 
 
-async def test_a_round_with_a_fresh_heartbeat_reads_no_lease(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.15)
+async def test_a_round_with_a_fresh_heartbeat_reads_no_lease(tmp_path: pathlib.Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.9)  # rounds every 0.3 s, lapsed 0.6 s late
     for key in ("c1", "c2"):
         store.acquire(key)
     looked_at: list[list[str]] = []
@@ -287,9 +288,9 @@ async def test_a_round_with_a_fresh_heartbeat_reads_no_lease(tmp_path: pathlib.P
     monkeypatch.setattr(store, "_renew_many", lambda keys: looked_at.append(keys) or renew_many(keys))
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
-        await trio.sleep(0.5)
+        await trio.sleep(1.0)
         assert looked_at == []  # each round was one heartbeat write
-        time.sleep(0.2)  # this daemon stalls past its heartbeat: the next round reads each lease
+        time.sleep(1.0)  # this daemon stalls past its heartbeat: the next round reads each lease
         with trio.fail_after(5):
             while not looked_at:
                 await trio.sleep(0.01)

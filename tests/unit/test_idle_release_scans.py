@@ -67,7 +67,10 @@ async def test_idle_conversations_that_cannot_be_released_cost_no_extra_scans(au
     service.lives = [_Live(f"c{i}", provider="copilot") for i in range(1000)]
     async with trio.open_nursery() as nursery:
         await nursery.start(idle_release.run, service, IDLE_S)
-        await trio.sleep(10.5 * IDLE_S)  # scans at 0, 300, ..., 3000
+        for i, live in enumerate(service.lives[:10]):  # events now and then: none of them is due
+            await trio.sleep(50)
+            live.last_event = trio.current_time()
+        await trio.sleep(10.5 * IDLE_S - 500)  # scans at 0, 300, ..., 3000
         nursery.cancel_scope.cancel()
     assert len(service.scans) == 11
     assert all(live.conv is live.first_conv and live.first_conv.closed_at is None for live in service.lives)
@@ -88,7 +91,7 @@ async def test_a_conversation_is_released_when_it_falls_idle_within_one_period(a
         service.lives.append(busy)
         await trio.sleep(2000)
         busy.run = ""
-        busy.last_event = trio.current_time()  # its turn's end is an event
+        busy.last_event = trio.current_time()  # stamped at the turn's end, whoever ended it (_end_turn)
         ended = busy.last_event
         await trio.sleep(2 * IDLE_S)
         nursery.cancel_scope.cancel()
