@@ -342,6 +342,8 @@ class Renderer:
         # output position
         self._mid_line = False
         self._stream_key: tuple[str, str] | None = None
+        #: nothing of the streaming item printed yet (its leading newlines would be blank lines)
+        self._stream_fresh = False
         self._at_line_start = True
         self._last_line_key: Any = None
         # what was shown already
@@ -429,6 +431,13 @@ class Renderer:
         if self._stream_key != key:
             self.end_line()
             self._stream_key = key
+            self._stream_fresh = True
+        if self._stream_fresh:
+            # It starts on a line of its own already: "\n- item" after "Summary:" is no blank line.
+            text = text.lstrip("\n")
+            if not text:
+                return
+            self._stream_fresh = False
         agent = key[0]
         lead = self.prefix
         if agent:

@@ -585,3 +585,15 @@ def test_a_finished_tool_shows_the_end_of_its_output_and_todos_show_progress() -
         "  built app\n"
         "· todos: 1/3 done; now: Test; 1 blocked\n"  # shown once while it stays the same; unknown: nothing
     )
+
+
+def test_an_item_streamed_without_a_terminal_starts_on_its_own_line_without_a_blank_one() -> None:
+    out = io.StringIO()
+    r = Renderer(out, color=False, unicode=True)
+    r.record(CONV, rec("delta", c.Delta(item_id="a", kind=c.ItemKind.ASSISTANT, text="Summary:")))
+    r.record(CONV, rec("delta", c.Delta(item_id="b", kind=c.ItemKind.ASSISTANT, text="\n")))
+    r.record(CONV, rec("delta", c.Delta(item_id="b", kind=c.ItemKind.ASSISTANT, text="- one,\n\n- two")))
+    r.record(CONV, rec("delta", c.Delta(item_id="c", kind=c.ItemKind.ASSISTANT, text="\n- three")))
+    r.end_line()
+    # Within an item its own blank lines stay; between items none is made of a leading newline.
+    assert out.getvalue() == "Summary:\n- one,\n\n- two\n- three\n"
