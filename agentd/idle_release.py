@@ -41,22 +41,17 @@ def period(idle_release_s: float) -> float:
     return min(MAX_PERIOD_S, max(0.25, idle_release_s / 4))
 
 
-async def release_idle(service: ConversationService, idle_release_s: float) -> list[str]:
+async def release_idle(service: ConversationService, idle_release_s: float) -> tuple[list[str], float]:
     """Close the provider conversation of every loaded conversation idle for ``idle_release_s``.
 
-    Returns the ids released. A conversation is idle when it has an open
-    provider conversation, no run (active, opening or queued), no pending
-    interaction, and its last event (or its opening) is older than
-    ``idle_release_s`` seconds (trio's clock). A close that fails is logged and
-    the conversation stays as it was. Never raises but Cancelled.
+    Returns the ids released, and the earliest time (trio's clock) at which a
+    conversation it looked at and kept falls idle (``inf``: none will). A
+    conversation is idle when it has an open provider conversation, no run
+    (active, opening or queued), no pending interaction, and its last event
+    (or its opening, or its turn's end) is older than ``idle_release_s``
+    seconds. A close that fails is logged and the conversation stays as it
+    was. Never raises but Cancelled.
     """
-    released, _ = await _release_due(service, idle_release_s)
-    return released
-
-
-async def _release_due(service: ConversationService, idle_release_s: float) -> tuple[list[str], float]:
-    """:func:`release_idle`, and the earliest time (trio's clock) at which a conversation it looked
-    at and kept falls idle (``inf``: none will)."""
     now = trio.current_time()
     cutoff = now - idle_release_s
     released: list[str] = []
@@ -107,5 +102,5 @@ async def run(service: ConversationService, idle_release_s: float, *,
     gap = period(idle_release_s)
     while True:
         now = trio.current_time()
-        _, due = await _release_due(service, idle_release_s)
+        _, due = await release_idle(service, idle_release_s)
         await trio.sleep_until(max(now + gap, min(due, now + idle_release_s)))
