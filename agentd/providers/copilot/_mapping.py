@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import mimetypes
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -95,11 +94,29 @@ ALLOW_ONCE = "allow_once"
 ALLOW_SESSION = "allow_session"
 REJECT = "reject"
 
-_SHELL_TRAILER = re.compile(r"\n?<shellId: [^>\n]*>\s*$")
+_SHELL_ID = "<shellId: "
 _PLAN_ACTIONS = ("autopilot", "interactive", "exit_only")
 
 
 # --------------------------------------------------------------------------- small helpers
+
+
+def strip_shell_trailer(text: str) -> str:
+    """``text`` without the ``<shellId: ...>`` line the CLI ends a shell tool's output with.
+
+    What ``re.sub(r"\\n?<shellId: [^>\\n]*>\\s*$", "", text)`` does, in linear time: that regex
+    tries every ``<shellId: `` of a line to its end, quadratic on output the agent chose (a line
+    of them froze the daemon for seconds per 200 KB).
+    """
+    body = text.rstrip()  # the trailer's own trailing whitespace (str.isspace, as re's \\s)
+    if not body.endswith(">"):
+        return text
+    # The trailer starts at the first "<shellId: " after the line's start and the ">" before its own.
+    lo = max(body.rfind("\n") + 1, body.rfind(">", 0, len(body) - 1) + 1)
+    start = body.find(_SHELL_ID, lo, len(body) - 1)
+    if start < 0:
+        return text
+    return text[:start - 1] if start and text[start - 1] == "\n" else text[:start]
 
 
 def user_attachments(attachments: Any) -> list[Attachment]:
@@ -503,11 +520,11 @@ class EventMapper:
         else:
             tool.call.status = ToolStatus.FAILED
             text = d.error.message if d.error is not None else (d.result.content if d.result is not None else "failed")
-        whole = _SHELL_TRAILER.sub("", text or "")
+        whole = strip_shell_trailer(text or "")
         tool.call.output = bound_output(whole)
         if d.success and d.result is not None and d.result.detailed_content \
                 and len(d.result.detailed_content) > len(text or ""):
-            whole = _SHELL_TRAILER.sub("", d.result.detailed_content)  # what the CLI shows, beyond the model's cut
+            whole = strip_shell_trailer(d.result.detailed_content)  # what the CLI shows, beyond the model's cut
         tool.call.exit_code = _exit_code(d)
         if tool.call.exit_code not in (None, 0):
             tool.call.status = ToolStatus.FAILED  # the command ran and failed
