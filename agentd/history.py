@@ -23,6 +23,10 @@ it (``after=0``: the first page); neither gives the newest page. A page says whe
 (``HistoryPage.before`` / ``HistoryPage.after``) and whether it reached either
 end of the record (``start`` / ``end``).
 
+A page holds at most ``limit`` entries and :data:`MAX_PAGE_BYTES` of records (one entry at
+least): a page of huge prompts stops early and says where the next starts, so no page is ever
+a reply too large for a client to read.
+
 Cost: a page reads the journal through its offset index in windows of seq,
 growing from ``limit`` records, so a page near the end of a 100,000-record
 journal reads a few hundred lines, not the file (tests/bench/bench_history.py).
@@ -44,6 +48,10 @@ __all__ = ["MAX_LIMIT", "page"]
 
 #: Most entries one page may ask for (``history --limit``).
 MAX_LIMIT = 1000
+#: A page holds at most this many bytes of records (and always one entry): far below the
+#: 64 MiB frame a client reads (wire.CLIENT_MAX_FRAME_BYTES), with room for a page of large
+#: prompts (each up to server.max_frame_bytes); the next page starts where it stopped.
+MAX_PAGE_BYTES = 16 << 20
 
 _Key = tuple[str, str, str]  # (run, agent_id, item id)
 
@@ -81,6 +89,8 @@ class _Rec(msgspec.Struct):
     entry: wire.HistoryEntry | None
     #: the run's terminal turn record
     ends_run: bool = False
+    #: the record's length in bytes (an entry's share of a page)
+    size: int = 0
 
 
 def _parse(line: bytes) -> _Rec:
@@ -94,13 +104,14 @@ def _parse(line: bytes) -> _Rec:
         imported = not head.run and item.id.startswith("import.")
         entry = wire.HistoryEntry(seq=head.seq, run=head.run, item=item, imported=imported, dropped=head.dropped,
                                   copied=bytes(head.data).startswith(b'{"copied":'))
-        return _Rec(head.seq, head.run, (head.run, item.agent_id, item.id), entry)
+        return _Rec(head.seq, head.run, (head.run, item.agent_id, item.id), entry, size=len(line))
     if head.type == "prompt":
         prompt = _prompt.decode(head.data)
         item = c.Item(id=f"prompt-{head.seq}", kind=c.ItemKind.USER, text=prompt.text,
                       attachments=list(prompt.attachments))
         return _Rec(head.seq, head.run, None, wire.HistoryEntry(seq=head.seq, run=head.run, item=item, dropped=head.dropped,
-                                                                copied=bytes(head.data).startswith(b'{"copied":')))
+                                                                copied=bytes(head.data).startswith(b'{"copied":')),
+                    size=len(line))
     if head.type == "turn" and head.run:
         ends = _turn.decode(head.data).state.terminal
         return _Rec(head.seq, head.run, None, None, ends_run=ends)
@@ -114,8 +125,8 @@ async def _read(journal: JournalReader, lo: int, hi: int) -> list[_Rec]:
     return [_parse(line) for line in await journal.read_after(lo, limit=hi - lo - 1)]
 
 
-async def _latest(journal: JournalReader, recs: list[_Rec], last_seq: int, hi: int) -> list[wire.HistoryEntry]:
-    """The entries of ``recs`` (records with seq < ``hi``) that are their item's latest record.
+async def _latest(journal: JournalReader, recs: list[_Rec], last_seq: int, hi: int) -> list[_Rec]:
+    """The records of ``recs`` (records with seq < ``hi``) holding an entry that is its item's latest record.
 
     A record is superseded by a later one of the same key, in ``recs`` or after them: the
     journal past ``hi - 1`` is read only until every run with a candidate item has ended.
@@ -141,8 +152,18 @@ async def _latest(journal: JournalReader, recs: list[_Rec], last_seq: int, hi: i
                 open_runs.discard(rec.run)
         after = chunk[-1].seq
         window *= 2
-    return [r.entry for r in recs if r.entry is not None
+    return [r for r in recs if r.entry is not None
             and (r.key is None or (last[r.key] == r.seq and r.key not in beyond))]
+
+
+def _within_bytes(recs: list[_Rec]) -> int:
+    """How many of ``recs``, from the first, fit in MAX_PAGE_BYTES (at least one)."""
+    total = 0
+    for n, rec in enumerate(recs):
+        total += rec.size
+        if total > MAX_PAGE_BYTES and n:
+            return n
+    return len(recs)
 
 
 async def page(journal: JournalReader, conversation: str, last_seq: int, *,
@@ -173,13 +194,16 @@ async def _backward(journal: JournalReader, conversation: str, last_seq: int, li
     while True:
         lo = max(0, hi - 1 - width)
         recs = await _read(journal, lo, hi)
-        entries = await _latest(journal, recs, last_seq, hi)
-        if len(entries) > limit or lo == 0:
+        kept = await _latest(journal, recs, last_seq, hi)
+        if len(kept) > limit or lo == 0:
             break
         width *= 4
-    more = len(entries) > limit
+    more = len(kept) > limit
     if more:
-        entries = entries[-limit:]
+        kept = kept[-limit:]
+    fit = _within_bytes(kept[::-1])  # the newest first
+    more = more or fit < len(kept)
+    entries = [r.entry for r in kept[len(kept) - fit:] if r.entry is not None]
     # `before` names the oldest entry shown: the next page is what lies below it.
     return wire.HistoryPage(
         conversation=conversation, items=entries,
@@ -193,13 +217,16 @@ async def _forward(journal: JournalReader, conversation: str, last_seq: int, lim
     while True:
         hi = min(last_seq, after + width) + 1
         recs = await _read(journal, after, hi)
-        entries = await _latest(journal, recs, last_seq, hi)
-        if len(entries) > limit or hi > last_seq:
+        kept = await _latest(journal, recs, last_seq, hi)
+        if len(kept) > limit or hi > last_seq:
             break
         width *= 4
-    more = len(entries) > limit
+    more = len(kept) > limit
     if more:
-        entries = entries[:limit]
+        kept = kept[:limit]
+    fit = _within_bytes(kept)
+    more = more or fit < len(kept)
+    entries = [r.entry for r in kept[:fit] if r.entry is not None]
     # `after` names the newest entry shown: the next page is what lies above it.
     return wire.HistoryPage(
         conversation=conversation, items=entries,

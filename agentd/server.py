@@ -15,7 +15,13 @@ buffers then push back on the client); the outbox holds at most
 response waits for room, a subscriber past it gets ``lagged``); at most
 ``server.max_subscriptions`` subscriptions per connection (past it: ``limit``);
 a connection that has not sent ``hello`` within ``server.hello_timeout_s`` is
-sent an ``invalid`` error and closed.
+sent an ``invalid`` error and closed, and before it, a frame may be at most
+:data:`PRE_HELLO_MAX_FRAME_BYTES`. A reply that may be large (:data:`LARGE_REPLIES`:
+an export, a history page, a tool's output, the task list) is built one at a time
+per connection, only once the outbox has room (the client took the one before),
+and exports render :data:`EXPORTS_AT_ONCE` at a time daemon-wide; a reply over
+the frame a client reads (``wire.CLIENT_MAX_FRAME_BYTES``) is a ``limit`` error
+saying so, never a frame the client must refuse.
 """
 
 from __future__ import annotations
@@ -81,6 +87,10 @@ class _Connection:
         self.closing = False
         #: set once the last request read has begun: lines() reads the socket again only then
         self.read_after: trio.Event | None = None
+        #: the longest frame lines() accepts now: PRE_HELLO_MAX_FRAME_BYTES until hello
+        self.max_frame = PRE_HELLO_MAX_FRAME_BYTES
+        #: held while a reply that may be large (LARGE_REPLIES) is built and queued: one at a time
+        self.large_reply = trio.Lock()
 
     # Outbox protocol (see hub.Outbox) -------------------------------------------
     def offer(self, frame: bytes) -> bool:
@@ -141,6 +151,13 @@ class _Connection:
         if self.nursery is not None and not self.closing:
             self.nursery.start_soon(self.send, wire.encode(frame))
 
+    async def room(self) -> None:
+        """Wait until the outbox has room for a frame (or the connection is going away)."""
+        while not self._shut and self._full():
+            if self._room is None:
+                self._room = trio.Event()
+            await self._room.wait()
+
     async def send(self, frame: bytes) -> None:
         """Queue a frame, waiting for room (responses and catch-up; never used by the publisher).
 
@@ -148,10 +165,7 @@ class _Connection:
         checkpoint); dropped once the connection is going away.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        while not self._shut and self._full():
-            if self._room is None:
-                self._room = trio.Event()
-            await self._room.wait()
+        await self.room()
         if not self.offer(frame):  # pragma: no cover - room was just checked, with no checkpoint since
             raise AssertionError("outbox full after waiting for room")
 
@@ -214,8 +228,9 @@ class _Connection:
             self._count = 0
             self._bytes = 0
 
-    async def lines(self, max_frame: int) -> Any:
-        """Yield complete lines; raise LimitExceeded for a line longer than ``max_frame`` bytes."""
+    async def lines(self) -> Any:
+        """Yield complete lines; raise LimitExceeded for a line longer than ``self.max_frame`` bytes
+        (read at each chunk: it grows once hello is answered)."""
         buf = bytearray()
         while True:
             if self.read_after is not None:
@@ -230,18 +245,32 @@ class _Connection:
             scan = len(buf)  # the bytes before were searched already: no quadratic rescans of a long frame
             buf += chunk
             start = 0
+            max_frame = self.max_frame
             while True:
                 nl = buf.find(b"\n", max(start, scan))
                 if nl < 0:
                     break
                 if nl - start > max_frame:
-                    raise c.LimitExceeded(f"frame of {nl - start} bytes is over the {max_frame}-byte limit "
-                                          "(server.max_frame_bytes; a prompt's attachments count, base64-encoded)")
+                    raise c.LimitExceeded(_too_long(nl - start, max_frame))
                 yield bytes(buf[start:nl])
                 start = nl + 1
+                max_frame = self.max_frame
             del buf[:start]
             if len(buf) > max_frame:
-                raise c.LimitExceeded(f"frame of more than {max_frame} bytes is over the limit")
+                raise c.LimitExceeded(_too_long(len(buf), max_frame, at_least=True))
+
+
+#: The longest frame a connection may send before its hello is answered, bytes. A hello is a few
+#: dozen bytes; without this, every connection could hold server.max_frame_bytes (16 MiB) of an
+#: unfinished first frame, 16 GiB over max_connections, before saying who it is.
+PRE_HELLO_MAX_FRAME_BYTES = 64 << 10
+
+
+def _too_long(size: int, limit: int, *, at_least: bool = False) -> str:
+    what = f"frame of {'more than ' if at_least else ''}{size} bytes is over the {limit}-byte limit"
+    if limit == PRE_HELLO_MAX_FRAME_BYTES:
+        return f"{what} before hello (the first frame must be hello)"
+    return f"{what} (server.max_frame_bytes; a prompt's attachments count, base64-encoded)"
 
 
 def _snapshot_frame(sub: int, cid: str, snapshot: wire.Snapshot) -> bytes:
@@ -301,6 +330,7 @@ class Server:
         self.check_uid = check_uid
         self.started = time.monotonic()
         self.connections = 0
+        self._exports = trio.CapacityLimiter(EXPORTS_AT_ONCE)
         self._handlers: dict[type, Callable[[_Connection, Any], Awaitable[Any]]] = {
             wire.Status: self._status,
             wire.Hosts: self._hosts,
@@ -483,7 +513,7 @@ class Server:
         hello_scope = trio.CancelScope(deadline=trio.current_time() + self.hello_timeout_s)
         try:
             with hello_scope:
-                async for line in conn.lines(self.max_frame_bytes):
+                async for line in conn.lines():
                     if not line.strip():
                         continue
                     try:
@@ -504,6 +534,7 @@ class Server:
                             return
                         greeted = True
                         hello_scope.deadline = math.inf
+                        conn.max_frame = self.max_frame_bytes
                         hello = {"protocol": wire.PROTOCOL_VERSION, "max_frame_bytes": self.max_frame_bytes,
                                  "max_attachment_bytes": self.service.attachments.max_bytes}
                         await conn.send(wire.encode_result(request.id, hello))
@@ -539,6 +570,16 @@ class Server:
             conn.in_flight.release()
 
     async def _answer_request(self, conn: _Connection, request: Any) -> None:
+        if type(request) not in LARGE_REPLIES:
+            await self._reply(conn, request)
+            return
+        # A reply that may be tens of MB is built only once the client took the last one, and one
+        # at a time: a client that asks for many and reads none holds one, not max_requests_in_flight.
+        async with conn.large_reply:
+            await conn.room()
+            await self._reply(conn, request)
+
+    async def _reply(self, conn: _Connection, request: Any) -> None:
         handler = self._handlers[type(request)]
         try:
             if self.peers is not None and type(request) in self.peers.carried:
@@ -557,7 +598,10 @@ class Server:
             return
         if result is not _NO_REPLY:
             # Answers carry state kept from agent text (titles, errors, interactions): secrets out.
-            await conn.send(masking.mask_json(wire.encode_result(request.id, result)))
+            frame = masking.mask_json(wire.encode_result(request.id, result))
+            if len(frame) - 1 > wire.CLIENT_MAX_FRAME_BYTES:
+                frame = _too_large(request, len(frame) - 1)
+            await conn.send(frame)
 
     # ------------------------------------------------------------------ handlers
 
@@ -786,7 +830,8 @@ class Server:
         return await usage.resume(self.service, req.conversation)
 
     async def _export(self, conn: _Connection, req: wire.Export) -> wire.ExportResult:
-        return await self.service.export(req.conversation, req.format, include_tools=req.include_tools, all_=req.all)
+        async with self._exports:
+            return await self.service.export(req.conversation, req.format, include_tools=req.include_tools, all_=req.all)
 
     async def _history(self, conn: _Connection, req: wire.History) -> wire.HistoryPage:
         from . import history
@@ -953,3 +998,24 @@ async def _refuse(stream: trio.abc.Stream, err: c.AgentdError) -> None:
 
 
 _NO_REPLY = object()
+
+#: Requests whose reply may be large (a whole transcript, a page of big items, every task with
+#: its comments): built one at a time per connection, once the client took the reply before.
+LARGE_REPLIES = frozenset({wire.Export, wire.History, wire.ShowItem, wire.TaskList, wire.TaskShow})
+#: Exports rendered at once, daemon-wide: each holds a whole journal and its rendering in memory.
+EXPORTS_AT_ONCE = 2
+
+_LARGE_HINTS = {
+    wire.Export: "; export without --include-tools, or page through it with `agentctl history`",
+    wire.TaskList: "; list fewer at once (--status)",
+}
+
+
+def _too_large(request: Any, size: int) -> bytes:
+    """The error frame sent instead of a reply of ``size`` bytes that no client would read."""
+    op = type(request).__struct_config__.tag
+    err = c.LimitExceeded(
+        f"the reply to {op} is {size:,} bytes, over the {wire.CLIENT_MAX_FRAME_BYTES:,} a client reads in one "
+        f"frame{_LARGE_HINTS.get(type(request), '')}", details={"bytes": size, "limit": wire.CLIENT_MAX_FRAME_BYTES})
+    log.warning("server.reply_too_large", op=op, bytes=size)
+    return wire.encode_error(request.id, err)

@@ -62,6 +62,10 @@ _tokens_decoder = msgspec.json.Decoder(c.TokenUsage)
 
 #: How long ``cancel`` waits for a running task's turn to end, seconds.
 CANCEL_WAIT_S = 10.0
+#: A comment holds at most this many characters, and a task at most MAX_COMMENTS of them: the
+#: task list carries every task with its comments, so each task's share of it stays bounded.
+MAX_COMMENT_CHARS = 16_384
+MAX_COMMENTS = 256
 #: Error of a task found running when the daemon starts.
 INTERRUPTED_ERROR = "agentd stopped while this task was running; its prompt was not resent"
 #: Turn states -> the task status they end it with.
@@ -501,11 +505,17 @@ class TaskService:
         """Add a comment to a task; while its turn runs and the provider can steer, also steer the turn.
 
         The result's ``delivery`` says which (``steered`` or ``recorded``, with
-        a note why). Raises NotFound, Invalid (empty text).
+        a note why). Raises NotFound, Invalid (empty text), LimitExceeded (over
+        MAX_COMMENT_CHARS, or the task has MAX_COMMENTS already).
         """
         if not text.strip():
             raise c.Invalid("the comment is empty")
+        if len(text) > MAX_COMMENT_CHARS:
+            raise c.LimitExceeded(f"the comment is {len(text):,} characters; a comment takes at most "
+                                  f"{MAX_COMMENT_CHARS:,} (send a long text to the conversation instead)")
         task = self.resolve(ref)
+        if len(task.comments) >= MAX_COMMENTS:
+            raise c.LimitExceeded(f"task {task.id} has {MAX_COMMENTS} comments, as many as a task takes")
         delivery, note = "recorded", ""
         if task.status not in (_T.RUNNING, _T.WAITING_FOR_INPUT):
             note = f"the task is {task.status.value}; there is no turn to steer"

@@ -128,3 +128,22 @@ def test_broken_config_exits_78_naming_the_key(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-m", "agentd", "run"], env=d.env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 78
     assert "journal.fsync" in proc.stderr
+
+
+def test_a_first_frame_over_64_kib_before_hello_is_refused_and_after_hello_a_large_one_is_read(daemon: Daemon) -> None:
+    # Before hello a connection may send at most PRE_HELLO_MAX_FRAME_BYTES: else each of
+    # max_connections could hold server.max_frame_bytes (16 MiB) of a first frame unread.
+    from agentd.server import PRE_HELLO_MAX_FRAME_BYTES
+
+    with Client(daemon.socket, hello=False) as client:
+        client.send_raw(b'{"id": 0, "op": "hello", "pad": "' + b"x" * (PRE_HELLO_MAX_FRAME_BYTES + 10))
+        frame = client.read()
+        assert isinstance(frame, wire.ErrorFrame) and frame.error.code == "limit"
+        assert "before hello" in frame.error.message
+        with pytest.raises((EOFError, ConnectionResetError)):
+            client.read()
+    with daemon.client() as client:  # greeted: a frame of a megabyte is read (and found wanting)
+        client.send_raw(b'{"id": 5, "op": "status", "pad": "' + b"x" * (1 << 20) + b'"}\n')
+        frame = client.read()
+        assert isinstance(frame, wire.ErrorFrame) and (frame.id, frame.error.code) == (5, "invalid")
+        assert client.request(wire.Status)["pid"] == daemon.proc.pid

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from agentd import contract as c
+from agentd import wire
 from daemon_harness import Daemon
 
 from .conftest import SCRIPTS
@@ -309,6 +311,16 @@ def test_comment_steers_a_running_turn_and_is_only_recorded_otherwise(start: Any
                                                                     ("thanks", "recorded")]
     comments = [e["comment"]["text"] for e in task_events(d, t["conversation"]) if e["event"] == "comment"]
     assert comments == ["use the blue box", "thanks"]
+
+    # Bounded: the task list carries every comment of every task.
+    long = d.agentctl("task", "comment", task, "x" * 16_385)
+    assert long.returncode == 1 and "limit: the comment is 16,385 characters" in long.stderr
+    with d.client() as client:
+        for i in range(254):
+            client.request(wire.TaskAddComment, task=task, text=f"note {i}")
+        with pytest.raises(c.LimitExceeded, match="256 comments"):
+            client.request(wire.TaskAddComment, task=task, text="one more")
+    assert len(show(d, task)["task"]["comments"]) == 256
 
 
 # ---------------------------------------------------------------------- callbacks

@@ -3,8 +3,9 @@
 Through the real daemon and real sockets: a client that pipelines 300,000
 requests and never reads is pushed back by its own socket (agentd stops
 reading it) while the daemon's memory stays flat and others are served; a
-connection's subscriptions are capped (``limit``); a connection that never
-says ``hello`` is closed; an error about a megabyte of bad request is short;
+connection's subscriptions are capped (``limit``); exports of a large transcript
+that a client asks for and never reads are built one at a time; a connection
+that never says ``hello`` is closed; an error about a megabyte of bad request is short;
 a flood of unauthenticated WebSocket connections from another user neither
 exhausts agentd's descriptors nor locks the owner out.
 """
@@ -161,22 +162,28 @@ def test_a_client_pipelining_300k_requests_without_reading_is_pushed_back_and_me
         d.stop()
 
 
-def test_large_answers_to_a_client_that_never_reads_are_bounded_in_bytes_not_only_in_frames(tmp_path: Path) -> None:
-    # Each answer is a ~200 KB export; 1,500 of them fit the 4,096-frame outbox 75 times over in bytes.
+def _echoed(d: Daemon, tmp_path: Path, prompts: list[str]) -> tuple[str, int]:
+    """A conversation on ``d`` whose script echoes each of ``prompts`` in one turn each; its id and
+    the size of its Markdown export."""
     fast = tmp_path / "fast.toml"
-    fast.write_text('model = "fast"\nchunk = 65536\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\nkind = "text"\n'
+    fast.write_text('model = "fast"\nchunk = 1048576\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\nkind = "text"\n'
                     'text = "{prompt}"\n')
-    d = fast_daemon(tmp_path, "[server]\noutbox_bytes = 4194304\nmax_requests_in_flight = 8\n").start()
     work = tmp_path / "work"
     work.mkdir()
+    with d.client() as a:
+        cid = new(a, work, fast)
+        a.subscribe(cid)
+        for text in prompts:
+            a.follow(a.request(wire.Send, conversation=cid, text=text)["run"])
+        return cid, len(a.request(wire.Export, conversation=cid, format="md")["text"])
+
+
+def test_large_answers_to_a_client_that_never_reads_are_bounded_in_bytes_not_only_in_frames(tmp_path: Path) -> None:
+    # Each answer is a ~200 KB export; 1,500 of them fit the 4,096-frame outbox 75 times over in bytes.
+    d = fast_daemon(tmp_path, "[server]\noutbox_bytes = 4194304\nmax_requests_in_flight = 8\n").start()
     try:
         pid = d.proc.pid
-        with d.client() as a:
-            cid = new(a, work, fast)
-            a.subscribe(cid)
-            run = a.request(wire.Send, conversation=cid, text="y" * 100_000)["run"]
-            a.follow(run)
-            size = len(a.request(wire.Export, conversation=cid, format="md")["text"])
+        cid, size = _echoed(d, tmp_path, ["y" * 100_000])
         assert size > 190_000
         base_kb = _proc_kb(pid, "VmRSS")
         flood = _raw(d)
@@ -213,6 +220,45 @@ def test_large_answers_to_a_client_that_never_reads_are_bounded_in_bytes_not_onl
         flood.close()
         print(f"bounded clients: {count} pipelined ~{size // 1000} KB answers, RSS peak +{growth_mb:.1f} MiB "
               f"(outbox_bytes 4 MiB, 8 requests in flight)")
+    finally:
+        d.stop()
+
+
+def test_exports_of_a_large_transcript_pipelined_without_reading_are_built_one_at_a_time(tmp_path: Path) -> None:
+    # Each export is a ~12 MB transcript; all of them at once held several copies of it each
+    # (the journal read, the rendering, the frame), gigabytes for a 170 MB journal. agentd
+    # builds the next only once the client took the last one (server.LARGE_REPLIES).
+    d = fast_daemon(tmp_path).start()
+    try:
+        pid = d.proc.pid
+        cid, size = _echoed(d, tmp_path, [str(n) * (2 << 20) for n in range(3)])
+        assert size > 12_000_000
+        _wait_idle(pid)
+        base_kb = _proc_kb(pid, "VmRSS")
+        count = 20
+        flood = _raw(d)
+        flood.sendall(HELLO + b"".join(json.dumps({"id": i, "op": "export", "conversation": cid, "format": "md"})
+                                       .encode() + b"\n" for i in range(1, count + 1)))
+        _wait_idle(pid)  # agentd built what it would for a client that does not read
+        growth_mb = (_proc_kb(pid, "VmHWM") - base_kb) / 1024
+        print(f"bounded clients: {count} pipelined exports of {size / 1e6:.0f} MB, RSS peak +{growth_mb:.0f} MiB")
+        # one export at a time holds ~10 copies of it at its peak (20 at once: 1.3 GiB here)
+        assert growth_mb < 16 * size / 2**20, f"agentd grew by {growth_mb:.0f} MiB for exports nobody read"
+        with d.client() as other:
+            assert other.request(wire.Status)["pid"] == pid
+        # Once the client reads, every export comes, whole.
+        flood.settimeout(30)
+        reader = flood.makefile("rb")
+        assert json.loads(reader.readline())["type"] == "hello"
+        assert json.loads(reader.readline())["id"] == 0
+        got = set()
+        for _ in range(count):
+            frame = json.loads(reader.readline())
+            assert frame["type"] == "result" and len(frame["result"]["text"]) == size
+            got.add(frame["id"])
+        assert got == set(range(1, count + 1))
+        reader.close()
+        flood.close()
     finally:
         d.stop()
 

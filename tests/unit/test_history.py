@@ -148,3 +148,49 @@ def test_bad_page_requests_are_invalid(tmp_path: pathlib.Path, kwargs: dict[str,
     j = _write(tmp_path / "events.jsonl", [[("t1", "")]])
     with pytest.raises(c.Invalid):
         _page(j, "c", j.last_seq, **kwargs)
+
+
+def test_a_page_of_large_prompts_stops_at_its_byte_budget_and_the_next_goes_on(tmp_path: pathlib.Path) -> None:
+    # Eight prompts of 5 MB: a page of 50 would be a 40 MB reply, over what a client reads in one
+    # frame as the journal grows; a page stops at MAX_PAGE_BYTES (16 MiB) and says where it stopped.
+    big = 5 << 20
+    j = Journal(tmp_path / "events.jsonl", fsync=FsyncPolicy.NEVER)
+    j.append("conversation", msgspec.json.encode(wire.ConversationCreated(provider="script", workdir="/")))
+    for n in range(8):
+        j.append("prompt", msgspec.json.encode(wire.PromptRecord(text=f"{n}" * big)), run=f"r{n}")
+        j.append("turn", msgspec.json.encode(c.Turn(state=c.TurnState.COMPLETED)), run=f"r{n}")
+    want = [f"{n}" * big for n in range(8)]
+
+    def texts(p: wire.HistoryPage) -> list[str]:
+        assert 1 <= len(p.items) and sum(len(e.item.text) for e in p.items) <= history.MAX_PAGE_BYTES
+        assert len(wire.encode(p)) < wire.CLIENT_MAX_FRAME_BYTES
+        return [e.item.text for e in p.items]
+
+    p, pages = _page(j, "c", j.last_seq, limit=50), 1
+    got = texts(p)
+    while p.before:
+        assert not p.start
+        p = _page(j, "c", j.last_seq, limit=50, before=p.before)
+        got, pages = texts(p) + got, pages + 1
+    assert p.start and got == want and pages >= 3
+
+    p = _page(j, "c", j.last_seq, limit=50, after=0)
+    got = texts(p)
+    while p.after:
+        assert not p.end
+        p = _page(j, "c", j.last_seq, limit=50, after=p.after)
+        got += texts(p)
+    assert p.end and got == want
+
+
+def test_one_entry_over_the_byte_budget_is_still_a_page_of_its_own(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(history, "MAX_PAGE_BYTES", 100)
+    j = _write(tmp_path / "events.jsonl", [[("t1", "")], [("t2", "")]])
+    want = _oracle(j)
+    p = _page(j, "c", j.last_seq, limit=10, after=0)
+    got = _flat(p)
+    while p.after:
+        assert len(p.items) == 1
+        p = _page(j, "c", j.last_seq, limit=10, after=p.after)
+        got += _flat(p)
+    assert got == want
