@@ -87,14 +87,10 @@ def default_socket_path() -> str:
     xdg = os.environ.get("XDG_RUNTIME_DIR", "").strip()
     if xdg and sys.platform.startswith("linux"):
         return os.path.join(xdg, "agentd", "agentd.sock")
-    import warnings
-
-    import platformdirs
-
-    with warnings.catch_warnings():
-        # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback is what agentd uses too.
-        warnings.simplefilter("ignore")
-        return os.path.join(platformdirs.user_runtime_dir("agentd"), "agentd.sock")
+    try:
+        return os.path.join(_trust.user_runtime_dir("agentd"), "agentd.sock")
+    except _trust.Untrusted as exc:  # the fallback is another user's: agentd refuses it too
+        raise Unreachable(str(exc)) from None
 
 
 def autostart_disabled() -> bool:

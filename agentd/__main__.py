@@ -19,12 +19,17 @@ from . import __version__
 def _load(config_path: Path | None):  # -> (Config, Paths)
     from .config import EXIT_CONFIG, ConfigError, load_config
 
+    from ._trust import Untrusted
+
     try:
         config = load_config(config_path)
     except ConfigError as exc:
         click.echo(f"agentd: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
-    return config, config.resolved_paths()
+    try:
+        return config, config.resolved_paths()
+    except Untrusted as exc:  # no XDG_RUNTIME_DIR, and the fallback is another user's
+        _unusable(exc)
 
 
 def _trusted_paths(config, paths, config_path) -> None:  # (Config, Paths, Path | None)
@@ -52,6 +57,13 @@ def _unusable(exc: Exception) -> None:
 
     click.echo(f"agentd: {exc}", err=True)
     sys.exit(EXIT_UNUSABLE)
+
+
+def _sole(exc: BaseException) -> BaseException:
+    """The one exception nested single-exception groups hold (trio wraps one per nursery), else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -93,7 +105,14 @@ def run(config_path: Path | None) -> None:
     # the GIL while the other parses a burst of events (the GIL convoy): 0.5 ms bounds it.
     sys.setswitchinterval(0.0005)
     try:
-        trio.run(serve, config, paths, config_path)
+        try:
+            trio.run(serve, config, paths, config_path)
+        except BaseExceptionGroup as group:
+            # A start-up error raised inside the daemon's nurseries comes wrapped, once per nursery.
+            leaf = _sole(group)
+            if leaf is group:
+                raise
+            raise leaf from None
     except Untrusted as exc:  # the socket, checked again as it is bound
         _unusable(exc)
     except AgentdError as exc:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 
 __all__ = [
     "EXIT_UNUSABLE",
@@ -78,6 +79,24 @@ class Untrusted(Exception):
         self.path = os.fspath(path)
         self.problem = problem
         super().__init__(f"{what} {self.path}: {problem}")
+
+
+def user_runtime_dir(app: str) -> str:
+    """platformdirs' user runtime dir of ``app`` (``$XDG_RUNTIME_DIR/<app>``, else a fallback such as
+    ``/tmp/runtime-<uid>``). Raises :class:`Untrusted` when platformdirs refuses its fallback (another
+    user made it first), not platformdirs' PermissionError."""
+    import warnings
+
+    import platformdirs
+
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset; its fallback is what agentd uses.
+        warnings.simplefilter("ignore")
+        try:
+            return platformdirs.user_runtime_dir(app)
+        except PermissionError as exc:
+            fallback = os.path.join(tempfile.gettempdir(), f"runtime-{os.geteuid()}")
+            raise Untrusted("runtime dir", fallback, f"refused: {exc} (or AGENTD_RUNTIME_DIR)") from None
 
 
 def _who(uid: int) -> str:

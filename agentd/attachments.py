@@ -42,6 +42,9 @@ ATTACHMENTS_DIR = "attachments"
 #: Hex digits of the content's sha256 that prefix a stored name (and are the attachment's id).
 ID_DIGITS = 16
 MAX_NAME_CHARS = 100
+#: ... and at most this many bytes in UTF-8: the stored name (id, "-", name) and its temporary
+#: name while written (about 40 bytes more) stay within the 255 bytes a file name may have.
+MAX_NAME_BYTES = 200
 
 _MAGIC: list[tuple[bytes, int, str]] = [
     (b"\x89PNG\r\n\x1a\n", 0, "image/png"),
@@ -61,7 +64,8 @@ _UNSAFE_CHARS = re.compile(r"[^\w.+()\[\] -]", re.UNICODE)
 
 
 def clean_name(name: str) -> str:
-    """``name`` as one safe path component: printable, no separator, no leading dot, at most 100 characters.
+    """``name`` as one safe path component: printable, no separator, no leading dot, at most 100
+    characters and 200 bytes (cut in its stem, its extension kept).
 
     Raises :class:`Invalid` for a name that names a path (``/``, ``\\``,
     ``..``, a NUL) or nothing at all; other odd characters become ``_``.
@@ -74,12 +78,15 @@ def clean_name(name: str) -> str:
     text = "".join(ch if unicodedata.category(ch)[0] != "C" else "_" for ch in text)
     text = _UNSAFE_CHARS.sub("_", text).strip(" ")
     text = text.lstrip(".") or "file"
-    if len(text) > MAX_NAME_CHARS:
+    if len(text) > MAX_NAME_CHARS or len(text.encode()) > MAX_NAME_BYTES:
         stem, dot, ext = text.rpartition(".")
-        if dot and 0 < len(ext) <= 10:
-            text = stem[: MAX_NAME_CHARS - len(ext) - 1] + "." + ext
-        else:
-            text = text[:MAX_NAME_CHARS]
+        if not (dot and stem and 0 < len(ext) <= 10):
+            stem, ext = text, ""
+        tail = "." + ext if ext else ""
+        stem = stem[: MAX_NAME_CHARS - len(tail)]
+        # Cut on a character boundary: what is left of a character cut in two is dropped.
+        stem = stem.encode()[: MAX_NAME_BYTES - len(tail.encode())].decode("utf-8", "ignore")
+        text = stem + tail
     return text
 
 

@@ -229,8 +229,9 @@ class WebSocketConfig(_Section):
     #: browser Origins allowed besides http://127.0.0.1:<port> and http://localhost:<port>;
     #: a request with any other Origin header is refused (clients without one are not browsers)
     allowed_origins: list[str] = []
-    #: connections that have not yet passed the token check, in total and per peer address;
-    #: past either cap a new connection is closed at once
+    #: connections that have not yet passed the token check, in total and per peer (per local
+    #: user on loopback, agentd.gateway.loopback_peer_uid, else per address); past either cap a
+    #: new connection is closed at once
     max_unauthenticated: Annotated[int, msgspec.Meta(ge=1)] = 128
     max_unauthenticated_per_peer: Annotated[int, msgspec.Meta(ge=1)] = 16
     #: seconds a connection has to send its WebSocket handshake (with the token) before it is closed
@@ -682,10 +683,7 @@ class Config(_Section):
             state = pathlib.Path(platformdirs.user_state_dir(APP_NAME))
         runtime = _env_path(env, ENV_RUNTIME_DIR) or _file_path(d.runtime_dir)
         if runtime is None:
-            with warnings.catch_warnings():
-                # Without XDG_RUNTIME_DIR platformdirs falls back to /tmp/runtime-<uid> and warns.
-                warnings.simplefilter("ignore")
-                runtime = pathlib.Path(platformdirs.user_runtime_dir(APP_NAME))
+            runtime = pathlib.Path(_trust.user_runtime_dir(APP_NAME))
         sock = _env_path(env, ENV_SOCKET) or _file_path(d.socket) or runtime / "agentd.sock"
         token = _file_path(self.websocket.token_file) or runtime / "ws-token"
         return Paths(state_dir=state, runtime_dir=runtime, socket=sock, token_file=token)

@@ -14,18 +14,27 @@ Origin. Refusals are answered 401/403 before the upgrade and logged.
 Connections that have not passed the token check are bounded, so that
 another local user's idle connections cannot use up agentd's descriptors:
 at most ``[websocket] max_unauthenticated`` in total and
-``max_unauthenticated_per_peer`` per peer address (past either, a new
-connection is closed at once, before agentd reads a byte), each with
+``max_unauthenticated_per_peer`` per peer (past either, a new connection is
+closed at once, before agentd reads a byte), each with
 ``handshake_timeout_s`` to send its handshake. Past the token check the
 connection counts against ``[server] max_connections`` and must send
 ``hello`` within ``[server] hello_timeout_s``, as on the Unix socket.
+
+A peer is the local user behind a loopback connection (the uid the kernel
+names for its socket, :func:`loopback_peer_uid`), else its address: every
+local user connects from 127.0.0.1, and keyed by address another user's idle
+connections took the owner's share.
 """
 
 from __future__ import annotations
 
+import errno
 import hmac
+import ipaddress
 import os
 import secrets
+import socket
+import struct
 import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +44,7 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, WebSocketServer
 
 from . import _trust
+from .contract import AgentdError
 from .logs import register_secret
 
 if TYPE_CHECKING:
@@ -42,6 +52,24 @@ if TYPE_CHECKING:
     from .server import Server
 
 log = structlog.get_logger("agentd.gateway")
+
+
+class GatewayUnavailable(AgentdError):
+    """The gateway cannot listen on its ``[websocket]`` host and port; agentd does not start (exit 1:
+    a restart can help once the port is free). Example text: ``the WebSocket gateway cannot listen
+    on 127.0.0.1:8765: [Errno 98] Address already in use; ...``."""
+
+    code = "internal"
+    exit_code = 1
+
+    def __init__(self, host: str, port: int, exc: OSError) -> None:
+        hint = ""
+        if exc.errno == errno.EADDRINUSE:
+            # Another local user may hold it on purpose: clients that connect there hand it the token.
+            hint = ("; another process holds that port (`ss -ltnp`), and WebSocket clients that connect "
+                    "there would send it their token: free the port or choose another ([websocket] port)")
+        super().__init__(f"the WebSocket gateway cannot listen on {host}:{port}: {exc}{hint}",
+                         details={"host": host, "port": port})
 
 
 def load_or_create_token(path: Path) -> str:
@@ -99,35 +127,85 @@ class _MessageStream(trio.abc.Stream):
         await self.ws.aclose()
 
 
+_NETLINK_SOCK_DIAG = 4  # linux/netlink.h
+_SOCK_DIAG_BY_FAMILY = 20  # linux/sock_diag.h
+_NLM_F_REQUEST = 1
+_NLMSG = struct.Struct("=IHHII")  # struct nlmsghdr
+_INET_DIAG_NOCOOKIE = 0xFFFFFFFF
+#: where inet_diag_msg's idiag_uid lies: after its 4 one-byte fields, the 48-byte socket id and
+#: expires, rqueue, wqueue (linux/inet_diag.h)
+_UID_AT = _NLMSG.size + 4 + 48 + 12
+
+
+def loopback_peer_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
+    """The uid owning the TCP socket at ``peer`` (host, port) connected to ``local`` on this host,
+    asked of the kernel by sock_diag netlink (what ``ss -e`` shows), one exact lookup; None when
+    it cannot say (not Linux, no such socket, a peer on another host).
+    """
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(peer[0]).version == 6 else socket.AF_INET
+
+        def addr(host: str) -> bytes:
+            return socket.inet_pton(family, host).ljust(16, b"\0")
+
+        # struct inet_diag_req_v2, its id seen from the peer's socket: src = the peer, dst = us
+        sockid = struct.pack("!HH", peer[1], local[1]) + addr(peer[0]) + addr(local[0]) \
+            + struct.pack("=III", 0, _INET_DIAG_NOCOOKIE, _INET_DIAG_NOCOOKIE)
+        req = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG) as nl:
+            nl.settimeout(1.0)
+            nl.sendto(_NLMSG.pack(_NLMSG.size + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0) + req, (0, 0))
+            data = nl.recv(65536)
+        if len(data) < _UID_AT + 4 or _NLMSG.unpack_from(data)[1] != _SOCK_DIAG_BY_FAMILY:
+            return None  # NLMSG_ERROR: no such socket here
+        return int(struct.unpack_from("=I", data, _UID_AT)[0])
+    except (OSError, ValueError, AttributeError):  # AttributeError: no AF_NETLINK (not Linux)
+        return None
+
+
+def _peer(address: str, port: int, stream: trio.SocketStream) -> str:
+    """Whose connection this is, for the per-peer cap: ``uid N`` on loopback when the kernel says, else the address."""
+    try:
+        loopback = ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback or address.startswith("::ffff:127."):
+        local = stream.socket.getsockname()
+        uid = loopback_peer_uid((address, port), (local[0], local[1]))
+        if uid is not None:
+            return f"uid {uid}"
+    return address
+
+
 class _Admission:
-    """The connections not yet past the token check: counted in total and per peer address."""
+    """The connections not yet past the token check: counted in total and per peer (_peer)."""
 
     def __init__(self, total: int, per_peer: int) -> None:
         self.total = total
         self.per_peer = per_peer
-        #: (address, port) of the peer -> its stream, until it passes or fails the token check
-        self.pending: dict[tuple[str, int], trio.SocketStream] = {}
-        self.per_address: dict[str, int] = {}
+        #: (peer, address, port) -> its stream, until it passes or fails the token check
+        self.pending: dict[tuple[str, str, int], trio.SocketStream] = {}
+        self.by_peer: dict[str, int] = {}
         self.refused = 0
 
-    def admit(self, key: tuple[str, int], stream: trio.SocketStream) -> bool:
+    def admit(self, key: tuple[str, str, int], stream: trio.SocketStream) -> bool:
         self.settle(key)  # the same peer address and port again: the earlier connection is gone
-        if len(self.pending) >= self.total or self.per_address.get(key[0], 0) >= self.per_peer:
+        if len(self.pending) >= self.total or self.by_peer.get(key[0], 0) >= self.per_peer:
             self.refused += 1
             return False
         self.pending[key] = stream
-        self.per_address[key[0]] = self.per_address.get(key[0], 0) + 1
+        self.by_peer[key[0]] = self.by_peer.get(key[0], 0) + 1
         return True
 
-    def settle(self, key: tuple[str, int]) -> None:
+    def settle(self, key: tuple[str, str, int]) -> None:
         """The connection passed or failed the token check, or closed: it no longer counts."""
         if self.pending.pop(key, None) is None:
             return
-        left = self.per_address[key[0]] - 1
+        left = self.by_peer[key[0]] - 1
         if left:
-            self.per_address[key[0]] = left
+            self.by_peer[key[0]] = left
         else:
-            del self.per_address[key[0]]
+            del self.by_peer[key[0]]
 
     def sweep(self) -> None:
         # A backstop: a connection closed by a path that never called _Counted.aclose.
@@ -140,7 +218,7 @@ class _Counted(trio.abc.HalfCloseableStream):
     """An admitted connection that stops counting the moment it is closed (a handshake that timed
     out included), so a client that sees the close and reconnects at once finds its slot free."""
 
-    def __init__(self, stream: trio.SocketStream, admission: _Admission, key: tuple[str, int]) -> None:
+    def __init__(self, stream: trio.SocketStream, admission: _Admission, key: tuple[str, str, int]) -> None:
         self._stream = stream
         self._admission = admission
         self._key = key
@@ -181,11 +259,12 @@ class _AdmittingListener(trio.abc.Listener[trio.SocketStream]):
             except OSError:
                 await stream.aclose()
                 continue
-            if self.admission.admit((address, port), stream):
-                return _Counted(stream, self.admission, (address, port))  # type: ignore[return-value]
+            key = (_peer(address, port, stream), address, port)
+            if self.admission.admit(key, stream):
+                return _Counted(stream, self.admission, key)  # type: ignore[return-value]
             if self.admission.refused % 1000 == 1:  # a flood logs now and then, not once per connection
-                log.warning("gateway.refused", peer=f"{address}:{port}", reason="too many unauthenticated connections",
-                            refused=self.admission.refused)
+                log.warning("gateway.refused", peer=f"{address}:{port}", who=key[0],
+                            reason="too many unauthenticated connections", refused=self.admission.refused)
             await stream.aclose()
 
     async def aclose(self) -> None:
@@ -234,7 +313,10 @@ async def serve_websocket(server: "Server", config: "Config", paths: "Paths", *,
             return None
         return await request.accept()
 
-    listeners = await trio.open_tcp_listeners(ws_config.port, host=ws_config.host)
+    try:
+        listeners = await trio.open_tcp_listeners(ws_config.port, host=ws_config.host)
+    except OSError as exc:
+        raise GatewayUnavailable(ws_config.host, ws_config.port, exc) from None
     port = listeners[0].socket.getsockname()[1]
     ws_server = WebSocketServer(
         handler,

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +18,7 @@ import pytest
 
 from agentd import wire
 from daemon_harness import REPO, Client, Daemon
+from environment import unavailable
 
 SCRIPTS = Path(__file__).parent / "scripts"
 WAIT = REPO / "conf" / "scripts" / "wait.toml"
@@ -104,3 +109,27 @@ def log_events(d: Daemon) -> list[dict[str, Any]]:
 
 # The figures RELIABILITY.md quotes (frames fuzzed: fuzz.FRAMES, faults injected: figures.FAULTS) are
 # printed after a run by tests/conftest.py, which adds up those of every pytest-xdist worker.
+
+
+#: a second local user the security tests create (as root) to act as "another local user"
+OTHER_USER = "agentd-rt-other"
+
+
+@pytest.fixture(scope="module")
+def other_user() -> pwd.struct_passwd:
+    if os.geteuid() != 0:
+        unavailable("creating a second user needs root")
+    from filelock import FileLock
+
+    # One process at a time: tests run in parallel (pytest-xdist), and a second useradd of the
+    # same user fails (or finds /etc/passwd locked).
+    with FileLock(os.path.join(tempfile.gettempdir(), f"agentd-tests-{OTHER_USER}.lock"), timeout=120):
+        try:
+            return pwd.getpwnam(OTHER_USER)
+        except KeyError:
+            pass
+        proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            unavailable(f"useradd failed: {proc.stderr.strip()}")
+        return pwd.getpwnam(OTHER_USER)

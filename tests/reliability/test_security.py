@@ -29,7 +29,6 @@ from .conftest import ECHO, fast_daemon, log_events, new, run_turn, turn_state, 
 from .figures import FAULTS
 
 AGENT = Path(__file__).parent / "acp_fault_agent.py"
-OTHER_USER = "agentd-rt-other"
 
 
 def _mode(path: Path) -> int:
@@ -52,26 +51,6 @@ def test_state_runtime_and_socket_files_are_private(daemon: Daemon, workdir: Pat
 
 
 # --------------------------------------------------------------------------- another uid
-
-
-@pytest.fixture(scope="module")
-def other_user() -> pwd.struct_passwd:
-    if os.geteuid() != 0:
-        unavailable("creating a second user needs root")
-    from filelock import FileLock
-
-    # One process at a time: tests run in parallel (pytest-xdist), and a second useradd of the
-    # same user fails (or finds /etc/passwd locked).
-    with FileLock(os.path.join(tempfile.gettempdir(), f"agentd-tests-{OTHER_USER}.lock"), timeout=120):
-        try:
-            return pwd.getpwnam(OTHER_USER)
-        except KeyError:
-            pass
-        proc = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_USER],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            unavailable(f"useradd failed: {proc.stderr.strip()}")
-        return pwd.getpwnam(OTHER_USER)
 
 
 #: Runs as the other user: connect, print what happened as one JSON line (standard library only).

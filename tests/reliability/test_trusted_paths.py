@@ -23,7 +23,6 @@ from daemon_harness import REPO, Daemon
 
 from .conftest import ECHO, fast_daemon, new, run_turn
 from .figures import FAULTS
-from .test_security import other_user  # noqa: F401 (a fixture: the second user, created once)
 
 EXIT_UNUSABLE = 78
 

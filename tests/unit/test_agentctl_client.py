@@ -254,3 +254,33 @@ def test_only_the_main_thread_takes_ctrl_c(tmp_path: Path) -> None:
             assert mask & (1 << (sig - 1)), f"the reader thread takes {sig.name}"
         assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before  # the caller's mask is as it was
         assert not _blocked(threading.get_native_id()) & (1 << (signal.SIGINT - 1))
+
+
+def test_a_runtime_dir_fallback_another_user_made_is_refused_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without XDG_RUNTIME_DIR, platformdirs falls back to /tmp/runtime-<uid> and refuses it when
+    another user made it first: agentctl says so as unreachable (exit 5), agentd as unusable (78),
+    not with platformdirs' PermissionError traceback."""
+    import platformdirs
+    from click.testing import CliRunner
+
+    from agentctl.cli import cli
+    from agentctl.client import Unreachable, default_socket_path
+    from agentd import _trust
+    from agentd.__main__ import _load
+
+    def refuse(app: str) -> str:
+        raise PermissionError("runtime directory /tmp/runtime-4242 is owned by uid 1002, not 4242; "
+                              "set XDG_RUNTIME_DIR instead")
+
+    for key in ("AGENTD_SOCKET", "AGENTD_RUNTIME_DIR", "XDG_RUNTIME_DIR", "AGENTD_CONFIG"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(platformdirs, "user_runtime_dir", refuse)
+    with pytest.raises(_trust.Untrusted, match="owned by uid 1002"):
+        _trust.user_runtime_dir("agentd")
+    with pytest.raises(Unreachable, match=r"runtime dir .*owned by uid 1002.*AGENTD_RUNTIME_DIR"):
+        default_socket_path()
+    result = CliRunner().invoke(cli, ["status"], prog_name="agentctl")
+    assert result.exit_code == 5 and "owned by uid 1002" in result.output
+    with pytest.raises(SystemExit) as stopped:
+        _load(None)
+    assert stopped.value.code == _trust.EXIT_UNUSABLE

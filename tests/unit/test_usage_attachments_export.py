@@ -84,6 +84,17 @@ def test_names_are_reduced_to_one_printable_component() -> None:
     assert len(long) == att.MAX_NAME_CHARS and long.endswith(".png")
 
 
+@pytest.mark.parametrize("name", ["漢" * 100, "漢" * 80 + ".txt", "é" * 99 + "漢", "🙂" * 120 + ".md"])
+def test_a_long_non_ascii_name_is_cut_to_bytes_a_file_name_holds_and_stored(name: str, tmp_path) -> None:
+    # 100 characters of CJK are 300 bytes: within the character bound, over the 255 bytes of a file name.
+    clean = att.clean_name(name)
+    assert len(clean.encode()) <= att.MAX_NAME_BYTES and clean.encode().decode() == clean
+    if "." in name:
+        assert clean.endswith("." + name.rpartition(".")[2])  # the extension is kept
+    stored = att.store(tmp_path, name, "hello".encode())
+    assert stored.name == clean and Path(stored.path).read_bytes() == b"hello"
+
+
 def test_types_come_from_the_content_first() -> None:
     assert att.sniff_mime("photo", b"\xff\xd8\xff\xe0rest") == "image/jpeg"
     assert att.sniff_mime("x.txt", b"%PDF-1.7 ...") == "application/pdf"
