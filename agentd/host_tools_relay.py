@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         try:
             msg = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deeply to read
             continue
         if isinstance(msg, dict):
             relay.handle(msg)

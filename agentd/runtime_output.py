@@ -76,17 +76,23 @@ def decode_json(data: bytes) -> Any:
 
     Fast path: msgspec. A message msgspec refuses for its bytes (invalid UTF-8,
     a lone surrogate escape) is decoded again with the rule applied. Raises
-    ``msgspec.DecodeError`` only for JSON that is broken beyond that.
+    ``msgspec.DecodeError`` only for JSON that is broken beyond that, or nested
+    too deeply to decode (both decoders recurse: a line of 200,000 ``[`` raised
+    RecursionError, which took down the reader of every conversation on the runtime).
     """
     try:
         return _decoder.decode(data)
     except msgspec.DecodeError as exc:
         first = exc
+    except RecursionError:
+        raise msgspec.DecodeError("JSON nested too deeply to decode") from None
     try:
         value = json.loads(decode(data))  # the stdlib takes lone surrogate escapes
+        return scrub(value)
     except ValueError:
         raise first from None
-    return scrub(value)
+    except RecursionError:
+        raise msgspec.DecodeError("JSON nested too deeply to decode") from None
 
 
 class _SafeEncoder:

@@ -242,6 +242,9 @@ class Connection:
                 await self._read_loop(receive, nursery)
             except ConnectionLost as exc:
                 self.violation = exc.reason
+            except Exception as exc:  # a bug met on this runtime's output ends its connection, not the provider
+                log.exception("jsonrpc.reader_failed", runtime=self._label)
+                self.violation = f"agentd could not read the {self._label}'s output ({type(exc).__name__}: {exc})"
             nursery.cancel_scope.cancel()
 
     def close(self, reason: str) -> None:
@@ -285,8 +288,8 @@ class Connection:
     def _dispatch(self, line: bytes, nursery: trio.Nursery) -> None:
         try:
             msg = runtime_output.decode_json(line)  # odd bytes become U+FFFD, never a lost agent
-        except msgspec.DecodeError:
-            raise ConnectionLost(f"the {self._label} wrote invalid JSON-RPC: {_preview(line)}") from None
+        except msgspec.DecodeError as exc:
+            raise ConnectionLost(f"the {self._label} wrote invalid JSON-RPC ({exc}): {_preview(line)}") from None
         if not isinstance(msg, dict) or (msg.get("jsonrpc", "2.0") != "2.0"):
             raise ConnectionLost(f"the {self._label} wrote invalid JSON-RPC: {_preview(line)}")
         method = msg.get("method")

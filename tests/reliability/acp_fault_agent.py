@@ -13,6 +13,7 @@ what to do:
 * ``bigline``      -> one line of 80 MB without a newline, then silence
 * ``garbage``      -> a line that is not JSON, then silence
 * ``notrpc``       -> a JSON line that is not a JSON-RPC message, then silence
+* ``deep``         -> a session/update nested 200,000 arrays deep (past any decoder's recursion), then silence
 * ``badresult``    -> answers the prompt with a result of the wrong shape
 * ``oddbytes``     -> a message chunk holding invalid UTF-8, a lone surrogate escape and a NUL,
   a stderr line of invalid UTF-8, then ``end_turn``
@@ -83,6 +84,14 @@ def bigline(session: str, rid: Any, rest: str) -> bool:
     sys.stdout.write('{"jsonrpc": "2.0", "method": "session/update", "params": {"text": "')
     for _ in range(80):
         sys.stdout.write(block)
+    sys.stdout.flush()
+    silence()
+    return True
+
+
+def deep(session: str, rid: Any, rest: str) -> bool:
+    say(session, "about to send JSON nested 200,000 deep")
+    sys.stdout.write('{"jsonrpc": "2.0", "method": "session/update", "params": ' + "[" * 200_000 + "]" * 200_000 + "}\n")
     sys.stdout.flush()
     silence()
     return True
@@ -192,7 +201,7 @@ def orphans(session: str, rid: Any, rest: str) -> bool:
 
 
 COMMANDS = {**fake.COMMANDS, "readlines": readlines, "readmany": readmany, "oddbytes": oddbytes, "unknown": unknown,
-            "orphans": orphans, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline, "notrpc": notrpc,
+            "orphans": orphans, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline, "deep": deep, "notrpc": notrpc,
             "badresult": badresult, "leak": leak}
 
 

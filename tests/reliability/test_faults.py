@@ -169,6 +169,24 @@ def test_a_runtime_that_dies_or_breaks_the_protocol_fails_the_turn_and_the_next_
     assert rss_mb(faulty.proc.pid) < 400, "the daemon's memory grew with the fault"
 
 
+def test_json_nested_too_deeply_fails_its_own_turn_and_no_other_on_the_same_provider(
+        faulty: Daemon, tmp_path: Path) -> None:
+    # Both decoders recurse: such a line raised RecursionError in the reader, which took the whole
+    # provider down (every other conversation's turn ended "shutdown", then each send refused).
+    with faulty.client() as client, _Bystander(faulty, _workdir(tmp_path, "other"), provider="acp:fault") as other:
+        cid = client.request(wire.New, provider="acp:fault", workdir=str(_workdir(tmp_path, "work")))["id"]
+        client.subscribe(cid)
+        FAULTS["runtime deep JSON"] += 1
+        end, _ = _turn(client, cid, "deep")
+        assert end["state"] == "failed" and end.get("reason") == "runtime_exit", end
+        assert "nested too deeply" in end["error"], end
+        end, records = _turn(client, cid, "after")
+        assert end["state"] == "completed" and "echo:after" in _texts(records), end
+        time.sleep(0.5)
+        assert other.times, "the other conversation on the provider finished no turn"
+    assert not any(e.get("event") == "provider.failed" for e in faulty.log_events())
+
+
 def test_a_runtime_that_hangs_is_stopped_after_the_hang_timeout_and_replaced(faulty: Daemon, tmp_path: Path) -> None:
     with faulty.client() as client, _Bystander(faulty, _workdir(tmp_path, "other")):
         cid = client.request(wire.New, provider="acp:fault", workdir=str(_workdir(tmp_path, "work")))["id"]

@@ -337,6 +337,7 @@ class AcpProvider:
             raise RuntimeError(f"provider {self.name!r} is already running")
         await trio.to_thread.run_sync(make_dirs, self.dir / "conversations")
         self._stopping = False
+        closed: list[AcpConversation] = []
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -347,8 +348,15 @@ class AcpProvider:
                     self._stopping = True
                     for agent in self._agents:
                         agent.proc.stopping()
-                    for conv in list(self._open.values()):
+                    closed = list(self._open.values())
+                    for conv in closed:
                         conv._shutdown()
+        except Exception as exc:
+            # A crash, not a stop: the provider is run again, and the conversations it closed
+            # must be opened anew there (an ExitEvent drops them), not refuse every send.
+            for conv in closed:
+                conv._emit(ExitEvent(error=f"provider {self.name} failed: {type(exc).__name__}"))
+            raise
         finally:
             self._nursery = None
             self._open.clear()

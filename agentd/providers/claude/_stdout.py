@@ -196,6 +196,8 @@ def _parse(line: bytes) -> dict[str, Any] | None:
         return _decode(line)  # an object: it starts with "{"
     except msgspec.DecodeError:
         pass
+    except RecursionError:  # nested too deeply for either decoder: corrupt, not a reader's crash
+        raise CLIJSONDecodeError(line[:200].decode("utf-8", "replace"), ValueError("nested too deeply")) from None
     # What msgspec refuses and json takes (a lone surrogate escaped, NaN, Infinity): read as the SDK reads it.
     try:
         return json.loads(line)
