@@ -38,6 +38,40 @@ def test_diffs_are_summarized_and_terminals_named() -> None:
     assert m.render_content(content) == "edit /w/a.py: +2 -1 lines\ncreate /w/new.py: +2 lines\n[terminal term-1]"
 
 
+def test_a_large_diff_is_summarized_in_linear_time_and_counted_right() -> None:
+    # difflib's matcher, on the event loop and again per update: 20,000 similar lines took 5 s a render.
+    import time
+
+    old = "\n".join(f"line {i} {'a' * (i % 7)}" for i in range(200_000))
+    new = "\n".join(f"line {i} {'a' * ((i * 3) % 7)}" for i in range(200_000))
+    t0 = time.perf_counter()
+    assert m.summarize_diff("x", old, new) == "edit x: +171428 -171428 lines"  # 6 of each 7 lines changed
+    assert time.perf_counter() - t0 < 5  # ~0.4 s; quadratic, hours
+    # One line changed in a long file: the shared head and tail are not compared.
+    lines = [f"row {i}" for i in range(100_000)]
+    edited = lines[:50_000] + ["changed", "added"] + lines[50_001:]
+    assert m.summarize_diff("f", "\n".join(lines), "\n".join(edited)) == "edit f: +2 -1 lines"
+    # A middle within DIFF_LINES is diffed line by line: a moved line is removed and added.
+    assert m.summarize_diff("g", "a\nb\nc\nd", "a\nc\nb\nd") == "edit g: +1 -1 lines"
+
+
+def test_a_tool_shown_again_renders_its_diff_once_until_its_content_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    real = m.summarize_diff
+    monkeypatch.setattr(m, "summarize_diff", lambda path, old, new: calls.append(path) or real(path, old, new))
+    st = m.ToolState("t1")
+    st.merge(update({"sessionUpdate": "tool_call", "toolCallId": "t1", "kind": "edit", "status": "in_progress",
+                     "content": [{"type": "diff", "path": "a.py", "oldText": "a", "newText": "b"}]}))
+    for _ in range(3):
+        assert st.to_call().output == "edit a.py: +1 -1 lines"
+        st.merge(update({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "in_progress"}))
+    assert st.whole_output() == "edit a.py: +1 -1 lines"
+    assert calls == ["a.py", "a.py"]  # to_call's cut render and the whole one, once each
+    st.merge(update({"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "completed",
+                     "content": [{"type": "diff", "path": "b.py", "oldText": "a", "newText": "a\nb"}]}))
+    assert st.to_call().output == "edit b.py: +1 -0 lines" and calls[-1] == "b.py"
+
+
 def test_raw_output_is_the_fallback_output() -> None:
     assert m.render_content(None, "(Bash completed with no output)") == "(Bash completed with no output)"
     assert m.render_content([], {"content": "from raw", "other": 1}) == "from raw"

@@ -65,20 +65,45 @@ def block_text(block: s.ContentBlock) -> str:
     return f"[{block.type}{': ' + block.mime_type if block.mime_type else ''}]"
 
 
+#: Lines of each side, past the common head and tail, that the line diff of a summary takes on;
+#: past it the counts come from which lines each side has more of. difflib's matcher is quadratic
+#: and runs on the event loop, per update of the tool: a 20,000-line edit held every
+#: conversation for 5 s each time.
+DIFF_LINES = 1_000
+
+
 def summarize_diff(path: str, old: str | None, new: str) -> str:
-    """One line per diff: ``edit path: +A -R lines`` (``create`` when there was no old text)."""
+    """One line per diff: ``edit path: +A -R lines`` (``create`` when there was no old text).
+
+    Linear in the text past :data:`DIFF_LINES` changed lines: the lines both sides share at
+    the start and end are not compared, and a larger middle is counted as multisets (a line
+    moved within it then counts as neither added nor removed)."""
     old_lines = (old or "").splitlines()
     new_lines = new.splitlines()
     if old is None:
         return f"create {path}: +{len(new_lines)} lines"
-    import difflib
+    head = 0
+    while head < min(len(old_lines), len(new_lines)) and old_lines[head] == new_lines[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old_lines), len(new_lines)) - head and old_lines[-1 - tail] == new_lines[-1 - tail]:
+        tail += 1
+    old_mid = old_lines[head:len(old_lines) - tail]
+    new_mid = new_lines[head:len(new_lines) - tail]
+    if len(old_mid) <= DIFF_LINES and len(new_mid) <= DIFF_LINES:
+        import difflib
 
-    added = removed = 0
-    for line in difflib.unified_diff(old_lines, new_lines, lineterm="", n=0):
-        if line.startswith("+") and not line.startswith("+++"):
-            added += 1
-        elif line.startswith("-") and not line.startswith("---"):
-            removed += 1
+        added = removed = 0
+        for line in difflib.unified_diff(old_mid, new_mid, lineterm="", n=0):
+            if line.startswith("+") and not line.startswith("+++"):
+                added += 1
+            elif line.startswith("-") and not line.startswith("---"):
+                removed += 1
+    else:
+        from collections import Counter
+
+        before, after = Counter(old_mid), Counter(new_mid)
+        added, removed = (after - before).total(), (before - after).total()
     return f"edit {path}: +{added} -{removed} lines"
 
 
@@ -112,7 +137,8 @@ def render_content(content: list[s.ToolCallContent] | None, raw_output: Any = ms
 class ToolState:
     """What is known of one tool call so far; updates change only the fields they carry."""
 
-    __slots__ = ("id", "title", "kind", "status", "content", "raw_input", "raw_output", "locations", "started")
+    __slots__ = ("id", "title", "kind", "status", "content", "raw_input", "raw_output", "locations", "started",
+                 "_rendered")
 
     def __init__(self, tool_call_id: str) -> None:
         self.id = tool_call_id
@@ -124,8 +150,13 @@ class ToolState:
         self.raw_output: Any = msgspec.UNSET
         self.locations: list[s.ToolCallLocation] = []
         self.started = False
+        #: limit -> render_content of the content and raw output as they are (a diff's summary is
+        #: linear in its text, and a tool is shown again on every update)
+        self._rendered: dict[int | None, str] = {}
 
     def merge(self, u: s.ToolCallFields) -> None:
+        if isinstance(u.content, list) or u.raw_output is not msgspec.UNSET:
+            self._rendered = {}
         if isinstance(u.title, str) and u.title:
             self.title = u.title
         if isinstance(u.kind, str) and u.kind:
@@ -147,7 +178,14 @@ class ToolState:
 
     def whole_output(self) -> str:
         """The output :meth:`to_call` shows, uncut."""
-        return render_content(self.content, self.raw_output, limit=None)
+        return self._render(None)
+
+    def _render(self, limit: int | None) -> str:
+        try:
+            return self._rendered[limit]
+        except KeyError:
+            text = self._rendered[limit] = render_content(self.content, self.raw_output, limit=limit)
+            return text
 
     def to_call(self) -> ToolCall:
         shown = render_input(self.raw_input)
@@ -158,7 +196,7 @@ class ToolState:
             status=_STATUS.get(self.status, ToolStatus.RUNNING),
             title=self.title or shown or self.kind or "tool",
             input=shown,
-            output=render_content(self.content, self.raw_output),
+            output=self._render(MAX_TOOL_TEXT),
         )
 
 
