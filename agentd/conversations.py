@@ -1325,6 +1325,11 @@ class ConversationService:
         if isinstance(event, c.ToolOutputEvent):
             await self._keep_output(live, event)  # before its item is journaled; never journaled itself
             return
+        if type(event) is c.ItemEvent and \
+                len(event.item.text) > runtime_output.MAX_ITEM_TEXT_CHARS + runtime_output.CUT_NOTE_ROOM:
+            # Whatever the provider kept, an item is journaled within the bound every reader takes.
+            event = msgspec.structs.replace(
+                event, item=msgspec.structs.replace(event.item, text=runtime_output.cut_text(event.item.text)))
         type_, data = _payload(event)
         if isinstance(event, c.ActivityEvent):
             live.activity = event.activity

@@ -840,19 +840,26 @@ class Journal:
         """Read lines from ``off`` (holding line ``line_no``) to the end; keep those numbered > after."""
         out: list[bytes] = []
         fd, end, decode = self._fd, self._end, _seq_decoder.decode
-        pos, rest, size, n = off, b"", _CHUNK, line_no
+        pos, size, n = off, _CHUNK, line_no
+        pending: list[bytes] = []  # the start of a line whose newline is not read yet (no newline in it)
+        held = 0  # their length
         while pos < end:
             chunk = os.pread(fd, min(size, end - pos), pos)
             if not chunk:
                 break
-            base = pos - len(rest)  # file offset of data[0]
             pos += len(chunk)
-            data = rest + chunk if rest else chunk
+            size = min(size * 2, _CHUNK_MAX)
+            j = chunk.find(b"\n")
+            if j < 0:  # a long line goes on: joined once its end comes, not copied per chunk
+                pending.append(chunk)
+                held += len(chunk)
+                continue
+            data = b"".join((*pending, chunk)) if pending else chunk
+            base = pos - len(data)  # file offset of data[0]
+            j += held
+            pending, held = [], 0
             i = 0
-            while True:
-                j = data.find(b"\n", i)
-                if j < 0:
-                    break
+            while j >= 0:
                 if n > after:
                     line = data[i:j]
                     try:
@@ -867,8 +874,9 @@ class Journal:
                         return out
                 i = j + 1
                 n += 1
-            rest = data[i:]
-            size = min(size * 2, _CHUNK_MAX)
+                j = data.find(b"\n", i)
+            if i < len(data):
+                pending, held = [data[i:]], len(data) - i
         return out
 
     def _remember(self, seq: int, off: int) -> None:

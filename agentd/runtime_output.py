@@ -17,6 +17,9 @@ provider's tool commands, the conversation service's journal encoder):
 * **Big messages** (:data:`MAX_MESSAGE_BYTES`): every reader takes one message
   up to 64 MiB; past that the turn fails with :func:`too_big`'s text (the size
   read and the ceiling) and the conversation takes the next prompt.
+* **Big items** (:data:`MAX_ITEM_TEXT_CHARS`): a message streamed in chunks has no
+  size of its own; its text is kept (journaled, held for snapshots and history) up
+  to 8 Mi characters, then cut with a line saying how much (:func:`cut_text`).
 * **Unknown kinds** (:func:`unknown`): an event, update or item kind agentd does
   not know becomes an ``unknown`` record carrying the runtime's type name and
   its data verbatim (after the odd-bytes rule), logged at warning level once per
@@ -42,6 +45,11 @@ log = structlog.get_logger(__name__)
 #: The largest single message (one JSON-RPC line, one SDK message) any runtime reader takes.
 MAX_MESSAGE_BYTES = 64 << 20
 
+#: The most characters of text one item keeps (an assistant or reasoning message streamed in
+#: chunks): a page of history, a snapshot and a reply each hold an item whole, under the 64 MiB
+#: frame a client reads even when every character takes several bytes.
+MAX_ITEM_TEXT_CHARS = 8 << 20
+
 REPLACEMENT = "\ufffd"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _decoder = msgspec.json.Decoder()
@@ -53,6 +61,24 @@ def clean(text: str) -> str:
     if text.isascii():
         return text
     return _SURROGATE.sub(REPLACEMENT, text)
+
+
+def cut_note(dropped: int) -> str:
+    """The line that ends an item's text cut at :data:`MAX_ITEM_TEXT_CHARS`."""
+    return (f"\n[agentd kept the first {MAX_ITEM_TEXT_CHARS:,} characters of this message; "
+            f"{dropped:,} more were cut]")
+
+
+#: Room past MAX_ITEM_TEXT_CHARS for the cut note of a text a provider cut already
+CUT_NOTE_ROOM = 200
+
+
+def cut_text(text: str) -> str:
+    """``text``, or its first :data:`MAX_ITEM_TEXT_CHARS` characters and :func:`cut_note` when longer
+    (by more than :data:`CUT_NOTE_ROOM`: a text cut already is left as it is)."""
+    if len(text) <= MAX_ITEM_TEXT_CHARS + CUT_NOTE_ROOM:
+        return text
+    return text[:MAX_ITEM_TEXT_CHARS] + cut_note(len(text) - MAX_ITEM_TEXT_CHARS)
 
 
 def decode(data: bytes) -> str:

@@ -106,3 +106,18 @@ async def test_exports_a_client_does_not_read_are_built_one_at_a_time_after_it_r
                 await _queued(conn)
                 assert started == taken and conn._count == 1
         assert server_mod.EXPORTS_AT_ONCE >= 1
+
+
+async def test_an_item_over_the_item_bound_is_journaled_cut_whatever_the_provider(tmp_path: Path) -> None:
+    # The script provider keeps its echo whole; the service cuts what it journals (and publishes).
+    from agentd import runtime_output
+
+    async with in_process_service(tmp_path) as (service, hub):
+        bound = runtime_output.MAX_ITEM_TEXT_CHARS
+        cid = await _conversation(service, tmp_path, "z" * (bound + 1000))
+        live = await service.live(cid)
+        lines = await service.published_lines(live)
+        items = [msgspec.json.decode(wire.decode_record(line).data) for line in lines
+                 if wire.decode_record(line).type == "item"]
+        (echo,) = [i for i in items if i["kind"] == "assistant"]
+        assert echo["text"] == "z" * bound + runtime_output.cut_note(1000)

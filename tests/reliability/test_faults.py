@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from agentd import contract as c
-from agentd import wire
+from agentd import runtime_output, wire
 from daemon_harness import Client, Daemon
 
 from .conftest import ECHO, fast_daemon, log_events, new
@@ -214,7 +214,14 @@ def test_a_runtime_flooding_output_completes_without_holding_up_others_or_growin
         FAULTS["runtime output flood"] += 1
         end, records = _turn(client, cid, "flood 20000", timeout=120)  # 20 MB in 20,000 chunks
         assert end["state"] == "completed", end
-        assert sum(len(t) for t in _texts(records)) >= 20_000 * 1024
+        # One message of 20 MB: kept up to the bound of an item, with a line saying what was cut
+        # (kept whole, one 800 MB answer made a record no page of history could carry).
+        (message,) = [t for t in _texts(records) if t.startswith("x")]
+        bound = runtime_output.MAX_ITEM_TEXT_CHARS
+        assert message[:bound] == ("x" * 1023 + "\n") * (bound // 1024)
+        assert message[bound:] == runtime_output.cut_note(20_000 * 1024 - bound)
+        page = client.request(wire.History, conversation=cid, limit=5)
+        assert any(e["item"]["text"] == message for e in page["items"])
         assert other.times
     after = rss_mb(faulty.proc.pid)
     assert after - before < 300, f"RSS grew from {before:.0f} to {after:.0f} MB"

@@ -725,7 +725,7 @@ class _Pending:
 class _Segment:
     """Streamed text of one assistant, reasoning or (in a replay) user message."""
 
-    __slots__ = ("id", "kind", "parts", "started", "message_id")
+    __slots__ = ("id", "kind", "parts", "started", "message_id", "size", "dropped")
 
     def __init__(self, id: str, kind: ItemKind, message_id: str | None) -> None:
         self.id = id
@@ -735,12 +735,27 @@ class _Segment:
         self.parts: list[str] = []
         self.started = utcnow()
         self.message_id = message_id
+        #: characters kept in parts, and those past runtime_output.MAX_ITEM_TEXT_CHARS left out
+        self.size = 0
+        self.dropped = 0
+
+    def add(self, text: str) -> str:
+        """Keep ``text`` up to the item's bound; returns what was kept ("" once past it)."""
+        room = runtime_output.MAX_ITEM_TEXT_CHARS - self.size
+        if len(text) > room:
+            self.dropped += len(text) - max(room, 0)
+            text = text[:max(room, 0)]
+        if text:
+            self.parts.append(text)
+            self.size += len(text)
+        return text
 
     @property
     def text(self) -> str:
         if len(self.parts) > 1:
             self.parts = ["".join(self.parts)]
-        return self.parts[0] if self.parts else ""
+        kept = self.parts[0] if self.parts else ""
+        return kept + runtime_output.cut_note(self.dropped) if self.dropped else kept
 
 
 _CHUNK_KINDS = {
@@ -1359,8 +1374,8 @@ class AcpConversation:
         if seg is None or seg.kind is not kind or (message_id and seg.message_id and message_id != seg.message_id):
             self._close_segment(emit=emit)
             seg = self._seg = _Segment(self._next_id(), kind, message_id)
-        seg.parts.append(text)
-        if emit:
+        text = seg.add(text)  # past the item's bound neither kept nor streamed on
+        if emit and text:
             self._emit(DeltaEvent(delta=Delta(item_id=seg.id, kind=kind, text=text)))
 
     def _close_segment(self, *, emit: bool) -> None:
