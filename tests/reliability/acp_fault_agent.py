@@ -13,6 +13,7 @@ what to do:
 * ``bigline``      -> one line of 80 MB without a newline, then silence
 * ``garbage``      -> a line that is not JSON, then silence
 * ``notrpc``       -> a JSON line that is not a JSON-RPC message, then silence
+* ``ghosts N S``   -> N message chunks of S characters for sessions that never exist, then ``end_turn``
 * ``deep``         -> a session/update nested 200,000 arrays deep (past any decoder's recursion), then silence
 * ``badresult``    -> answers the prompt with a result of the wrong shape
 * ``oddbytes``     -> a message chunk holding invalid UTF-8, a lone surrogate escape and a NUL,
@@ -87,6 +88,15 @@ def bigline(session: str, rid: Any, rest: str) -> bool:
     sys.stdout.flush()
     silence()
     return True
+
+
+def ghosts(session: str, rid: Any, rest: str) -> bool:
+    n, size = (int(x) for x in rest.split())
+    blob = "g" * size
+    for i in range(n):  # updates for sessions that never come
+        say(f"ghost-{i}", blob)
+    say(session, "ghosts sent")
+    return False
 
 
 def deep(session: str, rid: Any, rest: str) -> bool:
@@ -201,7 +211,7 @@ def orphans(session: str, rid: Any, rest: str) -> bool:
 
 
 COMMANDS = {**fake.COMMANDS, "readlines": readlines, "readmany": readmany, "oddbytes": oddbytes, "unknown": unknown,
-            "orphans": orphans, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline, "deep": deep, "notrpc": notrpc,
+            "orphans": orphans, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline, "deep": deep, "ghosts": ghosts, "notrpc": notrpc,
             "badresult": badresult, "leak": leak}
 
 

@@ -227,6 +227,21 @@ def test_a_runtime_flooding_output_completes_without_holding_up_others_or_growin
     assert after - before < 300, f"RSS grew from {before:.0f} to {after:.0f} MB"
 
 
+def test_updates_for_sessions_that_never_come_are_held_within_a_byte_bound(faulty: Daemon, tmp_path: Path) -> None:
+    # Held until their session is known, they were bounded in count only: 500 of up to 64 MiB.
+    with faulty.client() as client:
+        cid = client.request(wire.New, provider="acp:fault", workdir=str(_workdir(tmp_path, "work")))["id"]
+        client.subscribe(cid)
+        assert _turn(client, cid, "hello")[0]["state"] == "completed"
+        before = rss_mb(faulty.proc.pid)
+        FAULTS["runtime updates for unknown sessions"] += 1
+        end, records = _turn(client, cid, "ghosts 30 10000000", timeout=120)  # 300 MB of them
+        assert end["state"] == "completed" and "ghosts sent" in _texts(records), end
+        after = rss_mb(faulty.proc.pid)
+    assert after - before < 100, f"RSS grew from {before:.0f} to {after:.0f} MB holding them"
+    assert any(e.get("event") == "acp.early_update_dropped" for e in faulty.log_events())
+
+
 def test_a_runtime_that_cannot_start_is_a_clear_error_and_nothing_else_suffers(faulty: Daemon, tmp_path: Path) -> None:
     with faulty.client() as client:
         FAULTS["runtime fails to start"] += 1

@@ -110,9 +110,12 @@ from . import _mapping as m
 from . import _schema as s
 
 log = structlog.get_logger("agentd.providers.acp")
+_json = runtime_output.encoder
 
-#: Updates for a session the provider does not know yet (they may precede the session/new answer).
+#: Updates for a session the provider does not know yet (they may precede the session/new answer),
+#: kept until it is known: at most this many, and this many bytes (JSON) of them, per agent process.
 MAX_EARLY_UPDATES = 500
+MAX_EARLY_BYTES = 8 << 20
 #: Timeout of a session request other than the prompt (set_model, set_mode, list, close).
 REQUEST_TIMEOUT_S = 30.0
 #: After session/load answers, its replay is complete once no update came for this long (at most
@@ -158,7 +161,8 @@ class _Agent:
             list(provider.config.command), env=provider.agent_env(), cwd=cwd, label=provider.name,
             state_dir=provider.state_dir, on_request=self._on_request, on_notification=self._on_notification, on_exit=self._on_exit)
         self.sessions: dict[str, AcpConversation] = {}
-        self._early: list[tuple[str, dict[str, Any]]] = []
+        self._early: list[tuple[str, dict[str, Any], int]] = []  # (session id, update, its size)
+        self._early_bytes = 0
         self.init = s.InitializeResponse()
 
     @property
@@ -207,8 +211,9 @@ class _Agent:
     def register(self, session_id: str, conv: AcpConversation) -> None:
         """Route ``session_id``'s messages to ``conv``, replaying updates that came before."""
         self.sessions[session_id] = conv
-        early = [u for sid, u in self._early if sid == session_id]
-        self._early = [(sid, u) for sid, u in self._early if sid != session_id]
+        early = [u for sid, u, _ in self._early if sid == session_id]
+        self._early = [e for e in self._early if e[0] != session_id]
+        self._early_bytes = sum(size for _, _, size in self._early)
         for update in early:
             conv._on_update(update)
 
@@ -232,8 +237,15 @@ class _Agent:
             return
         conv = self.sessions.get(note.session_id)
         if conv is None:
-            if len(self._early) < MAX_EARLY_UPDATES:
-                self._early.append((note.session_id, note.update))
+            # Bounded in count and bytes: updates for sessions that never come (say, an agent
+            # naming made-up ones) are held until the process ends.
+            size = len(_json.encode(note.update))
+            if len(self._early) < MAX_EARLY_UPDATES and self._early_bytes + size <= MAX_EARLY_BYTES:
+                self._early.append((note.session_id, note.update, size))
+                self._early_bytes += size
+            else:
+                log.warning("acp.early_update_dropped", agent=self.provider.name, session=note.session_id[:80],
+                            bytes=size)
             return
         conv._on_update(note.update)
 
