@@ -10,6 +10,11 @@ character other than newline and tab, DEL, and every C1 control character
 (U+0080-U+009F: ``\\x9b`` is a one-character CSI on many terminals) as a
 ``\\xNN`` escape, on a terminal and off it. A carriage return that ends a
 line (``\\r\\n``) is a plain newline; any other carriage return is shown.
+The Unicode bidirectional embeddings, overrides and isolates (U+202A-U+202E,
+U+2066-U+2069) are shown as ``\\uNNNN``: they reorder what follows them on
+screen ("Trojan Source"), so a title or a permission's command could read
+otherwise than it is; the marks (U+200E, U+200F) stay, as real right-to-left
+text uses them.
 
 :func:`visible_all` does the same to every string inside a decoded value
 (a msgspec Struct, dict keys and values, list), returning an object of the same type; the
@@ -30,16 +35,18 @@ __all__ = ["visible", "visible_all"]
 
 T = TypeVar("T")
 
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _TABLE = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)]}
+_TABLE.update({c: f"\\u{c:04x}" for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
 # What a control character looks like once msgspec has encoded a string: \u00XX for C0 (except
 # \n \t \b \f \r, written short), DEL raw, C1 as two UTF-8 bytes. A superset is fine (a false hit
 # only costs the slow path).
-_ENCODED = re.compile(rb"\\u00[01][0-9a-fA-F]|\\[bfr]|\x7f|\xc2[\x80-\x9f]")
+_ENCODED = re.compile(rb"\\u00[01][0-9a-fA-F]|\\[bfr]|\x7f|\xc2[\x80-\x9f]|\xe2\x80[\xaa-\xae]|\xe2\x81[\xa6-\xa9]")
 
 
 def visible(text: str) -> str:
-    """``text`` with its control characters (not newline or tab) shown as ``\\xNN``; ``text`` itself when none."""
+    """``text`` with its control characters (not newline or tab) shown as ``\\xNN``, its bidi
+    embeddings, overrides and isolates as ``\\uNNNN``; ``text`` itself when none."""
     if _CONTROL.search(text) is None:
         return text
     return text.replace("\r\n", "\n").translate(_TABLE)

@@ -44,3 +44,18 @@ def test_visible_all_reaches_every_string_of_a_struct_dict_keys_included() -> No
     assert shown.input == {"k\\x9b31m": ["v\\x1b[2J", 3], "ok": None}
     assert shown.lines == ["x\\x7f"]
     assert visible_all("a\x1bb") == "a\\x1bb"
+
+
+BIDI = [chr(c) for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]]
+
+
+def test_bidi_embeddings_overrides_and_isolates_are_shown_and_the_marks_kept() -> None:
+    # "Trojan Source": an override reorders what follows it, so text could read otherwise than it is.
+    for ch in BIDI:
+        assert visible(f"a{ch}b") == f"a\\u{ord(ch):04x}b"
+    assert visible("rm -rf /tmp/x\u202e; txt.exe") == "rm -rf /tmp/x\\u202e; txt.exe"
+    arabic = "مرحبا \u200fhello\u200e"  # right-to-left text with its marks, and a joiner in an emoji
+    assert visible(arabic) is arabic and visible("👩\u200d💻") == "👩\u200d💻"
+    tool = _Tool(title="title\u202eevil", input={"k": "v"}, lines=["x\u2067y"])
+    shown = visible_all(tool)
+    assert (shown.title, shown.lines) == ("title\\u202eevil", ["x\\u2067y"])
