@@ -13,6 +13,7 @@ what to do:
 * ``bigline``      -> one line of 80 MB without a newline, then silence
 * ``garbage``      -> a line that is not JSON, then silence
 * ``notrpc``       -> a JSON line that is not a JSON-RPC message, then silence
+* ``drip N``       -> N message chunks ``[old i]`` 0.1 s apart, a cancel ignored meanwhile, then ``end_turn``
 * ``ghosts N S``   -> N message chunks of S characters for sessions that never exist, then ``end_turn``
 * ``deep``         -> a session/update nested 200,000 arrays deep (past any decoder's recursion), then silence
 * ``badresult``    -> answers the prompt with a result of the wrong shape
@@ -88,6 +89,13 @@ def bigline(session: str, rid: Any, rest: str) -> bool:
     sys.stdout.flush()
     silence()
     return True
+
+
+def drip(session: str, rid: Any, rest: str) -> bool:
+    for i in range(int(rest or "30")):  # a cancel meanwhile is read only afterwards: ignored
+        say(session, f"[old {i}]")
+        time.sleep(0.1)
+    return False
 
 
 def ghosts(session: str, rid: Any, rest: str) -> bool:
@@ -211,7 +219,7 @@ def orphans(session: str, rid: Any, rest: str) -> bool:
 
 
 COMMANDS = {**fake.COMMANDS, "readlines": readlines, "readmany": readmany, "oddbytes": oddbytes, "unknown": unknown,
-            "orphans": orphans, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline, "deep": deep, "ghosts": ghosts, "notrpc": notrpc,
+            "orphans": orphans, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline, "deep": deep, "ghosts": ghosts, "drip": drip, "notrpc": notrpc,
             "badresult": badresult, "leak": leak}
 
 

@@ -57,6 +57,11 @@ command = [{sys.executable!r}, {str(AGENT)!r}]
 env = {{ FAULT_AGENT_LOG = {str(starts)!r} }}
 cancel_timeout_s = 1.0
 startup_timeout_s = 10.0
+[providers.acp.sharedfault]
+command = [{sys.executable!r}, {str(AGENT)!r}]
+cwd_policy = "shared"
+cancel_timeout_s = 0.5
+startup_timeout_s = 10.0
 [providers.acp.broken]
 command = [{sys.executable!r}, {str(AGENT)!r}, "crash-start"]
 startup_timeout_s = 10.0
@@ -225,6 +230,27 @@ def test_a_runtime_flooding_output_completes_without_holding_up_others_or_growin
         assert other.times
     after = rss_mb(faulty.proc.pid)
     assert after - before < 300, f"RSS grew from {before:.0f} to {after:.0f} MB"
+
+
+def test_a_shared_agent_still_running_a_cancelled_turn_gets_no_prompt_and_its_output_is_not_the_next_turns(
+        faulty: Daemon, tmp_path: Path) -> None:
+    # The shared agent process is not restarted for one conversation when a cancel times out: what
+    # it streamed afterwards was journaled as the next turn's (the agent took the prompt into it).
+    with faulty.client() as client:
+        cid = client.request(wire.New, provider="acp:sharedfault", workdir=str(_workdir(tmp_path, "work")))["id"]
+        client.subscribe(cid)
+        run = client.request(wire.Send, conversation=cid, text="drip 40")["run"]  # 4 s of chunks
+        time.sleep(0.5)
+        FAULTS["cancel ignored by a shared runtime"] += 1
+        client.request(wire.Cancel, conversation=cid)
+        end = msgspec.json.decode(client.follow(run)[-1].data)
+        assert end["state"] == "cancelled" and end.get("reason") == "cancel_timeout", end
+        with pytest.raises(c.Busy, match="has not ended the turn it was asked to cancel"):
+            client.request(wire.Send, conversation=cid, text="too soon")
+        time.sleep(3.5)  # the agent ends the dripping turn
+        end, records = _turn(client, cid, "after")
+        assert end["state"] == "completed", end
+        assert _texts(records)[-1] == "echo:after" and not any("[old" in t for t in _texts(records)), _texts(records)
 
 
 def test_updates_for_sessions_that_never_come_are_held_within_a_byte_bound(faulty: Daemon, tmp_path: Path) -> None:

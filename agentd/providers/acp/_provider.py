@@ -715,7 +715,7 @@ def _parse_time(text: str | None) -> _dt.datetime | None:
 
 
 class _Turn:
-    __slots__ = ("key", "model", "done", "cancel_requested", "finished")
+    __slots__ = ("key", "model", "done", "cancel_requested", "finished", "answered")
 
     def __init__(self, model: str) -> None:
         self.key = uuid.uuid4().hex[:8]
@@ -723,6 +723,8 @@ class _Turn:
         self.done = trio.Event()
         self.cancel_requested = False
         self.finished = False
+        #: the agent answered its session/prompt (or the connection ended): its turn is over there
+        self.answered = trio.Event()
 
 
 class _Pending:
@@ -828,6 +830,9 @@ class AcpConversation:
         self._items: list[Item] = []
         self._index: dict[str, int] = {}
         self._turn: _Turn | None = None
+        #: a turn ended here (cancel_timeout) that the shared agent still runs: what it streams is
+        #: that turn's, dropped, and no prompt is sent until it answers
+        self._abandoned: _Turn | None = None
         self._starting = False
         self._pending: dict[str, _Pending] = {}
         self._seg: _Segment | None = None
@@ -898,6 +903,7 @@ class AcpConversation:
             raise Busy(f"a turn is running in conversation {self.id}")
         self._starting = True
         try:
+            await self._wait_abandoned()
             agent = await self._ensure_agent()
             blocks: list[dict[str, Any]] = [{"type": "text", "text": prompt.text}]
             if prompt.attachments:
@@ -972,11 +978,33 @@ class AcpConversation:
         if not turn.done.is_set():
             log.warning("acp.cancel_timeout", agent=self._provider.name, conversation=self.id)
             self._finish(turn, TurnState.CANCELLED, "", "cancel_timeout")
-            if agent is not None and agent is not self._provider._shared:
+            if agent is not None and agent is self._provider._shared and not turn.answered.is_set():
+                self._abandoned = turn  # the shared agent cannot be restarted for this session alone
+            elif agent is not None and agent is not self._provider._shared:
                 self._agent = None
                 agent.unregister(self.id)
                 with trio.CancelScope(shield=True):
                     await self._provider._release(agent)
+
+    async def _wait_abandoned(self) -> None:
+        """Before a prompt: a turn the shared agent still runs after its cancel timed out is
+        cancelled again and waited for (``cancel_timeout_s``); raises Busy when it goes on, as
+        the agent would take the prompt into it (its output landed in the next turn)."""
+        turn = self._abandoned
+        if turn is None:
+            return
+        agent = self._agent
+        if agent is not None and agent.alive and agent.proc.conn is not None:
+            try:
+                await agent.proc.conn.notify("session/cancel", {"sessionId": self.id})
+            except ConnectionLost:
+                pass
+        with trio.move_on_after(self._provider.config.cancel_timeout_s):
+            await turn.answered.wait()
+        if self._abandoned is turn:
+            raise Busy(f"the agent has not ended the turn it was asked to cancel in {self.id} (it runs in the "
+                       "shared agent process, which agentd does not restart for one conversation); "
+                       "try again later, or close the conversation")
 
     async def respond(self, interaction_id: str, answer: Answer) -> None:
         """Answer a pending permission with one of the agent's options.
@@ -1251,6 +1279,9 @@ class AcpConversation:
             log.exception("acp.turn_crashed", agent=self._provider.name, conversation=self.id)
             state, error = TurnState.FAILED, f"acp provider error: {exc}"
         finally:
+            turn.answered.set()
+            if self._abandoned is turn:
+                self._abandoned = None
             self._finish(turn, state, error, reason)
 
     def _finish(self, turn: _Turn, state: TurnState, error: str = "", reason: str = "") -> None:
@@ -1340,6 +1371,9 @@ class AcpConversation:
             self._emit(runtime_output.unknown(self._provider.name, str(kind), raw))
             return
         live = self._turn is not None
+        if self._abandoned is not None and isinstance(
+                u, (s.AgentMessageChunk, s.AgentThoughtChunk, s.ToolCallStart, s.ToolCallProgress, s.PlanUpdate)):
+            return  # the abandoned turn's, streamed after it ended here: no later turn's
         if isinstance(u, (s.AgentMessageChunk, s.AgentThoughtChunk, s.UserMessageChunk)):
             if live and isinstance(u, s.UserMessageChunk):
                 return  # the agent echoing the prompt we sent
