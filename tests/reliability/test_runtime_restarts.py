@@ -325,3 +325,25 @@ async def test_a_claude_conversation_whose_cli_keeps_dying_restarts_with_backoff
     a2 = await provider.open(c.OpenRequest(workdir="", conversation_id=a.id), sink_a2)
     assert (await turn(a2, sink_a2, "back")).state is c.TurnState.COMPLETED
     assert provider._restarts.failures(a.id) == 0
+
+
+async def test_a_provider_that_crashes_hands_its_conversations_an_exit_so_they_reopen(tmp_path: pathlib.Path) -> None:
+    # A crash of the provider (not a stop) closes its conversations; without an ExitEvent the
+    # daemon kept each closed object and every later send was refused "provider stopped".
+    fault = Fault(tmp_path)
+    provider = AcpProvider(fault.config, state_dir=fault.state, name="acp:fault", restart_policy=POLICY)
+    sink = Sink()
+
+    async def boom() -> None:
+        raise RuntimeError("a bug in the provider")
+
+    with pytest.raises(BaseException) as crashed:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(provider.run)
+            conv = await provider.open(c.OpenRequest(workdir=str(workdir(tmp_path, "a"))), sink)
+            assert (await turn(conv, sink, "hello")).state is c.TurnState.COMPLETED
+            provider._spawn(boom)
+            await trio.sleep_forever()
+    assert crashed.group_contains(RuntimeError)
+    exits = [e for e in sink.events if isinstance(e, c.ExitEvent)]
+    assert len(exits) == 1 and "provider acp:fault failed" in exits[0].error
