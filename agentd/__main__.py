@@ -108,9 +108,10 @@ def run(config_path: Path | None) -> None:
         try:
             trio.run(serve, config, paths, config_path)
         except BaseExceptionGroup as group:
-            # A start-up error raised inside the daemon's nurseries comes wrapped, once per nursery.
+            # A start-up error that knows its exit status, raised inside the daemon's nurseries,
+            # comes wrapped once per nursery; anything else keeps its whole traceback.
             leaf = _sole(group)
-            if leaf is group:
+            if not isinstance(leaf, Untrusted) and not (isinstance(leaf, AgentdError) and hasattr(leaf, "exit_code")):
                 raise
             raise leaf from None
     except Untrusted as exc:  # the socket, checked again as it is bound

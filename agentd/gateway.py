@@ -183,45 +183,53 @@ class _Admission:
     def __init__(self, total: int, per_peer: int) -> None:
         self.total = total
         self.per_peer = per_peer
-        #: (peer, address, port) -> its stream, until it passes or fails the token check
-        self.pending: dict[tuple[str, str, int], trio.SocketStream] = {}
+        #: "address:port" of the connection -> (its peer, its stream), until it passes or fails
+        #: the token check
+        self.pending: dict[str, tuple[str, trio.SocketStream]] = {}
         self.by_peer: dict[str, int] = {}
         self.refused = 0
 
-    def admit(self, key: tuple[str, str, int], stream: trio.SocketStream) -> bool:
-        self.settle(key)  # the same peer address and port again: the earlier connection is gone
-        if len(self.pending) >= self.total or self.by_peer.get(key[0], 0) >= self.per_peer:
+    def admit(self, name: str, peer: str, stream: trio.SocketStream) -> bool:
+        self.settle(name)  # the same peer address and port again: the earlier connection is gone
+        if len(self.pending) >= self.total or self.by_peer.get(peer, 0) >= self.per_peer:
             self.refused += 1
             return False
-        self.pending[key] = stream
-        self.by_peer[key[0]] = self.by_peer.get(key[0], 0) + 1
+        self.pending[name] = (peer, stream)
+        self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
         return True
 
-    def settle(self, key: tuple[str, str, int]) -> None:
+    def settle(self, name: str) -> None:
         """The connection passed or failed the token check, or closed: it no longer counts."""
-        if self.pending.pop(key, None) is None:
+        entry = self.pending.pop(name, None)
+        if entry is None:
             return
-        left = self.by_peer[key[0]] - 1
+        peer = entry[0]
+        left = self.by_peer[peer] - 1
         if left:
-            self.by_peer[key[0]] = left
+            self.by_peer[peer] = left
         else:
-            del self.by_peer[key[0]]
+            del self.by_peer[peer]
 
     def sweep(self) -> None:
         # A backstop: a connection closed by a path that never called _Counted.aclose.
-        for key, stream in list(self.pending.items()):
+        for name, (_, stream) in list(self.pending.items()):
             if stream.socket.fileno() < 0:
-                self.settle(key)
+                self.settle(name)
 
 
 class _Counted(trio.abc.HalfCloseableStream):
     """An admitted connection that stops counting the moment it is closed (a handshake that timed
     out included), so a client that sees the close and reconnects at once finds its slot free."""
 
-    def __init__(self, stream: trio.SocketStream, admission: _Admission, key: tuple[str, str, int]) -> None:
+    def __init__(self, stream: trio.SocketStream, admission: _Admission, name: str) -> None:
         self._stream = stream
         self._admission = admission
-        self._key = key
+        self._name = name
+
+    def __repr__(self) -> str:
+        # What trio-websocket's request.remote is for a stream other than its own: the handler
+        # settles the connection by it once the token check is done.
+        return self._name
 
     @property
     def socket(self) -> Any:  # trio-websocket reads the peer's address from it
@@ -240,7 +248,7 @@ class _Counted(trio.abc.HalfCloseableStream):
         await self._stream.send_eof()
 
     async def aclose(self) -> None:
-        self._admission.settle(self._key)
+        self._admission.settle(self._name)
         await self._stream.aclose()
 
 
@@ -259,11 +267,12 @@ class _AdmittingListener(trio.abc.Listener[trio.SocketStream]):
             except OSError:
                 await stream.aclose()
                 continue
-            key = (_peer(address, port, stream), address, port)
-            if self.admission.admit(key, stream):
-                return _Counted(stream, self.admission, key)  # type: ignore[return-value]
+            name = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+            peer = _peer(address, port, stream)
+            if self.admission.admit(name, peer, stream):
+                return _Counted(stream, self.admission, name)  # type: ignore[return-value]
             if self.admission.refused % 1000 == 1:  # a flood logs now and then, not once per connection
-                log.warning("gateway.refused", peer=f"{address}:{port}", who=key[0],
+                log.warning("gateway.refused", peer=name, who=peer,
                             reason="too many unauthenticated connections", refused=self.admission.refused)
             await stream.aclose()
 
@@ -286,12 +295,11 @@ async def serve_websocket(server: "Server", config: "Config", paths: "Paths", *,
     admission = _Admission(ws_config.max_unauthenticated, ws_config.max_unauthenticated_per_peer)
 
     async def handler(request: WebSocketRequest) -> None:
-        remote = request.remote
-        key = (str(remote.address), remote.port) if not isinstance(remote, str) else ("?", 0)
+        remote = request.remote  # the _Counted stream's name, "address:port"
         try:
             ws = await _authenticate(request)
         finally:
-            admission.settle(key)
+            admission.settle(str(remote))
         if ws is not None:
             await server.serve_stream(_MessageStream(ws), f"ws {remote}")
 

@@ -18,7 +18,8 @@ a connection that has not sent ``hello`` within ``server.hello_timeout_s`` is
 sent an ``invalid`` error and closed, and before it, a frame may be at most
 :data:`PRE_HELLO_MAX_FRAME_BYTES`. A reply that may be large (:data:`LARGE_REPLIES`:
 an export, a history page, a tool's output, the task list) is built one at a time
-per connection, only once the outbox has room (the client took the one before),
+per connection, only once the outbox has room (the client took the one before;
+a subscription's catch-up counts as one),
 and exports render :data:`EXPORTS_AT_ONCE` at a time daemon-wide; a reply over
 the frame a client reads (``wire.CLIENT_MAX_FRAME_BYTES``) is a ``limit`` error
 saying so, never a frame the client must refuse.
@@ -1000,8 +1001,9 @@ async def _refuse(stream: trio.abc.Stream, err: c.AgentdError) -> None:
 _NO_REPLY = object()
 
 #: Requests whose reply may be large (a whole transcript, a page of big items, every task with
-#: its comments): built one at a time per connection, once the client took the reply before.
-LARGE_REPLIES = frozenset({wire.Export, wire.History, wire.ShowItem, wire.TaskList, wire.TaskShow})
+#: its comments, a subscription's catch-up from the journal): built one at a time per
+#: connection, once the client took the reply before.
+LARGE_REPLIES = frozenset({wire.Export, wire.History, wire.ShowItem, wire.TaskList, wire.TaskShow, wire.Subscribe})
 #: Exports rendered at once, daemon-wide: each holds a whole journal and its rendering in memory.
 EXPORTS_AT_ONCE = 2
 

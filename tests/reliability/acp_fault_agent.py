@@ -13,7 +13,8 @@ what to do:
 * ``bigline``      -> one line of 80 MB without a newline, then silence
 * ``garbage``      -> a line that is not JSON, then silence
 * ``notrpc``       -> a JSON line that is not a JSON-RPC message, then silence
-* ``drip N``       -> N message chunks ``[old i]`` 0.1 s apart, a cancel ignored meanwhile, then ``end_turn``
+* ``drip N [PATH]`` -> N message chunks ``[old i]`` 0.1 s apart, a cancel ignored meanwhile, then (with
+  PATH) fs/write_text_file of PATH, then ``end_turn``
 * ``ghosts N S``   -> N message chunks of S characters for sessions that never exist, then ``end_turn``
 * ``deep``         -> a session/update nested 200,000 arrays deep (past any decoder's recursion), then silence
 * ``badresult``    -> answers the prompt with a result of the wrong shape
@@ -92,9 +93,13 @@ def bigline(session: str, rid: Any, rest: str) -> bool:
 
 
 def drip(session: str, rid: Any, rest: str) -> bool:
-    for i in range(int(rest or "30")):  # a cancel meanwhile is read only afterwards: ignored
+    count, _, path = rest.partition(" ")
+    for i in range(int(count or "30")):  # a cancel meanwhile is read only afterwards: ignored
         say(session, f"[old {i}]")
         time.sleep(0.1)
+    if path:
+        answer = fake.call("fs/write_text_file", {"sessionId": session, "path": path, "content": "late"})
+        say(session, "[old] wrote" if "result" in answer else f"[old] refused: {answer['error']['message']}")
     return False
 
 

@@ -516,3 +516,19 @@ def test_a_gateway_port_another_process_holds_stops_agentd_with_a_clear_error(tm
     assert proc.returncode == 1, proc.stderr
     assert f"the WebSocket gateway cannot listen on 127.0.0.1:{port}" in proc.stderr
     assert "another process holds that port" in proc.stderr and "Traceback" not in proc.stderr
+
+
+async def test_authenticated_websockets_no_longer_count_as_unauthenticated(tmp_path: Path) -> None:
+    # The handler settled each connection under a key it never had: past the token check a
+    # WebSocket still held its unauthenticated slot, so the owner's 17th was refused.
+    port = _free_port()
+    d = fast_daemon(tmp_path, GATEWAY.format(port=port, timeout=8.0)).start()
+    try:
+        token = (d.runtime_dir / "ws-token").read_text().strip()
+        async with contextlib.AsyncExitStack() as stack:
+            sockets = [await stack.enter_async_context(_ws(port, token)) for _ in range(40)]
+            for n, ws in enumerate(sockets):
+                assert (await _status_over_ws(ws, n + 1))["pid"] == d.proc.pid
+        assert not any(e.get("event") == "gateway.refused" for e in log_events(d))
+    finally:
+        d.stop()

@@ -236,10 +236,12 @@ def test_a_shared_agent_still_running_a_cancelled_turn_gets_no_prompt_and_its_ou
         faulty: Daemon, tmp_path: Path) -> None:
     # The shared agent process is not restarted for one conversation when a cancel times out: what
     # it streamed afterwards was journaled as the next turn's (the agent took the prompt into it).
+    work = _workdir(tmp_path, "work")
     with faulty.client() as client:
-        cid = client.request(wire.New, provider="acp:sharedfault", workdir=str(_workdir(tmp_path, "work")))["id"]
+        cid = client.request(wire.New, provider="acp:sharedfault", workdir=str(work))["id"]
         client.subscribe(cid)
-        run = client.request(wire.Send, conversation=cid, text="drip 40")["run"]  # 4 s of chunks
+        # 4 s of chunks, then a file written: no later turn's checkpoint would own it
+        run = client.request(wire.Send, conversation=cid, text=f"drip 40 {work / 'late.txt'}")["run"]
         time.sleep(0.5)
         FAULTS["cancel ignored by a shared runtime"] += 1
         client.request(wire.Cancel, conversation=cid)
@@ -251,6 +253,8 @@ def test_a_shared_agent_still_running_a_cancelled_turn_gets_no_prompt_and_its_ou
         end, records = _turn(client, cid, "after")
         assert end["state"] == "completed", end
         assert _texts(records)[-1] == "echo:after" and not any("[old" in t for t in _texts(records)), _texts(records)
+    assert not (work / "late.txt").exists()
+    assert any(e.get("event") == "acp.fs_after_cancel" for e in faulty.log_events())
 
 
 def test_updates_for_sessions_that_never_come_are_held_within_a_byte_bound(faulty: Daemon, tmp_path: Path) -> None:

@@ -119,3 +119,26 @@ def test_feed_many_is_feed_one_by_one(texts: list[str], split: int, before: str)
     assert got == expected
     assert many._held == one._held
     assert many.flush("i") == one.flush("i")
+
+
+def test_the_open_header_search_starts_where_a_match_can_and_finds_the_same() -> None:
+    # From 4,200 characters before the end it tried every position along a long token: agent text
+    # of "bearer-" repeated made each delta ~10 ms of the event loop (quadratic in that window).
+    import random
+    import re
+    import time
+
+    pattern = re.compile(masking._HEADER_OPEN)
+    parts = ["bearer", "Bearer", " ", "\t", "=", ":", "'", '"', "\\", "authorization", "x-api-key", "token", "abc",
+             "-", ".", "!", "basic", "\n", "Proxy-Authorization", "x" * 50, "é", "bearer-" * 700, "a" * 4100]
+    rnd = random.Random(4)
+    for _ in range(20_000):
+        text = "".join(rnd.choice(parts) for _ in range(rnd.randint(0, 8)))
+        whole = pattern.search(text, max(0, len(text) - 4200))
+        quick = pattern.search(text, masking.open_header_start(text))
+        assert (whole.span() if whole else None) == (quick.span() if quick else None), text[-80:]
+    deltas = masking.DeltaMasker()
+    t0 = time.perf_counter()
+    out = [deltas.feed("i", "bearer-" * 600 + "!") for _ in range(300)]
+    assert time.perf_counter() - t0 < 2.0  # ~0.05 s; it took 3-9 s
+    assert out[0] == "bearer-" * 600 + "!"

@@ -1497,13 +1497,22 @@ class AcpConversation:
             return {"outcome": {"outcome": "selected", "optionId": pending.option_id}}
         return cancelled
 
+    def _check_not_abandoned(self, method: str) -> None:
+        """Refuse a file request of a turn ended here whose cancel the shared agent ignored: no
+        later turn's checkpoint would own what it writes."""
+        if self._abandoned is not None:
+            log.warning("acp.fs_after_cancel", agent=self._provider.name, conversation=self.id, method=method)
+            raise RpcError(s.INVALID_REQUEST, "the turn was cancelled; agentd serves no file request of it")
+
     async def _on_read(self, params: Any) -> Any:
+        self._check_not_abandoned("fs/read_text_file")
         try:
             return await _fs.read_text_file(self.files, params, missing_file=self._provider.config.missing_file)
         except agentfs.Refused as exc:
             raise self._refuse("fs/read_text_file", exc) from None
 
     async def _on_write(self, params: Any) -> Any:
+        self._check_not_abandoned("fs/write_text_file")
         try:
             return await _fs.write_text_file(self.files, params)
         except agentfs.Refused as exc:
