@@ -281,17 +281,22 @@ def mask_json(data: bytes) -> bytes:
     The search runs on the bytes; only data that matches is decoded, masked
     string by string (keys too) and encoded again, so the result is always
     valid JSON; a trailing newline (a wire frame's) is kept. Data that is not
-    JSON is masked as UTF-8 text.
+    JSON is masked as UTF-8 text, and so is JSON nested too deeply to walk.
     """
     if not _registry.rule.bytes_candidates.find_matches_as_indexes(data.lower()):
         return data
     try:
         value = msgspec.json.decode(data)
+        masked = _json.encode(_mask_value(value))
+        if masked == _json.encode(value):
+            return data
     except msgspec.DecodeError:
         return mask_text(data.decode("utf-8", "replace")).encode()
-    masked = _json.encode(_mask_value(value))
-    if masked == _json.encode(value):
-        return data
+    except RecursionError:
+        # Nested deeper than the walk goes (an agent's value ~500 levels deep): masked as the
+        # text it is, secrets in their JSON-escaped form too. What is masked is a secret's
+        # characters, or a header's value, which holds no quote or backslash: the JSON stays valid.
+        return mask_rendered(data.decode("utf-8", "replace")).encode()
     return masked + b"\n" if data.endswith(b"\n") else masked
 
 

@@ -142,3 +142,11 @@ def test_the_open_header_search_starts_where_a_match_can_and_finds_the_same() ->
     out = [deltas.feed("i", "bearer-" * 600 + "!") for _ in range(300)]
     assert time.perf_counter() - t0 < 2.0  # ~0.05 s; it took 3-9 s
     assert out[0] == "bearer-" * 600 + "!"
+
+
+def test_json_nested_too_deeply_to_walk_is_masked_as_text_and_stays_valid() -> None:
+    # Decoded fine, it raised RecursionError in the walk: the record it belonged to was dropped.
+    deep = b"[" * 700 + msgspec.json.encode({"auth": f"Bearer {TOKEN}", "literal": TOKEN}) + b"]" * 700
+    masked = masking.mask_json(deep)
+    assert TOKEN.encode() not in masked and masked.count(masking.REDACTED.encode()) == 2
+    assert msgspec.json.decode(masked) is not None  # still JSON
