@@ -66,6 +66,8 @@ CANCEL_WAIT_S = 10.0
 #: task list carries every task with its comments, so each task's share of it stays bounded.
 MAX_COMMENT_CHARS = 16_384
 MAX_COMMENTS = 256
+#: Characters of a task's input, result and each comment that the task list carries (then "…").
+LIST_TEXT_CHARS = 1000
 #: Error of a task found running when the daemon starts.
 INTERRUPTED_ERROR = "agentd stopped while this task was running; its prompt was not resent"
 #: Turn states -> the task status they end it with.
@@ -449,10 +451,13 @@ class TaskService:
         return task
 
     def list(self, statuses: list[wire.TaskStatus] | None = None) -> list[wire.TaskRecord]:
+        """The tasks (of ``statuses``, if given), oldest first, each with its input, result and
+        comments cut to LIST_TEXT_CHARS: a list of tasks whose prompts and answers are megabytes
+        each would pass the frame a client reads. ``info`` gives a task whole."""
         tasks = sorted(self._tasks.values(), key=lambda t: (t.created_at, t.id))
         if statuses:
             tasks = [t for t in tasks if t.status in statuses]
-        return tasks
+        return [_listed(t) for t in tasks]
 
     async def info(self, ref: str) -> wire.TaskInfo:
         """The record and, while its turn runs, the interactions it waits for."""
@@ -774,3 +779,17 @@ class TaskService:
                     return
                 await trio.sleep(delay)
                 delay = min(delay * 2, cfg.callback_backoff_max_s)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= LIST_TEXT_CHARS else text[:LIST_TEXT_CHARS] + "…"
+
+
+def _listed(task: wire.TaskRecord) -> wire.TaskRecord:
+    """``task`` as the task list carries it (see TaskService.list); the record itself when nothing is cut."""
+    if len(task.input) <= LIST_TEXT_CHARS and len(task.result) <= LIST_TEXT_CHARS \
+            and all(len(c.text) <= LIST_TEXT_CHARS for c in task.comments):
+        return task
+    comments = [msgspec.structs.replace(c, text=_cut(c.text)) if len(c.text) > LIST_TEXT_CHARS else c
+                for c in task.comments]
+    return msgspec.structs.replace(task, input=_cut(task.input), result=_cut(task.result), comments=comments)

@@ -183,6 +183,17 @@ def test_task_runs_in_a_new_conversation_and_completes_with_its_last_assistant_m
     assert one_json(d.agentctl("task", "ls", "--status", "pending", "--json"))["tasks"] == []
 
 
+def test_the_task_list_cuts_each_tasks_long_texts_and_show_gives_them_whole(start: Any, workdir: Path) -> None:
+    # Five tasks of 7 MiB prompts made a task list no client could read (73 MB in one reply).
+    d = start()
+    text = "count " + "the stars " * 300
+    task = create(d, workdir, text)
+    wait_status(d, task, "completed")
+    (listed,) = one_json(d.agentctl("task", "ls", "--json"))["tasks"]
+    assert listed["input"] == text[:1000] + "…"
+    assert show(d, task)["task"]["input"] == text
+
+
 def test_human_task_create_prints_only_the_id_and_show_reads_well(start: Any, workdir: Path) -> None:
     d = start()
     cp = d.agentctl("task", "create", "-p", "script", "-m", TASK_SCRIPT, "--cwd", str(workdir), "sort the mail")
