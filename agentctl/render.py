@@ -614,7 +614,7 @@ class Renderer:
 
     def _agent_name(self, agent_id: str) -> str:
         s = self._subagents.get(agent_id)
-        return s.name if s and s.name else agent_id[:8]
+        return s.name if s and s.name else _short_id(agent_id)
 
     # -------------------------------------------------------------- records
 
@@ -941,7 +941,7 @@ class Renderer:
         self._sub_status[sub.id] = status
         if prev == status or sub.status is SubagentStatus.IDLE:
             return
-        name = sub.name or sub.id[:8]
+        name = sub.name or _short_id(sub.id)
         if sub.status is SubagentStatus.RUNNING:
             verb = "resumed" if prev == "idle" else "started"
             desc = f": {shorten(sub.description, 70, self.g['ellipsis'])}" if sub.description and prev is None else ""
@@ -1140,3 +1140,8 @@ def duration(seconds: float) -> str:
     d, h = divmod(h, 24)
     return f"{d}d{h:02d}h"
 
+
+def _short_id(agent_id: str) -> str:
+    """A subagent's id where its name is not known (a history page holds items only): whole up to
+    16 characters (the demo's ``agent-1-16`` read ``agent-1-`` cut at 8), else cut, visibly."""
+    return agent_id if len(agent_id) <= 16 else agent_id[:12] + "…"

@@ -597,3 +597,14 @@ def test_an_item_streamed_without_a_terminal_starts_on_its_own_line_without_a_bl
     r.end_line()
     # Within an item its own blank lines stay; between items none is made of a leading newline.
     assert out.getvalue() == "Summary:\n- one,\n\n- two\n- three\n"
+
+
+def test_a_subagent_known_only_by_its_id_is_named_by_it_whole_or_cut_visibly() -> None:
+    # A history page holds items only: the demo's agent-1-16 read "[agent-1-]", cut at 8.
+    out = io.StringIO()
+    r = Renderer(out, color=False, unicode=True)
+    for agent in ("agent-1-16", "toolu_01ABCDEFGHIJKLMNOPQRSTUV"):
+        r.history_entry(wire.HistoryEntry(seq=3, run="r1", item=c.Item(
+            id="x", kind=c.ItemKind.ASSISTANT, text="checked", agent_id=agent)))
+    text = out.getvalue()
+    assert "[agent-1-16] " in text and "[toolu_01ABCD…] " in text
