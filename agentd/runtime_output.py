@@ -19,7 +19,7 @@ provider's tool commands, the conversation service's journal encoder):
   read and the ceiling) and the conversation takes the next prompt.
 * **Big items** (:data:`MAX_ITEM_TEXT_CHARS`): a message streamed in chunks has no
   size of its own; its text is kept (journaled, held for snapshots and history) up
-  to 8 Mi characters, then cut with a line saying how much (:func:`cut_text`).
+  to 16 Mi characters, then cut with a line saying how much (:func:`cut_text`).
 * **Unknown kinds** (:func:`unknown`): an event, update or item kind agentd does
   not know becomes an ``unknown`` record carrying the runtime's type name and
   its data verbatim (after the odd-bytes rule), logged at warning level once per
@@ -46,9 +46,9 @@ log = structlog.get_logger(__name__)
 MAX_MESSAGE_BYTES = 64 << 20
 
 #: The most characters of text one item keeps (an assistant or reasoning message streamed in
-#: chunks): a page of history, a snapshot and a reply each hold an item whole, under the 64 MiB
-#: frame a client reads even when every character takes several bytes.
-MAX_ITEM_TEXT_CHARS = 8 << 20
+#: chunks): a quarter of the message ceiling, so that its UTF-8 fits the 64 MiB frame a client
+#: reads whatever the characters (what the Copilot provider keeps of a stream over the ceiling).
+MAX_ITEM_TEXT_CHARS = MAX_MESSAGE_BYTES // 4
 
 REPLACEMENT = "\ufffd"
 _SURROGATE = re.compile("[\ud800-\udfff]")
