@@ -53,6 +53,9 @@ def test_an_idle_claude_conversation_lets_its_process_go_and_the_next_prompt_res
             while _claude_processes(tmp_path) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert not _claude_processes(tmp_path), "the idle conversation kept its Claude Code process"
+            # Logged once close() returns, which can be a moment after the process is gone.
+            while "conversation.runtime_released" not in d.log.read_text() and time.monotonic() < deadline + 10:
+                time.sleep(0.1)
             assert "conversation.runtime_released" in d.log.read_text()
             _run(d, cid, "What is my name?")
             assert rt.saw_earlier_turn(d, cid, "My name is Ada Lovelace", "What is my name?")
