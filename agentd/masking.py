@@ -95,7 +95,7 @@ _KEYWORDS = ("authorization", "proxy-authorization", "x-api-key", "x-goog-api-ke
 #: A match of _HEADER_OPEN starts at most _LEAD_MAX characters before them (the longest header
 #: name, quotes, ":" and scheme), so its search starts there, not at each of thousands of
 #: positions it would try along a long token (see open_header_start).
-_TAIL_REV = re.compile(r"=*+[A-Za-z0-9._~+/-]*+\s*+")
+_TAIL_REV = re.compile(rf"=*+{_TOKEN_CHARS}*+\s*+")
 _LEAD_MAX = 40
 
 T = TypeVar("T")

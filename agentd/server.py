@@ -88,8 +88,8 @@ class _Connection:
         self.closing = False
         #: set once the last request read has begun: lines() reads the socket again only then
         self.read_after: trio.Event | None = None
-        #: the longest frame lines() accepts now: PRE_HELLO_MAX_FRAME_BYTES until hello
-        self.max_frame = PRE_HELLO_MAX_FRAME_BYTES
+        #: hello was answered: lines() takes frames of server.max_frame_bytes, not PRE_HELLO_MAX_FRAME_BYTES
+        self.greeted = False
         #: held while a reply that may be large (LARGE_REPLIES) is built and queued: one at a time
         self.large_reply = trio.Lock()
 
@@ -230,8 +230,8 @@ class _Connection:
             self._bytes = 0
 
     async def lines(self) -> Any:
-        """Yield complete lines; raise LimitExceeded for a line longer than ``self.max_frame`` bytes
-        (read at each chunk: it grows once hello is answered)."""
+        """Yield complete lines; raise LimitExceeded for a line longer than PRE_HELLO_MAX_FRAME_BYTES
+        before hello, server.max_frame_bytes after (:meth:`_max_frame`, read at each line)."""
         buf = bytearray()
         while True:
             if self.read_after is not None:
@@ -246,19 +246,22 @@ class _Connection:
             scan = len(buf)  # the bytes before were searched already: no quadratic rescans of a long frame
             buf += chunk
             start = 0
-            max_frame = self.max_frame
+            max_frame = self._max_frame()
             while True:
                 nl = buf.find(b"\n", max(start, scan))
                 if nl < 0:
                     break
                 if nl - start > max_frame:
-                    raise c.LimitExceeded(_too_long(nl - start, max_frame))
+                    raise c.LimitExceeded(_too_long(nl - start, max_frame, greeted=self.greeted))
                 yield bytes(buf[start:nl])
                 start = nl + 1
-                max_frame = self.max_frame
+                max_frame = self._max_frame()
             del buf[:start]
             if len(buf) > max_frame:
-                raise c.LimitExceeded(_too_long(len(buf), max_frame, at_least=True))
+                raise c.LimitExceeded(_too_long(len(buf), max_frame, greeted=self.greeted, at_least=True))
+
+    def _max_frame(self) -> int:
+        return self.server.max_frame_bytes if self.greeted else PRE_HELLO_MAX_FRAME_BYTES
 
 
 #: The longest frame a connection may send before its hello is answered, bytes. A hello is a few
@@ -267,9 +270,9 @@ class _Connection:
 PRE_HELLO_MAX_FRAME_BYTES = 64 << 10
 
 
-def _too_long(size: int, limit: int, *, at_least: bool = False) -> str:
+def _too_long(size: int, limit: int, *, greeted: bool, at_least: bool = False) -> str:
     what = f"frame of {'more than ' if at_least else ''}{size} bytes is over the {limit}-byte limit"
-    if limit == PRE_HELLO_MAX_FRAME_BYTES:
+    if not greeted:
         return f"{what} before hello (the first frame must be hello)"
     return f"{what} (server.max_frame_bytes; a prompt's attachments count, base64-encoded)"
 
@@ -509,7 +512,6 @@ class Server:
             self.connections -= 1
 
     async def _read_loop(self, conn: _Connection, nursery: trio.Nursery) -> None:
-        greeted = False
         # Until hello: a connection that says nothing holds a descriptor and a slot for nobody.
         hello_scope = trio.CancelScope(deadline=trio.current_time() + self.hello_timeout_s)
         try:
@@ -522,7 +524,7 @@ class Server:
                     except wire.ProtocolError as exc:
                         await conn.send(wire.encode_error(exc.request_id, exc))
                         continue
-                    if not greeted:
+                    if not conn.greeted:
                         if not isinstance(request, wire.Hello):
                             await conn.send(wire.encode_error(request.id, c.Invalid("the first frame must be hello")))
                             return
@@ -533,9 +535,8 @@ class Server:
                             )
                             await conn.send(wire.encode_error(request.id, err))
                             return
-                        greeted = True
+                        conn.greeted = True
                         hello_scope.deadline = math.inf
-                        conn.max_frame = self.max_frame_bytes
                         hello = {"protocol": wire.PROTOCOL_VERSION, "max_frame_bytes": self.max_frame_bytes,
                                  "max_attachment_bytes": self.service.attachments.max_bytes}
                         await conn.send(wire.encode_result(request.id, hello))

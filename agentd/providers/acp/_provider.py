@@ -968,11 +968,7 @@ class AcpConversation:
         turn.cancel_requested = True
         self._expire_pending("cancelled")
         agent = self._agent
-        if agent is not None and agent.alive and agent.proc.conn is not None:
-            try:
-                await agent.proc.conn.notify("session/cancel", {"sessionId": self.id})
-            except ConnectionLost:
-                pass
+        await self._send_cancel(agent)
         with trio.move_on_after(self._provider.config.cancel_timeout_s):
             await turn.done.wait()
         if not turn.done.is_set():
@@ -986,6 +982,14 @@ class AcpConversation:
                 with trio.CancelScope(shield=True):
                     await self._provider._release(agent)
 
+    async def _send_cancel(self, agent: _Agent | None) -> None:
+        """session/cancel to ``agent`` when it runs; an agent gone meanwhile is no error."""
+        if agent is not None and agent.alive and agent.proc.conn is not None:
+            try:
+                await agent.proc.conn.notify("session/cancel", {"sessionId": self.id})
+            except ConnectionLost:
+                pass
+
     async def _wait_abandoned(self) -> None:
         """Before a prompt: a turn the shared agent still runs after its cancel timed out is
         cancelled again and waited for (``cancel_timeout_s``); raises Busy when it goes on, as
@@ -993,12 +997,7 @@ class AcpConversation:
         turn = self._abandoned
         if turn is None:
             return
-        agent = self._agent
-        if agent is not None and agent.alive and agent.proc.conn is not None:
-            try:
-                await agent.proc.conn.notify("session/cancel", {"sessionId": self.id})
-            except ConnectionLost:
-                pass
+        await self._send_cancel(self._agent)
         with trio.move_on_after(self._provider.config.cancel_timeout_s):
             await turn.answered.wait()
         if self._abandoned is turn:
