@@ -41,7 +41,7 @@ from . import wire
 if TYPE_CHECKING:
     from .conversations import ConversationService
 
-__all__ = ["fork", "rewind", "view", "ViewJournal", "turns"]
+__all__ = ["fork", "rewind", "view", "turns"]
 
 #: Record types a fork copies (with their run): the transcript and how its turns went.
 #: Spend (usage, tokens), leases, budgets and states belong to the source alone.
@@ -289,15 +289,3 @@ def view(lines: list[bytes], dropped: Collection[str], all_: bool = False) -> li
         else:
             out.append(line)
     return out
-
-
-class ViewJournal:
-    """A journal reader (``read_after``) giving the rewound view (see :func:`view`), for agentd.history."""
-
-    def __init__(self, journal: Any, dropped: Collection[str], all_: bool = False) -> None:
-        self._journal = journal
-        self._dropped = frozenset(dropped)
-        self._all = all_
-
-    async def read_after(self, after: int, limit: int | None = None) -> list[bytes]:
-        return view(await self._journal.read_after(after, limit), self._dropped, self._all)

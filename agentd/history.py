@@ -30,13 +30,22 @@ a reply too large for a client to read.
 Cost: a page reads the journal through its offset index in windows of seq,
 growing from ``limit`` records, so a page near the end of a 100,000-record
 journal reads a few hundred lines, not the file (tests/bench/bench_history.py).
+A window holds at most :data:`WINDOW_BYTES` of records: where ``limit`` records
+are more than that (items near the 8 Mi-character cap), the window is narrowed
+to its part nearest the cursor and the page ends there, with a cursor to the
+next (it may then hold fewer than ``limit`` entries, or none but a cursor).
 Deciding that an item's record is its latest needs the records after it up to
 its turn's terminal ``turn`` record (no provider updates an item after its turn
-ended), so the look-ahead past a page is at most the rest of one turn.
+ended), so the look-ahead past a page is at most the rest of one turn; it is
+read :data:`GLANCE_BYTES` at a time, keeping only ids.
+
+A rewind's dropped runs (``dropped``) are left out, or with ``all_`` shown
+marked ``dropped`` (agentd.branching).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 import msgspec
@@ -52,6 +61,11 @@ MAX_LIMIT = 1000
 #: 64 MiB frame a client reads (wire.CLIENT_MAX_FRAME_BYTES), with room for a page of large
 #: prompts (each up to server.max_frame_bytes); the next page starts where it stopped.
 MAX_PAGE_BYTES = 16 << 20
+#: A window of records a page is cut from holds at most this many bytes of them (and always
+#: one record): with every record near the item cap, ``limit`` records would be gigabytes.
+WINDOW_BYTES = MAX_PAGE_BYTES
+#: The look-ahead past a window reads at most this many bytes of records at a time.
+GLANCE_BYTES = 4 << 20
 
 _Key = tuple[str, str, str]  # (run, agent_id, item id)
 
@@ -69,17 +83,28 @@ class _TurnHead(msgspec.Struct):
     state: c.TurnState
 
 
+class _ItemKey(msgspec.Struct):
+    """What the look-ahead needs of an item record: its key, never its text."""
+
+    id: str
+    agent_id: str = ""
+    kind: c.ItemKind = c.ItemKind.ASSISTANT
+    delivery: str = ""
+
+
 _head = msgspec.json.Decoder(_Head)
 _item = msgspec.json.Decoder(c.Item)
+_item_key = msgspec.json.Decoder(_ItemKey)
 _prompt = msgspec.json.Decoder(wire.PromptRecord)
 _turn = msgspec.json.Decoder(_TurnHead)
 
 
 class JournalReader(Protocol):
-    """What a page is read from: ``read_after(after, limit)`` gives the encoded records with
-    seq > after, oldest first, at most ``limit`` of them (agentd.journal.Journal)."""
+    """What a page is read from: ``read_after(after, limit, max_bytes)`` gives the encoded
+    records with seq > after, oldest first, at most ``limit`` of them and at most ``max_bytes``
+    of lines but the first (agentd.store.Journal)."""
 
-    async def read_after(self, after: int, limit: int | None = None) -> list[bytes]: ...
+    async def read_after(self, after: int, limit: int | None = None, max_bytes: int | None = None) -> list[bytes]: ...
 
 
 class _Rec(msgspec.Struct):
@@ -89,47 +114,82 @@ class _Rec(msgspec.Struct):
     entry: wire.HistoryEntry | None
     #: the run's terminal turn record
     ends_run: bool = False
-    #: the record's length in bytes (an entry's share of a page)
+    #: the record's length in bytes (an entry's share of a page, a window's weight)
     size: int = 0
 
 
-def _parse(line: bytes) -> _Rec:
+class _View(msgspec.Struct):
+    """How records are read: the runs a rewind dropped, and whether to show them (marked)."""
+
+    dropped: frozenset[str] = frozenset()
+    all_: bool = False
+
+
+def _echo(item: c.Item | _ItemKey, run: str) -> bool:
+    """Whether ``item`` is a runtime's echo of its run's prompt (the prompt record holds it);
+    text steered into the running turn is not."""
+    return item.kind is c.ItemKind.USER and bool(run) and item.delivery != "steer"
+
+
+def _parse(line: bytes, view: _View) -> _Rec:
     head = _head.decode(line)
+    size = len(line)
+    if head.run in view.dropped:
+        if not view.all_:
+            return _Rec(head.seq, head.run, None, None, size=size)
+        head.dropped = True
     if head.type == "item":
         item = _item.decode(head.data)
-        if item.kind is c.ItemKind.USER and head.run and item.delivery != "steer":
-            # The runtime's echo of the run's prompt: the prompt record already holds it.
-            return _Rec(head.seq, head.run, None, None)
+        if _echo(item, head.run):
+            return _Rec(head.seq, head.run, None, None, size=size)
         # A runtime session's earlier turns, journaled once when it was adopted (agentd.adopt).
         imported = not head.run and item.id.startswith("import.")
         entry = wire.HistoryEntry(seq=head.seq, run=head.run, item=item, imported=imported, dropped=head.dropped,
                                   copied=bytes(head.data).startswith(b'{"copied":'))
-        return _Rec(head.seq, head.run, (head.run, item.agent_id, item.id), entry, size=len(line))
+        return _Rec(head.seq, head.run, (head.run, item.agent_id, item.id), entry, size=size)
     if head.type == "prompt":
         prompt = _prompt.decode(head.data)
         item = c.Item(id=f"prompt-{head.seq}", kind=c.ItemKind.USER, text=prompt.text,
                       attachments=list(prompt.attachments))
         return _Rec(head.seq, head.run, None, wire.HistoryEntry(seq=head.seq, run=head.run, item=item, dropped=head.dropped,
                                                                 copied=bytes(head.data).startswith(b'{"copied":')),
-                    size=len(line))
+                    size=size)
     if head.type == "turn" and head.run:
         ends = _turn.decode(head.data).state.terminal
-        return _Rec(head.seq, head.run, None, None, ends_run=ends)
-    return _Rec(head.seq, head.run, None, None)
+        return _Rec(head.seq, head.run, None, None, ends_run=ends, size=size)
+    return _Rec(head.seq, head.run, None, None, size=size)
 
 
-async def _read(journal: JournalReader, lo: int, hi: int) -> list[_Rec]:
-    """Records with lo < seq < hi, oldest first."""
+async def _read(journal: JournalReader, view: _View, lo: int, hi: int) -> tuple[list[_Rec], bool]:
+    """Records with lo < seq < hi, oldest first, at most WINDOW_BYTES of them (the first one
+    always), and whether they are all of them."""
     if hi <= lo + 1:
-        return []
-    return [_parse(line) for line in await journal.read_after(lo, limit=hi - lo - 1)]
+        return [], True
+    lines = await journal.read_after(lo, limit=hi - lo - 1, max_bytes=WINDOW_BYTES)
+    return [_parse(line, view) for line in lines], len(lines) == hi - lo - 1
 
 
-async def _latest(journal: JournalReader, recs: list[_Rec], last_seq: int, hi: int) -> list[_Rec]:
+def _glance(line: bytes, view: _View) -> tuple[int, str, _Key | None, bool]:
+    """(seq, run, item key or None, ends its run) of a record, its text left undecoded."""
+    head = _head.decode(line)
+    if head.run in view.dropped and not view.all_:
+        return head.seq, head.run, None, False
+    if head.type == "item":
+        item = _item_key.decode(head.data)
+        if _echo(item, head.run):
+            return head.seq, head.run, None, False
+        return head.seq, head.run, (head.run, item.agent_id, item.id), False
+    if head.type == "turn" and head.run:
+        return head.seq, head.run, None, _turn.decode(head.data).state.terminal
+    return head.seq, head.run, None, False
+
+
+async def _latest(journal: JournalReader, view: _View, recs: list[_Rec], last_seq: int, hi: int) -> list[_Rec]:
     """The records of ``recs`` (records with seq < ``hi``) holding an entry that is its item's latest record.
 
     A record is superseded by a later one of the same key, in ``recs`` or after them: the
-    journal past ``hi - 1`` is read only until every run with a candidate item has ended.
+    journal past ``hi - 1`` is read (GLANCE_BYTES at a time, ids only) until every run with a
+    candidate item has ended.
     """
     last: dict[_Key, int] = {}
     for rec in recs:
@@ -142,15 +202,15 @@ async def _latest(journal: JournalReader, recs: list[_Rec], last_seq: int, hi: i
     beyond: set[_Key] = set()
     after, window = hi - 1, 256
     while open_runs and after < last_seq:
-        chunk = await _read(journal, after, min(last_seq, after + window) + 1)
-        if not chunk:
+        lines = await journal.read_after(after, limit=min(last_seq - after, window), max_bytes=GLANCE_BYTES)
+        if not lines:
             break
-        for rec in chunk:
-            if rec.key is not None and rec.key in last:
-                beyond.add(rec.key)
-            if rec.ends_run:
-                open_runs.discard(rec.run)
-        after = chunk[-1].seq
+        for line in lines:
+            after, run, key, ends = _glance(line, view)
+            if key is not None and key in last:
+                beyond.add(key)
+            if ends:
+                open_runs.discard(run)
         window *= 2
     return [r for r in recs if r.entry is not None
             and (r.key is None or (last[r.key] == r.seq and r.key not in beyond))]
@@ -167,10 +227,12 @@ def _within_bytes(recs: list[_Rec]) -> int:
 
 
 async def page(journal: JournalReader, conversation: str, last_seq: int, *,
-         limit: int = 50, before: int | None = None, after: int | None = None) -> wire.HistoryPage:
+               limit: int = 50, before: int | None = None, after: int | None = None,
+               dropped: Collection[str] = (), all_: bool = False) -> wire.HistoryPage:
     """One page of ``conversation``'s history from ``journal``, whose last published seq is
     ``last_seq``: the oldest ``limit`` entries with seq > ``after`` when it is given, else the
-    newest ``limit`` entries with seq < ``before`` (or of all, without it). Read-only; on the
+    newest ``limit`` entries with seq < ``before`` (or of all, without it). The records of
+    ``dropped`` runs (a rewind's) are left out, or with ``all_`` shown marked. Read-only; on the
     file store every read answers inline (agentd.store).
 
     Raises Invalid for a limit outside 1..MAX_LIMIT, for both cursors at once or a cursor out
@@ -182,54 +244,73 @@ async def page(journal: JournalReader, conversation: str, last_seq: int, *,
         raise c.Invalid("give at most one of before and after")
     if (before is not None and before < 1) or (after is not None and after < 0):
         raise c.Invalid("history cursors are journal seqs: before >= 1, after >= 0")
+    view = _View(frozenset(dropped), all_)
     if after is not None:
-        return await _forward(journal, conversation, last_seq, limit, min(after, last_seq))
+        return await _forward(journal, view, conversation, last_seq, limit, min(after, last_seq))
     hi = min(before, last_seq + 1) if before is not None else last_seq + 1
-    return await _backward(journal, conversation, last_seq, limit, hi)
+    return await _backward(journal, view, conversation, last_seq, limit, hi)
 
 
-async def _backward(journal: JournalReader, conversation: str, last_seq: int, limit: int, hi: int) -> wire.HistoryPage:
-    # Widen the window below hi until it holds `limit` entries or reaches seq 1.
+async def _backward(journal: JournalReader, view: _View, conversation: str, last_seq: int, limit: int,
+                    hi: int) -> wire.HistoryPage:
+    # Widen the window below hi until it holds `limit` entries or reaches seq 1, or until it
+    # would pass WINDOW_BYTES: then narrow it to its newest part that fits, and stop there.
     width = max(64, limit * 4)
+    best: tuple[int, list[_Rec]] | None = None  # the widest window read whole: (lo, its entries)
+    narrowed = False
     while True:
         lo = max(0, hi - 1 - width)
-        recs = await _read(journal, lo, hi)
-        kept = await _latest(journal, recs, last_seq, hi)
-        if len(kept) > limit or lo == 0:
-            break
-        width *= 4
-    more = len(kept) > limit
-    if more:
+        recs, whole = await _read(journal, view, lo, hi)
+        if whole:
+            best = lo, await _latest(journal, view, recs, last_seq, hi)
+            if len(best[1]) > limit or lo == 0 or narrowed:
+                break
+            width *= 4
+            continue
+        narrowed = True
+        # Narrower, from what the part read weighs per record; each round at least halves it,
+        # and a window of one record is always read whole.
+        width = min(width // 2, max(1, WINDOW_BYTES * len(recs) // (2 * sum(r.size for r in recs))))
+        if best is not None and width <= hi - 1 - best[0]:
+            break  # no narrower window holds more than the widest one read whole
+    lo, kept = best
+    more = len(kept) > limit or lo > 0
+    if len(kept) > limit:
         kept = kept[-limit:]
     fit = _within_bytes(kept[::-1])  # the newest first
     more = more or fit < len(kept)
     entries = [r.entry for r in kept[len(kept) - fit:] if r.entry is not None]
-    # `before` names the oldest entry shown: the next page is what lies below it.
+    # `before` names the oldest entry shown (or where the window stopped): the next page is what lies below it.
     return wire.HistoryPage(
         conversation=conversation, items=entries,
-        before=entries[0].seq if more and entries else 0,
+        before=(entries[0].seq if entries else lo + 1) if more else 0,
         after=max(hi - 1, 0) if hi <= last_seq else 0,
         start=not more, end=hi > last_seq)
 
 
-async def _forward(journal: JournalReader, conversation: str, last_seq: int, limit: int, after: int) -> wire.HistoryPage:
+async def _forward(journal: JournalReader, view: _View, conversation: str, last_seq: int, limit: int,
+                   after: int) -> wire.HistoryPage:
+    # Widen the window above `after` until it holds `limit` entries or reaches the end, or until
+    # it passes WINDOW_BYTES: the window is then what was read, and the page stops there.
     width = max(64, limit * 4)
     while True:
         hi = min(last_seq, after + width) + 1
-        recs = await _read(journal, after, hi)
-        kept = await _latest(journal, recs, last_seq, hi)
-        if len(kept) > limit or hi > last_seq:
+        recs, whole = await _read(journal, view, after, hi)
+        if not whole:
+            hi = recs[-1].seq + 1
+        kept = await _latest(journal, view, recs, last_seq, hi)
+        if len(kept) > limit or hi > last_seq or not whole:
             break
         width *= 4
-    more = len(kept) > limit
-    if more:
+    more = len(kept) > limit or hi <= last_seq
+    if len(kept) > limit:
         kept = kept[:limit]
     fit = _within_bytes(kept)
     more = more or fit < len(kept)
     entries = [r.entry for r in kept[:fit] if r.entry is not None]
-    # `after` names the newest entry shown: the next page is what lies above it.
+    # `after` names the newest entry shown (or where the window stopped): the next page is what lies above it.
     return wire.HistoryPage(
         conversation=conversation, items=entries,
         before=after + 1 if after > 0 else 0,
-        after=entries[-1].seq if more and entries else 0,
+        after=(entries[-1].seq if entries else hi - 1) if more else 0,
         start=after == 0, end=not more)

@@ -749,8 +749,9 @@ class Journal:
 
     # ------------------------------------------------------------------ read
 
-    def read_after(self, after: int, limit: int | None = None) -> list[bytes]:
-        """Lines (without newline) of the records with ``seq > after``, in order, at most ``limit``.
+    def read_after(self, after: int, limit: int | None = None, max_bytes: int | None = None) -> list[bytes]:
+        """Lines (without newline) of the records with ``seq > after``, in order, at most ``limit``,
+        and at most ``max_bytes`` of lines (newlines not counted) but always the first one.
 
         Synchronous. Never scans from the start: the first line is located by
         an in-memory index of recent offsets or by bisecting the file's byte
@@ -765,7 +766,7 @@ class Journal:
         if after >= self.last_seq or (limit is not None and limit <= 0):
             return []
         line_no, off = self._locate(after + 1)
-        return self._read_forward(line_no, off, after, limit)
+        return self._read_forward(line_no, off, after, limit, max_bytes)
 
     def _locate(self, target: int) -> tuple[int, int]:
         """A line start ``(line number, offset)`` at or before the line holding seq ``target``, close to it."""
@@ -836,9 +837,11 @@ class Journal:
             pos += len(chunk)
         return b"".join(parts)
 
-    def _read_forward(self, line_no: int, off: int, after: int, limit: int | None) -> list[bytes]:
+    def _read_forward(self, line_no: int, off: int, after: int, limit: int | None,
+                      max_bytes: int | None = None) -> list[bytes]:
         """Read lines from ``off`` (holding line ``line_no``) to the end; keep those numbered > after."""
         out: list[bytes] = []
+        room = -1 if max_bytes is None else max_bytes  # bytes of lines still to take (-1: no bound)
         fd, end, decode = self._fd, self._end, _seq_decoder.decode
         pos, size, n = off, _CHUNK, line_no
         pending: list[bytes] = []  # the start of a line whose newline is not read yet (no newline in it)
@@ -853,6 +856,9 @@ class Journal:
             if j < 0:  # a long line goes on: joined once its end comes, not copied per chunk
                 pending.append(chunk)
                 held += len(chunk)
+                if out and 0 <= room < held:  # over max_bytes already: not read to its end
+                    self._remember(n, pos - held)
+                    return out
                 continue
             data = b"".join((*pending, chunk)) if pending else chunk
             base = pos - len(data)  # file offset of data[0]
@@ -868,6 +874,11 @@ class Journal:
                         raise JournalCorrupt(self.path, n, f"not a record ({exc})") from None
                     if seq != n:
                         raise JournalCorrupt(self.path, n, f"seq {seq} where {n} was expected")
+                    if room >= 0:
+                        if len(line) > room and out:
+                            self._remember(n, base + i)
+                            return out
+                        room = max(room - len(line), 0)
                     out.append(line)
                     if limit is not None and len(out) >= limit:
                         self._remember(n + 1, base + j + 1)

@@ -838,12 +838,9 @@ class Server:
     async def _history(self, conn: _Connection, req: wire.History) -> wire.HistoryPage:
         from . import history
 
-        from . import branching
-
         reader = await self.service.reader(req.conversation)  # reading takes no lease and opens no runtime
-        journal = branching.ViewJournal(reader.journal, reader.record.dropped, req.all)  # the rewound view
-        return await history.page(journal, reader.record.id, reader.published_seq,
-                            limit=req.limit, before=req.before, after=req.after)
+        return await history.page(reader.journal, reader.record.id, reader.published_seq, limit=req.limit,
+                                  before=req.before, after=req.after, dropped=reader.record.dropped, all_=req.all)
 
     def _task_service(self) -> Any:
         if self.tasks is None:

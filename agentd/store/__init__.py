@@ -86,9 +86,10 @@ class Journal(Protocol):
         Raises OSError when that failed (the journal then refuses appends)."""
         ...
 
-    async def read_after(self, after: int, limit: int | None = None) -> list[bytes]:
-        """The lines of the records with ``seq > after``, in seq order, at most ``limit``; never
-        a scan from the start. Raises JournalCorrupt for a line that is not the expected record."""
+    async def read_after(self, after: int, limit: int | None = None, max_bytes: int | None = None) -> list[bytes]:
+        """The lines of the records with ``seq > after``, in seq order, at most ``limit`` and at
+        most ``max_bytes`` of lines (the first one always); never a scan from the start, and never
+        more than that bound in memory. Raises JournalCorrupt for a line that is not the expected record."""
         ...
 
 

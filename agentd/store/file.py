@@ -43,8 +43,8 @@ class FileJournal:
     def size(self) -> int:
         return self.journal.size
 
-    async def read_after(self, after: int, limit: int | None = None) -> list[bytes]:
-        return self.journal.read_after(after, limit)
+    async def read_after(self, after: int, limit: int | None = None, max_bytes: int | None = None) -> list[bytes]:
+        return self.journal.read_after(after, limit, max_bytes)
 
     def __repr__(self) -> str:
         return repr(self.journal)

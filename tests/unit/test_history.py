@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import pathlib
+from unittest import mock
 
 import msgspec
 import pytest
@@ -63,7 +64,8 @@ def _flat(p: wire.HistoryPage) -> list[tuple[int, str, str]]:
     return [(e.seq, e.run, e.item.text) for e in p.items]
 
 
-def _all_backward(j: Journal, limit: int) -> list[tuple[int, str, str]]:
+def _all_backward(j: Journal, limit: int, *, full: bool = True) -> list[tuple[int, str, str]]:
+    """Every page from the newest back; ``full``: each page but the last holds ``limit`` entries."""
     got: list[tuple[int, str, str]] = []
     p = _page(j, "c", j.last_seq, limit=limit)
     pages = 0
@@ -74,22 +76,27 @@ def _all_backward(j: Journal, limit: int) -> list[tuple[int, str, str]]:
         if not p.before:
             assert p.start
             break
-        assert not p.start and len(p.items) == limit
+        assert not p.start and (len(p.items) == limit or not full)
+        assert not p.items or p.before == p.items[0].seq
         p = _page(j, "c", j.last_seq, limit=limit, before=p.before)
         assert pages < 10_000
     return got
 
 
-def _all_forward(j: Journal, limit: int) -> list[tuple[int, str, str]]:
+def _all_forward(j: Journal, limit: int, *, full: bool = True) -> list[tuple[int, str, str]]:
     got: list[tuple[int, str, str]] = []
     p = _page(j, "c", j.last_seq, limit=limit, after=0)
+    pages = 0
     while True:
         got += _flat(p)
+        pages += 1
         if not p.after:
             assert p.end
             break
-        assert not p.end and len(p.items) == limit
+        assert not p.end and (len(p.items) == limit or not full)
+        assert not p.items or p.after == p.items[-1].seq
         p = _page(j, "c", j.last_seq, limit=limit, after=p.after)
+        assert pages < 10_000
     return got
 
 
@@ -108,6 +115,67 @@ def test_pages_backward_and_forward_hold_every_entry_once_in_its_latest_form(
     assert _all_forward(j, limit) == want
     newest = _page(j, "c", j.last_seq, limit=limit)
     assert _flat(newest) == want[-limit:] and newest.end
+
+
+@settings(max_examples=100, deadline=None)
+@given(turns=_turns, limit=st.integers(1, 7), window=st.integers(1, 2_000))
+def test_windows_cut_short_by_their_byte_bound_still_page_every_entry_once(
+        tmp_path_factory: pytest.TempPathFactory, turns: list[list[tuple[str, str]]], limit: int, window: int) -> None:
+    # A window of `limit` records can be gigabytes (items near the 8 Mi-character cap): it stops at
+    # WINDOW_BYTES, nearest the cursor, and the pages around it still hold every entry exactly once.
+    j = _write(tmp_path_factory.mktemp("h") / "events.jsonl", turns)
+    want = _oracle(j)
+    with mock.patch.object(history, "WINDOW_BYTES", window), mock.patch.object(history, "GLANCE_BYTES", window // 3 + 1):
+        assert _all_backward(j, limit, full=False) == want
+        assert _all_forward(j, limit, full=False) == want
+
+
+class _Counting(FileJournal):
+    """The file store's journal, counting what each read returns."""
+
+    def __init__(self, j: Journal) -> None:
+        super().__init__(j)
+        self.reads: list[int] = []
+
+    async def read_after(self, after: int, limit: int | None = None, max_bytes: int | None = None) -> list[bytes]:
+        lines = await super().read_after(after, limit, max_bytes)
+        self.reads.append(sum(map(len, lines)))
+        return lines
+
+
+def test_a_page_of_records_near_the_item_cap_reads_a_bounded_window(tmp_path: pathlib.Path) -> None:
+    # 24 completed tool items of 3 MiB in one turn: a page of up to 1,000 entries read its whole
+    # window (all 72 MiB, held at once) before it cut the page to 16 MiB.
+    big = 3 << 20
+    j = Journal(tmp_path / "events.jsonl", fsync=FsyncPolicy.NEVER)
+    j.append("conversation", msgspec.json.encode(wire.ConversationCreated(provider="script", workdir="/")))
+    j.append("prompt", msgspec.json.encode(wire.PromptRecord(text="go")), run="r1")
+    for n in range(24):
+        j.append("item", _item(f"t{n}", f"{n % 10}" * big, done=True), run="r1")
+    j.append("turn", msgspec.json.encode(c.Turn(state=c.TurnState.COMPLETED)), run="r1")
+    want = _oracle(j)
+    for direction in ({}, {"after": 0}):
+        reader = _Counting(j)
+        p = trio.run(functools.partial(history.page, reader, "c", j.last_seq, limit=1000, **direction))
+        assert p.items and sum(len(e.item.text) for e in p.items) <= history.MAX_PAGE_BYTES
+        # Each read holds at most a window, or looking past it for later forms of its items a
+        # glance, and one record more. Backward, the window is read once more, narrowed.
+        if direction:
+            window, *glances = reader.reads
+            assert window <= history.WINDOW_BYTES and all(g <= history.GLANCE_BYTES + big for g in glances)
+        else:
+            assert len(reader.reads) == 2 and max(reader.reads) <= history.WINDOW_BYTES, reader.reads
+    assert _all_backward(j, 1000, full=False) == want
+    assert _all_forward(j, 1000, full=False) == want
+
+
+def test_a_rewinds_dropped_runs_are_left_out_or_shown_marked(tmp_path: pathlib.Path) -> None:
+    j = _write(tmp_path / "events.jsonl", [[("t1", "")], [("t2", "")], [("t3", "")]])
+    kept = [(e.run, e.item.text, e.dropped) for e in _page(j, "c", j.last_seq, dropped=["r1"]).items]
+    assert kept == [("r0", "prompt 0", False), ("r0", "r0:t1:0", False), ("r2", "prompt 2", False),
+                    ("r2", "r2:t3:0", False)]
+    shown = [(e.run, e.dropped) for e in _page(j, "c", j.last_seq, dropped=["r1"], all_=True).items]
+    assert shown == [("r0", False), ("r0", False), ("r1", True), ("r1", True), ("r2", False), ("r2", False)]
 
 
 def test_an_id_reused_by_a_later_turn_keeps_both_items(tmp_path: pathlib.Path) -> None:

@@ -106,6 +106,30 @@ async def test_read_after_honours_after_and_limit(store: Store) -> None:
     assert _seqs(await read_published(j, 70, chunk=16)) == list(range(1, 71))
 
 
+async def test_read_after_stops_before_max_bytes_and_gives_the_first_record_whatever_its_size(store: Store) -> None:
+    j = await store.conversations.open("c1")
+    for n in range(1, 1501):  # past the PostgreSQL store's memory tail: both of its read paths
+        data = msgspec.json.encode({"n": n, "text": "x" * ((n * 37) % 700)})
+        j.append("item" if n % 3 else "usage", data, run=f"r{n % 5}" if n % 2 else "")
+    await j.sync()
+    every = await j.read_after(0)
+
+    def prefix(after: int, budget: int, limit: int | None = None) -> list[bytes]:
+        out: list[bytes] = []
+        for line in every[after:after + (limit or len(every))]:
+            if out and sum(map(len, out)) + len(line) > budget:
+                break
+            out.append(line)
+        return out
+
+    for after, budget, limit in [(0, 1, None), (0, 5_000, None), (10, 100_000, None), (400, 60_000, None),
+                                 (470, 40_000, None), (1_400, 10**9, None), (1_490, 50, None), (0, 10**9, 3),
+                                 (300, 2_000, 100)]:
+        got = await j.read_after(after, limit=limit, max_bytes=budget)
+        assert got == prefix(after, budget, limit), (after, budget, limit)
+    assert len(await j.read_after(0, max_bytes=1)) == 1 and await j.read_after(1_500, max_bytes=1) == []
+
+
 async def test_synced_records_survive_a_reopen_and_the_seq_runs_on(opener: Opener) -> None:
     first = await opener()
     j = await first.conversations.open("c1")

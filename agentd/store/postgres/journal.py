@@ -130,27 +130,37 @@ class PgJournal:
             raise trio.ClosedResourceError(f"journal of {self.conversation_id} is closed")
         await self._store._commit_through(self, self.last_seq)
 
-    async def read_after(self, after: int, limit: int | None = None) -> list[bytes]:
+    async def read_after(self, after: int, limit: int | None = None, max_bytes: int | None = None) -> list[bytes]:
         """See :meth:`agentd.store.Journal.read_after`: from memory where it holds them, else the database."""
         if self._closed:
             raise trio.ClosedResourceError(f"journal of {self.conversation_id} is closed")
         after = max(after, 0)
         end = self.last_seq if limit is None else min(self.last_seq, after + max(limit, 0))
         out: list[bytes] = []
+        room = max_bytes  # what max_bytes leaves (None: no bound)
         nxt = after + 1
         while nxt <= end:
             if nxt >= self._first:
-                out += self._lines[nxt - self._first:end - self._first + 1]
+                for line in self._lines[nxt - self._first:end - self._first + 1]:
+                    if room is not None:
+                        if len(line) > room and out:
+                            break
+                        room = max(room - len(line), 0)
+                    out.append(line)
                 break
             # Below the tail every row is committed; the tail only moves up meanwhile, so loop.
             hi = min(end, self._first - 1, nxt + READ_CHUNK - 1)
-            rows = await self._store._read_rows(self.conversation_id, nxt - 1, hi)
+            rows = await self._store._read_rows(self.conversation_id, nxt - 1, hi, room, first=not out)
             for seq, line in rows:
                 if seq != nxt:
                     raise JournalCorrupt(self._store.where(self.conversation_id), nxt,
                                          f"seq {seq} where {nxt} was expected")
                 out.append(line)
                 nxt += 1
+                if room is not None:
+                    room = max(room - len(line), 0)
+            if nxt <= hi and room is not None and out:
+                break  # the next row is over max_bytes
             if not rows:
                 raise JournalCorrupt(self._store.where(self.conversation_id), nxt, f"no record {nxt}")
         return out
@@ -478,8 +488,11 @@ class PgConversationStore:
             j._closed = True
         self._journals.clear()
 
-    async def _read_rows(self, conversation_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
-        return await self.pool.run(_rows, conversation_id, after, upto)
+    async def _read_rows(self, conversation_id: str, after: int, upto: int, max_bytes: int | None = None, *,
+                         first: bool = True) -> list[tuple[int, bytes]]:
+        """Rows ``after < seq <= upto``; with ``max_bytes``, the first of them whose lines fit in it
+        (and with ``first`` the first row whatever its size). Rows left out are never fetched."""
+        return await self.pool.run(_rows, conversation_id, after, upto, max_bytes, first)
 
     async def committed_after(self, conversation_id: str, after: int, limit: int = READ_CHUNK) -> list[tuple[int, bytes]]:
         """Up to ``limit`` committed rows ``(seq, line)`` of the conversation with ``seq > after``, from the
@@ -535,10 +548,25 @@ def _head(conn: Any, cid: str) -> int:
     return int(row[0] or 0)
 
 
-def _rows(conn: Any, cid: str, after: int, upto: int) -> list[tuple[int, bytes]]:
-    cur = conn.execute(
-        "SELECT seq, (extract(epoch FROM ts) * 1000)::bigint, type, run, data FROM journal "
-        "WHERE conversation_id = %s AND seq > %s AND seq <= %s ORDER BY seq", (cid, after, upto))
+#: The length of a row's line (line_of) in SQL, from octet_length: it reads a TOASTed value's
+#: header, not the value. Exact while type and run need no JSON escapes (agentd's own names and ids).
+_LINE_BYTES = ("octet_length(data) + octet_length(type) + length(seq::text) + 58"
+               " + CASE WHEN run = '' THEN 0 ELSE octet_length(run) + 9 END")
+
+
+def _rows(conn: Any, cid: str, after: int, upto: int, max_bytes: int | None = None,
+          first: bool = True) -> list[tuple[int, bytes]]:
+    if max_bytes is None:
+        cur = conn.execute(
+            "SELECT seq, (extract(epoch FROM ts) * 1000)::bigint, type, run, data FROM journal "
+            "WHERE conversation_id = %s AND seq > %s AND seq <= %s ORDER BY seq", (cid, after, upto))
+    else:
+        cur = conn.execute(
+            "SELECT j.seq, (extract(epoch FROM j.ts) * 1000)::bigint, j.type, j.run, j.data FROM journal j JOIN ("
+            f"  SELECT seq, sum({_LINE_BYTES}) OVER (ORDER BY seq) AS upto_bytes FROM journal"
+            "  WHERE conversation_id = %s AND seq > %s AND seq <= %s) s ON s.seq = j.seq "
+            "WHERE j.conversation_id = %s AND (s.upto_bytes <= %s OR (%s AND s.seq = %s)) ORDER BY j.seq",
+            (cid, after, upto, cid, max_bytes, first, after + 1))
     return [(seq, line_of(seq, ms, type_, run, bytes(data))) for seq, ms, type_, run, data in cur]
 
 
