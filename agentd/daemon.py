@@ -52,7 +52,7 @@ async def serve(config: Config, paths: Paths, config_path: Path | None = None) -
         os.environ.setdefault(key, value)
     # Before any runtime starts or any record is written: the secrets of the environment and config.
     masking.load(os.environ, config.providers)
-    runtime_env.configure(config.providers)
+    runtime_env.configure(config.providers, config.store.backend)
     fsync = FsyncPolicy(config.journal.fsync)
     store = await open_store(config, paths, owner)  # [store] backend: the rest never knows which
     try:

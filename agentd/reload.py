@@ -158,7 +158,7 @@ class Reloader:
                 env_file, changed = self._apply_environment(*environment)
                 masking.load(os.environ, config.providers)
                 claims_before = {n: runtime_env.withheld(n) for n in self.service.runtimes.names()}
-                runtime_env.configure(config.providers)
+                runtime_env.configure(config.providers, config.store.backend)
                 changed_providers = _changed(self.config, config)
                 if changed or {n: runtime_env.withheld(n) for n in claims_before} != claims_before:
                     changed_providers = None  # the environment changed: every runtime must see it

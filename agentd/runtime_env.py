@@ -14,6 +14,13 @@ configured ``env``; so the Copilot bring-your-own-key never reaches an ACP
 agent or Claude Code, nor the shell commands they run. An ACP agent that
 needs such a variable lists it in ``providers.acp.<name>.pass_env``.
 
+agentd's own variables are withheld from every runtime too (:func:`own`):
+those of :data:`AGENTD_VARS`, which point at this daemon's config, state,
+socket and runtime dir (an ``agentd`` or ``agentctl`` an agent's shell runs, a
+test suite say, would otherwise act on the daemon supervising it), and, when
+``[store] backend = "postgres"``, libpq's ``PGPASSWORD``, the password of the
+database that holds every host's conversations.
+
 :func:`configure` is called once at start, before any runtime starts; until
 then nothing is withheld. No trio, no structlog.
 """
@@ -24,7 +31,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["SIGN_IN", "configure", "environ", "withheld"]
+__all__ = ["AGENTD_VARS", "SIGN_IN", "configure", "environ", "own", "withheld"]
 
 #: provider -> the variables only its runtime signs in with (withheld from the others when it is enabled)
 SIGN_IN: dict[str, tuple[str, ...]] = {
@@ -35,10 +42,19 @@ SIGN_IN: dict[str, tuple[str, ...]] = {
 
 #: provider name -> the variables it claims
 _claims: dict[str, frozenset[str]] = {}
+#: the variables agentd and agentctl read (agentd.config, agentd.__main__, agentctl.client, agentd.agentfs)
+AGENTD_VARS = frozenset({"AGENTD_CONFIG", "AGENTD_STATE_DIR", "AGENTD_RUNTIME_DIR", "AGENTD_SOCKET",
+                         "AGENTD_NO_AUTOSTART", "AGENTD_AGENTFS_WALK"})
+#: agentd's own variables besides AGENTD_VARS (see configure)
+_own: set[str] = set()
 
 
-def configure(providers: Any) -> None:
-    """Record which variables each enabled provider of ``providers`` (a ProvidersConfig) claims."""
+def configure(providers: Any, store_backend: str = "file") -> None:
+    """Record which variables each enabled provider of ``providers`` (a ProvidersConfig) claims,
+    and agentd's own (``store_backend``: ``[store] backend``)."""
+    _own.clear()
+    if store_backend == "postgres":
+        _own.add("PGPASSWORD")
     keys = {
         "copilot": providers.copilot.byok.api_key_env if providers.copilot.byok is not None else "",
         "claude": providers.claude.api_key_env,
@@ -52,9 +68,17 @@ def configure(providers: Any) -> None:
     _claims.update(claims)
 
 
+def own(base: Mapping[str, str] | None = None) -> frozenset[str]:
+    """agentd's own variables set in ``base`` (default: agentd's environment): those of
+    :data:`AGENTD_VARS` and those :func:`configure` recorded."""
+    env = os.environ if base is None else base
+    return frozenset(k for k in (*AGENTD_VARS, *_own) if k in env)
+
+
 def withheld(provider: str, pass_env: Iterable[str] = ()) -> frozenset[str]:
-    """The variables ``provider``'s runtime must not get: those other providers claim, less ``pass_env``."""
-    names: set[str] = set()
+    """The variables ``provider``'s runtime must not get: agentd's own and those other
+    providers claim, less ``pass_env``."""
+    names: set[str] = set(own())
     for name, claimed in _claims.items():
         if name != provider:
             names |= claimed
@@ -64,6 +88,6 @@ def withheld(provider: str, pass_env: Iterable[str] = ()) -> frozenset[str]:
 def environ(provider: str, pass_env: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
     """agentd's environment (or ``base``) without what :func:`withheld` names, as a new dict."""
     env = dict(os.environ if base is None else base)
-    for name in withheld(provider, pass_env):
+    for name in withheld(provider, pass_env) | (own(env) - set(pass_env)):
         env.pop(name, None)
     return env

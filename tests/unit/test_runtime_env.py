@@ -65,3 +65,40 @@ def test_a_disabled_provider_claims_nothing(monkeypatch: pytest.MonkeyPatch, tmp
         assert runtime_env.environ("acp:plain")["MY_ANTHROPIC"] == "anthropic-secret-value"
     finally:
         runtime_env._claims.clear()
+
+
+def test_agentds_own_variables_reach_no_runtime(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # A test suite an agent runs would otherwise start agentd or agentctl on the supervising
+    # daemon's socket, state and config; PGPASSWORD opens the database of every host's conversations.
+    for name, value in {"AGENTD_SOCKET": "/run/user/1/agentd/agentd.sock", "AGENTD_STATE_DIR": "/state",
+                        "AGENTD_CONFIG": "/etc/agentd.toml", "PGPASSWORD": "store-secret", "PGHOST": "db1"}.items():
+        monkeypatch.setenv(name, value)
+    cfg = parse_config(CONFIG)
+    try:
+        runtime_env.configure(cfg.providers, "postgres")
+        plain = AcpProvider(cfg.providers.acp["plain"], state_dir=tmp_path, name="acp:plain").agent_env()
+        assert not runtime_env.AGENTD_VARS & set(plain) and "PGPASSWORD" not in plain
+        assert plain["PGHOST"] == "db1" and plain["OWN"] == "yes"
+        copilot = CopilotProvider(cfg.providers.copilot, state_dir=tmp_path)._cli_env()
+        assert not runtime_env.AGENTD_VARS & set(copilot) and "PGPASSWORD" not in copilot
+        claude = ClaudeProvider(cfg.providers.claude, state_dir=tmp_path).cli_env()  # blanked over agentd's own
+        assert claude["AGENTD_SOCKET"] == claude["AGENTD_STATE_DIR"] == claude["PGPASSWORD"] == ""
+        assert runtime_env.environ("acp:x", pass_env=["PGPASSWORD"])["PGPASSWORD"] == "store-secret"
+
+        runtime_env.configure(cfg.providers, "file")  # then PGPASSWORD is the user's, for their own tools
+        assert runtime_env.environ("acp:plain")["PGPASSWORD"] == "store-secret"
+        assert "AGENTD_CONFIG" not in runtime_env.environ("acp:plain")
+    finally:
+        runtime_env.configure(parse_config("").providers)
+        runtime_env._claims.clear()
+
+
+def test_every_agentd_variable_the_code_reads_is_withheld() -> None:
+    # A new AGENTD_* variable must join AGENTD_VARS, or runtimes would see it.
+    import re
+
+    root = Path(runtime_env.__file__).resolve().parents[1]
+    named = {m for pkg in ("agentd", "agentctl") for path in (root / pkg).rglob("*.py")
+             for m in re.findall(r'"(AGENTD_[A-Z_]+)"', path.read_text())}
+    named.discard("AGENTD_VARS")  # the name of the set itself (runtime_env.__all__)
+    assert named and named <= runtime_env.AGENTD_VARS, named - runtime_env.AGENTD_VARS
