@@ -8,6 +8,7 @@ Run as ``python acp_turn_agent.py``; it is ``acp_fault_agent.py`` (which is
   (an end that comes after agentd ended the turn itself)
 * ``ask``             -> session/request_permission, waits for the answer as long as it takes,
   then says ``answered:<option id>`` and ends the turn
+* ``ask-none``        -> session/request_permission offering no option, then says what it got
 * ``tool ID TEXT``    -> a tool call with the id ID (pending, then in_progress), its output TEXT
   (completed), then ``end_turn``: the same ID in two turns is a reused runtime id
 * ``reannounce ID``   -> the tool call ID announced, announced again while still open (a new
@@ -61,6 +62,16 @@ def ask(session: str, rid: Any, rest: str) -> bool:
     return False
 
 
+def ask_none(session: str, rid: Any, rest: str) -> bool:
+    answer = call("session/request_permission", {
+        "sessionId": session,
+        "toolCall": {"toolCallId": "perm-0", "title": "rm -rf build", "kind": "execute", "status": "pending"},
+        "options": []})
+    outcome = (answer.get("result") or {}).get("outcome") or {}
+    say(session, f"answered:{outcome.get('optionId', outcome.get('outcome', '?'))}")
+    return False
+
+
 def tool(session: str, rid: Any, rest: str) -> bool:
     tool_id, _, text = rest.partition(" ")
     _update(session, {"sessionUpdate": "tool_call", "toolCallId": tool_id, "title": f"print {text}",
@@ -89,8 +100,8 @@ def twice(session: str, rid: Any, rest: str) -> bool:
     return False
 
 
-COMMANDS = {**fault.COMMANDS, "silent": silent, "late": late, "ask": ask, "tool": tool, "reannounce": reannounce,
-            "twice": twice}
+COMMANDS = {**fault.COMMANDS, "silent": silent, "late": late, "ask": ask, "ask-none": ask_none, "tool": tool,
+            "reannounce": reannounce, "twice": twice}
 
 
 if __name__ == "__main__":

@@ -108,6 +108,24 @@ def test_a_silent_runtime_ends_failed_inferred_at_the_deadline_but_a_turn_waitin
     assert all(len(e) == 1 for e in _ends(hygiene, cid).values()), _ends(hygiene, cid)
 
 
+def test_a_permission_request_offering_no_option_is_refused_and_says_so_in_the_journal(
+    hygiene: Daemon, tmp_path: Path
+) -> None:
+    with hygiene.client() as client:
+        cid = _new(client, tmp_path)
+        run, end, records = _turn(client, cid, "ask-none")
+        assert end["state"] == "completed", end
+        assert "answered:cancelled" in _texts(records)
+        notices = [msgspec.json.decode(r.data) for r in records if r.type == "item"
+                   and msgspec.json.decode(r.data)["kind"] == "notice"]
+        assert len(notices) == 1 and "rm -rf build" in notices[0]["text"] and "no option" in notices[0]["text"]
+        assert not client.request(wire.Show, conversation=cid).get("pending")
+    journaled = [r for r in hygiene.journal(cid) if r["type"] == "item" and r.get("run") == run]
+    assert any(r["data"]["kind"] == "notice" and "no option" in r["data"]["text"] for r in journaled)
+    # The tool call it asked about is journaled too.
+    assert any(r["data"]["kind"] == "tool" and "rm -rf build" in json.dumps(r["data"]) for r in journaled)
+
+
 @pytest.mark.parametrize("as_json", [False, True], ids=["human", "json"])
 def test_a_cancel_the_runtime_ignores_ends_cancel_timeout_agentctl_says_so_and_its_late_end_is_dropped(
     hygiene: Daemon, tmp_path: Path, as_json: bool

@@ -1474,11 +1474,19 @@ class AcpConversation:
         req = msgspec.convert(params, s.RequestPermissionRequest)
         cancelled = {"outcome": {"outcome": "cancelled"}}
         turn = self._turn
-        if turn is None or turn.cancel_requested or self._closed or not req.options:
+        if turn is None or turn.cancel_requested or self._closed:
             return cancelled
         self._close_segment(emit=True)
         st = self._tool_update(req.tool_call, emit=True)
         call = st.to_call()
+        if not req.options:
+            # Nothing a person could choose: refused at once, and said where they look.
+            log.warning("acp.permission_without_options", agent=self._provider.name, conversation=self.id,
+                        tool=call.title)
+            self._put(Item(id=f"notice-{uuid.uuid4().hex[:12]}", kind=ItemKind.NOTICE, time=utcnow(),
+                           text=f"{self._provider.display_name} asked to allow {call.title or 'a tool call'} but "
+                                "offered no option to choose; agentd refused it (cancelled)"), emit=True)
+            return cancelled
         iid = f"perm-{uuid.uuid4().hex[:12]}"
         pending = _Pending(Interaction(
             id=iid, kind=InteractionKind.PERMISSION, title=f"Allow {call.title}?" if call.title else "Allow the tool call?",
