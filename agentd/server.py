@@ -588,6 +588,8 @@ class Server:
                 # A shared store: the host that runs the conversation answers (agentd.hosts).
                 frame = await self.peers.carry(request)
                 if frame is not None:
+                    if len(frame) - 1 > wire.CLIENT_MAX_FRAME_BYTES:  # as a reply built here would be
+                        frame = _too_large(request, len(frame) - 1)
                     await conn.send(frame)
                     return
             result = await handler(conn, request)

@@ -121,3 +121,24 @@ async def test_an_item_over_the_item_bound_is_journaled_cut_whatever_the_provide
                  if wire.decode_record(line).type == "item"]
         (echo,) = [i for i in items if i["kind"] == "assistant"]
         assert echo["text"] == "z" * bound + runtime_output.cut_note(1000)
+
+
+async def test_a_reply_carried_from_another_host_over_the_client_frame_limit_is_a_limit_error_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Several hosts on one database (agentd.hosts): the host that runs a conversation answers its
+    # show_item, and this host passes the frame on; one over what a client reads is refused the same way.
+    class Peers:
+        carried = {wire.ShowItem}
+
+        async def carry(self, request: Any) -> bytes:
+            return wire.encode_result(request.id, {"item": "z" * 80_000})
+
+    async with in_process_service(tmp_path) as (service, hub):
+        server = Server(service, hub, state_dir=tmp_path / "state", socket_path=tmp_path / "s.sock", check_uid=False)
+        server.peers = Peers()  # type: ignore[assignment]
+        conn = _Connection(server, trio.testing.memory_stream_pair()[0], "test", 4096)
+        monkeypatch.setattr(wire, "CLIENT_MAX_FRAME_BYTES", 60_000)
+        await server._answer_request(conn, wire.ShowItem(id=7, conversation="c1", item="i1"))
+        refused = _frames(conn)[-1]
+        assert isinstance(refused, wire.ErrorFrame) and refused.id == 7 and refused.error.code == "limit"
+        assert refused.error.details["bytes"] > 80_000 and "show_item" in refused.error.message
