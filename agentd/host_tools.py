@@ -13,10 +13,14 @@ How it fits together:
   the runtime's own tools; names that look like a runtime's own tools are refused anyway.
   The relay lists the tools at ``tools/list`` and tells the runtime when they change
   (``notifications/tools/list_changed``).
-* Each call is journaled as a tool item (``host-<call id>``): its input, then its result,
-  bounded to ``[mcp] host_tool_result_bytes`` (the agent gets the whole result).
-* A call nobody takes, or whose serving client went away before answering, fails after
-  ``[mcp] host_tool_timeout_s`` with an error the agent sees; the turn goes on.
+* Each call is journaled as a tool item (``host-<call id>``): its input (cut as every
+  provider cuts a tool's, agentd.providers._common.bound; the serving client gets it whole),
+  then its result, bounded to ``[mcp] host_tool_result_bytes`` (the agent gets the whole result).
+* A call no client answers within ``[mcp] host_tool_timeout_s`` (nobody took it, or the
+  client that took it is gone or still busy) fails with an error the agent sees; the turn
+  goes on. A call the agent gave up on (its relay went away) is taken by no client after.
+* The agent is untrusted: a conversation has at most :data:`MAX_CALLS_IN_FLIGHT` calls in
+  flight (more get an error result at once), and a closed conversation takes none.
 
 State is in memory: registrations end with the daemon (a client registers again).
 """
@@ -35,6 +39,7 @@ import trio
 
 from . import contract as c
 from . import wire
+from .providers._common import bound
 
 if TYPE_CHECKING:
     from .config import McpConfig
@@ -50,6 +55,10 @@ RELAY_SERVER = "agentd"
 
 #: seconds a runtime gets to list changed tools again after the relay told it, before its conversation is reopened
 REFRESH_WAIT_S = 3.0
+
+#: host tool calls one conversation may have in flight: each holds a connection to the daemon
+#: (the relay's), and an agent that called without bound could take every one of them
+MAX_CALLS_IN_FLIGHT = 16
 
 #: names of runtimes' own tools (lowercased); a host tool may not take one, even namespaced
 RESERVED = frozenset({
@@ -141,6 +150,8 @@ class HostTools:
         if not self.config.host_tools:
             raise c.Unsupported("host tools are off ([mcp] host_tools = false)")
         record = self.service.record(cid)
+        if record.state is wire.ConversationState.CLOSED:
+            raise c.Closed(f"conversation {cid} is closed")
         provider = await self.service.runtimes.get(record.provider)
         if not provider.capabilities().mcp:
             raise c.Unsupported(f"provider {record.provider!r} cannot take MCP servers, so no host tools")
@@ -244,38 +255,48 @@ class HostTools:
         """One call from the agent (via the relay): journaled as a tool item, handed to the serving
         client, answered with its result; an error result when no client answers within the timeout."""
         cid = self._resolve(req.conversation)
+        if self.service.record(cid).state is wire.ConversationState.CLOSED:
+            return wire.HostToolCallResult(output=f"agentd: conversation {cid} is closed", error=True)
         conv = self._conv(cid)
         tool = conv.tools.get(req.name)
         if tool is None:
             return wire.HostToolCallResult(output=f"agentd: no host tool {req.name!r} is registered", error=True)
+        if len(conv.calls) >= MAX_CALLS_IN_FLIGHT:
+            log.warning("host_tools.too_many_calls", conversation=cid, tool=req.name, limit=MAX_CALLS_IN_FLIGHT)
+            return wire.HostToolCallResult(output=f"agentd: {MAX_CALLS_IN_FLIGHT} host tool calls of this conversation "
+                                                  "are in flight already; call again once one has ended", error=True)
         call = _Call(req.name, dict(req.arguments))
         conv.calls[call.id] = call
-        live = await self.service.live(cid)
+        try:
+            live = await self.service.live(cid)
+        except BaseException:
+            conv.calls.pop(call.id, None)
+            raise
         item_id = f"host-{call.id}"
         started = c.utcnow()
-        arguments = json.dumps(call.arguments, ensure_ascii=False)
-        await self._journal(live, c.Item(id=item_id, kind=c.ItemKind.TOOL, time=started, tool=c.ToolCall(
-            name=req.name, title=f"host tool {req.name}", input=arguments, status=c.ToolStatus.RUNNING)))
-        tool.queue.append(call)
-        tool.arrived.set()
+        # Display text, cut as every provider cuts a tool's input (the serving client gets it whole).
+        arguments = bound(json.dumps(call.arguments, ensure_ascii=False))
         timeout = self.config.host_tool_timeout_s
         try:
+            await self._journal(live, c.Item(id=item_id, kind=c.ItemKind.TOOL, time=started, tool=c.ToolCall(
+                name=req.name, title=f"host tool {req.name}", input=arguments, status=c.ToolStatus.RUNNING)))
+            tool.queue.append(call)
+            tool.arrived.set()
             with trio.move_on_after(timeout):
-                await call.taken.wait()
-            if not call.taken.is_set() and not call.done.is_set():
+                await call.done.wait()
+            if not call.taken.is_set():
                 self._finish(call, f"agentd: host tool {req.name!r} got no answer within {timeout:g} s: "
                                    "the client serving it is gone or busy", error=True)
-            while not call.done.is_set():
-                with trio.move_on_after(min(timeout, 1.0)):
-                    await call.done.wait()
-                if not call.done.is_set() and _gone(call.taker):
-                    with trio.move_on_after(timeout):
-                        await call.done.wait()
-                    if not call.done.is_set():
-                        self._finish(call, f"agentd: the client serving host tool {req.name!r} went away "
-                                           f"and no answer came within {timeout:g} s", error=True)
+            elif _gone(call.taker):
+                self._finish(call, f"agentd: the client serving host tool {req.name!r} went away "
+                                   f"and no answer came within {timeout:g} s", error=True)
+            else:
+                self._finish(call, f"agentd: the client serving host tool {req.name!r} took the call but did not "
+                                   f"answer within {timeout:g} s ([mcp] host_tool_timeout_s)", error=True)
         finally:
             conv.calls.pop(call.id, None)
+            # The agent gave up (its relay went away): no client takes it from the queue after this.
+            self._finish(call, "agentd: the call was cancelled", error=True)
             with trio.CancelScope(shield=True):
                 result = call.result or wire.HostToolCallResult(output="agentd: the call was cancelled", error=True)
                 await self._journal(live, c.Item(
@@ -297,8 +318,11 @@ class HostTools:
             await self.service.journal(live, "item", _json.encode(item))
         except c.InternalError:
             pass  # the journal refused it: logged by the service; the call goes on
+        except trio.ClosedResourceError:
+            pass  # the conversation was removed meanwhile: nothing to journal into; the call goes on
 
 
 def _bound(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes (never inside a character)."""
     data = text.encode()
     return text if len(data) <= limit else data[:limit].decode("utf-8", "ignore")

@@ -3,7 +3,7 @@
 ``python -m agentd.host_tools_relay --socket PATH --conversation ID`` speaks MCP (JSON-RPC,
 one message per line) on stdin/stdout and the control protocol to agentd on PATH:
 ``tools/list`` -> ``list_host_tools``, ``tools/call`` -> ``call_host_tool`` (each call in a
-thread of its own, so calls run side by side), and a watcher that long-polls
+thread of its own, so calls run side by side, :data:`MAX_CALLS` at most), and a watcher that long-polls
 ``list_host_tools`` and sends ``notifications/tools/list_changed`` when the tools change.
 It ends when stdin closes. Standard library, msgspec and agentd.wire only (no trio), so it
 starts fast.
@@ -23,11 +23,15 @@ import msgspec
 from . import __version__, wire
 
 PROTOCOL = "2025-06-18"
+#: calls in flight at once, each on a connection of its own to agentd (as many as the daemon
+#: takes per conversation, agentd.host_tools.MAX_CALLS_IN_FLIGHT): more are answered an error at once
+MAX_CALLS = 16
 _lock = threading.Lock()
 
 
 def _write(msg: dict[str, Any]) -> None:
-    data = json.dumps(msg, ensure_ascii=False) + "\n"
+    # ASCII: an id or text holding a lone surrogate (the runtime's JSON allows one) is escaped, not fatal.
+    data = json.dumps(msg) + "\n"
     with _lock:
         sys.stdout.write(data)
         sys.stdout.flush()
@@ -74,6 +78,7 @@ class Relay:
         self.path = path
         self.conversation = conversation
         self._watching = False
+        self._calls = threading.BoundedSemaphore(MAX_CALLS)
 
     def _tools(self, client: _Client, after: int = -1, wait_s: float = 0.0) -> dict[str, Any]:
         return client.request(wire.ListHostTools, conversation=self.conversation, after=after, wait_s=wait_s)
@@ -93,6 +98,10 @@ class Relay:
 
     def handle(self, msg: dict[str, Any]) -> None:
         method, rid, params = msg.get("method"), msg.get("id"), msg.get("params") or {}
+        if not isinstance(params, dict):
+            if rid is not None:
+                _write({"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": "params must be an object"}})
+            return
         try:
             if method == "initialize":
                 result: Any = {"protocolVersion": params.get("protocolVersion") or PROTOCOL,
@@ -116,6 +125,10 @@ class Relay:
                                      "inputSchema": t.get("input_schema") or {"type": "object"}}
                                     for t in listed.get("tools", [])]}
             elif method == "tools/call":
+                if not self._calls.acquire(blocking=False):
+                    _write({"jsonrpc": "2.0", "id": rid, "result": {"isError": True, "content": [{"type": "text", "text": (
+                        f"agentd: {MAX_CALLS} host tool calls are in flight already; call again once one has ended")}]}})
+                    return
                 threading.Thread(target=self.call, args=(rid, params), daemon=True).start()
                 return
             elif rid is None:
@@ -131,6 +144,12 @@ class Relay:
             _write({"jsonrpc": "2.0", "id": rid, "result": result})
 
     def call(self, rid: Any, params: dict[str, Any]) -> None:
+        try:
+            self._call(rid, params)
+        finally:
+            self._calls.release()
+
+    def _call(self, rid: Any, params: dict[str, Any]) -> None:
         try:
             client = _Client(self.path)
             try:

@@ -156,3 +156,76 @@ def test_names_that_shadow_a_runtimes_tools_and_providers_without_mcp_are_refuse
     assert gone.returncode == 6
     empty = d.agentctl("tool", "ls", cid, "--json")
     assert json.loads(empty.stdout)["tools"] == []
+
+
+def _relay_for(d: Daemon, tmp_path: Path) -> tuple[str, Relay]:
+    cid = json.loads(d.agentctl("new", "-p", "acp:rec", "--cwd", str(tmp_path), "--json").stdout)["id"]
+    sessions = [json.loads(line) for line in d.agent_log.read_text().splitlines()]  # type: ignore[attr-defined]
+    (server,) = [s for s in sessions[-1]["mcpServers"] if s["name"] == "agentd"]
+    relay = Relay(server, d.env)
+    relay.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}})
+    return cid, relay
+
+
+def test_an_agents_host_tool_calls_are_bounded_and_a_call_taken_but_never_answered_fails_at_the_timeout(
+        d: Daemon, tmp_path: Path) -> None:
+    from agentd import wire
+    from agentd.host_tools import MAX_CALLS_IN_FLIGHT
+
+    cid, relay = _relay_for(d, tmp_path)
+    try:
+        with d.client() as serving:
+            serving.request(wire.RegisterTool, conversation=cid, name="slow")
+            # Taken, then never answered by a client that stays connected: it fails at the timeout (1.5 s).
+            started = time.monotonic()
+            relay.send({"jsonrpc": "2.0", "id": 900, "method": "tools/call",
+                        "params": {"name": "slow", "arguments": {"blob": "b" * 100_000}}})
+            taken = serving.request(wire.NextToolCall, conversation=cid, name="slow", wait_s=10)
+            assert taken["arguments"] == {"blob": "b" * 100_000}  # the serving client gets the whole input
+            failed = relay.wait_for(lambda m: m.get("id") == 900)
+            assert 1.0 < time.monotonic() - started < 10
+            text = failed["result"]["content"][0]["text"]
+            assert failed["result"]["isError"] and "did not answer within 1.5 s" in text, text
+            item = _host_items(d, cid)[-1]
+            assert item["tool"]["status"] == "failed" and len(item["tool"]["input"]) <= 16 * 1024  # cut, as all tool input
+
+            # A flood of calls: those past the bound are answered an error at once, and the daemon
+            # keeps serving everyone else (each call in flight holds a connection).
+            for n in range(60):
+                relay.send({"jsonrpc": "2.0", "id": 1000 + n, "method": "tools/call", "params": {"name": "slow"}})
+            refused = [relay.wait_for(lambda m: str(m.get("id", "")).startswith("10"), timeout=5) for _ in range(60 - MAX_CALLS_IN_FLIGHT)]
+            assert all(m["result"]["isError"] and "in flight" in m["result"]["content"][0]["text"] for m in refused)
+            status = d.agentctl("status", "--json")
+            assert status.returncode == 0, status.stderr
+            for _ in range(MAX_CALLS_IN_FLIGHT):  # the others end at the timeout
+                assert relay.wait_for(lambda m: str(m.get("id", "")).startswith("10"), timeout=10)["result"]["isError"]
+    finally:
+        relay.close()
+
+
+def test_a_call_the_agent_gave_up_on_is_taken_by_no_client_and_a_closed_conversation_takes_no_host_tool(
+        d: Daemon, tmp_path: Path) -> None:
+    from agentd import contract as c
+    from agentd import wire
+
+    cid, relay = _relay_for(d, tmp_path)
+    with d.client() as serving:
+        serving.request(wire.RegisterTool, conversation=cid, name="later")
+        relay.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "later"}})
+        deadline = time.monotonic() + 10
+        while not [i for i in _host_items(d, cid) if i["tool"].get("status", "running") == "running"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        relay.proc.kill()  # the runtime went away mid-call
+        relay.proc.wait(10)
+        while not [i for i in _host_items(d, cid) if i["tool"].get("status") == "failed"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        # Journaled as cancelled, and so never run by the client after.
+        assert serving.request(wire.NextToolCall, conversation=cid, name="later", wait_s=0.5) is None
+
+        assert d.agentctl("close", cid).returncode == 0
+        with pytest.raises(c.Closed):
+            serving.request(wire.RegisterTool, conversation=cid, name="again")
+        closed = serving.request(wire.CallHostTool, conversation=cid, name="later")
+        assert closed["error"] is True and "is closed" in closed["output"]
