@@ -522,6 +522,19 @@ class Checkpoints:
         if not job.done.is_set():
             shadow.give_up(job)
             log.info("checkpoint.skipped", conversation=record.id, step=step, phase=phase, waited_ms=ms)
+            if phase == "after":
+                # Recorded late (unless a later recording overtakes it): journaled then, after the
+                # end, so diff and revert use the step's own after-state, never a later one holding
+                # what the user changed since. A late before-state could hold the step's own changes.
+                async def late(done: _Job) -> None:
+                    if done.tree and not done.error:
+                        rec = wire.CheckpointRecord(step=step, phase="after", tree=done.tree,  # type: ignore[arg-type]
+                                                    ms=int((time.monotonic() - t0) * 1000),
+                                                    too_large=done.too_large, nested=done.nested)
+                        await self._journal(service, live, rec, run="")
+
+                job.on_done = late
+                self._last[record.id] = job
         return self._rec(step, phase, job, ms)
 
     @staticmethod
@@ -667,6 +680,12 @@ class Checkpoints:
             steps = await self._read_steps(record.id, live.journal)
             step = self._pick(record.id, steps, run)
             shadow, before, b, a, extra = await self._trees(record, steps, step)
+            if extra[0] != "checkpoint":
+                after = steps[step].after
+                why = f" (skipped: {after.skipped})" if after is not None and after.skipped else ""
+                raise c.Invalid(
+                    f"the state after {step} was not recorded{why}: a revert would also undo what changed since "
+                    f"(agentctl diff {record.id} --run {step} shows the step against the {extra[0]} state)")
             left_out = {*before.too_large, *before.nested, *extra[1:]}
             try:
                 changed = {p for p in await _names(shadow, b, a) if _shown(p) not in left_out}

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +273,42 @@ def test_a_checkpoint_past_its_time_bound_is_skipped_and_the_turn_goes_on(tmp_pa
         assert before and before[0].skipped == "timeout" and not before[0].tree
         missing = d.agentctl("diff", cid, "--run", run)
         assert missing.returncode == 6 and "skipped: timeout" in missing.stderr
+    finally:
+        d.stop()
+
+
+def test_an_after_state_past_its_time_bound_is_journaled_once_recorded_and_revert_leaves_later_edits_alone(
+        tmp_path: Path) -> None:
+    # With the after-state skipped, diff and revert took the state of now: a revert undid the
+    # user's own later edits to files the turn never touched.
+    work = tmp_path / "work"
+    work.mkdir()
+    for i in range(300):
+        (work / f"f{i}.txt").write_text(f"{i}\n")
+    (work / "tracked.txt").write_text("tracked\n")
+    (work / "gone.txt").write_text("to be removed\n")
+    script = tmp_path / "edit.toml"
+    script.write_text(SCRIPT)
+    d = Daemon(tmp_path, "[checkpoints]\ntimeout_s = 0.000001\n").start()
+    try:
+        cid = _new(d, work, script)
+        _turn(d, cid, "nothing")  # its checkpoints are late: the shadow repository is there after it
+        deadline = time.monotonic() + 20
+        while not any(c.tree for _, c in _checkpoints(d, cid)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        run = _turn(d, cid, "first")  # its before-state unchanged (no git run), its after-state late
+        while not [c for _, c in _checkpoints(d, cid) if c.step == run and c.phase == "after" and c.tree]:
+            assert time.monotonic() < deadline, _checkpoints(d, cid)
+            time.sleep(0.05)
+        after = [(tag, c) for tag, c in _checkpoints(d, cid) if c.step == run and c.phase == "after"]
+        assert after[0][1].skipped == "timeout" and after[-1][0] == "" and after[-1][1].tree  # journaled after the end
+        (work / "f7.txt").write_text("the user's own edit, after the turn\n")
+        diff = _json(d.agentctl("--json", "diff", cid, "--run", run, "--stat"))
+        assert diff["after"] == "checkpoint" and "f7.txt" not in {f["path"] for f in diff["files"]}
+        reverted = _json(d.agentctl("--json", "revert", cid, "--run", run, "--yes"))
+        assert "f7.txt" not in {f["path"] for f in reverted["files"]} and (work / "tracked.txt").read_text() == "tracked\n"
+        assert (work / "f7.txt").read_text() == "the user's own edit, after the turn\n"
     finally:
         d.stop()
 
