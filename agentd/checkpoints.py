@@ -42,6 +42,7 @@ import os
 import re
 import secrets
 import stat as _stat
+import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -172,19 +173,81 @@ class _Shadow:
         Raises GitFailed when it exits non-zero, OSError when git cannot be run. Cancelling
         kills it (trio.run_process).
         """
-        cmd = ["git", "-c", "core.hooksPath=" + os.devnull, "-c", "core.fsmonitor=false",
-               "-c", "core.quotepath=false", "-c", "core.autocrlf=false", "-c", "core.safecrlf=false"]
-        exclude = Path(self.workdir, ".git", "info", "exclude")
-        if exclude.is_file():
-            cmd += ["-c", f"core.excludesFile={exclude}"]  # the user's own excludes, read only
         proc = await trio.run_process(
-            [*cmd, *args], stdin=stdin, capture_stdout=True, capture_stderr=True, check=False,
+            self._argv(args), stdin=stdin, capture_stdout=True, capture_stderr=True, check=False,
             env=self.env(index), cwd=self.workdir, **({"umask": 0o077} if private else {}),
         )
         if proc.returncode != 0:
             err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
             raise GitFailed(f"git {args[0]}: {err[-1] if err else f'exit {proc.returncode}'}")
         return proc.stdout
+
+    def _argv(self, args: tuple[str, ...]) -> list[str]:
+        cmd = ["git", "-c", "core.hooksPath=" + os.devnull, "-c", "core.fsmonitor=false",
+               "-c", "core.quotepath=false", "-c", "core.autocrlf=false", "-c", "core.safecrlf=false"]
+        exclude = Path(self.workdir, ".git", "info", "exclude")
+        if exclude.is_file():
+            cmd += ["-c", f"core.excludesFile={exclude}"]  # the user's own excludes, read only
+        return [*cmd, *args]
+
+    async def patch(self, a: str, b: str, budget: int) -> list[bytes | None]:
+        """The patch from tree ``a`` to ``b`` as git writes it, one entry per ``diff --git``
+        section: the section, or None when it did not fit in what ``budget`` (bytes) left. Read
+        as git writes it, so a patch of gigabytes is never held. Raises GitFailed, OSError."""
+        argv = self._argv(("diff-tree", "-r", "-p", "--no-renames", "--no-color", "--no-ext-diff", "--no-textconv",
+                           a, b))
+        sections: list[bytes | None] = []
+        cur: list[bytes] = []
+        state = {"len": 0, "size": 0, "dropping": False, "any": False}
+
+        def feed(data: bytes) -> None:
+            if not data:
+                return
+            state["any"] = True
+            if state["dropping"]:
+                return
+            cur.append(data)
+            state["len"] += len(data)
+            if state["size"] + state["len"] > budget:
+                state["dropping"] = True
+                cur.clear()
+
+        def finish() -> None:
+            if state["any"]:
+                if state["dropping"]:
+                    sections.append(None)
+                else:
+                    sections.append(b"".join(cur))
+                    state["size"] += state["len"]
+            cur.clear()
+            state.update(len=0, dropping=False, any=False)
+
+        mark = b"\ndiff --git "
+        proc = await trio.lowlevel.open_process(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                                stderr=subprocess.DEVNULL, env=self.env(), cwd=self.workdir)
+        try:
+            assert proc.stdout is not None
+            tail = b""
+            while chunk := await proc.stdout.receive_some(1 << 16):
+                data = tail + chunk
+                pos = 0
+                while (j := data.find(mark, pos)) >= 0:
+                    feed(data[pos:j + 1])
+                    finish()
+                    pos = j + 1
+                keep = max(pos, len(data) - len(mark) + 1)  # a mark may begin in what is held back
+                feed(data[pos:keep])
+                tail = data[keep:]
+            feed(tail)
+            finish()
+        finally:
+            with trio.CancelScope(shield=True):
+                if proc.returncode is None:
+                    proc.kill()
+                await proc.wait()
+        if proc.returncode != 0:
+            raise GitFailed(f"git diff-tree: exit {proc.returncode}")
+        return sections
 
     async def ensure(self) -> None:
         """Create the shadow repository on first use (0700, its own config, excludes and attributes)."""
@@ -565,15 +628,20 @@ class Checkpoints:
     async def _read_steps(self, cid: str, journal: Any) -> dict[str, _Step]:
         steps = self._steps.get(cid)
         if steps is None:
+            from .store import scan
+
             steps = {}
-            for line in await journal.read_after(0):
-                if b'"checkpoint"' not in line and b'"revert"' not in line:
-                    continue
-                head = _head.decode(line)
-                if head.type == "checkpoint":
-                    _note(steps, head.type, head.run, _checkpoint.decode(head.data))
-                elif head.type == "revert":
-                    _note(steps, head.type, head.run, _revert.decode(head.data))
+            async for lines in scan(journal):
+                for line in lines:
+                    if b'"checkpoint"' not in line and b'"revert"' not in line:
+                        continue
+                    head = _head.decode(line)
+                    if head.type == "checkpoint":
+                        _note(steps, head.type, head.run, _checkpoint.decode(head.data))
+                    elif head.type == "revert":
+                        _note(steps, head.type, head.run, _revert.decode(head.data))
+            if cid in self._steps:  # noted meanwhile (a record journaled while this read): that one holds it too
+                return self._steps[cid]
             self._steps[cid] = steps
         return steps
 
@@ -723,13 +791,16 @@ class Checkpoints:
 
 async def _runtime_diff(journal: Any, run: str) -> str:
     """The last diff the runtime itself reported for ``run`` (``turn_diff`` records), or ""."""
+    from .store import scan
+
     last = ""
     tag = f'"run":"{run}"'.encode()
-    for line in await journal.read_after(0):
-        if b'"turn_diff"' in line and tag in line:
-            head = _head.decode(line)
-            if head.type == "turn_diff" and head.run == run:
-                last = _turn_diff.decode(head.data).diff
+    async for lines in scan(journal):
+        for line in lines:
+            if b'"turn_diff"' in line and tag in line:
+                head = _head.decode(line)
+                if head.type == "turn_diff" and head.run == run:
+                    last = _turn_diff.decode(head.data).diff
     return last
 
 
@@ -918,14 +989,10 @@ async def _diff(shadow: _Shadow, a: str, b: str, left_out: set[str], *, stat: bo
             binary = add == b"-"
             counts[path.decode("utf-8", "replace")] = (0 if binary else int(add), 0 if binary else int(dele), binary)
         i += 1
-    sections: list[bytes] = []
+    sections: list[bytes | None] = []
     if not stat:
-        patch = await shadow.git("diff-tree", "-r", "-p", "--no-renames", "--no-color", "--no-ext-diff",
-                                 "--no-textconv", a, b)
-        sections = [s if k == 0 else b"diff --git " + s
-                    for k, s in enumerate(patch.split(b"\ndiff --git ")) if s]
-        if sections:
-            sections = [s if s.endswith(b"\n") else s + b"\n" for s in sections]
+        sections = [s if s is None or s.endswith(b"\n") else s + b"\n"
+                    for s in await shadow.patch(a, b, MAX_PATCH_BYTES)]
     files: list[wire.DiffFile] = []
     kept: list[bytes] = []
     size = 0
@@ -940,8 +1007,8 @@ async def _diff(shadow: _Shadow, a: str, b: str, left_out: set[str], *, stat: bo
         add, dele, binary = counts.get(path, (0, 0, False))
         hunks: list[wire.DiffHunk] = []
         if taken:
-            section = b"".join(taken)
-            if size + len(section) > MAX_PATCH_BYTES:
+            section = b"".join(x for x in taken if x is not None)
+            if None in taken or size + len(section) > MAX_PATCH_BYTES:
                 truncated = True
             else:
                 size += len(section)

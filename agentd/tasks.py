@@ -350,17 +350,30 @@ class TaskService:
         """A tracker fed the task's conversation journal, or None when it has none (or it is unreadable)."""
         if not task.conversation:
             return None
+        from .store import scan
+
+        tracker: _Tracker | None = _Tracker(task.run) if task.run else None
+        early: list[wire.Record] = []  # before the first prompt names the run, when the task does not
         try:
             live = await self.conversations.live(task.conversation)
-            lines = await live.journal.read_after(0)
+            async for lines in scan(live.journal):  # a chunk at a time: the journal may be large
+                for line in lines:
+                    rec = wire.decode_record(line)
+                    if tracker is None:
+                        if rec.type != "prompt":
+                            early.append(rec)
+                            continue
+                        tracker = _Tracker(rec.run)
+                        for before in early:
+                            tracker.feed(before)
+                    tracker.feed(rec)
         except c.AgentdError as exc:
             log.error("task.journal_unreadable", task=task.id, conversation=task.conversation, error=exc.message)
             return None
-        records = [wire.decode_record(line) for line in lines]
-        run = task.run or next((r.run for r in records if r.type == "prompt"), "")
-        tracker = _Tracker(run)
-        for rec in records:
-            tracker.feed(rec)
+        if tracker is None:
+            tracker = _Tracker("")
+            for rec in early:
+                tracker.feed(rec)
         return tracker
 
     # ------------------------------------------------------------------ records

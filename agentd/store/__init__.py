@@ -28,6 +28,7 @@ Rules every implementation keeps (the journal's, from DESIGN.md):
 from __future__ import annotations
 
 import pathlib
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
     from ..config import Config, Paths
     from ..leases import Lease, LeaseOutcome
 
-__all__ = ["ConversationStore", "Journal", "Leases", "StorageCapabilities", "Store", "open_store", "read_published"]
+__all__ = ["ConversationStore", "Journal", "Leases", "StorageCapabilities", "Store", "open_store", "read_published",
+           "scan"]
 
 
 class StorageCapabilities(msgspec.Struct, frozen=True, kw_only=True):
@@ -240,6 +242,24 @@ async def open_store(config: "Config", paths: "Paths", owner: str) -> Store:
 
     leases = FileLeaseStore(conversations_dir, owner=owner, ttl_s=config.leases.ttl_s, exclusive=True)
     return Store(FileStore(conversations_dir, fsync=fsync, batch_ms=config.journal.batch_ms), FileLeases(leases))
+
+
+#: a :func:`scan` holds at most this many bytes of lines at a time (and always one line)
+SCAN_BYTES = 4 << 20
+
+
+async def scan(journal: Journal, upto: int | None = None, *, after: int = 0) -> AsyncIterator[list[bytes]]:
+    """The journal's lines with ``after`` < seq <= ``upto`` (None: to its end), oldest first, in
+    chunks of at most :data:`SCAN_BYTES`, a schedule point between two: a fold over a whole
+    journal (a step's runtime diff, a task's replay) holds one chunk at a time and lets the
+    daemon serve everyone else meanwhile. Raises what ``read_after`` raises."""
+    while upto is None or after < upto:
+        lines = await journal.read_after(after, limit=None if upto is None else upto - after, max_bytes=SCAN_BYTES)
+        if not lines:
+            return
+        yield lines
+        after += len(lines)
+        await trio.lowlevel.checkpoint()
 
 
 async def read_published(journal: Journal, target: int, *, chunk: int = 512) -> list[bytes]:

@@ -375,3 +375,26 @@ def test_revert_removes_nothing_beyond_a_folder_swapped_for_a_symlink_and_names_
         assert (work / "data").read_text() == "a file before the step\n"
 
     trio.run(main)
+
+
+def test_a_patch_is_read_as_git_writes_it_keeping_the_sections_that_fit(tmp_path: Path, monkeypatch) -> None:
+    # A diff of a turn that wrote 620 MB took the daemon to 1.9 GB: the patch was read whole.
+    monkeypatch.setattr(cp, "MAX_PATCH_BYTES", 4000)
+    shadow, work = _shadow(tmp_path)
+
+    async def main() -> None:
+        a = await _record(shadow)
+        (work / "a_big.txt").write_text("".join(f"line {n}\n" for n in range(2000)))
+        (work / "b_small.txt").write_text("small\n")
+        (work / "c_big.txt").write_text("".join(f"row {n}\n" for n in range(2000)))
+        (work / "d_small.txt").write_text("also small\n")
+        b = await _record(shadow)
+        sections = await shadow.patch(a.tree, b.tree, 4000)
+        assert [s is None for s in sections] == [True, False, True, False]
+        assert sections[1] is not None and sections[1].startswith(b"diff --git a/b_small.txt")
+        files, patch, truncated = await cp._diff(shadow, a.tree, b.tree, set(), stat=False)
+        assert truncated and {f.path: bool(f.hunks) for f in files} == {
+            "a_big.txt": False, "b_small.txt": True, "c_big.txt": False, "d_small.txt": True}
+        assert "+also small" in patch and "line 5" not in patch
+
+    trio.run(main)

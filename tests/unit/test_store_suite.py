@@ -130,6 +130,21 @@ async def test_read_after_stops_before_max_bytes_and_gives_the_first_record_what
     assert len(await j.read_after(0, max_bytes=1)) == 1 and await j.read_after(1_500, max_bytes=1) == []
 
 
+async def test_scan_gives_every_line_once_in_chunks_of_bounded_bytes(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentd import store as store_mod
+
+    monkeypatch.setattr(store_mod, "SCAN_BYTES", 3_000)
+    j = await store.conversations.open("c1")
+    for n in range(1, 1201):
+        j.append("item", msgspec.json.encode({"n": n, "text": "y" * (n % 50) * (40 if n % 97 == 0 else 1)}))
+    await j.sync()
+    every = await j.read_after(0)
+    chunks = [c async for c in store_mod.scan(j)]
+    assert [line for c in chunks for line in c] == every
+    assert all(len(c) == 1 or sum(map(len, c)) <= 3_000 for c in chunks) and len(chunks) > 10
+    assert [line for c in [c async for c in store_mod.scan(j, 700, after=650)] for line in c] == every[650:700]
+
+
 async def test_synced_records_survive_a_reopen_and_the_seq_runs_on(opener: Opener) -> None:
     first = await opener()
     j = await first.conversations.open("c1")
