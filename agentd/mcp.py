@@ -116,10 +116,10 @@ class McpRoom:
         Opens the conversation on its runtime when it is not open (the runtime starts its
         servers then). Raises NotFound, Closed for a closed conversation, RuntimeUnavailable.
         """
+        if service.record(ref).state is wire.ConversationState.CLOSED:  # before loading it takes its lease
+            raise c.Closed(f"conversation {service.record(ref).id} is closed")
         live = await service.live(ref)
         record = live.record
-        if record.state is wire.ConversationState.CLOSED:
-            raise c.Closed(f"conversation {record.id} is closed")
         provider = await service.runtimes.get(record.provider)
         if not provider.capabilities().mcp:
             return wire.McpStatusResult(conversation=record.id, provider=record.provider)

@@ -857,7 +857,8 @@ class Server:
 
     async def _task_ls(self, conn: _Connection, req: wire.TaskList) -> wire.TaskListResult:
         await self._task_service().refresh()  # a shared store: every host's tasks
-        return wire.TaskListResult(tasks=self._task_service().list(req.status))
+        tasks, nxt = self._task_service().list(req.status, after=req.after, limit=req.limit)
+        return wire.TaskListResult(tasks=tasks, next=nxt)
 
     async def _task_show(self, conn: _Connection, req: wire.TaskShow) -> wire.TaskInfo:
         await self._task_service().refresh()
@@ -1009,7 +1010,7 @@ EXPORTS_AT_ONCE = 2
 
 _LARGE_HINTS = {
     wire.Export: "; export without --include-tools, or page through it with `agentctl history`",
-    wire.TaskList: "; list fewer at once (--status)",
+    wire.TaskList: "; list fewer at once (--limit, --status)",
 }
 
 

@@ -39,15 +39,20 @@ _subagent = msgspec.json.Decoder(c.Subagent)
 
 
 async def _known(service: "ConversationService", ref: str) -> tuple[str, list[c.Subagent]]:
+    from .store import scan
+
     reader = await service.reader(ref)
     latest: dict[str, c.Subagent] = {}
-    # The whole journal is read: subagent records are few, and nothing else keeps them.
-    for line in await service.published_lines(reader):
-        head = _head.decode(line)
-        if head.type == "subagent":
-            sub = _subagent.decode(head.data)
-            latest.pop(sub.id, None)  # re-inserted: the list is in order of the latest report
-            latest[sub.id] = sub
+    # The whole journal is read, a chunk at a time: subagent records are few, and nothing else keeps them.
+    async for lines in scan(reader.journal, reader.published_seq):
+        for line in lines:
+            if b'"subagent"' not in line:
+                continue
+            head = _head.decode(line)
+            if head.type == "subagent":
+                sub = _subagent.decode(head.data)
+                latest.pop(sub.id, None)  # re-inserted: the list is in order of the latest report
+                latest[sub.id] = sub
     return reader.record.id, list(latest.values())
 
 
@@ -62,9 +67,9 @@ async def listing(service: "ConversationService", ref: str) -> wire.SubagentList
 
 async def _target(service: "ConversationService", ref: str, agent: str, capability: str) -> tuple[c.Subagent, c.SubagentController]:
     cid, subs = await _known(service, ref)
-    live = await service.live(cid)
-    if live.record.state is wire.ConversationState.CLOSED:
+    if service.record(cid).state is wire.ConversationState.CLOSED:  # before loading it takes its lease
         raise c.Closed(f"conversation {cid} is closed")
+    live = await service.live(cid)
     if not getattr((await service.runtimes.get(live.record.provider)).capabilities(), capability):
         raise c.Unsupported(f"provider {live.record.provider!r} cannot {capability.replace('_', ' ')}")
     found = next((s for s in subs if s.id == agent), None)

@@ -29,6 +29,7 @@ Knows nothing of sockets: the server maps its methods to ``task_*`` ops.
 
 from __future__ import annotations
 
+import bisect
 import datetime as _dt
 import os
 import time
@@ -68,6 +69,8 @@ MAX_COMMENT_CHARS = 16_384
 MAX_COMMENTS = 256
 #: Characters of a task's input, result and each comment that the task list carries (then "…").
 LIST_TEXT_CHARS = 1000
+#: A page of the task list holds at most this many bytes of tasks (and one task at least).
+LIST_PAGE_BYTES = 16 << 20
 #: Error of a task found running when the daemon starts.
 INTERRUPTED_ERROR = "agentd stopped while this task was running; its prompt was not resent"
 #: Turn states -> the task status they end it with.
@@ -463,14 +466,34 @@ class TaskService:
         self._dispatch(provider)
         return task
 
-    def list(self, statuses: list[wire.TaskStatus] | None = None) -> list[wire.TaskRecord]:
-        """The tasks (of ``statuses``, if given), oldest first, each with its input, result and
-        comments cut to LIST_TEXT_CHARS: a list of tasks whose prompts and answers are megabytes
-        each would pass the frame a client reads. ``info`` gives a task whole."""
-        tasks = sorted(self._tasks.values(), key=lambda t: (t.created_at, t.id))
-        if statuses:
-            tasks = [t for t in tasks if t.status in statuses]
-        return [_listed(t) for t in tasks]
+    def list(self, statuses: list[wire.TaskStatus] | None = None, *, after: str = "",
+             limit: int = 1000) -> tuple[list[wire.TaskRecord], str]:
+        """A page of the tasks (of ``statuses``, if given), oldest first, after the task ``after``
+        (an id; "" = from the first): at most ``limit`` and LIST_PAGE_BYTES of them (one at
+        least), each with its input, result and comments cut to LIST_TEXT_CHARS. Returns the page
+        and the ``after`` of the next ("" = none): a list of every task could pass the frame a
+        client reads, as tasks are never removed. ``info`` gives a task whole. Raises NotFound
+        for an unknown ``after``."""
+        key = _order
+        tasks = sorted(self._tasks.values(), key=key)
+        if after:
+            cursor = self._tasks.get(after)
+            if cursor is None:
+                raise c.NotFound(f"no task {after!r} to page after")
+            tasks = tasks[bisect.bisect_right(tasks, key(cursor), key=key):]
+        page: list[wire.TaskRecord] = []
+        size = 0
+        for task in tasks:
+            if statuses and task.status not in statuses:
+                continue
+            if len(page) >= limit:
+                return page, page[-1].id
+            listed = _listed(task)
+            size += len(_json.encode(listed))
+            if size > LIST_PAGE_BYTES and page:
+                return page, page[-1].id
+            page.append(listed)
+        return page, ""
 
     async def info(self, ref: str) -> wire.TaskInfo:
         """The record and, while its turn runs, the interactions it waits for."""
@@ -796,6 +819,10 @@ class TaskService:
 
 def _cut(text: str) -> str:
     return text if len(text) <= LIST_TEXT_CHARS else text[:LIST_TEXT_CHARS] + "…"
+
+
+def _order(task: wire.TaskRecord) -> tuple[str, str]:
+    return task.created_at, task.id
 
 
 def _listed(task: wire.TaskRecord) -> wire.TaskRecord:

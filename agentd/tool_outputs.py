@@ -160,23 +160,28 @@ def find_item(lines: list[bytes], agent_id: str, item_id: str) -> "Item | None":
 async def show_item(service: Any, ref: str, item_id: str, *, agent_id: str = "", offset: int = 0) -> "ItemInfo":
     """``show_item``: one item of conversation ``ref`` as last journaled, with a page of its kept output.
 
-    ``service`` is the ConversationService (its journal and its ToolOutputs).
-    Raises NotFound when the conversation has no such item.
+    ``service`` is the ConversationService (its journal and its ToolOutputs). Reads the journal
+    a chunk at a time, takes no lease and opens no runtime. Raises NotFound when the
+    conversation has no such item, Invalid for an offset past the end of the kept output.
     """
     from . import contract as c
     from . import wire
+    from .store import scan
 
-    live = await service.live(ref)
-    cid = live.record.id
-    lines = await service.published_lines(live)
-    found = await trio.to_thread.run_sync(find_item, lines, agent_id, item_id)
+    reader = await service.reader(ref)  # reading takes no lease and opens no runtime
+    cid = reader.record.id
+    found = None
+    async for lines in scan(reader.journal, reader.published_seq):  # a chunk at a time: the last form wins
+        found = find_item(lines, agent_id, item_id) or found
     if found is None:
         raise c.NotFound(f"conversation {cid} has no item {item_id!r}" + (f" of agent {agent_id!r}" if agent_id else ""))
     outputs: ToolOutputs = service.tool_outputs
+    size = await trio.to_thread.run_sync(outputs.size, cid, agent_id, item_id)
+    if size is not None and offset > size:
+        raise c.Invalid(f"offset {offset} is past the end of the kept output ({size} bytes)")
     page = await trio.to_thread.run_sync(outputs.read, cid, agent_id, item_id, offset)
     if page is None:
         return wire.ItemInfo(conversation=cid, item=found)
     text, next_offset = page
-    size = await trio.to_thread.run_sync(outputs.size, cid, agent_id, item_id)
     return wire.ItemInfo(conversation=cid, item=found, kept=True, full_output=text, full_bytes=size or 0,
                          next_offset=next_offset)

@@ -246,8 +246,14 @@ class TaskCreate(_Request, tag="task_create"):
 
 
 class TaskList(_Request, tag="task_ls"):
+    """A page of the tasks, oldest first: at most ``limit`` and 16 MiB of them (one at least);
+    the result's ``next`` is the ``after`` of the next page."""
+
     #: only tasks in these statuses; empty = every task
     status: list[TaskStatus] = []
+    #: the id of the last task of the page before ("" = from the first)
+    after: str = ""
+    limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1000
 
 
 class TaskShow(_Request, tag="task_show"):
@@ -1072,6 +1078,8 @@ class TaskInfo(msgspec.Struct, omit_defaults=True):
 
 class TaskListResult(msgspec.Struct, omit_defaults=True):
     tasks: list[TaskRecord] = []
+    #: the next page's ``after`` ("" = this page is the last)
+    next: str = ""
 
 
 class TaskCancelResult(msgspec.Struct, omit_defaults=True):

@@ -78,17 +78,35 @@ def task_create(text: str, provider: str, cwd: str, model: str, callback: str, y
 @task.command("ls")
 @click.option("--status", "statuses", multiple=True, type=click.Choice([s.value for s in wire.TaskStatus]),
               help="Only tasks in this status (repeatable).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=None,
+              help="At most N tasks, and the cursor of the next on stderr (default: every task, page by page).")
+@click.option("--after", "after", default="", metavar="TASK", help="Only tasks after this one (a full task id).")
 @common
-def task_ls(statuses: tuple[str, ...]) -> None:
-    """List tasks, oldest first (--json: {"tasks": [task, ...]}).
+def task_ls(statuses: tuple[str, ...], limit: int | None, after: str) -> None:
+    """List tasks, oldest first (--json: {"tasks": [task, ...], "next"}).
+
+    agentd answers a page at a time (at most 1,000 tasks or 16 MiB); without --limit every
+    page is fetched. With --limit, "next" (also on stderr) is the --after of the next page.
 
     \b
     Examples:
       agentctl task ls
       agentctl task ls --status running --status waiting_for_input --json
+      agentctl task ls --limit 100 --after t3f2c9a1b7d04
     """
     o = _opts()
-    res = o.client().call(wire.TaskList, wire.TaskListResult, status=[wire.TaskStatus(s) for s in statuses])
+    client = o.client()
+    status = [wire.TaskStatus(s) for s in statuses]
+    res = wire.TaskListResult()
+    while True:
+        page = client.call(wire.TaskList, wire.TaskListResult, status=status, after=after,
+                           limit=min(limit - len(res.tasks), 1000) if limit else 1000)
+        res.tasks += page.tasks
+        res.next = after = page.next
+        if not page.next or (limit and len(res.tasks) >= limit):
+            break
+    if limit and res.next:
+        _err(f"more: agentctl task ls --limit {limit} --after {res.next}")
     if o.json:
         return _json(res)
     if not res.tasks:

@@ -527,3 +527,17 @@ def test_restart_runs_pending_tasks_and_fails_running_ones_without_running_them_
     # Each prompt reached the provider once: the interrupted task was never run again.
     assert received_prompts(d) == ["wait through a crash", "run after the crash"]
     assert show(d, running)["task"]["status"] == "failed"
+
+
+def test_task_ls_pages_with_limit_and_after_and_fetches_every_page_without(start: Any, workdir: Path) -> None:
+    d = start("concurrency = 1\n")
+    ids = [create(d, workdir, f"job {n}") for n in range(5)]
+    first = d.agentctl("task", "ls", "--limit", "2", "--json")
+    page = one_json(first)
+    assert [t["id"] for t in page["tasks"]] == ids[:2] and page["next"] == ids[1]
+    assert f"--after {ids[1]}" in first.stderr
+    rest = one_json(d.agentctl("task", "ls", "--limit", "10", "--after", page["next"], "--json"))
+    assert [t["id"] for t in rest["tasks"]] == ids[2:] and not rest.get("next")
+    assert [t["id"] for t in one_json(d.agentctl("task", "ls", "--json"))["tasks"]] == ids
+    unknown = d.agentctl("task", "ls", "--after", "tnope")
+    assert unknown.returncode == 6, unknown.stderr

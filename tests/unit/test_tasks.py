@@ -81,3 +81,38 @@ def test_tracker_usage_sums_calls_and_prefers_the_daemons_totals() -> None:
     u = t.usage()
     assert u is not None
     assert (u.input_tokens, u.output_tokens, u.cost_usd, u.ai_units, u.estimated) == (200, 20, 0.5, 2.0, True)
+
+
+def test_the_task_list_comes_in_pages_of_bounded_count_and_bytes_that_join_into_every_task(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tasks are never removed: 12,000 made a list of 74 MB, over what a client reads, and no
+    # filter helped. A page stops at its limit or at LIST_PAGE_BYTES, and says where the next starts.
+    from agentd import tasks as tasks_mod
+    from agentd.config import TasksConfig
+
+    monkeypatch.setattr(tasks_mod, "LIST_PAGE_BYTES", 20_000)
+    service = tasks_mod.TaskService(None, None, TasksConfig(), tmp_path)  # type: ignore[arg-type]
+    for n in range(120):
+        stamp = f"2026-12-07T10:{n // 60:02d}:{n % 60:02d}.000Z"
+        service._tasks[f"t{n:04d}"] = wire.TaskRecord(
+            id=f"t{n:04d}", provider="script", workdir="/", input="x" * (3000 if n % 7 == 0 else 10),
+            created_at=stamp, updated_at=stamp, status=wire.TaskStatus.COMPLETED if n % 2 else wire.TaskStatus.PENDING)
+    every = [f"t{n:04d}" for n in range(120)]
+
+    def pages(**kw: object) -> list[list[str]]:
+        out, after = [], ""
+        while True:
+            page, after = service.list(after=after, **kw)  # type: ignore[arg-type]
+            out.append([t.id for t in page])
+            assert len(msgspec.json.encode(page)) <= 20_000 or len(page) == 1
+            if not after:
+                return out
+
+    by_count = pages(limit=25)
+    assert [i for p in by_count for i in p] == every and [len(p) for p in by_count] == [25, 25, 25, 25, 20]
+    by_bytes = pages(limit=1000)
+    assert [i for p in by_bytes for i in p] == every and len(by_bytes) > 1
+    pending = pages(limit=7, statuses=[wire.TaskStatus.PENDING])
+    assert [i for p in pending for i in p] == every[::2]
+    with pytest.raises(c.NotFound):
+        service.list(after="tnope")

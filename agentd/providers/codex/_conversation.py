@@ -82,6 +82,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("agentd.providers.codex")
 
+#: how long mcp_status waits for the app-server's mcpServerStatus/list, s
+MCP_STATUS_TIMEOUT_S = 5.0
+
 #: a running command's item is re-emitted with its new output lines at most this often, s
 TAIL_EMIT_S = 0.25
 #: how long cancel and steer wait for Codex to name the running turn (turn/start's answer), s
@@ -215,9 +218,14 @@ class CodexConversation:
             return []
         server = await self._attached()
         try:
-            page = await server.request("mcpServerStatus/list", {"threadId": self.id})
+            page = await server.request("mcpServerStatus/list", {"threadId": self.id}, timeout=MCP_STATUS_TIMEOUT_S)
         except RpcError as exc:  # an app-server without it: the startup states are what is known
             log.debug("codex.mcp_status_list_failed", conversation=self.id, error=exc.describe())
+            return self.mcp.states()
+        except trio.TooSlowError:
+            # The app-server waits on a server that hangs: what agentd learned at start-up (its
+            # failure notices) is what is known, and exactly when a server misbehaves it is wanted.
+            log.info("codex.mcp_status_list_slow", conversation=self.id, timeout_s=MCP_STATUS_TIMEOUT_S)
             return self.mcp.states()
         except BaseException as exc:
             raise server.error("mcpServerStatus/list", exc) from None
