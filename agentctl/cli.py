@@ -174,12 +174,40 @@ def _style() -> Any:
 
 
 def _text_arg(text: str) -> str:
-    """``-`` reads the text from stdin."""
+    """``-`` reads the text from stdin (UTF-8: UsageError otherwise)."""
     if text == "-":
-        text = sys.stdin.read()
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError as exc:
+            raise click.UsageError(f"the text on stdin is not UTF-8 (byte {exc.start})") from None
+        if not _utf8(text):
+            raise click.UsageError("the text on stdin is not UTF-8")
     if not text.strip():
         raise click.UsageError("the text is empty")
     return text
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is valid Unicode: not bytes that were not UTF-8, kept as lone surrogates
+    (how Python reads them from argv, stdin or a file name)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class FiniteFloat(click.FloatRange):
+    """A number in range that is finite: ``nan`` passes a range check, and JSON carries
+    neither it nor ``inf`` (both became null, which a budget reads as "no limit")."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        number = super().convert(value, param, ctx)
+        if number != number or number in (float("inf"), float("-inf")):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def _interactive(no_input: bool) -> bool:
@@ -259,6 +287,13 @@ class AgentctlGroup(click.Group):
         except KeyboardInterrupt:
             sys.stdout.flush()
             raise click.exceptions.Exit(exitcodes.INTERRUPTED) from None
+        except UnicodeEncodeError as exc:
+            if "surrogates not allowed" not in str(exc):
+                raise
+            # A name agentctl read that is not UTF-8 (the working directory, an attachment's file name).
+            _report(exitcodes.USAGE, f"{exc.object[:80]!r} is not UTF-8: agentd takes text and names in UTF-8",
+                    code="usage")
+            raise click.exceptions.Exit(exitcodes.USAGE) from None
         except BrokenPipeError:
             # stdout was closed (agentctl tail --json | head): stop quietly.
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -459,6 +494,11 @@ def main() -> None:
     logging's) and no thread but daemon ones runs (the normal exit would
     wait for it); agentctl itself writes no file it leaves open.
     """
+    bad = next((a for a in sys.argv[1:] if not _utf8(a)), None)
+    if bad is not None:  # before anything is asked of agentd: nothing half done
+        _report(exitcodes.USAGE, f"argument {bad!r} is not UTF-8: agentd takes text and names in UTF-8", code="usage")
+        _exit_now(exitcodes.USAGE)
+        raise SystemExit(exitcodes.USAGE)
     try:
         cli(prog_name="agentctl")
     except SystemExit as exc:

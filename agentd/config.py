@@ -82,8 +82,11 @@ ENV_STATE_DIR = "AGENTD_STATE_DIR"
 ENV_RUNTIME_DIR = "AGENTD_RUNTIME_DIR"
 ENV_SOCKET = "AGENTD_SOCKET"
 
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
-PosFloat = Annotated[float, msgspec.Meta(gt=0)]
+#: The largest number a float setting takes (seconds, milliseconds, dollars): finite, so `inf`
+#: or 1e308 is a config error, not a crash of the first thread that waits that long.
+FLOAT_MAX = 1e9
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0, le=FLOAT_MAX)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0, le=FLOAT_MAX)]
 EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 Environment = dict[EnvName, str]
 
@@ -739,8 +742,13 @@ def parse_config(text: bytes | str, *, path: pathlib.Path | None = None) -> Conf
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ConfigError(f"not UTF-8 (byte {e.start})", path=path) from None
+    if text.startswith("\ufeff"):
+        raise ConfigError("starts with a byte order mark (U+FEFF, as some Windows editors write): save it as "
+                          "UTF-8 without one", path=path, line=1, column=1)
     try:
         data = tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError("TOML nested too deeply to read", path=path) from None
     except tomllib.TOMLDecodeError as e:
         m = _SYNTAX_AT.match(str(e))
         if m:

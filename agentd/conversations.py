@@ -769,8 +769,10 @@ class ConversationService:
         means none.
 
         Raises NotFound for an unknown provider, RuntimeUnavailable when its
-        runtime cannot start, Invalid for a bad workdir or model.
+        runtime cannot start, Invalid for a bad workdir or model, or a title over
+        MAX_TITLE_CHARS (its whitespace folded, as :meth:`set_title` does).
         """
+        title = _title(title)
         await self.runtimes.get(provider)  # unknown or broken provider: fail before writing anything
         import os
 
@@ -1911,9 +1913,7 @@ class ConversationService:
         conversation opened for it if needed; failing that is logged, the
         title stays set here. Raises Invalid for a title over 200 characters.
         """
-        title = " ".join(title.split())
-        if len(title) > MAX_TITLE_CHARS:
-            raise c.Invalid(f"a title takes at most {MAX_TITLE_CHARS} characters")
+        title = _title(title)
         live = await self.live(ref)
         live.record.title = title
         live.record.title_source = "user" if title else ""
@@ -2231,6 +2231,15 @@ class ConversationService:
 MAX_TITLE_CHARS = 200
 #: Titles made from a prompt are cut to about this many characters, on a word boundary.
 PROMPT_TITLE_CHARS = 60
+
+
+def _title(title: str) -> str:
+    """A title a person gave, its whitespace folded (a newline would make a row of its own in a
+    listing); Invalid over MAX_TITLE_CHARS."""
+    title = " ".join(title.split())
+    if len(title) > MAX_TITLE_CHARS:
+        raise c.Invalid(f"a title takes at most {MAX_TITLE_CHARS} characters")
+    return title
 
 
 def title_from_prompt(text: str, limit: int = PROMPT_TITLE_CHARS) -> str:

@@ -212,7 +212,12 @@ def _environment_file(config_path: Path | None) -> dict[str, str]:
     except (OSError, _trust.Untrusted) as exc:
         log.warning("agentd.env_file_unreadable", error=str(exc))
         return {}
-    return reload.parse_environment(text) if text is not None else {}
+    if text is None:
+        return {}
+    problems = reload.environment_problems(text)
+    if problems:
+        log.warning("agentd.env_file_lines_left_out", problems=problems)
+    return reload.parse_environment(text)
 
 
 async def _reload_on_sighup(reloader: reload.Reloader) -> None:
@@ -226,6 +231,8 @@ async def _reload_on_sighup(reloader: reload.Reloader) -> None:
                 await reloader.reload(by="SIGHUP")
             except AgentdError:
                 pass  # logged by the reloader; the config in force stays
+            except Exception:  # a bug met by one reload must not end the daemon and every turn with it
+                log.exception("agentd.reload_failed", by="SIGHUP")
 
 
 async def _stop_wanted(signals: Any, server: Server) -> dict[str, str]:

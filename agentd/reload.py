@@ -26,6 +26,7 @@ The rules it keeps:
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,10 @@ from .config import Config, ConfigError, default_config_path, load_config
 
 log = structlog.get_logger("agentd.reload")
 
-#: Sections a restart in place does not apply (they shape what is already open).
-NEEDS_STOP = ("daemon", "journal", "leases", "server", "websocket", "log", "runtimes", "interactions", "agent_files")
+#: Sections a restart in place applies; every other one of the daemon's shapes what is already
+#: open (its store, server, journal, checkpoints, MCP servers, ...) and needs a stop and a start.
+APPLIED = frozenset({"providers", "budgets", "pricing", "tasks", "attachments"})
+NEEDS_STOP = tuple(s for s in Config.__struct_fields__ if s not in APPLIED and s != "agentctl")  # agentctl's own
 
 
 def environment_file(config_path: Path | None) -> Path:
@@ -64,24 +67,126 @@ def read_environment(config_path: Path | None) -> tuple[Path, str | None]:
     return path, raw.decode("utf-8", "replace")
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
 def parse_environment(text: str) -> dict[str, str]:
-    """``KEY=VALUE`` lines as systemd's EnvironmentFile reads them: blank lines and ``#``/``;``
-    comments skipped, an optional ``export``, values optionally in single or double quotes."""
+    """``KEY=VALUE`` assignments as systemd's EnvironmentFile= reads them (env-file.c), so an
+    agentd started some other way, or restarted, gets what a systemd one gets:
+
+    * blank lines are skipped, and lines starting with ``#`` or ``;`` (a backslash at a
+      comment's end continues it); leading whitespace and whitespace around the key go;
+    * unquoted, a backslash takes the next character as it is and a backslash at the end of
+      a line joins the next one; trailing whitespace goes;
+    * in single quotes everything is as written; in double quotes a backslash escapes only
+      ``"``, ``\\``, `````` ` `````` and ``$`` (and joins lines), else it stays; quoted
+      and unquoted parts join (``"a"b`` is ``ab``), and quotes may span lines.
+
+    agentd also takes an ``export`` before the key. An assignment whose name is not a
+    variable name, or whose value holds a NUL, is left out (systemd leaves it out too);
+    :func:`environment_problems` names them.
+    """
+    return _parse_environment(text)[0]
+
+
+def environment_problems(text: str) -> list[str]:
+    """What :func:`parse_environment` left out of ``text``, said for a person (line numbers)."""
+    return _parse_environment(text)[1]
+
+
+def _parse_environment(text: str) -> tuple[dict[str, str], list[str]]:
     out: dict[str, str] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line[0] in "#;":
-            continue
-        if line.startswith("export "):
-            line = line[7:].lstrip()
-        key, sep, value = line.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not key.replace("_", "a").isalnum() or key[0].isdigit():
-            continue
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        out[key] = value
-    return out
+    problems: list[str] = []
+    key: list[str] = []
+    value: list[str] = []
+    state = "pre_key"
+    line = start = 1
+    trailing = 0  # unquoted whitespace at the value's end so far (stripped when it ends)
+
+    def push() -> None:
+        name = "".join(key).strip()
+        if name.startswith("export ") or name.startswith("export\t"):
+            name = name[7:].strip()
+        val = "".join(value[:len(value) - trailing] if trailing else value)
+        if not _NAME.match(name):
+            problems.append(f"line {start}: {name[:40]!r} is not a variable name")
+        elif "\0" in val:
+            problems.append(f"line {start}: the value of {name} holds a NUL byte")
+        else:
+            out[name] = val
+        key.clear()
+        value.clear()
+
+    for ch in text:
+        nl = ch in "\n\r"
+        if state == "pre_key":
+            if ch in "#;":
+                state = "comment"
+            elif not ch.isspace():
+                state, start = "key", line
+                key.append(ch)
+        elif state == "key":
+            if nl:
+                problems.append(f"line {start}: no '=' in {''.join(key).strip()[:40]!r}")
+                key.clear()
+                state = "pre_key"
+            elif ch == "=":
+                state, trailing = "pre_value", 0
+            else:
+                key.append(ch)
+        elif state == "pre_value" or state == "value":
+            if nl:
+                push()
+                state = "pre_key"
+            elif ch == "'" :
+                state, trailing = "single", 0
+            elif ch == '"':
+                state, trailing = "double", 0
+            elif ch == "\\":
+                state, trailing = "value_escape", 0
+            elif ch.isspace():
+                if state == "value":
+                    value.append(ch)
+                    trailing += 1
+            else:
+                state, trailing = "value", 0
+                value.append(ch)
+        elif state == "value_escape":
+            state = "value"
+            if not nl:
+                value.append(ch)
+        elif state == "single":
+            if ch == "'":
+                state = "pre_value"
+            else:
+                value.append(ch)
+        elif state == "double":
+            if ch == '"':
+                state = "pre_value"
+            elif ch == "\\":
+                state = "double_escape"
+            else:
+                value.append(ch)
+        elif state == "double_escape":
+            state = "double"
+            if ch in '"\\`$':
+                value.append(ch)
+            elif not nl:
+                value += ["\\", ch]
+        elif state == "comment":
+            if ch == "\\":
+                state = "comment_escape"
+            elif nl:
+                state = "pre_key"
+        elif state == "comment_escape":
+            state = "comment"
+        if ch == "\n":
+            line += 1
+    if state in ("pre_value", "value", "value_escape", "single", "double", "double_escape"):
+        push()
+    elif state == "key":
+        problems.append(f"line {start}: no '=' in {''.join(key).strip()[:40]!r}")
+    return out, problems
 
 
 def _section(config: Config, name: str) -> Any:
@@ -107,6 +212,8 @@ class Reloader:
         self.service = service
         self.tasks = tasks
         self.config = config
+        #: the config the daemon started with: what its NEEDS_STOP sections still run with
+        self.started = config
         self.config_path = config_path
         self._lock = trio.Lock()
 
@@ -155,38 +262,48 @@ class Reloader:
             # From here on it is one step: a client that goes away does not leave it half done.
             with trio.CancelScope(shield=True):
                 systemd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
-                env_file, changed = self._apply_environment(*environment)
-                masking.load(os.environ, config.providers)
-                claims_before = {n: runtime_env.withheld(n) for n in self.service.runtimes.names()}
-                runtime_env.configure(config.providers, config.store.backend)
-                changed_providers = _changed(self.config, config)
-                if changed or {n: runtime_env.withheld(n) for n in claims_before} != claims_before:
-                    changed_providers = None  # the environment changed: every runtime must see it
-                reopened = 0
-                for live in list(self.service.loaded()):
-                    if (changed_providers is None or live.record.provider in changed_providers) \
-                            and await self.service.detach(live):
-                        reopened += 1
-                await self.service.runtimes.replace(config, changed_providers)
-                self._apply_settings(config)
-                providers = await self.service.runtimes.describe()
-                differs = [s for s in NEEDS_STOP if getattr(config, s) != getattr(self.config, s)]
-                self.config = config
-                log.info("agentd.reloaded", by=by, config=str(path or ""), env_changed=changed, cancelled=cancelled,
-                         reopened=reopened, waited_s=waited, need_stop=differs)
-                systemd.notify(f"READY=1\nSTATUS=reloaded; serving {len(self.service)} conversations")
-                return wire.RestartResult(
-                    pid=os.getpid(), config=str(path or (default_config_path() if default_config_path().is_file() else "")),
-                    env_file=str(env_file) if env_file else "", env_changed=changed, cancelled=cancelled,
-                    reopened=reopened, waited_s=waited, providers=providers,
-                )
+                try:
+                    return await self._restart(config, path, environment, cancelled, waited, by)
+                finally:  # whatever happened, the service manager is told the reload is over
+                    systemd.notify(f"READY=1\nSTATUS=serving {len(self.service)} conversations")
+
+    async def _restart(self, config: Config, path: Path | None, environment: tuple[Path, str | None],
+                       cancelled: list[str], waited: float, by: str) -> wire.RestartResult:
+        """The one step of :meth:`reload`, once no turn runs."""
+        env_file, changed = self._apply_environment(*environment)
+        masking.load(os.environ, config.providers)
+        claims_before = {n: runtime_env.withheld(n) for n in self.service.runtimes.names()}
+        runtime_env.configure(config.providers, self.started.store.backend)  # the store in use
+        changed_providers = _changed(self.config, config)
+        if changed or {n: runtime_env.withheld(n) for n in claims_before} != claims_before:
+            changed_providers = None  # the environment changed: every runtime must see it
+        reopened = 0
+        for live in list(self.service.loaded()):
+            if (changed_providers is None or live.record.provider in changed_providers) \
+                    and await self.service.detach(live):
+                reopened += 1
+        await self.service.runtimes.replace(config, changed_providers)
+        self._apply_settings(config)
+        providers = await self.service.runtimes.describe()
+        differs = [s for s in NEEDS_STOP if getattr(config, s) != getattr(self.started, s)]
+        self.config = config
+        log.info("agentd.reloaded", by=by, config=str(path or ""), env_changed=changed, cancelled=cancelled,
+                 reopened=reopened, waited_s=waited, need_stop=differs)
+        return wire.RestartResult(
+            pid=os.getpid(), config=str(path or (default_config_path() if default_config_path().is_file() else "")),
+            env_file=str(env_file) if env_file else "", env_changed=changed, cancelled=cancelled,
+            reopened=reopened, waited_s=waited, providers=providers, need_stop=differs,
+        )
 
     def _apply_environment(self, path: Path, text: str | None) -> tuple[Path | None, list[str]]:
         """Set the environment file's values (``text``, read by :func:`read_environment`); (path, names changed)."""
         if text is None:
             return None, []
+        values, problems = _parse_environment(text)
+        if problems:
+            log.warning("agentd.env_file_lines_left_out", path=str(path), problems=problems)
         changed = []
-        for key, value in parse_environment(text).items():
+        for key, value in values.items():
             if key in systemd.SYSTEMD_ENV_VARS:
                 continue
             if os.environ.get(key) != value:

@@ -499,6 +499,8 @@ class RestartResult(msgspec.Struct, frozen=True, omit_defaults=True):
     #: seconds spent waiting for running turns to end
     waited_s: float = 0.0
     providers: list["ProviderInfo"] = []
+    #: sections of agentd.toml that changed but apply only after a stop and a start (they run as before)
+    need_stop: list[str] = []
 
 
 # ---- commands

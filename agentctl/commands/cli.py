@@ -98,3 +98,5 @@ def restart(now: bool) -> None:
     click.echo(f"restarted agentd (pid {res.pid}): " + "; ".join(bits), file=out)
     for p in res.providers:
         click.echo(f"  {p.name}: " + ("available" if p.available else f"unavailable: {p.error}"), file=out)
+    if res.need_stop:
+        _err(f"changed, applied only after agentctl stop and a start: {', '.join(f'[{s}]' for s in res.need_stop)}")

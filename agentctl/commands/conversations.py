@@ -15,7 +15,7 @@ from agentd import wire
 from agentd.termsafe import visible
 
 from .. import exitcodes
-from ..cli import Fail, _err, _exit, _interactive, _json, _ok_json, _opts, _style, _text_arg, common
+from ..cli import Fail, FiniteFloat, _err, _exit, _interactive, _json, _ok_json, _opts, _style, _text_arg, common
 
 
 def _new_options(f: Any) -> Any:
@@ -58,7 +58,7 @@ def _mcp_arg() -> list[str] | None:
 def _budget_options(f: Any) -> Any:
     f = click.option("--on-reach", type=click.Choice(["pause", "stop"]), default=None,
                      help="What happens when spend reaches --max-cost-usd: pause (default) or stop (close).")(f)
-    f = click.option("--max-cost-usd", type=click.FloatRange(min=0), default=None, metavar="USD",
+    f = click.option("--max-cost-usd", type=FiniteFloat(min=0), default=None, metavar="USD",
                      help="Budget of the conversation (default: the provider's from the config, if any).")(f)
     return f
 
@@ -720,7 +720,7 @@ def _budget_text(r: wire.ConversationRecord) -> str:
 
 @click.command()
 @click.argument("conversation")
-@click.option("--max-cost-usd", type=click.FloatRange(min=0), default=None, metavar="USD",
+@click.option("--max-cost-usd", type=FiniteFloat(min=0), default=None, metavar="USD",
               help="The new budget (raise or lower it).")
 @click.option("--on-reach", type=click.Choice(["pause", "stop"]), default=None,
               help="pause (default) or stop (close) when spend reaches it; default: as before.")

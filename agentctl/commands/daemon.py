@@ -9,7 +9,7 @@ import click
 from agentd import wire
 
 from .. import exitcodes
-from ..cli import Fail, _json, _opts, common
+from ..cli import Fail, FiniteFloat, _json, _opts, common
 
 #: ``agentctl stop --timeout`` default, seconds: what agentd needs to close its provider
 #: conversations (5 s at most) and stop its runtimes, with room to spare.
@@ -81,7 +81,7 @@ def hosts() -> None:
 
 
 @click.command()
-@click.option("--timeout", type=click.FloatRange(min=0), default=STOP_TIMEOUT_S, show_default=True,
+@click.option("--timeout", type=FiniteFloat(min=0), default=STOP_TIMEOUT_S, show_default=True,
               metavar="SECONDS", help="How long to wait for agentd to exit (then exit 1).")
 @common
 def stop(timeout: float) -> None:

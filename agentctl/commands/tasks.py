@@ -10,7 +10,7 @@ import click
 from agentd import wire
 
 from .. import exitcodes
-from ..cli import AgentctlGroup, Fail, _err, _exit, _json, _opts, _style, _text_arg, common
+from ..cli import AgentctlGroup, Fail, FiniteFloat, _err, _exit, _json, _opts, _style, _text_arg, common
 
 
 @click.group(cls=AgentctlGroup)
@@ -42,7 +42,7 @@ def _task_model(provider: str, model: str) -> str:
 @click.option("--callback", default="", metavar="URL",
               help="http(s) URL that gets a JSON POST when the task ends (retried with backoff).")
 @click.option("--yolo", is_flag=True, help="Let agentd answer its permission requests (allow once): it runs unattended.")
-@click.option("--max-cost-usd", type=click.FloatRange(min=0), default=None, metavar="USD",
+@click.option("--max-cost-usd", type=FiniteFloat(min=0), default=None, metavar="USD",
               help="Its budget (default: the provider's from the config, if any); on reach the turn is cut short.")
 @click.option("--on-reach", type=click.Choice(["pause", "stop"]), default=None,
               help="With --max-cost-usd: pause (default) or stop (close) its conversation.")
@@ -246,7 +246,7 @@ def task_comment(task_id: str, text: str) -> None:
 
 @task.command("wait")
 @click.argument("task_id", metavar="TASK")
-@click.option("--timeout", type=float, default=None, metavar="SECONDS", help="Give up after this long (exit 1).")
+@click.option("--timeout", type=FiniteFloat(min=0), default=None, metavar="SECONDS", help="Give up after this long (exit 1).")
 @click.option("--exit-on-action", is_flag=True, help="Exit 4 when the task waits for input.")
 @common
 def task_wait(task_id: str, timeout: float | None, exit_on_action: bool) -> None:

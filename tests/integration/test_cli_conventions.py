@@ -241,3 +241,40 @@ def test_under_json_every_line_of_stderr_is_a_json_object_also_for_notices(daemo
     assert json.loads(cp.stdout.splitlines()[-1])["state"] == "requires_action"
     notices = [json.loads(line) for line in cp.stderr.splitlines()]
     assert notices and "needs action" in notices[0]["notice"]
+
+
+def test_text_names_and_amounts_agentd_cannot_take_are_usage_errors_before_anything_is_done(
+        daemon: Daemon, tmp_path: Path) -> None:
+    # Bytes that are not UTF-8 (argv, stdin, a directory's name) were a traceback, after `run`
+    # had created its conversation; `--max-cost-usd nan` removed a budget, exit 0.
+    cid = one_json(daemon.agentctl("new", "--cwd", str(tmp_path), "--max-cost-usd", "5", "--json"))["id"]
+    latin = os.fsdecode(b"caf\xe9")
+    before = one_json(daemon.agentctl("ls", "--all", "--json"))["conversations"]
+    for args in (["send", cid, latin], ["run", latin], ["--json", "run", latin], ["new", "--title", latin],
+                 ["new", "--cwd", str(tmp_path / latin)]):
+        cp = daemon.agentctl(*args)
+        assert cp.returncode == 2 and "not UTF-8" in cp.stderr and "Traceback" not in cp.stderr, (args, cp.stderr)
+        if "--json" in args:
+            assert json.loads(cp.stderr)["code"] == "usage"
+    assert one_json(daemon.agentctl("ls", "--all", "--json"))["conversations"] == before
+    piped = subprocess.run([sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), "send", cid, "-"],
+                           input=b"caf\xe9 au lait\n", capture_output=True, env=daemon.env, timeout=60)
+    assert piped.returncode == 2 and b"not UTF-8" in piped.stderr and b"Traceback" not in piped.stderr
+    (tmp_path / latin).mkdir()
+    inside = subprocess.run([sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), "new"],
+                            capture_output=True, env=daemon.env, cwd=tmp_path / latin, timeout=60)
+    assert inside.returncode == 2 and b"not UTF-8" in inside.stderr and b"Traceback" not in inside.stderr
+    for amount in ("nan", "inf", "1e999"):
+        cp = daemon.agentctl("budget", cid, "--max-cost-usd", amount)
+        assert cp.returncode == 2 and "not a finite number" in cp.stderr, (amount, cp.stderr)
+    assert daemon.record(cid)["budget"]["max_cost_usd"] == 5
+
+
+def test_a_title_given_at_new_is_checked_as_title_checks_it(daemon: Daemon, tmp_path: Path) -> None:
+    # A newline in `new --title` made a forged row of `agentctl ls`; 5,000 characters were kept.
+    forged = "mine\ncdeadbeef0000  idle   script  not a real conversation"
+    cid = one_json(daemon.agentctl("new", "--cwd", str(tmp_path), "--title", forged, "--json"))["id"]
+    assert daemon.record(cid)["title"] == " ".join(forged.split())
+    assert "\ncdeadbeef0000" not in daemon.agentctl("ls").stdout
+    long = daemon.agentctl("new", "--cwd", str(tmp_path), "--title", "t" * 5000)
+    assert long.returncode == 8 and "at most 200 characters" in long.stderr

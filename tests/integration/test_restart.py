@@ -215,3 +215,36 @@ def test_an_environment_file_writable_by_group_is_refused_at_restart_and_at_star
     assert proc.returncode == 78 and f"environment file {env_file}: a symlink (to " in proc.stderr, proc.stderr
     env_file.unlink()
     daemon.start()  # the fixture stops it
+
+
+def test_an_environment_file_is_read_as_systemd_reads_it_and_bad_lines_or_a_deep_config_never_end_the_daemon(
+        daemon: Daemon) -> None:
+    # A NUL byte in the file, or a config nested 2,000 deep, ended the daemon at SIGHUP (and a
+    # restart was an internal error that had set the lines before the bad one); quotes, escapes
+    # and continued lines were read otherwise than systemd reads them, so a restart changed a
+    # value systemd had set right.
+    env_file = daemon.root / "environment"
+    env_file.write_bytes(b'AGENTD_T_FILE="pa\\"ss"\nAGENTD_T_CONT=one\\\ntwo\nBAD=a\0b\nAGENTD_T_MIXED="a"b\n')
+    env_file.chmod(0o600)
+    res = one_json(daemon.agentctl("restart", "--json"))
+    assert res["env_changed"] == ["AGENTD_T_CONT", "AGENTD_T_FILE", "AGENTD_T_MIXED"]
+    assert agent_env(daemon, "AGENTD_T_FILE") == 'pa"ss' and agent_env(daemon, "AGENTD_T_MIXED") == "ab"
+    assert agent_env(daemon, "AGENTD_T_CONT") == "onetwo" and agent_env(daemon, "BAD") == "<unset>"
+    assert "line 4: the value of BAD holds a NUL byte" in daemon.log.read_text()
+    assert one_json(daemon.agentctl("restart", "--json"))["env_changed"] == []  # read the same way again
+
+    daemon.config.write_text(config("deep", extra="deep = " + "[" * 2000 + "]" * 2000 + "\n"))
+    refused = daemon.agentctl("restart")
+    assert refused.returncode == 8 and "nested too deeply" in refused.stderr, refused.stderr
+    assert daemon.proc is not None
+    daemon.proc.send_signal(signal.SIGHUP)
+    time.sleep(1.0)
+    assert daemon.proc.poll() is None and daemon.agentctl("status").returncode == 0
+
+    daemon.config.write_text(config("four", extra="[journal]\nbatch_ms = inf\n[checkpoints]\nenabled = false\n"))
+    inf = daemon.agentctl("restart")
+    assert inf.returncode == 8 and "journal.batch_ms" in inf.stderr, inf.stderr
+    daemon.config.write_text(config("four", extra='[checkpoints]\nenabled = false\n[mcp.servers.x]\ncommand = "true"\n'))
+    res = one_json(daemon.agentctl("restart", "--json"))
+    assert set(res["need_stop"]) == {"checkpoints", "mcp"}
+    assert "applied only after agentctl stop and a start: [checkpoints], [mcp]" in daemon.agentctl("restart").stderr
