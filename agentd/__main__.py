@@ -73,7 +73,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="AGENTD_CONFIG",
+@click.option("--config", "config_path", type=click.Path(path_type=Path), envvar="AGENTD_CONFIG",
               help="agentd.toml to load (default: the user config dir's agentd.toml, if any).")
 def run(config_path: Path | None) -> None:
     """Run the daemon in the foreground until SIGTERM or SIGINT."""
@@ -131,7 +131,7 @@ def run(config_path: Path | None) -> None:
 
 
 @cli.command("check-config")
-@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), envvar="AGENTD_CONFIG")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), envvar="AGENTD_CONFIG")
 def check_config(config_path: Path | None) -> None:
     """Load the config, print which file was read and the resolved paths, exit 78 if it is broken."""
     config, paths = _load(config_path)

@@ -416,6 +416,9 @@ class ScriptConfig(_Section):
     #: extra environment for the commands a script's tools run (agentd's own, less other providers' keys)
     env: Environment = {}
 
+    def __post_init__(self) -> None:
+        _check_path(self.scripts_dir, "scripts_dir")
+
 
 class ByokConfig(_Section, kw_only=True):
     """[providers.copilot.byok]: bring-your-own-key model provider (no GitHub account needed).
@@ -447,6 +450,9 @@ class CopilotConfig(_Section):
     #: COPILOT_HOME for the CLI (its config and session state); "" = the CLI's default
     copilot_home: str = ""
     byok: ByokConfig | None = None
+
+    def __post_init__(self) -> None:
+        _check_path(self.copilot_home, "copilot_home")
 
 
 class ClaudeConfig(_Section):
@@ -808,11 +814,19 @@ def _check_references(config: Config, path: pathlib.Path | None) -> None:
     if "agentd" in config.mcp.servers:
         raise ConfigError("the name is agentd's own (its host-tool server)", path=path, key="mcp.servers.agentd")
     for provider, chosen in config.mcp.defaults.items():
+        if provider not in names:
+            raise ConfigError(f"no provider {_show(provider)}: {_did_you_mean(provider, names)}providers: {listed}",
+                              path=path, key=f"mcp.defaults.{_toml_key(provider)}")
         for i, name in enumerate(chosen):
             if name not in config.mcp.servers:
                 raise ConfigError(f"no MCP server {_show(name)}: {_did_you_mean(name, servers)}servers: "
                                   f"{', '.join(servers) or 'none'}", path=path,
                                   key=f"mcp.defaults.{_toml_key(provider)}[{i}]")
+    for server_name, server in config.mcp.servers.items():
+        for i, provider in enumerate(server.providers):
+            if provider not in names:
+                raise ConfigError(f"no provider {_show(provider)}: {_did_you_mean(provider, names)}providers: {listed}",
+                                  path=path, key=f"mcp.servers.{_toml_key(server_name)}.providers[{i}]")
     default = config.providers.default
     if default and default not in names:
         raise ConfigError(f"{_show(default)} is not a provider: {_did_you_mean(default, names)}providers: {listed}",

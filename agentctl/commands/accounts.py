@@ -107,6 +107,8 @@ def providers_show(name: str) -> None:
       agentctl providers show copilot --json
     """
     o = _opts()
+    if not name.strip():  # "" asks agentd for every provider
+        raise click.BadParameter("name a provider (agentctl providers lists them)", param_hint="NAME")
     infos = o.client().call(wire.Providers, list[wire.ProviderInfo], provider=name)
     p = infos[0]
     if o.json:
