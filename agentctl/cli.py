@@ -274,6 +274,8 @@ class AgentctlGroup(click.Group):
             raise click.exceptions.NoSuchCommand(exc.command_name, possibilities=self.list_commands(ctx), ctx=ctx) from None
 
     def invoke(self, ctx: click.Context) -> Any:
+        if ctx.invoked_subcommand:
+            _invoked.append(ctx.invoked_subcommand)
         try:
             return super().invoke(ctx)
         except Fail as exc:
@@ -403,13 +405,20 @@ _NEXT_STEP: dict[str, list[tuple[str, str]]] = {
         ("no task ", " (agentctl task ls lists tasks)"),
         ("no conversation ", " (agentctl ls --all lists conversations)"),
     ],
-    "busy": [("cannot remove ", ""), ("", " (use --if-busy queue|steer|interrupt, or agentctl cancel)")],
+    "busy": [("cannot remove ", "")],
 }
+#: A busy error's next step, by the command that met it: only those with --if-busy offer one.
+_BUSY_STEP = {"send": " (use --if-busy queue|steer|interrupt, or agentctl cancel)",
+              "command": " (use --if-busy queue|interrupt, or agentctl cancel)"}
+#: the command being run (AgentctlGroup.invoke), for the hints of _describe
+_invoked: list[str] = []
 
 
 def _describe(exc: AgentdError) -> str:
-    hint = next((h for start, h in _NEXT_STEP.get(exc.code, []) if exc.message.startswith(start)), "")
-    return f"{exc.code}: {exc.message}{hint}"
+    hint = next((h for start, h in _NEXT_STEP.get(exc.code, []) if exc.message.startswith(start)), None)
+    if hint is None and exc.code == "busy" and _invoked:
+        hint = _BUSY_STEP.get(_invoked[-1], "")
+    return f"{exc.code}: {exc.message}{hint or ''}"
 
 
 #: Every command: name -> "module:attribute" in agentctl.commands.

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from typing import Any, TypeVar
 
-__all__ = ["visible", "visible_all"]
+__all__ = ["visible", "visible_all", "visible_name"]
 
 T = TypeVar("T")
 
@@ -50,6 +50,12 @@ def visible(text: str) -> str:
     if _CONTROL.search(text) is None:
         return text
     return text.replace("\r\n", "\n").translate(_TABLE)
+
+
+def visible_name(text: str) -> str:
+    """:func:`visible`, for a name shown on one line of a table (a file name, an id): a newline
+    or a tab in it is shown as ``\\n`` or ``\\t`` too, never a row of its own."""
+    return visible(text).replace("\n", "\\n").replace("\t", "\\t")
 
 
 def _walk(value: Any) -> Any:

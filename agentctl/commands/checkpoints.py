@@ -8,7 +8,7 @@ import sys
 import click
 
 from agentd import wire
-from agentd.termsafe import visible
+from agentd.termsafe import visible, visible_name
 
 from ..cli import _err, _exit, _json, _opts, common
 
@@ -48,10 +48,10 @@ def diff(conversation: str, run: str, stat: bool) -> None:
 
     style = Style(use_color(sys.stdout))
     if stat or not res.patch:
-        width = max((len(f.path) for f in res.files), default=0)
+        width = max((len(visible_name(f.path)) for f in res.files), default=0)
         for f in res.files:
             counts = "binary" if f.binary else f"{style.green('+' + str(f.additions))} {style.red('-' + str(f.deletions))}"
-            click.echo(f" {_SIGN[f.status]} {visible(f.path).ljust(width)} | {counts}")
+            click.echo(f" {_SIGN[f.status]} {visible_name(f.path).ljust(width)} | {counts}")
     else:
         for line in res.patch.splitlines():
             text = visible(line)
@@ -81,7 +81,7 @@ def diff(conversation: str, run: str, stat: bool) -> None:
                    err=True)
     if res.too_large:
         click.echo(estyle.dim("not recorded (too big, or a nested repository): "
-                              + ", ".join(visible(p) for p in res.too_large)), err=True)
+                              + ", ".join(visible_name(p) for p in res.too_large)), err=True)
 
 
 @click.command()
@@ -117,7 +117,7 @@ def revert(conversation: str, run: str, yes: bool, dry_run: bool) -> None:
         if not plan.files:
             click.echo(f"{plan.run}: nothing to revert (the files are as they were before it)", err=True)
         for f in plan.files:
-            click.echo(f"  {_ACTION[f.action]} {visible(f.path)}")
+            click.echo(f"  {_ACTION[f.action]} {visible_name(f.path)}")
         return
     if not yes:
         if not (sys.stdin.isatty() and not o.json):
@@ -125,7 +125,7 @@ def revert(conversation: str, run: str, yes: bool, dry_run: bool) -> None:
             _exit(2)
         click.echo(f"Reverting {plan.run} changes {len(plan.files)} file{'s' if len(plan.files) != 1 else ''}:", err=True)
         for f in plan.files:
-            click.echo(f"  {_ACTION[f.action]} {visible(f.path)}", err=True)
+            click.echo(f"  {_ACTION[f.action]} {visible_name(f.path)}", err=True)
         if not click.confirm("Go on?", default=False, err=True):
             click.echo("nothing changed", err=True)
             _exit(1)
@@ -133,7 +133,7 @@ def revert(conversation: str, run: str, yes: bool, dry_run: bool) -> None:
     if o.json:
         return _json(res)
     for f in res.files:
-        click.echo(f"  {_ACTION[f.action]} {visible(f.path)}")
+        click.echo(f"  {_ACTION[f.action]} {visible_name(f.path)}")
     if res.revert:
         click.echo(f"reverted {res.run} as {res.revert} (undo: agentctl revert {res.conversation} --run {res.revert})",
                    err=True)

@@ -61,8 +61,18 @@ def test_a_missing_provider_points_at_providers_not_at_conversations() -> None:
     assert _describe(c.NotFound("no task 'tt'")) == "not_found: no task 'tt' (agentctl task ls lists tasks)"
     # a not_found with no obvious next step gets none rather than a wrong one
     assert _describe(c.NotFound("no lease on x")) == "not_found: no lease on x"
-    assert _describe(c.Busy("a turn is running")).endswith("(use --if-busy queue|steer|interrupt, or agentctl cancel)")
     assert _describe(c.Invalid("bad")) == "invalid: bad"
+
+
+def test_a_busy_error_suggests_if_busy_only_to_the_commands_that_take_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # revert, rm and budget were told to use an --if-busy they do not have.
+    from agentctl import cli as cli_mod
+
+    for command, hint in (("send", "(use --if-busy queue|steer|interrupt, or agentctl cancel)"),
+                          ("command", "(use --if-busy queue|interrupt, or agentctl cancel)"), ("revert", None)):
+        monkeypatch.setattr(cli_mod, "_invoked", [command])
+        said = _describe(c.Busy("a turn is running"))
+        assert said.endswith(hint) if hint else said == "busy: a turn is running", (command, said)
 
 
 def test_new_with_an_unknown_provider_exits_6_suggesting_agentctl_providers(monkeypatch: pytest.MonkeyPatch,

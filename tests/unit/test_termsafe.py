@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from agentd.termsafe import visible, visible_all
+from agentd.termsafe import visible, visible_all, visible_name
 
 C0 = [chr(c) for c in range(0x20) if chr(c) not in "\n\t"]
 C1 = [chr(c) for c in range(0x7F, 0xA0)]  # DEL, then U+0080..U+009F (U+009B: a one-character CSI)
@@ -59,3 +59,9 @@ def test_bidi_embeddings_overrides_and_isolates_are_shown_and_the_marks_kept() -
     tool = _Tool(title="title\u202eevil", input={"k": "v"}, lines=["x\u2067y"])
     shown = visible_all(tool)
     assert (shown.title, shown.lines) == ("title\\u202eevil", ["x\\u2067y"])
+
+
+def test_a_name_shown_on_one_line_keeps_newlines_and_tabs_on_it() -> None:
+    # A file named "new\nline.txt" split agentctl diff --stat's table: a crafted name showed a fake row.
+    assert visible_name("new\nline.txt") == "new\\nline.txt" and visible_name("a\tb\x1b[2J") == "a\\tb\\x1b[2J"
+    assert visible_name("plain.txt") == "plain.txt"
