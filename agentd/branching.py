@@ -43,9 +43,11 @@ if TYPE_CHECKING:
 
 __all__ = ["fork", "rewind", "view", "turns"]
 
-#: Record types a fork copies (with their run): the transcript and how its turns went.
+#: Record types a fork copies (with their run): the transcript and how its turns went, and the
+#: checkpoints of its turns (the fork shares the working directory: diff and revert of a copied turn).
 #: Spend (usage, tokens), leases, budgets and states belong to the source alone.
-COPIED_TYPES = frozenset({"prompt", "item", "turn", "interaction", "answer", "subagent", "unknown", "model_selection"})
+COPIED_TYPES = frozenset({"prompt", "item", "turn", "interaction", "answer", "subagent", "unknown", "model_selection",
+                          "checkpoint"})
 
 _json = msgspec.json.Encoder()
 log = structlog.get_logger("agentd.branching")

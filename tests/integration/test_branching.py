@@ -196,3 +196,22 @@ def test_fork_and_rewind_are_unsupported_where_the_provider_cannot(tmp_path: Pat
     finally:
         d.stop()
 
+
+
+def test_a_fork_diffs_and_reverts_the_turns_it_copied(tmp_path: Path, workdir: Path) -> None:
+    # The fork listed its copied turns and shared their working directory, but had no checkpoints of them.
+    script = tmp_path / "write.toml"
+    script.write_text('model = "w"\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\nkind = "tool"\nname = "bash"\n'
+                      'command = "echo made > made.txt && echo done"\n[[turn.step]]\nkind = "text"\ntext = "ok"\n')
+    (tmp_path / "agentd").mkdir()
+    d = Daemon(tmp_path / "agentd", "[checkpoints]\ntimeout_s = 30\n").start()
+    try:
+        cid = _ok(d.agentctl("new", "-p", "script", "--cwd", str(workdir), "-m", str(script), "--json"))["id"]
+        run = _turn(d, cid, "write it")
+        fork = _ok(d.agentctl("fork", cid, "--json"))["conversation"]["id"]
+        diff = _ok(d.agentctl("diff", fork, "--run", run, "--stat", "--json"))
+        assert [f["path"] for f in diff["files"]] == ["made.txt"] and diff["after"] == "checkpoint"
+        _ok(d.agentctl("revert", fork, "--run", run, "--yes", "--json"))
+        assert not (workdir / "made.txt").exists()
+    finally:
+        d.stop()
