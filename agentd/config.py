@@ -824,7 +824,7 @@ def _check_references(config: Config, path: pathlib.Path | None) -> None:
                                   key=f"mcp.defaults.{_toml_key(provider)}[{i}]")
     for server_name, server in config.mcp.servers.items():
         for i, provider in enumerate(server.providers):
-            if provider not in names:
+            if provider not in names and not any(ch in provider for ch in "*?["):  # a glob (acp:*) may match later
                 raise ConfigError(f"no provider {_show(provider)}: {_did_you_mean(provider, names)}providers: {listed}",
                                   path=path, key=f"mcp.servers.{_toml_key(server_name)}.providers[{i}]")
     default = config.providers.default

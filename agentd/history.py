@@ -30,10 +30,11 @@ a reply too large for a client to read.
 Cost: a page reads the journal through its offset index in windows of seq,
 growing from ``limit`` records, so a page near the end of a 100,000-record
 journal reads a few hundred lines, not the file (tests/bench/bench_history.py).
-A window holds at most :data:`WINDOW_BYTES` of records: where ``limit`` records
-are more than that (items near the 8 Mi-character cap), the window is narrowed
-to its part nearest the cursor and the page ends there, with a cursor to the
-next (it may then hold fewer than ``limit`` entries, or none but a cursor).
+A window holds at most :data:`WINDOW_BYTES` of records besides its first: where
+``limit`` records are more than that (items near the 16 Mi-character cap), the
+window is narrowed to its part nearest the cursor and the page ends there, with a
+cursor to the next (it may then hold fewer than ``limit`` entries, or none but a
+cursor).
 Deciding that an item's record is its latest needs the records after it up to
 its turn's terminal ``turn`` record (no provider updates an item after its turn
 ended), so the look-ahead past a page is at most the rest of one turn; it is
@@ -161,11 +162,14 @@ def _parse(line: bytes, view: _View) -> _Rec:
 
 
 async def _read(journal: JournalReader, view: _View, lo: int, hi: int) -> tuple[list[_Rec], bool]:
-    """Records with lo < seq < hi, oldest first, at most WINDOW_BYTES of them (the first one
-    always), and whether they are all of them."""
+    """Records with lo < seq < hi, oldest first: the first whatever its size, then at most
+    WINDOW_BYTES of the others; and whether they are all of them. (The first is free so that one
+    record over the budget, an item near the cap, is a window of its own with those after it.)"""
     if hi <= lo + 1:
         return [], True
-    lines = await journal.read_after(lo, limit=hi - lo - 1, max_bytes=WINDOW_BYTES)
+    lines = await journal.read_after(lo, limit=1)
+    if hi > lo + 2 and lines:
+        lines += await journal.read_after(lo + 1, limit=hi - lo - 2, max_bytes=WINDOW_BYTES)
     return [_parse(line, view) for line in lines], len(lines) == hi - lo - 1
 
 
@@ -268,9 +272,11 @@ async def _backward(journal: JournalReader, view: _View, conversation: str, last
             width *= 4
             continue
         narrowed = True
-        # Narrower, from what the part read weighs per record; each round at least halves it,
-        # and a window of one record is always read whole.
-        width = min(width // 2, max(1, WINDOW_BYTES * len(recs) // (2 * sum(r.size for r in recs))))
+        # Narrower: from what the part read weighs per record (at least halved), and never below
+        # the record that did not fit, which then starts the window (a window's first record is
+        # read whatever its size). Each round moves lo up; a window of one record is read whole.
+        estimate = max(1, WINDOW_BYTES * len(recs) // (2 * sum(r.size for r in recs)))
+        width = hi - 1 - max(recs[-1].seq, hi - 1 - min(width // 2, estimate))
         if best is not None and width <= hi - 1 - best[0]:
             break  # no narrower window holds more than the widest one read whole
     lo, kept = best

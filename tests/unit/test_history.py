@@ -158,13 +158,15 @@ def test_a_page_of_records_near_the_item_cap_reads_a_bounded_window(tmp_path: pa
         reader = _Counting(j)
         p = trio.run(functools.partial(history.page, reader, "c", j.last_seq, limit=1000, **direction))
         assert p.items and sum(len(e.item.text) for e in p.items) <= history.MAX_PAGE_BYTES
-        # Each read holds at most a window, or looking past it for later forms of its items a
-        # glance, and one record more. Backward, the window is read once more, narrowed.
+        # Each read holds at most a window (a first record and WINDOW_BYTES after it), or looking
+        # past it for later forms of its items a glance, and one record more. Backward, the
+        # window is read once more, narrowed.
         if direction:
-            window, *glances = reader.reads
+            first, window, *glances = reader.reads
             assert window <= history.WINDOW_BYTES and all(g <= history.GLANCE_BYTES + big for g in glances)
         else:
-            assert len(reader.reads) == 2 and max(reader.reads) <= history.WINDOW_BYTES, reader.reads
+            assert len(reader.reads) == 4 and max(reader.reads) <= history.WINDOW_BYTES, reader.reads
+            assert sum(reader.reads) <= 2 * history.WINDOW_BYTES, reader.reads
     assert _all_backward(j, 1000, full=False) == want
     assert _all_forward(j, 1000, full=False) == want
 
@@ -262,3 +264,17 @@ def test_one_entry_over_the_byte_budget_is_still_a_page_of_its_own(tmp_path: pat
         p = _page(j, "c", j.last_seq, limit=10, after=p.after)
         got += _flat(p)
     assert got == want
+
+
+def test_an_entry_bigger_than_a_window_is_on_the_newest_page(tmp_path: pathlib.Path) -> None:
+    # A 16 MB answer (an item at the cap) was left off the newest page, which held only the
+    # records after it: windows were narrowed past the record that did not fit.
+    j = _write(tmp_path / "events.jsonl", [[("t1", "")], [("t2", "")]])
+    j.append("prompt", msgspec.json.encode(wire.PromptRecord(text="flood")), run="rf")
+    j.append("item", _item("big", "x" * 5000, done=True), run="rf")
+    j.append("usage", b"{}", run="rf")
+    j.append("turn", msgspec.json.encode(c.Turn(state=c.TurnState.COMPLETED)), run="rf")
+    with mock.patch.object(history, "WINDOW_BYTES", 1000):
+        newest = _page(j, "c", j.last_seq, limit=5)
+        assert "x" * 5000 in [e.item.text for e in newest.items] and newest.end
+        assert _all_backward(j, 5, full=False) == _oracle(j) == _all_forward(j, 5, full=False)
