@@ -240,11 +240,12 @@ class _Shadow:
                 tail = data[keep:]
             feed(tail)
             finish()
-        finally:
+        except BaseException:  # cancelled, or a bug: git must not outlive the diff
             with trio.CancelScope(shield=True):
-                if proc.returncode is None:
-                    proc.kill()
+                proc.kill()
                 await proc.wait()
+            raise
+        await proc.wait()  # its output ended: it exits on its own
         if proc.returncode != 0:
             raise GitFailed(f"git diff-tree: exit {proc.returncode}")
         return sections
