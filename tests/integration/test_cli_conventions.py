@@ -249,14 +249,14 @@ def test_text_names_and_amounts_agentd_cannot_take_are_usage_errors_before_anyth
     # had created its conversation; `--max-cost-usd nan` removed a budget, exit 0.
     cid = one_json(daemon.agentctl("new", "--cwd", str(tmp_path), "--max-cost-usd", "5", "--json"))["id"]
     latin = os.fsdecode(b"caf\xe9")
-    before = one_json(daemon.agentctl("ls", "--all", "--json"))["conversations"]
+    before = {r["id"] for r in one_json(daemon.agentctl("ls", "--all", "--json"))["conversations"]}
     for args in (["send", cid, latin], ["run", latin], ["--json", "run", latin], ["new", "--title", latin],
                  ["new", "--cwd", str(tmp_path / latin)]):
         cp = daemon.agentctl(*args)
         assert cp.returncode == 2 and "not UTF-8" in cp.stderr and "Traceback" not in cp.stderr, (args, cp.stderr)
         if "--json" in args:
             assert json.loads(cp.stderr)["code"] == "usage"
-    assert one_json(daemon.agentctl("ls", "--all", "--json"))["conversations"] == before
+    assert {r["id"] for r in one_json(daemon.agentctl("ls", "--all", "--json"))["conversations"]} == before
     piped = subprocess.run([sys.executable, "-m", "agentctl", "--socket", str(daemon.socket), "send", cid, "-"],
                            input=b"caf\xe9 au lait\n", capture_output=True, env=daemon.env, timeout=60)
     assert piped.returncode == 2 and b"not UTF-8" in piped.stderr and b"Traceback" not in piped.stderr
