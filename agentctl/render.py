@@ -612,6 +612,11 @@ class Renderer:
         if t.cost_usd is not None:
             self._run_cost[rec.run] = self._run_cost.get(rec.run, 0.0) + t.cost_usd
 
+    def know_subagents(self, subagents: "list[Subagent]") -> None:
+        """Name these subagents' items by their names (what the live view learned from their records)."""
+        for sub in subagents:
+            self._subagents.setdefault(sub.id, sub)
+
     def _agent_name(self, agent_id: str) -> str:
         s = self._subagents.get(agent_id)
         return s.name if s and s.name else _short_id(agent_id)

@@ -47,6 +47,10 @@ def history(conversation: str, limit: int, before: int | None, after: int | None
     from ..render import Renderer
 
     ren = Renderer(sys.stdout, seq=True, answer_hints=False)
+    if any(e.item.agent_id for e in page.items):
+        # Subagents by name, as the live view shows them (the records that name them may lie off this page).
+        subs = o.client().call(wire.ListSubagents, wire.SubagentList, conversation=page.conversation)
+        ren.know_subagents(subs.subagents)
     for entry in page.items:
         ren.history_entry(entry)
     ren.flush()

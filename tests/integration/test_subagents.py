@@ -74,3 +74,18 @@ def test_subagent_cancel_stops_only_that_subagent_and_the_turn_goes_on(daemon: D
     assert texts == ["parent goes on"]
     again = daemon.agentctl("subagent", "cancel", cid, agent)
     assert again.returncode == 8 and "cancelled" in again.stderr, again.stderr
+
+
+def test_history_names_a_subagents_items_as_the_live_view_does(daemon: Daemon, tmp_path: Path) -> None:
+    # history showed "[agent-1-2]" where the live view and `subagents` said "helper".
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "named.toml"
+    script.write_text('model = "subs"\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\nkind = "subagent"\nname = "helper"\n'
+                      'description = "look around"\ntext = "all is well"\n[[turn.step.step]]\nkind = "text"\n'
+                      'text = "looking around"\n[[turn.step]]\nkind = "text"\ntext = "parent done"\n')
+    cid = json.loads(daemon.agentctl("--json", "new", "-p", "script", "-m", str(script), "--cwd", str(work)).stdout)["id"]
+    assert daemon.agentctl("send", cid, "go", "--follow").returncode == 0
+    (agent,) = [s["id"] for s in _subagents(daemon, cid)]
+    shown = daemon.agentctl("history", cid)
+    assert shown.returncode == 0 and "[helper] " in shown.stdout and f"[{agent}]" not in shown.stdout, shown.stdout
