@@ -197,30 +197,28 @@ class _Shadow:
         argv = self._argv(("diff-tree", "-r", "-p", "--no-renames", "--no-color", "--no-ext-diff", "--no-textconv",
                            a, b))
         sections: list[bytes | None] = []
-        cur: list[bytes] = []
-        state = {"len": 0, "size": 0, "dropping": False, "any": False}
+        cur: list[bytes] | None = []  # the section being read; None: it does not fit, dropped as it comes
+        size = 0  # its bytes so far
+        begun = False  # it has any
+        left = budget  # what the sections kept so far leave
 
         def feed(data: bytes) -> None:
-            if not data:
-                return
-            state["any"] = True
-            if state["dropping"]:
-                return
-            cur.append(data)
-            state["len"] += len(data)
-            if state["size"] + state["len"] > budget:
-                state["dropping"] = True
-                cur.clear()
+            nonlocal cur, size, begun
+            if data:
+                begun = True
+                size += len(data)
+                if cur is not None:
+                    cur.append(data)
+                    if size > left:
+                        cur = None
 
         def finish() -> None:
-            if state["any"]:
-                if state["dropping"]:
-                    sections.append(None)
-                else:
-                    sections.append(b"".join(cur))
-                    state["size"] += state["len"]
-            cur.clear()
-            state.update(len=0, dropping=False, any=False)
+            nonlocal cur, size, begun, left
+            if begun:
+                sections.append(None if cur is None else b"".join(cur))
+                if cur is not None:
+                    left -= size
+            cur, size, begun = [], 0, False
 
         mark = b"\ndiff --git "
         proc = await trio.lowlevel.open_process(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -996,7 +994,6 @@ async def _diff(shadow: _Shadow, a: str, b: str, left_out: set[str], *, stat: bo
                     for s in await shadow.patch(a, b, MAX_PATCH_BYTES)]
     files: list[wire.DiffFile] = []
     kept: list[bytes] = []
-    size = 0
     truncated = False
     k = 0  # the next patch section: one per row, two for a type change (a delete and an add)
     for st, raw_path, old_mode, new_mode in raw:
@@ -1008,11 +1005,10 @@ async def _diff(shadow: _Shadow, a: str, b: str, left_out: set[str], *, stat: bo
         add, dele, binary = counts.get(path, (0, 0, False))
         hunks: list[wire.DiffHunk] = []
         if taken:
-            section = b"".join(x for x in taken if x is not None)
-            if None in taken or size + len(section) > MAX_PATCH_BYTES:
+            if None in taken:  # over what MAX_PATCH_BYTES left (Shadow.patch kept none of it)
                 truncated = True
             else:
-                size += len(section)
+                section = b"".join(taken)  # type: ignore[arg-type]
                 kept.append(section)
                 hunks = _hunks(section)
         files.append(wire.DiffFile(path=path, status=_STATUS.get(st, "modified"),  # type: ignore[arg-type]

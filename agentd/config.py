@@ -805,18 +805,20 @@ def _check_references(config: Config, path: pathlib.Path | None) -> None:
     with the key path, what is known, and the closest match."""
     names = provider_names(config.providers)
     listed = ", ".join(names)
+
+    def no_provider(name: str) -> str:
+        return f"no provider {_show(name)}: {_did_you_mean(name, names)}providers: {listed}"
+
     for key, table in (("budgets", config.budgets), ("tasks.provider_concurrency", config.tasks.provider_concurrency)):
         for name in table:
             if name not in names:
-                raise ConfigError(f"no provider {_show(name)}: {_did_you_mean(name, names)}providers: {listed}",
-                                  path=path, key=f"{key}.{_toml_key(name)}")
+                raise ConfigError(no_provider(name), path=path, key=f"{key}.{_toml_key(name)}")
     servers = list(config.mcp.servers)
     if "agentd" in config.mcp.servers:
         raise ConfigError("the name is agentd's own (its host-tool server)", path=path, key="mcp.servers.agentd")
     for provider, chosen in config.mcp.defaults.items():
         if provider not in names:
-            raise ConfigError(f"no provider {_show(provider)}: {_did_you_mean(provider, names)}providers: {listed}",
-                              path=path, key=f"mcp.defaults.{_toml_key(provider)}")
+            raise ConfigError(no_provider(provider), path=path, key=f"mcp.defaults.{_toml_key(provider)}")
         for i, name in enumerate(chosen):
             if name not in config.mcp.servers:
                 raise ConfigError(f"no MCP server {_show(name)}: {_did_you_mean(name, servers)}servers: "
@@ -825,8 +827,7 @@ def _check_references(config: Config, path: pathlib.Path | None) -> None:
     for server_name, server in config.mcp.servers.items():
         for i, provider in enumerate(server.providers):
             if provider not in names and not any(ch in provider for ch in "*?["):  # a glob (acp:*) may match later
-                raise ConfigError(f"no provider {_show(provider)}: {_did_you_mean(provider, names)}providers: {listed}",
-                                  path=path, key=f"mcp.servers.{_toml_key(server_name)}.providers[{i}]")
+                raise ConfigError(no_provider(provider), path=path, key=f"mcp.servers.{_toml_key(server_name)}.providers[{i}]")
     default = config.providers.default
     if default and default not in names:
         raise ConfigError(f"{_show(default)} is not a provider: {_did_you_mean(default, names)}providers: {listed}",

@@ -911,8 +911,14 @@ class ConversationService:
             pass  # the journal refused the lease record: logged by _append
         return live
 
-    async def live(self, ref: str) -> _Live:
-        return await self._load(self.resolve(ref))
+    async def live(self, ref: str, *, open_only: bool = False) -> _Live:
+        """The conversation, loaded (which takes its lease). ``open_only``: Closed for a closed
+        one, said before it is loaded. Raises NotFound, Invalid (see :meth:`resolve`)."""
+        cid = self.resolve(ref)
+        loaded = self._live.get(cid)
+        if open_only and (loaded.record if loaded is not None else self._records[cid]).state is _S.CLOSED:
+            raise c.Closed(f"conversation {cid} is closed")
+        return await self._load(cid)
 
     async def reader(self, ref: str) -> _Live | _Reader:
         """What a subscriber reads: the loaded conversation, else its journal without loading it.

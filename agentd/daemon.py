@@ -208,16 +208,11 @@ def _raise_open_files_limit() -> None:
 def _environment_file(config_path: Path | None) -> dict[str, str]:
     # Checked by the trust rule at start (agentd run exits 78 on it); changed since: read nothing.
     try:
-        text = reload.read_environment(config_path)[1]
+        path, text = reload.read_environment(config_path)
     except (OSError, _trust.Untrusted) as exc:
         log.warning("agentd.env_file_unreadable", error=str(exc))
         return {}
-    if text is None:
-        return {}
-    problems = reload.environment_problems(text)
-    if problems:
-        log.warning("agentd.env_file_lines_left_out", problems=problems)
-    return reload.parse_environment(text)
+    return reload.environment_values(path, text) if text is not None else {}
 
 
 async def _reload_on_sighup(reloader: reload.Reloader) -> None:

@@ -37,6 +37,11 @@ def _write(msg: dict[str, Any]) -> None:
         sys.stdout.flush()
 
 
+def _tool_result(rid: Any, text: str, *, error: bool) -> None:
+    """Answer ``tools/call`` ``rid`` with ``text`` (MCP's CallToolResult)."""
+    _write({"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": text}], "isError": error}})
+
+
 class _Client:
     """One blocking connection to agentd (hello done)."""
 
@@ -126,8 +131,8 @@ class Relay:
                                     for t in listed.get("tools", [])]}
             elif method == "tools/call":
                 if not self._calls.acquire(blocking=False):
-                    _write({"jsonrpc": "2.0", "id": rid, "result": {"isError": True, "content": [{"type": "text", "text": (
-                        f"agentd: {MAX_CALLS} host tool calls are in flight already; call again once one has ended")}]}})
+                    _tool_result(rid, f"agentd: {MAX_CALLS} host tool calls are in flight already; call again once "
+                                      "one has ended", error=True)
                     return
                 threading.Thread(target=self.call, args=(rid, params), daemon=True).start()
                 return
@@ -160,7 +165,7 @@ class Relay:
             text, error = str(res.get("output", "")), bool(res.get("error", False))
         except Exception as exc:
             text, error = f"agentd: {exc}", True
-        _write({"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": text}], "isError": error}})
+        _tool_result(rid, text, error=error)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -116,9 +116,7 @@ class McpRoom:
         Opens the conversation on its runtime when it is not open (the runtime starts its
         servers then). Raises NotFound, Closed for a closed conversation, RuntimeUnavailable.
         """
-        if service.record(ref).state is wire.ConversationState.CLOSED:  # before loading it takes its lease
-            raise c.Closed(f"conversation {service.record(ref).id} is closed")
-        live = await service.live(ref)
+        live = await service.live(ref, open_only=True)
         record = live.record
         provider = await service.runtimes.get(record.provider)
         if not provider.capabilities().mcp:

@@ -70,8 +70,8 @@ def read_environment(config_path: Path | None) -> tuple[Path, str | None]:
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-def parse_environment(text: str) -> dict[str, str]:
-    """``KEY=VALUE`` assignments as systemd's EnvironmentFile= reads them (env-file.c), so an
+def parse_environment(text: str) -> tuple[dict[str, str], list[str]]:
+    """(values, what was left out) of ``KEY=VALUE`` assignments as systemd's EnvironmentFile= reads them (env-file.c), so an
     agentd started some other way, or restarted, gets what a systemd one gets:
 
     * blank lines are skipped, and lines starting with ``#`` or ``;`` (a backslash at a
@@ -83,18 +83,9 @@ def parse_environment(text: str) -> dict[str, str]:
       and unquoted parts join (``"a"b`` is ``ab``), and quotes may span lines.
 
     agentd also takes an ``export`` before the key. An assignment whose name is not a
-    variable name, or whose value holds a NUL, is left out (systemd leaves it out too);
-    :func:`environment_problems` names them.
+    variable name, or whose value holds a NUL, is left out (systemd leaves it out too), and
+    said for a person, with its line, in the second list.
     """
-    return _parse_environment(text)[0]
-
-
-def environment_problems(text: str) -> list[str]:
-    """What :func:`parse_environment` left out of ``text``, said for a person (line numbers)."""
-    return _parse_environment(text)[1]
-
-
-def _parse_environment(text: str) -> tuple[dict[str, str], list[str]]:
     out: dict[str, str] = {}
     problems: list[str] = []
     key: list[str] = []
@@ -138,7 +129,7 @@ def _parse_environment(text: str) -> tuple[dict[str, str], list[str]]:
             if nl:
                 push()
                 state = "pre_key"
-            elif ch == "'" :
+            elif ch == "'":
                 state, trailing = "single", 0
             elif ch == '"':
                 state, trailing = "double", 0
@@ -187,6 +178,14 @@ def _parse_environment(text: str) -> tuple[dict[str, str], list[str]]:
     elif state == "key":
         problems.append(f"line {start}: no '=' in {''.join(key).strip()[:40]!r}")
     return out, problems
+
+
+def environment_values(path: Path, text: str) -> dict[str, str]:
+    """The values of environment file ``path`` (its ``text``), logging the lines left out."""
+    values, problems = parse_environment(text)
+    if problems:
+        log.warning("agentd.env_file_lines_left_out", path=str(path), problems=problems)
+    return values
 
 
 def _section(config: Config, name: str) -> Any:
@@ -299,11 +298,8 @@ class Reloader:
         """Set the environment file's values (``text``, read by :func:`read_environment`); (path, names changed)."""
         if text is None:
             return None, []
-        values, problems = _parse_environment(text)
-        if problems:
-            log.warning("agentd.env_file_lines_left_out", path=str(path), problems=problems)
         changed = []
-        for key, value in values.items():
+        for key, value in environment_values(path, text).items():
             if key in systemd.SYSTEMD_ENV_VARS:
                 continue
             if os.environ.get(key) != value:

@@ -75,10 +75,10 @@ def own(base: Mapping[str, str] | None = None) -> frozenset[str]:
     return frozenset(k for k in (*AGENTD_VARS, *_own) if k in env)
 
 
-def withheld(provider: str, pass_env: Iterable[str] = ()) -> frozenset[str]:
-    """The variables ``provider``'s runtime must not get: agentd's own and those other
-    providers claim, less ``pass_env``."""
-    names: set[str] = set(own())
+def withheld(provider: str, pass_env: Iterable[str] = (), base: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The variables ``provider``'s runtime must not get: agentd's own (set in ``base``, default
+    agentd's environment) and those other providers claim, less ``pass_env``."""
+    names: set[str] = set(own(base))
     for name, claimed in _claims.items():
         if name != provider:
             names |= claimed
@@ -88,6 +88,6 @@ def withheld(provider: str, pass_env: Iterable[str] = ()) -> frozenset[str]:
 def environ(provider: str, pass_env: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
     """agentd's environment (or ``base``) without what :func:`withheld` names, as a new dict."""
     env = dict(os.environ if base is None else base)
-    for name in withheld(provider, pass_env) | (own(env) - set(pass_env)):
+    for name in withheld(provider, pass_env, env):
         env.pop(name, None)
     return env

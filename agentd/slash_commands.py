@@ -45,13 +45,6 @@ def parse(text: str) -> tuple[str, str] | None:
     return m.group(1), (m.group(2) or "").strip()
 
 
-def _refuse_closed(service: "ConversationService", ref: str) -> None:
-    """Closed for a closed conversation, before it is loaded (loading one takes its lease)."""
-    record = service.record(ref)
-    if record.state is wire.ConversationState.CLOSED:
-        raise c.Closed(f"conversation {record.id} is closed")
-
-
 async def _commands_of(service: "ConversationService", live: "_Live") -> list[c.Command]:
     record = live.record
     if record.state is wire.ConversationState.CLOSED:
@@ -69,8 +62,7 @@ async def listing(service: "ConversationService", ref: str) -> wire.CommandList:
 
     Raises NotFound, Closed, Unsupported (no commands on this provider), RuntimeUnavailable.
     """
-    _refuse_closed(service, ref)
-    live = await service.live(ref)
+    live = await service.live(ref, open_only=True)
     commands = await _commands_of(service, live)
     return wire.CommandList(conversation=live.record.id, provider=live.record.provider, commands=commands)
 
@@ -125,8 +117,7 @@ async def run(service: "ConversationService", ref: str, name: str, args: str = "
     parsed = parse(f"/{name}")
     if parsed is None or parsed[1] or parsed[0] != name:  # a name, and only a name: arguments go in ``args``
         raise c.Invalid(f"{name!r} is not a command name")
-    _refuse_closed(service, ref)
-    live = await service.live(ref)
+    live = await service.live(ref, open_only=True)
     await _commands_of(service, live)  # Unsupported before anything else
     text = f"/{name} {args.strip()}" if args.strip() else f"/{name}"
     return await service.send(ref, text, if_busy=if_busy)

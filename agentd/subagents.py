@@ -67,9 +67,7 @@ async def listing(service: "ConversationService", ref: str) -> wire.SubagentList
 
 async def _target(service: "ConversationService", ref: str, agent: str, capability: str) -> tuple[c.Subagent, c.SubagentController]:
     cid, subs = await _known(service, ref)
-    if service.record(cid).state is wire.ConversationState.CLOSED:  # before loading it takes its lease
-        raise c.Closed(f"conversation {cid} is closed")
-    live = await service.live(cid)
+    live = await service.live(cid, open_only=True)
     if not getattr((await service.runtimes.get(live.record.provider)).capabilities(), capability):
         raise c.Unsupported(f"provider {live.record.provider!r} cannot {capability.replace('_', ' ')}")
     found = next((s for s in subs if s.id == agent), None)

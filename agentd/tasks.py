@@ -474,13 +474,12 @@ class TaskService:
         and the ``after`` of the next ("" = none): a list of every task could pass the frame a
         client reads, as tasks are never removed. ``info`` gives a task whole. Raises NotFound
         for an unknown ``after``."""
-        key = _order
-        tasks = sorted(self._tasks.values(), key=key)
+        tasks = sorted(self._tasks.values(), key=_order)
         if after:
             cursor = self._tasks.get(after)
             if cursor is None:
                 raise c.NotFound(f"no task {after!r} to page after")
-            tasks = tasks[bisect.bisect_right(tasks, key(cursor), key=key):]
+            tasks = tasks[bisect.bisect_right(tasks, _order(cursor), key=_order):]
         page: list[wire.TaskRecord] = []
         size = 0
         for task in tasks:
