@@ -114,6 +114,9 @@ class Watch:
                 await trio.lowlevel.checkpoint()
                 return self._queue.popleft()
             if self._closed:
+                # A checkpoint first, as every receive is one: a cancel already asked for (the
+                # caller shutting down with the store) wins over the end of the channel.
+                await trio.lowlevel.checkpoint()
                 raise trio.EndOfChannel("the store's listener stopped")
             self._wake = trio.Event()
             await self._wake.wait()
