@@ -43,7 +43,7 @@ import structlog
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, WebSocketServer
 
-from . import _trust
+from . import _trust, agent_peers
 from .contract import AgentdError
 from .logs import register_secret
 
@@ -132,15 +132,15 @@ _SOCK_DIAG_BY_FAMILY = 20  # linux/sock_diag.h
 _NLM_F_REQUEST = 1
 _NLMSG = struct.Struct("=IHHII")  # struct nlmsghdr
 _INET_DIAG_NOCOOKIE = 0xFFFFFFFF
-#: where inet_diag_msg's idiag_uid lies: after its 4 one-byte fields, the 48-byte socket id and
-#: expires, rqueue, wqueue (linux/inet_diag.h)
+#: where inet_diag_msg's idiag_uid (then idiag_inode) lies: after its 4 one-byte fields, the
+#: 48-byte socket id and expires, rqueue, wqueue (linux/inet_diag.h)
 _UID_AT = _NLMSG.size + 4 + 48 + 12
 
 
-def loopback_peer_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
-    """The uid owning the TCP socket at ``peer`` (host, port) connected to ``local`` on this host,
-    asked of the kernel by sock_diag netlink (what ``ss -e`` shows), one exact lookup; None when
-    it cannot say (not Linux, no such socket, a peer on another host).
+def loopback_peer_socket(peer: tuple[str, int], local: tuple[str, int]) -> tuple[int, int] | None:
+    """(uid, inode) of the TCP socket at ``peer`` (host, port) connected to ``local`` on this
+    host, asked of the kernel by sock_diag netlink (what ``ss -e`` shows), one exact lookup;
+    None when it cannot say (not Linux, no such socket, a peer on another host).
     """
     try:
         family = socket.AF_INET6 if ipaddress.ip_address(peer[0]).version == 6 else socket.AF_INET
@@ -156,25 +156,33 @@ def loopback_peer_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | No
             nl.settimeout(1.0)
             nl.sendto(_NLMSG.pack(_NLMSG.size + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0) + req, (0, 0))
             data = nl.recv(65536)
-        if len(data) < _UID_AT + 4 or _NLMSG.unpack_from(data)[1] != _SOCK_DIAG_BY_FAMILY:
+        if len(data) < _UID_AT + 8 or _NLMSG.unpack_from(data)[1] != _SOCK_DIAG_BY_FAMILY:
             return None  # NLMSG_ERROR: no such socket here
-        return int(struct.unpack_from("=I", data, _UID_AT)[0])
+        uid, inode = struct.unpack_from("=II", data, _UID_AT)
+        return int(uid), int(inode)
     except (OSError, ValueError, AttributeError):  # AttributeError: no AF_NETLINK (not Linux)
         return None
 
 
-def _peer(address: str, port: int, stream: trio.SocketStream) -> str:
-    """Whose connection this is, for the per-peer cap: ``uid N`` on loopback when the kernel says, else the address."""
+def loopback_peer_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
+    """The uid owning the TCP socket at ``peer`` connected to ``local`` (:func:`loopback_peer_socket`)."""
+    found = loopback_peer_socket(peer, local)
+    return None if found is None else found[0]
+
+
+def _peer(address: str, port: int, stream: trio.SocketStream) -> tuple[str, int]:
+    """Whose connection this is, for the per-peer cap: ``uid N`` on loopback when the kernel says,
+    else the address; and the inode of the client's socket when it is on this host (else 0)."""
     try:
         loopback = ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
     except ValueError:
         loopback = False
     if loopback or address.startswith("::ffff:127."):
         local = stream.socket.getsockname()
-        uid = loopback_peer_uid((address, port), (local[0], local[1]))
-        if uid is not None:
-            return f"uid {uid}"
-    return address
+        found = loopback_peer_socket((address, port), (local[0], local[1]))
+        if found is not None:
+            return f"uid {found[0]}", found[1]
+    return address, 0
 
 
 class _Admission:
@@ -183,18 +191,18 @@ class _Admission:
     def __init__(self, total: int, per_peer: int) -> None:
         self.total = total
         self.per_peer = per_peer
-        #: "address:port" of the connection -> (its peer, its stream), until it passes or fails
-        #: the token check
-        self.pending: dict[str, tuple[str, trio.SocketStream]] = {}
+        #: "address:port" of the connection -> (its peer, its stream, its client socket's inode or
+        #: 0), until it passes or fails the token check
+        self.pending: dict[str, tuple[str, trio.SocketStream, int]] = {}
         self.by_peer: dict[str, int] = {}
         self.refused = 0
 
-    def admit(self, name: str, peer: str, stream: trio.SocketStream) -> bool:
+    def admit(self, name: str, peer: str, stream: trio.SocketStream, inode: int = 0) -> bool:
         self.settle(name)  # the same peer address and port again: the earlier connection is gone
         if len(self.pending) >= self.total or self.by_peer.get(peer, 0) >= self.per_peer:
             self.refused += 1
             return False
-        self.pending[name] = (peer, stream)
+        self.pending[name] = (peer, stream, inode)
         self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
         return True
 
@@ -212,7 +220,7 @@ class _Admission:
 
     def sweep(self) -> None:
         # A backstop: a connection closed by a path that never called _Counted.aclose.
-        for name, (_, stream) in list(self.pending.items()):
+        for name, (_, stream, _inode) in list(self.pending.items()):
             if stream.socket.fileno() < 0:
                 self.settle(name)
 
@@ -268,8 +276,8 @@ class _AdmittingListener(trio.abc.Listener[trio.SocketStream]):
                 await stream.aclose()
                 continue
             name = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-            peer = _peer(address, port, stream)
-            if self.admission.admit(name, peer, stream):
+            peer, inode = _peer(address, port, stream)
+            if self.admission.admit(name, peer, stream, inode):
                 return _Counted(stream, self.admission, name)  # type: ignore[return-value]
             if self.admission.refused % 1000 == 1:  # a flood logs now and then, not once per connection
                 log.warning("gateway.refused", peer=name, who=peer,
@@ -296,12 +304,17 @@ async def serve_websocket(server: "Server", config: "Config", paths: "Paths", *,
 
     async def handler(request: WebSocketRequest) -> None:
         remote = request.remote  # the _Counted stream's name, "address:port"
+        entry = admission.pending.get(str(remote))
+        inode = entry[2] if entry is not None else 0
         try:
             ws = await _authenticate(request)
         finally:
             admission.settle(str(remote))
         if ws is not None:
-            await server.serve_stream(_MessageStream(ws), f"ws {remote}")
+            # Past the token, as the scan of /proc costs more than the check (agentd.agent_peers).
+            agent = await trio.to_thread.run_sync(agent_peers.of_socket, inode) if inode else None
+            peer = f"ws {remote}" if agent is None else f"ws {remote} (agent, keeper {agent.keeper})"
+            await server.serve_stream(_MessageStream(ws), peer, agent=agent)
 
     async def _authenticate(request: WebSocketRequest) -> WebSocketConnection | None:
         headers = {k.lower(): v for k, v in request.headers}

@@ -41,7 +41,7 @@ import msgspec
 import structlog
 import trio
 
-from . import __version__, _trust
+from . import __version__, _trust, agent_peers
 from . import contract as c
 from . import masking, wire
 from . import tool_outputs as _tool_outputs
@@ -58,13 +58,17 @@ class _Connection:
     """One client: a bounded outbox, its subscriptions, and the requests in flight."""
 
     def __init__(self, server: "Server", stream: trio.abc.Stream, peer: str, buffer: int, *, may_stop: bool = False,
-                 buffer_bytes: int = 32 << 20, in_flight: int = 64) -> None:
+                 buffer_bytes: int = 32 << 20, in_flight: int = 64, agent: agent_peers.AgentPeer | None = None) -> None:
         self.server = server
         self.stream = stream
         self.peer = peer
         #: this client may stop the daemon (``shutdown``): it came through the Unix socket with
         #: the daemon's own uid; never a WebSocket gateway client
         self.may_stop = may_stop
+        #: set when an agent's own processes opened this connection: it may make
+        #: agent_peers.OPS only (logged once when it asks for more)
+        self.agent = agent
+        self.agent_refused = False
         # The outbox: frames queued for the writer, at most ``buffer`` of them. A plain list and
         # two events rather than a memory channel: offer() runs once per frame per subscriber
         # on the publisher's path, and the writer takes the whole list in one go. An entry may
@@ -453,17 +457,19 @@ class Server:
                     continue
                 nursery.start_soon(self._serve_connection, stream)
 
-    async def serve_stream(self, stream: trio.abc.Stream, peer: str) -> None:
+    async def serve_stream(self, stream: trio.abc.Stream, peer: str, *, agent: agent_peers.AgentPeer | None = None) -> None:
         """Serve one already-authenticated stream (the WebSocket gateway adapts to this).
 
         Such a client may use every op but ``shutdown``: only the Unix socket's
-        own-uid clients may stop the daemon.
+        own-uid clients may stop the daemon. ``agent``: the stream comes from an agent's
+        own processes, which may make :data:`agent_peers.OPS` only.
         """
-        await self._serve(stream, peer)
+        await self._serve(stream, peer, agent=agent)
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
         peer = "?"
         may_stop = False
+        agent = None
         try:
             sock = stream.socket
             if sock.family == _socket.AF_UNIX:
@@ -475,21 +481,25 @@ class Server:
                     err = c.Unauthorized(f"uid {uid} may not use this agentd (it runs as uid {os.getuid()})")
                     await _refuse(stream, err)
                     return
+                agent = agent_peers.of_process(pid)
                 may_stop = uid == os.getuid()
-            await self._serve(stream, peer, may_stop=may_stop)
+                if agent is not None:
+                    peer = f"{peer} (agent, keeper {agent.keeper})"
+            await self._serve(stream, peer, may_stop=may_stop, agent=agent)
         finally:
             with trio.move_on_after(1) as scope:
                 scope.shield = True
                 await stream.aclose()
 
-    async def _serve(self, stream: trio.abc.Stream, peer: str, *, may_stop: bool = False) -> None:
+    async def _serve(self, stream: trio.abc.Stream, peer: str, *, may_stop: bool = False,
+                     agent: agent_peers.AgentPeer | None = None) -> None:
         if self.connections >= self.max_connections:
             err = c.LimitExceeded(f"too many connections (limit {self.max_connections})")
             await _refuse(stream, err)
             return
         self.connections += 1
         conn = _Connection(self, stream, peer, self.subscriber_buffer, may_stop=may_stop,
-                           buffer_bytes=self.outbox_bytes, in_flight=self.max_requests_in_flight)
+                           buffer_bytes=self.outbox_bytes, in_flight=self.max_requests_in_flight, agent=agent)
         try:
             async with trio.open_nursery() as nursery:
                 conn.nursery = nursery
@@ -584,6 +594,8 @@ class Server:
     async def _reply(self, conn: _Connection, request: Any) -> None:
         handler = self._handlers[type(request)]
         try:
+            if conn.agent is not None and type(request) not in agent_peers.OPS:
+                self._refuse_agent(conn, request)
             if self.peers is not None and type(request) in self.peers.carried:
                 # A shared store: the host that runs the conversation answers (agentd.hosts).
                 frame = await self.peers.carry(request)
@@ -606,6 +618,15 @@ class Server:
             if len(frame) - 1 > wire.CLIENT_MAX_FRAME_BYTES:
                 frame = _too_large(request, len(frame) - 1)
             await conn.send(frame)
+
+    @staticmethod
+    def _refuse_agent(conn: _Connection, request: Any) -> None:
+        op = type(request).__struct_config__.tag
+        if not conn.agent_refused:  # once per connection: an agent asking in a loop does not fill the log
+            conn.agent_refused = True
+            log.warning("server.agent_refused", peer=conn.peer, op=op)
+        assert conn.agent is not None
+        raise conn.agent.refusal(str(op))
 
     # ------------------------------------------------------------------ handlers
 

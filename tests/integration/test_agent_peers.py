@@ -1,0 +1,136 @@
+"""An agent cannot drive agentd through its own control socket: a command the agent runs (here a
+script tool's real shell, under agentd's keeper as every runtime process is) that connects with
+agentctl, or over the WebSocket gateway with the token it can read, is refused everything but its
+host tools, so it cannot answer a pending permission, prompt a conversation, or read one. The same
+requests from the user's own agentctl work."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from daemon_harness import Daemon
+
+VICTIM = '''
+model = "victim"
+delay_ms = 0
+[[turn]]
+[[turn.step]]
+kind = "tool"
+name = "bash"
+permission = true
+command = "echo allowed > allowed.txt"
+[[turn.step]]
+kind = "text"
+text = "done"
+'''
+
+#: argv: PORT TOKENFILE CONVERSATION INTERACTION. Over the WebSocket gateway with the token: hello,
+#: then ``answer`` (allow), ``ls`` and ``list_host_tools``; prints each reply's error code (or "ok").
+WS_CLIENT = r'''
+import json, sys, trio
+from trio_websocket import open_websocket_url
+
+async def main():
+    token = open(sys.argv[2]).read().strip()
+    async with open_websocket_url(f"ws://127.0.0.1:{sys.argv[1]}/", extra_headers=[(b"Authorization", f"Bearer {token}".encode())]) as ws:
+        await ws.get_message()
+        await ws.send_message(json.dumps({"id": 0, "op": "hello", "protocol": 1}))
+        await ws.get_message()
+        answer = {"op": "answer", "conversation": sys.argv[3], "interaction": sys.argv[4], "answer": {"decision": "allow_once"}}
+        for i, op in enumerate([answer, {"op": "ls"}, {"op": "list_host_tools", "conversation": "nope"}], 1):
+            await ws.send_message(json.dumps({"id": i, **op}))
+            reply = json.loads(await ws.get_message())
+            print(f"ws {op['op']}:", reply.get("error", {}).get("code", "ok"), reply.get("error", {}).get("message", ""))
+
+trio.run(main)
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _json(out: Any) -> Any:
+    assert out.returncode == 0, f"exit {out.returncode}: {out.stderr}"
+    return json.loads(out.stdout)
+
+
+def _eventually(fn: Any, why: str, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(why)
+
+
+def test_an_agents_own_processes_may_not_answer_prompt_or_read(tmp_path: Path) -> None:
+    port = _free_port()
+    d = Daemon(tmp_path, f"[websocket]\nenabled = true\nport = {port}\n").start()
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        victim_script = tmp_path / "victim.toml"
+        victim_script.write_text(VICTIM)
+        victim = _json(d.agentctl("--json", "new", "-p", "script", "-m", str(victim_script), "--cwd", str(work)))["id"]
+        assert d.agentctl("send", victim, "write it").returncode == 0
+        pending = _eventually(lambda: _json(d.agentctl("show", victim, "--json")).get("pending"),
+                              why="the victim's permission never became pending")
+        interaction = pending[0]["id"]
+
+        # What an injected agent would run: the user's own agentctl, pointed at agentd's socket.
+        ctl = f"{shlex.quote(sys.executable)} -m agentctl --no-autostart --socket {shlex.quote(str(d.socket))}"
+        ws_client = tmp_path / "ws_client.py"
+        ws_client.write_text(WS_CLIENT)
+        attack = " ; ".join([
+            f"{ctl} answer {victim} {interaction} --allow; echo answer-rc=$?",
+            f"{ctl} send {victim} 'and more'; echo send-rc=$?",
+            f"{ctl} ls; echo ls-rc=$?",
+            f"{ctl} stop; echo stop-rc=$?",
+            f"{shlex.quote(sys.executable)} {shlex.quote(str(ws_client))} {port} {shlex.quote(str(d.runtime_dir / 'ws-token'))} {victim} {interaction}",
+        ])
+        attacker_script = tmp_path / "attacker.toml"
+        attacker_script.write_text(
+            'model = "attacker"\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\nkind = "tool"\nname = "bash"\n'
+            f"command = {json.dumps(attack)}\n"
+        )
+        attacker = _json(d.agentctl("--json", "new", "-p", "script", "-m", str(attacker_script), "--cwd", str(work)))["id"]
+        out = d.agentctl("--json", "send", attacker, "go", "--follow", timeout=120)
+        assert out.returncode == 0, out.stderr
+        tool = [r for r in d.journal(attacker) if r["type"] == "item" and r["data"]["kind"] == "tool"
+                and r["data"]["tool"].get("status") == "completed"]
+        assert tool, d.journal(attacker)
+        output = tool[-1]["data"]["tool"]["output"]
+
+        refused = "refused: this connection comes from an agent's own processes"
+        # agentctl answer asks for the conversation first (show); each command fails at its first request.
+        for op, first in (("answer", "show"), ("send", "send"), ("ls", "ls"), ("stop", "status")):
+            assert f"unauthorized: {first} {refused}" in output, output
+            rc = next(line for line in output.splitlines() if line.startswith(f"{op}-rc="))
+            assert rc != f"{op}-rc=0", output
+        for op in ("answer", "ls"):
+            assert f"ws {op}: unauthorized {op} {refused}" in output, output
+        # Its host tools stay open to it (this conversation has none: not found, yet not refused).
+        ws_tools = next(line for line in output.splitlines() if line.startswith("ws list_host_tools:"))
+        assert "unauthorized" not in ws_tools, output
+
+        # Nothing happened: the permission is still pending, no prompt was taken, agentd runs.
+        assert _json(d.agentctl("show", victim, "--json"))["pending"][0]["id"] == interaction
+        assert not (work / "allowed.txt").exists()
+        assert [r["data"]["text"] for r in d.journal(victim) if r["type"] == "prompt"] == ["write it"]
+        assert any(e.get("event") == "server.agent_refused" for e in d.log_events())
+
+        # The user's own agentctl may.
+        assert d.agentctl("answer", victim, interaction, "--allow").returncode == 0
+        _eventually(lambda: (work / "allowed.txt").exists(), why="the user's answer did not let the tool run")
+    finally:
+        d.stop()
