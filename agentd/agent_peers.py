@@ -12,7 +12,8 @@ it). A peer whose chain of parents passes through such a keeper to this agentd
 is an *agent peer*: it may use :data:`OPS`, what agentd's own MCP relay
 (``agentd.host_tools_relay``, which the runtime starts) needs, and nothing else;
 every other request is answered ``unauthorized``. A peer agentd cannot place (it
-is gone by the time agentd looks) is treated as an agent peer too.
+is gone by the time agentd looks) is treated as an agent peer too. Agent peers
+together hold at most ``[server] max_connections`` less :func:`kept_for_users`.
 
 * Unix socket: the connecting pid from ``SO_PEERCRED`` (:func:`of_process`).
 * WebSocket gateway, from loopback: the process holding the client's end of the
@@ -39,6 +40,10 @@ log = structlog.get_logger("agentd.agent_peers")
 
 #: the requests an agent peer may make: agentd's MCP relay listing and calling host tools
 OPS: frozenset[type] = frozenset({wire.ListHostTools, wire.CallHostTool})
+#: at most this many of ``[server] max_connections`` are kept for the user's own clients: agents'
+#: processes together get the rest, so an agent that opens connections in a loop cannot lock the
+#: user out of the daemon (an agent's relay holds one connection, and one more per call in flight)
+USER_CONNECTIONS = 64
 #: a chain of parents longer than this is not followed (a pid chain is finite; this bounds the reads)
 MAX_DEPTH = 4096
 _LAUNCHER = procs.LAUNCHER.encode()
@@ -64,6 +69,12 @@ class AgentPeer(msgspec.Struct, frozen=True):
             f"an agent may use only its host tools ({allowed})",
             details={"pid": self.pid, "keeper": self.keeper},
         )
+
+
+def kept_for_users(max_connections: int) -> int:
+    """How many of ``max_connections`` agent peers may not take: :data:`USER_CONNECTIONS`, at
+    most a quarter of them, at least one."""
+    return max(1, min(USER_CONNECTIONS, max_connections // 4))
 
 
 def _parent(pid: int) -> int | None:

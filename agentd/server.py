@@ -338,6 +338,8 @@ class Server:
         self.check_uid = check_uid
         self.started = time.monotonic()
         self.connections = 0
+        #: of those, the connections of agent peers (agentd.agent_peers)
+        self.agent_connections = 0
         self._exports = trio.CapacityLimiter(EXPORTS_AT_ONCE)
         self._handlers: dict[type, Callable[[_Connection, Any], Awaitable[Any]]] = {
             wire.Status: self._status,
@@ -497,7 +499,14 @@ class Server:
             err = c.LimitExceeded(f"too many connections (limit {self.max_connections})")
             await _refuse(stream, err)
             return
+        if agent is not None and self.agent_connections >= self.max_connections - agent_peers.kept_for_users(self.max_connections):
+            log.warning("server.agent_refused", peer=peer, op="connect", connections=self.agent_connections)
+            err = c.LimitExceeded(f"agents' processes hold {self.agent_connections} connections, all of "
+                                  f"[server] max_connections = {self.max_connections} but those kept for you")
+            await _refuse(stream, err)
+            return
         self.connections += 1
+        self.agent_connections += agent is not None
         conn = _Connection(self, stream, peer, self.subscriber_buffer, may_stop=may_stop,
                            buffer_bytes=self.outbox_bytes, in_flight=self.max_requests_in_flight, agent=agent)
         try:
@@ -520,6 +529,7 @@ class Server:
             log.exception("server.connection_failed", peer=peer)
         finally:
             self.connections -= 1
+            self.agent_connections -= agent is not None
 
     async def _read_loop(self, conn: _Connection, nursery: trio.Nursery) -> None:
         # Until hello: a connection that says nothing holds a descriptor and a slot for nobody.

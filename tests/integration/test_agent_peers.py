@@ -134,3 +134,58 @@ def test_an_agents_own_processes_may_not_answer_prompt_or_read(tmp_path: Path) -
         _eventually(lambda: (work / "allowed.txt").exists(), why="the user's answer did not let the tool run")
     finally:
         d.stop()
+
+
+#: argv: SOCKET COUNT OUT RELEASE. Opens COUNT connections to agentd, each with its hello, writes
+#: how many were taken and how many refused to OUT, and holds them until RELEASE exists.
+HOARDER = r'''
+import json, os, socket, sys, time
+path, count, out, release = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+held, refused = [], 0
+for _ in range(count):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    f = s.makefile("rb")
+    first = json.loads(f.readline())
+    if first.get("type") == "error":
+        refused += 1
+        s.close()
+        continue
+    s.sendall(b'{"id": 0, "op": "hello", "protocol": 1}\n')
+    json.loads(f.readline())
+    held.append((s, f))
+with open(out + ".tmp", "w") as fh:
+    json.dump({"held": len(held), "refused": refused}, fh)
+os.rename(out + ".tmp", out)
+deadline = time.monotonic() + 60
+while not os.path.exists(release) and time.monotonic() < deadline:
+    time.sleep(0.05)
+'''
+
+
+def test_an_agent_opening_connections_in_a_loop_leaves_the_users_share(tmp_path: Path) -> None:
+    d = Daemon(tmp_path, "[server]\nmax_connections = 16\n").start()
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        hoarder = tmp_path / "hoarder.py"
+        hoarder.write_text(HOARDER)
+        counts, release = tmp_path / "counts.json", tmp_path / "release"
+        command = " ".join(shlex.quote(str(a)) for a in (sys.executable, hoarder, d.socket, 40, counts, release))
+        script = tmp_path / "hoard.toml"
+        script.write_text('model = "hoard"\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\nkind = "tool"\nname = "bash"\n'
+                          f"command = {json.dumps(command)}\n")
+        cid = _json(d.agentctl("--json", "new", "-p", "script", "-m", str(script), "--cwd", str(work)))["id"]
+        assert d.agentctl("send", cid, "go").returncode == 0
+        _eventually(counts.exists, why="the agent's command never reported", timeout=60)
+        # 16 in all, 4 kept for the user (a quarter): the agent got 12 and was refused the rest.
+        assert json.loads(counts.read_text()) == {"held": 12, "refused": 28}
+        # While it holds them, the user's own clients get in (the daemon's and agentctl's).
+        for _ in range(3):
+            out = d.agentctl("--json", "ls")
+            assert out.returncode == 0, out.stderr
+            assert [c["id"] for c in json.loads(out.stdout)["conversations"]] == [cid]
+        release.touch()
+        _eventually(lambda: _json(d.agentctl("show", cid, "--json"))["record"]["state"] == "idle", why="the turn did not end")
+    finally:
+        d.stop()
