@@ -117,22 +117,28 @@ class ToolOutputs:
              limit: int = PAGE_BYTES) -> tuple[str, int] | None:
         """(text from byte ``offset``, the next offset or 0 at the end); None when none is kept.
 
-        A page ends on a character boundary, so pages join into the whole text.
+        A page ends on a character boundary, so pages join into the whole text; an
+        ``offset`` inside a character starts the page at the next one.
         """
         path = self._dir(conversation_id) / f"{_key(agent_id, item_id)}.txt"
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except (FileNotFoundError, OSError):
             return None
+        offset = max(0, offset)
         with os.fdopen(fd, "rb") as f:
-            f.seek(max(0, offset))
-            data = f.read(limit + 4)
+            f.seek(offset)
+            data = f.read(limit + 7)
+        start = 0
+        while start < 3 and start < len(data) and (data[start] & 0xC0) == 0x80:  # a character's tail
+            start += 1
+        data, offset = data[start:], offset + start
         if len(data) <= limit:
             return data.decode("utf-8", "replace"), 0
         end = limit
         while end > 0 and (data[end] & 0xC0) == 0x80:  # not inside a character
             end -= 1
-        return data[:end].decode("utf-8", "replace"), max(0, offset) + end
+        return data[:end].decode("utf-8", "replace"), offset + end
 
     def read_all(self, conversation_id: str, agent_id: str, item_id: str) -> str | None:
         """The whole kept output, or None."""
