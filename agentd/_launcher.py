@@ -179,6 +179,19 @@ def _reap_any() -> bool:
             return True
 
 
+#: this keeper's process name (/proc/PID/comm): what agentd.agent_peers looks for among a
+#: client's parents. Only this process can set it (or one that may ptrace it).
+NAME = "agentd-keeper"
+
+
+def _name_self() -> None:
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(NAME)
+    except OSError:
+        pass
+
+
 def main(argv: list[str]) -> int:
     split = argv.index("--")
     opts = dict(zip(argv[:split:2], argv[1:split:2]))
@@ -189,6 +202,7 @@ def main(argv: list[str]) -> int:
     me = os.getpid()
     if os.getpgrp() != me:
         os.setsid()  # the SDKs spawn without a session of its own
+    _name_self()
     record = os.path.join(records, f"{me}.json")
     ending = False
 

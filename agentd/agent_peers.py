@@ -6,24 +6,32 @@ own permission requests, prompt other conversations, read their history, close
 them. A shell command the user allowed once could grant every later request.
 
 So a connection is placed by the process that opened it. Every runtime process
-starts under a keeper that agentd itself forked (``agentd/_launcher.py``, a child
+starts under a keeper that agentd forked (``agentd/_launcher.py``, a child
 subreaper: whatever the runtime forks, ``setsid``-ed or orphaned, stays below
-it). A peer whose chain of parents passes through such a keeper to this agentd
-is an *agent peer*: it may use :data:`OPS`, what agentd's own MCP relay
-(``agentd.host_tools_relay``, which the runtime starts) needs, and nothing else;
-every other request is answered ``unauthorized``. A peer agentd cannot place (it
-is gone by the time agentd looks) is treated as an agent peer too. Agent peers
-together hold at most ``[server] max_connections`` less :func:`kept_for_users`.
+it), and the keeper names itself :data:`KEEPER_NAME`, a name only it can give
+itself. A peer with such a keeper among its parents (any agentd's: an agent of
+another agentd of the user's is an agent here too) is an *agent peer*: it may
+use :data:`OPS`, what agentd's own MCP relay (``agentd.host_tools_relay``,
+which the runtime starts) needs, naming its conversation by its full id, and
+nothing else; every other request is answered ``unauthorized``.
 
 * Unix socket: the connecting pid from ``SO_PEERCRED`` (:func:`of_process`).
-* WebSocket gateway, from loopback: the process holding the client's end of the
-  TCP connection, by the socket's inode from the kernel (:func:`of_socket`).
+* WebSocket gateway (loopback only): the processes holding the client's end of
+  the TCP connection, by the socket's inode from the kernel (:func:`of_socket`).
+
+Where agentd cannot tell, it fails closed: a peer gone before agentd looks, a
+chain of parents deeper than :data:`MAX_DEPTH`, a gateway socket found in no
+descriptor table agentd can read, are agent peers. Agent peers together hold at
+most ``[server] max_connections`` less :func:`kept_for_users`, and those of one
+keeper at most :func:`share_of_one`.
 
 Linux only (``/proc``); elsewhere nothing is an agent peer. What this does not
-stop: an agent that kills its own keeper (its runtime dies with it, and what it
-left behind is then reparented away from agentd), or one that changes the user's
-files agentd runs from, or asks another of the user's services to run a command
-for it. Against those the runtime needs a sandbox or a user of its own.
+stop, as the agent runs as the user: an agent that kills its own keeper (its
+runtime dies with it; what it left behind is reparented away), one that may
+ptrace (Yama ``ptrace_scope`` 0: it could rewrite agentd itself), one that
+changes the user's files agentd runs from or reads the user's credentials, or
+asks another of the user's services to run a command for it. Against those the
+runtime needs a sandbox or a user of its own.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import msgspec
 import structlog
 
 from . import contract as c
-from . import procs, wire
+from . import _launcher, procs, wire
 
 log = structlog.get_logger("agentd.agent_peers")
 
@@ -44,9 +52,14 @@ OPS: frozenset[type] = frozenset({wire.ListHostTools, wire.CallHostTool})
 #: processes together get the rest, so an agent that opens connections in a loop cannot lock the
 #: user out of the daemon (an agent's relay holds one connection, and one more per call in flight)
 USER_CONNECTIONS = 64
-#: a chain of parents longer than this is not followed (a pid chain is finite; this bounds the reads)
-MAX_DEPTH = 4096
-_LAUNCHER = procs.LAUNCHER.encode()
+#: what one relay may hold at once: its watcher, a listing and one connection per call in flight
+#: (agentd.host_tools_relay.MAX_CALLS)
+RELAY_CONNECTIONS = 18
+#: a chain of parents deeper than this makes an agent peer: deeper than any shell a person works
+#: in, and it bounds the reads an agent can make agentd do per connection
+MAX_DEPTH = 64
+#: the process name every keeper gives itself (agentd/_launcher.py)
+KEEPER_NAME = _launcher.NAME.encode()
 
 
 class AgentPeer(msgspec.Struct, frozen=True):
@@ -62,7 +75,7 @@ class AgentPeer(msgspec.Struct, frozen=True):
 
     def refusal(self, op: str) -> c.Unauthorized:
         """The error for request ``op`` (its wire tag) from this peer."""
-        where = f"under runtime keeper pid {self.keeper}" if self.keeper else "which agentd could not place (gone)"
+        where = f"under runtime keeper pid {self.keeper}" if self.keeper else "which agentd could not place"
         allowed = ", ".join(sorted(t.__struct_config__.tag for t in OPS))  # type: ignore[attr-defined]
         return c.Unauthorized(
             f"{op} refused: this connection comes from an agent's own processes (pid {self.pid}, {where}); "
@@ -77,34 +90,35 @@ def kept_for_users(max_connections: int) -> int:
     return max(1, min(USER_CONNECTIONS, max_connections // 4))
 
 
-def _parent(pid: int) -> int | None:
-    """PID's parent from /proc/PID/stat (field 4); None when PID is gone."""
+def share_of_one(max_connections: int) -> int:
+    """How many connections the agent peers under one keeper may hold: a quarter of the agents'
+    share, so one agent cannot take the others' relays' connections, yet at least
+    :data:`RELAY_CONNECTIONS` (never more than the agents' share)."""
+    share = max_connections - kept_for_users(max_connections)
+    return min(share, max(RELAY_CONNECTIONS, share // 4))
+
+
+def _stat(pid: int) -> tuple[bytes, int] | None:
+    """(name, parent) of PID from /proc/PID/stat (fields 2 and 4); None when PID is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[1])
+        close = data.rindex(b")")
+        return data[data.index(b"(") + 1:close], int(data[close + 2:].split()[1])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _is_keeper(pid: int) -> bool:
-    """PID runs agentd's keeper (``python -I -S .../_launcher.py ...``)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return False
-    return _LAUNCHER in argv[:4]
 
 
 def of_process(pid: int, *, daemon: int | None = None) -> AgentPeer | None:
     """The agent peer that process ``pid`` is, or None for any other process.
 
-    ``daemon``: the agentd whose keepers count (default: this process). Reads
-    /proc/PID/stat up the chain of parents (at most :data:`MAX_DEPTH`); a process
-    found gone at the start is an agent peer with ``keeper`` 0 (it cannot be told
-    apart from one). A pid of 0 (``SO_PEERCRED`` of a peer in a pid namespace that
-    is not below agentd's, which no agent can create) is no agent peer.
+    Reads /proc/PID/stat up the chain of parents, looking for a keeper of any agentd
+    (its name, :data:`KEEPER_NAME`): an agent under another agentd of the user is an
+    agent here too. Stops at ``daemon`` (default: this process), whose own children
+    outside a keeper are not agents, and at the top. Fails closed: a chain deeper than
+    :data:`MAX_DEPTH`, or a process found gone at the start, is an agent peer (``keeper``
+    0). A pid of 0 (``SO_PEERCRED`` of a peer in a pid namespace that is not below
+    agentd's, which no agent can create) is no agent peer.
     """
     if not procs.SUPPORTED or pid <= 0:
         return None
@@ -115,54 +129,56 @@ def of_process(pid: int, *, daemon: int | None = None) -> AgentPeer | None:
         current = pid
         for _ in range(MAX_DEPTH):
             if current == me:
-                return None  # agentd itself (a client in agentd's own process)
-            parent = _parent(current)
-            if parent is None:
+                return None  # agentd itself, or one of its children outside a keeper (git)
+            found = _stat(current)
+            if found is None:
                 break
-            if parent == me:
-                return AgentPeer(pid, current) if _is_keeper(current) else None
-            if parent <= 1:
-                return None
+            name, parent = found
+            if name == KEEPER_NAME:
+                return AgentPeer(pid, current)
+            if parent == 0:
+                return None  # the top (pid 1, or a namespace's top)
             current = parent
         else:
-            return None
+            return AgentPeer(pid)  # deeper than any shell a person works in
         if current == pid:
             return AgentPeer(pid)  # gone before agentd looked
     return AgentPeer(pid)
 
 
-def of_socket(inode: int, *, daemon: int | None = None) -> AgentPeer | None:
-    """The agent peer holding the socket with inode ``inode`` open, or None when no process
-    below one of agentd's keepers holds it.
+def of_socket(inode: int) -> AgentPeer | None:
+    """The agent peer behind the socket with inode ``inode`` (the client's end of a loopback
+    connection), or None when a process holding it was found and none holding it is an agent.
 
-    Scans /proc: each process's parent, then the descriptors of the processes below
-    agentd's keepers only. Blocking (a few ms with hundreds of processes): call it
+    Fails closed: a socket found in no process's descriptor table agentd can read (held
+    only by a thread with a table of its own, by a process agentd may not look into, in
+    flight in a unix socket message, or closed) is an agent peer with ``pid`` and
+    ``keeper`` 0. Scans /proc, blocking (tens of ms with hundreds of processes): call it
     from a worker thread.
     """
-    if not procs.SUPPORTED or inode <= 0:
+    if not procs.SUPPORTED:
         return None
-    me = os.getpid() if daemon is None else daemon
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            parent = _parent(int(name))
-            if parent is not None:
-                children.setdefault(parent, []).append(int(name))
+    if inode <= 0:
+        return AgentPeer(0)
     target = f"socket:[{inode}]"
-    for keeper in children.get(me, []):
-        if not _is_keeper(keeper):
+    holders = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
             continue
-        below = [keeper]
-        for pid in below:  # grows as it goes: breadth first over the keeper's descendants
-            below.extend(children.get(pid, []))
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
             try:
-                fds = os.listdir(f"/proc/{pid}/fd")
+                if os.readlink(f"/proc/{name}/fd/{fd}") == target:
+                    holders.append(int(name))
+                    break
             except OSError:
                 continue
-            for fd in fds:
-                try:
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
-                        return AgentPeer(pid, keeper)
-                except OSError:
-                    continue
+    if not holders:
+        return AgentPeer(0)
+    for pid in holders:
+        if (peer := of_process(pid)) is not None:
+            return peer
     return None

@@ -171,17 +171,13 @@ def loopback_peer_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | No
 
 
 def _peer(address: str, port: int, stream: trio.SocketStream) -> tuple[str, int]:
-    """Whose connection this is, for the per-peer cap: ``uid N`` on loopback when the kernel says,
-    else the address; and the inode of the client's socket when it is on this host (else 0)."""
-    try:
-        loopback = ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
-    except ValueError:
-        loopback = False
-    if loopback or address.startswith("::ffff:127."):
-        local = stream.socket.getsockname()
-        found = loopback_peer_socket((address, port), (local[0], local[1]))
-        if found is not None:
-            return f"uid {found[0]}", found[1]
+    """Whose connection this is, for the per-peer cap: ``uid N`` when the kernel says (the gateway
+    listens on loopback, so every client is on this host, whatever its source address), else the
+    address; and the inode of the client's socket (0 when the kernel does not say)."""
+    local = stream.socket.getsockname()
+    found = loopback_peer_socket((address.split("%", 1)[0], port), (local[0], local[1]))
+    if found is not None:
+        return f"uid {found[0]}", found[1]
     return address, 0
 
 
@@ -312,7 +308,7 @@ async def serve_websocket(server: "Server", config: "Config", paths: "Paths", *,
             admission.settle(str(remote))
         if ws is not None:
             # Past the token, as the scan of /proc costs more than the check (agentd.agent_peers).
-            agent = await trio.to_thread.run_sync(agent_peers.of_socket, inode) if inode else None
+            agent = await trio.to_thread.run_sync(agent_peers.of_socket, inode)
             peer = f"ws {remote}" if agent is None else f"ws {remote} (agent, keeper {agent.keeper})"
             await server.serve_stream(_MessageStream(ws), peer, agent=agent)
 

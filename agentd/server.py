@@ -338,8 +338,9 @@ class Server:
         self.check_uid = check_uid
         self.started = time.monotonic()
         self.connections = 0
-        #: of those, the connections of agent peers (agentd.agent_peers)
+        #: of those, the connections of agent peers (agentd.agent_peers), in all and by keeper
         self.agent_connections = 0
+        self._agent_by_keeper: dict[int, int] = {}
         self._exports = trio.CapacityLimiter(EXPORTS_AT_ONCE)
         self._handlers: dict[type, Callable[[_Connection, Any], Awaitable[Any]]] = {
             wire.Status: self._status,
@@ -499,14 +500,14 @@ class Server:
             err = c.LimitExceeded(f"too many connections (limit {self.max_connections})")
             await _refuse(stream, err)
             return
-        if agent is not None and self.agent_connections >= self.max_connections - agent_peers.kept_for_users(self.max_connections):
+        if agent is not None and (err := self._agent_limit(agent)) is not None:
             log.warning("server.agent_refused", peer=peer, op="connect", connections=self.agent_connections)
-            err = c.LimitExceeded(f"agents' processes hold {self.agent_connections} connections, all of "
-                                  f"[server] max_connections = {self.max_connections} but those kept for you")
             await _refuse(stream, err)
             return
         self.connections += 1
-        self.agent_connections += agent is not None
+        if agent is not None:
+            self.agent_connections += 1
+            self._agent_by_keeper[agent.keeper] = self._agent_by_keeper.get(agent.keeper, 0) + 1
         conn = _Connection(self, stream, peer, self.subscriber_buffer, may_stop=may_stop,
                            buffer_bytes=self.outbox_bytes, in_flight=self.max_requests_in_flight, agent=agent)
         try:
@@ -529,7 +530,24 @@ class Server:
             log.exception("server.connection_failed", peer=peer)
         finally:
             self.connections -= 1
-            self.agent_connections -= agent is not None
+            if agent is not None:
+                self.agent_connections -= 1
+                if left := self._agent_by_keeper[agent.keeper] - 1:
+                    self._agent_by_keeper[agent.keeper] = left
+                else:
+                    del self._agent_by_keeper[agent.keeper]
+
+    def _agent_limit(self, agent: agent_peers.AgentPeer) -> c.LimitExceeded | None:
+        """Why one more connection of ``agent`` is refused, or None (agent_peers.kept_for_users, share_of_one)."""
+        limit = self.max_connections
+        if self.agent_connections >= limit - agent_peers.kept_for_users(limit):
+            return c.LimitExceeded(f"agents' processes hold {self.agent_connections} connections, all of "
+                                   f"[server] max_connections = {limit} but those kept for you")
+        held = self._agent_by_keeper.get(agent.keeper, 0)
+        if held >= agent_peers.share_of_one(limit):
+            return c.LimitExceeded(f"this agent's processes hold {held} connections, one agent's share of "
+                                   f"[server] max_connections = {limit}")
+        return None
 
     async def _read_loop(self, conn: _Connection, nursery: trio.Nursery) -> None:
         # Until hello: a connection that says nothing holds a descriptor and a slot for nobody.
@@ -604,8 +622,8 @@ class Server:
     async def _reply(self, conn: _Connection, request: Any) -> None:
         handler = self._handlers[type(request)]
         try:
-            if conn.agent is not None and type(request) not in agent_peers.OPS:
-                self._refuse_agent(conn, request)
+            if conn.agent is not None:
+                self._check_agent(conn, request)
             if self.peers is not None and type(request) in self.peers.carried:
                 # A shared store: the host that runs the conversation answers (agentd.hosts).
                 frame = await self.peers.carry(request)
@@ -629,13 +647,22 @@ class Server:
                 frame = _too_large(request, len(frame) - 1)
             await conn.send(frame)
 
-    @staticmethod
-    def _refuse_agent(conn: _Connection, request: Any) -> None:
+    def _check_agent(self, conn: _Connection, request: Any) -> None:
+        """Raise for what an agent peer may not ask (agentd.agent_peers): an op other than its
+        host tools', or a conversation not named by its full id (no prefix search that lists ids)."""
+        assert conn.agent is not None
+        if type(request) in agent_peers.OPS:
+            try:
+                named = self.service.resolve(request.conversation)
+            except c.AgentdError:
+                named = ""
+            if named != request.conversation:
+                raise c.NotFound(f"no conversation {request.conversation!r} (an agent names its conversation by its full id)")
+            return
         op = type(request).__struct_config__.tag
         if not conn.agent_refused:  # once per connection: an agent asking in a loop does not fill the log
             conn.agent_refused = True
             log.warning("server.agent_refused", peer=conn.peer, op=op)
-        assert conn.agent is not None
         raise conn.agent.refusal(str(op))
 
     # ------------------------------------------------------------------ handlers

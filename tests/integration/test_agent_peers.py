@@ -43,10 +43,13 @@ async def main():
         await ws.send_message(json.dumps({"id": 0, "op": "hello", "protocol": 1}))
         await ws.get_message()
         answer = {"op": "answer", "conversation": sys.argv[3], "interaction": sys.argv[4], "answer": {"decision": "allow_once"}}
-        for i, op in enumerate([answer, {"op": "ls"}, {"op": "list_host_tools", "conversation": "nope"}], 1):
+        ops = [answer, {"op": "ls"}, {"op": "list_host_tools", "conversation": "nope"},
+               {"op": "list_host_tools", "conversation": sys.argv[3][:2]}]
+        for i, op in enumerate(ops, 1):
             await ws.send_message(json.dumps({"id": i, **op}))
             reply = json.loads(await ws.get_message())
-            print(f"ws {op['op']}:", reply.get("error", {}).get("code", "ok"), reply.get("error", {}).get("message", ""))
+            print(f"ws {op['op']} {op.get('conversation', '')}:", reply.get("error", {}).get("code", "ok"),
+                  reply.get("error", {}).get("message", ""))
 
 trio.run(main)
 '''
@@ -117,11 +120,13 @@ def test_an_agents_own_processes_may_not_answer_prompt_or_read(tmp_path: Path) -
             assert f"unauthorized: {first} {refused}" in output, output
             rc = next(line for line in output.splitlines() if line.startswith(f"{op}-rc="))
             assert rc != f"{op}-rc=0", output
-        for op in ("answer", "ls"):
-            assert f"ws {op}: unauthorized {op} {refused}" in output, output
-        # Its host tools stay open to it (this conversation has none: not found, yet not refused).
-        ws_tools = next(line for line in output.splitlines() if line.startswith("ws list_host_tools:"))
-        assert "unauthorized" not in ws_tools, output
+        assert f"ws answer {victim}: unauthorized answer {refused}" in output, output
+        assert f"ws ls : unauthorized ls {refused}" in output, output
+        # Its host tools stay open to it (no such conversation: not found, yet not refused), by full
+        # ids only: a prefix would list the ids it matches.
+        assert "ws list_host_tools nope: not_found no conversation 'nope'" in output, output
+        by_prefix = next(line for line in output.splitlines() if line.startswith(f"ws list_host_tools {victim[:2]}:"))
+        assert "not_found" in by_prefix and "full id" in by_prefix and victim not in by_prefix, output
 
         # Nothing happened: the permission is still pending, no prompt was taken, agentd runs.
         assert _json(d.agentctl("show", victim, "--json"))["pending"][0]["id"] == interaction

@@ -63,7 +63,7 @@ def kept(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
 def test_a_setsid_orphan_below_a_keeper_is_an_agent_peer(kept: subprocess.Popen[bytes], tmp_path: Path) -> None:
     orphan = _wait_pid(tmp_path / "orphan.pid")
     deadline = time.monotonic() + 5
-    while agent_peers._parent(orphan) != kept.pid:  # its parent exited: adopted by the keeper (subreaper)
+    while (agent_peers._stat(orphan) or (b'', 0))[1] != kept.pid:  # its parent exited: adopted by the keeper (subreaper)
         assert time.monotonic() < deadline, f"orphan {orphan} was not adopted by keeper {kept.pid}"
         time.sleep(0.02)
     assert agent_peers.of_process(orphan) == agent_peers.AgentPeer(orphan, kept.pid)
@@ -79,8 +79,34 @@ def test_agentd_its_other_children_and_strangers_are_not(kept: subprocess.Popen[
             child.kill()
     assert agent_peers.of_process(1) is None
     assert agent_peers.of_process(0) is None  # SO_PEERCRED of a peer in a namespace not below ours
-    # Another agentd's keeper is not this one's: placed against our parent, our keeper is not a keeper.
-    assert agent_peers.of_process(kept.pid, daemon=os.getppid()) is None
+
+
+def test_a_keeper_of_another_agentd_counts_too(kept: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    orphan = _wait_pid(tmp_path / "orphan.pid")
+    # Placed by an agentd that is not this process (our parent, say): the keeper is still found.
+    assert agent_peers.of_process(orphan, daemon=os.getppid()) == agent_peers.AgentPeer(orphan, kept.pid)
+    assert agent_peers.of_process(kept.pid, daemon=os.getppid()) == agent_peers.AgentPeer(kept.pid, kept.pid)
+
+
+def test_a_chain_deeper_than_any_shell_fails_closed(tmp_path: Path) -> None:
+    nest = tmp_path / "nest.sh"
+    # Each level a shell of its own (the `; true` keeps a shell from exec-ing its last command).
+    nest.write_text('if [ "$1" -eq 0 ]; then echo $$ > "$2.tmp"; mv "$2.tmp" "$2"; exec sleep 60; fi\n'
+                    'sh "$0" $(($1 - 1)) "$2"; true\n')
+    pidfile = tmp_path / "leaf.pid"
+    top = subprocess.Popen(["sh", str(nest), str(agent_peers.MAX_DEPTH + 2), str(pidfile)], start_new_session=True)
+    try:
+        leaf = _wait_pid(pidfile)
+        assert agent_peers.of_process(leaf) == agent_peers.AgentPeer(leaf, 0)
+        # The same process placed with a bound above its depth: no keeper, no agent.
+        agent_peers.MAX_DEPTH, depth = agent_peers.MAX_DEPTH + 64, agent_peers.MAX_DEPTH
+        try:
+            assert agent_peers.of_process(leaf) is None
+        finally:
+            agent_peers.MAX_DEPTH = depth
+    finally:
+        os.killpg(top.pid, 9)
+        top.wait(10)
 
 
 def test_a_peer_gone_before_it_is_placed_counts_as_an_agent() -> None:
@@ -113,6 +139,11 @@ def test_the_holder_of_a_loopback_connection_is_found_below_a_keeper(tmp_path: P
             assert mine.fileno() >= 0
             conn2.close()
         conn.close()
+        # The client's end is the orphan's still; a socket no process agentd can read holds (closed,
+        # in flight in a message, in a table of its own) fails closed.
+        assert agent_peers.of_socket(found[1]) == agent_peers.AgentPeer(orphan, keeper.pid)
+        assert agent_peers.of_socket(0) == agent_peers.AgentPeer(0)
+        assert agent_peers.of_socket(1 << 31) == agent_peers.AgentPeer(0)
     finally:
         os.kill(keeper.pid, procs.KILL_ALL)
         keeper.wait(10)
