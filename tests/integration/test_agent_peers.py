@@ -194,3 +194,29 @@ def test_an_agent_opening_connections_in_a_loop_leaves_the_users_share(tmp_path:
         _eventually(lambda: _json(d.agentctl("show", cid, "--json"))["record"]["state"] == "idle", why="the turn did not end")
     finally:
         d.stop()
+
+
+def test_one_agent_cannot_take_the_connections_of_the_others(tmp_path: Path) -> None:
+    # 200 in all: 50 kept for the user, 150 for agents, 37 (a quarter) for each agent's processes.
+    d = Daemon(tmp_path, "[server]\nmax_connections = 200\n").start()
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        hoarder = tmp_path / "hoarder.py"
+        hoarder.write_text(HOARDER)
+        release = tmp_path / "release"
+        counts = {}
+        for name, count in (("greedy", 60), ("other", 5)):
+            counts[name] = tmp_path / f"{name}.json"
+            command = " ".join(shlex.quote(str(a)) for a in (sys.executable, hoarder, d.socket, count, counts[name], release))
+            script = tmp_path / f"{name}.toml"
+            script.write_text(f'model = "{name}"\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\nkind = "tool"\nname = "bash"\n'
+                              f"command = {json.dumps(command)}\n")
+            cid = _json(d.agentctl("--json", "new", "-p", "script", "-m", str(script), "--cwd", str(work)))["id"]
+            assert d.agentctl("send", cid, "go").returncode == 0
+            _eventually(counts[name].exists, why=f"{name}'s command never reported", timeout=60)
+        assert json.loads(counts["greedy"].read_text()) == {"held": 37, "refused": 23}
+        assert json.loads(counts["other"].read_text()) == {"held": 5, "refused": 0}
+        release.touch()
+    finally:
+        d.stop()
