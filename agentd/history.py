@@ -31,7 +31,7 @@ Cost: a page reads the journal through its offset index in windows of seq,
 growing from ``limit`` records, so a page near the end of a 100,000-record
 journal reads a few hundred lines, not the file (tests/bench/bench_history.py).
 A window holds at most :data:`WINDOW_BYTES` of records besides its first: where
-``limit`` records are more than that (items near the 16 Mi-character cap), the
+``limit`` records are more than that (items near the 10 Mi-character cap), the
 window is narrowed to its part nearest the cursor and the page ends there, with a
 cursor to the next (it may then hold fewer than ``limit`` entries, or none but a
 cursor).

@@ -19,7 +19,7 @@ provider's tool commands, the conversation service's journal encoder):
   read and the ceiling) and the conversation takes the next prompt.
 * **Big items** (:data:`MAX_ITEM_TEXT_CHARS`): a message streamed in chunks has no
   size of its own; its text is kept (journaled, held for snapshots and history) up
-  to 16 Mi characters, then cut with a line saying how much (:func:`cut_text`).
+  to 10 Mi characters, then cut with a line saying how much (:func:`cut_text`).
 * **Unknown kinds** (:func:`unknown`): an event, update or item kind agentd does
   not know becomes an ``unknown`` record carrying the runtime's type name and
   its data verbatim (after the odd-bytes rule), logged at warning level once per
@@ -46,9 +46,10 @@ log = structlog.get_logger(__name__)
 MAX_MESSAGE_BYTES = 64 << 20
 
 #: The most characters of text one item keeps (an assistant or reasoning message streamed in
-#: chunks): a quarter of the message ceiling, so that its UTF-8 fits the 64 MiB frame a client
-#: reads whatever the characters (what the Copilot provider keeps of a stream over the ceiling).
-MAX_ITEM_TEXT_CHARS = MAX_MESSAGE_BYTES // 4
+#: chunks, an item adopted from a runtime's transcript): 10 Mi, so that its record fits the
+#: 64 MiB frame a client reads whatever the characters, with 4 MiB to spare for the rest of the
+#: record: JSON writes a control character as six bytes (``\u0001``), any other in at most four.
+MAX_ITEM_TEXT_CHARS = 10 << 20
 
 REPLACEMENT = "\ufffd"
 _SURROGATE = re.compile("[\ud800-\udfff]")

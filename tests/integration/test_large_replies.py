@@ -123,6 +123,20 @@ async def test_an_item_over_the_item_bound_is_journaled_cut_whatever_the_provide
         assert echo["text"] == "z" * bound + runtime_output.cut_note(1000)
 
 
+async def test_an_item_of_control_characters_at_the_bound_is_a_record_a_client_reads(tmp_path: Path) -> None:
+    # JSON writes each as six bytes (\u0001): at the old bound (16 Mi characters) the record was
+    # 100 MB, over the 64 MiB a client reads, and no tail, history page or export could pass it.
+    from agentd import runtime_output
+
+    async with in_process_service(tmp_path) as (service, hub):
+        cid = await _conversation(service, tmp_path, "\x01" * (runtime_output.MAX_ITEM_TEXT_CHARS + 1000))
+        live = await service.live(cid)
+        lines = await service.published_lines(live)
+        (echo,) = [line for line in lines if wire.decode_record(line).type == "item"
+                   and msgspec.json.decode(wire.decode_record(line).data)["kind"] == "assistant"]
+        assert len(echo) < wire.CLIENT_MAX_FRAME_BYTES - (1 << 20)
+
+
 async def test_a_reply_carried_from_another_host_over_the_client_frame_limit_is_a_limit_error_too(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Several hosts on one database (agentd.hosts): the host that runs a conversation answers its
