@@ -27,7 +27,7 @@ from typing import Any, TextIO
 import msgspec
 
 from agentd import wire
-from agentd.termsafe import visible, visible_all
+from agentd.termsafe import visible, visible_all, visible_name
 from agentd.contract import (
     Answer,
     AnswerRecord,
@@ -1121,8 +1121,9 @@ def json_snapshot(conversation: str, snap: wire.Snapshot) -> bytes:
 
 
 def table(rows: list[list[str]], headers: list[str], style: Style | None = None) -> str:
-    """Left-aligned columns; the last column is not padded."""
-    all_rows = [headers, *([visible(c) for c in r] for r in rows)]
+    """Left-aligned columns; the last column is not padded. A cell is one line whatever it holds
+    (:func:`~agentd.termsafe.visible_name`: a newline in a title or name forges no row)."""
+    all_rows = [headers, *([visible_name(c) for c in r] for r in rows)]
     widths = [max(len(r[i]) for r in all_rows) for i in range(len(headers))]
     lines = []
     for n, r in enumerate(all_rows):

@@ -37,6 +37,7 @@ import structlog
 
 from . import contract as c
 from . import wire
+from .titles import user_title
 
 if TYPE_CHECKING:
     from .conversations import ConversationService
@@ -121,7 +122,7 @@ def turns(lines: Iterable[bytes], dropped: Collection[str] = ()) -> list[Turn]:
 def _find(runs: list[Turn], ref: str, dropped: Collection[str], cid: str) -> Turn:
     """The run ``ref`` names among ``runs``: an exact run id, a unique prefix of one, or a turn
     number N (the Nth turn of the rewound view, 1 the first; run ids begin with a letter)."""
-    if ref.isdigit():
+    if ref.isascii() and ref.isdigit():  # str.isdigit also takes '²', which int() refuses
         n = int(ref)
         if not 1 <= n <= len(runs):
             raise c.NotFound(f"conversation {cid} has {len(runs)} turn(s), no turn {n}")
@@ -167,6 +168,7 @@ async def fork(service: "ConversationService", ref: str, at: str = "", *, title:
     Busy (that run still runs), Unsupported (the provider cannot fork), SubmissionUncertain
     (the runtime may have made a fork whose id was lost: never retried), InternalError.
     """
+    title = user_title(title)
     reader = await service.reader(ref)
     record = reader.record
     cid = record.id

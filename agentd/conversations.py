@@ -58,6 +58,7 @@ from ._quick_lock import QuickLock
 from .hub import Hub, Line, LiveRun
 from .journal import FsyncPolicy
 from .leases import LeaseHeld
+from .titles import runtime_title, title_from_prompt, user_title
 
 from .config import AttachmentsConfig
 
@@ -770,9 +771,9 @@ class ConversationService:
 
         Raises NotFound for an unknown provider, RuntimeUnavailable when its
         runtime cannot start, Invalid for a bad workdir or model, or a title over
-        MAX_TITLE_CHARS (its whitespace folded, as :meth:`set_title` does).
+        agentd.titles.MAX_TITLE_CHARS (agentd.titles.user_title).
         """
-        title = _title(title)
+        title = user_title(title)
         await self.runtimes.get(provider)  # unknown or broken provider: fail before writing anything
         import os
 
@@ -1367,11 +1368,14 @@ class ConversationService:
             await _usage.account(self, live, run, tokens=event.tokens)
             return
         elif isinstance(event, c.TitleEvent):
-            if event.title == live.record.title:
+            title = runtime_title(event.title)
+            if title == live.record.title:
                 return  # the provider confirming a title set here, already journaled
             if live.record.title_source == "user":
                 return  # a person named it; the provider's own title does not replace that
-            live.record.title = event.title
+            if title != event.title:
+                type_, data = "title", _json.encode(title)
+            live.record.title = title
             live.record.title_source = "provider"
             self._save_quietly(live.record)
         elif isinstance(event, c.InteractionEvent):
@@ -1919,7 +1923,7 @@ class ConversationService:
         conversation opened for it if needed; failing that is logged, the
         title stays set here. Raises Invalid for a title over 200 characters.
         """
-        title = _title(title)
+        title = user_title(title)
         live = await self.live(ref)
         live.record.title = title
         live.record.title_source = "user" if title else ""
@@ -2231,35 +2235,6 @@ class ConversationService:
         from .store import read_published
 
         return await read_published(live.journal, live.published_seq)
-
-
-#: Longest title ``agentctl title`` may set.
-MAX_TITLE_CHARS = 200
-#: Titles made from a prompt are cut to about this many characters, on a word boundary.
-PROMPT_TITLE_CHARS = 60
-
-
-def _title(title: str) -> str:
-    """A title a person gave, its whitespace folded (a newline would make a row of its own in a
-    listing); Invalid over MAX_TITLE_CHARS."""
-    title = " ".join(title.split())
-    if len(title) > MAX_TITLE_CHARS:
-        raise c.Invalid(f"a title takes at most {MAX_TITLE_CHARS} characters")
-    return title
-
-
-def title_from_prompt(text: str, limit: int = PROMPT_TITLE_CHARS) -> str:
-    """A short title from a prompt: its first non-blank line, whitespace collapsed, cut on a word
-    boundary to at most ``limit`` characters (an ellipsis marks the cut)."""
-    line = next((ln for ln in text.splitlines() if ln.strip()), "")
-    line = " ".join(line.split())
-    if len(line) <= limit:
-        return line
-    cut = line[: limit - 1]
-    space = cut.rfind(" ")
-    if space >= limit // 3:
-        cut = cut[:space]
-    return cut.rstrip(" ,;:.-") + "…"
 
 
 def _journaled(attachments: "list[c.Attachment]") -> list[c.Attachment]:

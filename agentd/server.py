@@ -642,7 +642,11 @@ class Server:
             return
         if result is not _NO_REPLY:
             # Answers carry state kept from agent text (titles, errors, interactions): secrets out.
-            frame = masking.mask_json(wire.encode_result(request.id, result))
+            try:
+                frame = masking.mask_json(wire.encode_result(request.id, result))
+            except Exception as exc:  # text no reply can hold: this request fails, the connection stays
+                log.exception("server.reply_unencodable", op=type(request).__struct_config__.tag)
+                frame = wire.encode_error(request.id, c.InternalError(f"the reply could not be encoded: {type(exc).__name__}"))
             if len(frame) - 1 > wire.CLIENT_MAX_FRAME_BYTES:
                 frame = _too_large(request, len(frame) - 1)
             await conn.send(frame)

@@ -14,7 +14,7 @@ from agentd import attachments as att
 from agentd import contract as c
 from agentd import export, usage, wire
 from agentd.config import PricingConfig
-from agentd.conversations import title_from_prompt
+from agentd.titles import title_from_prompt
 
 PRICES = {
     "gpt-4.1": PricingConfig(input_per_mtok=2.0, output_per_mtok=8.0, cached_per_mtok=0.5),
