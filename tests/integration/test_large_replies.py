@@ -156,3 +156,21 @@ async def test_a_reply_carried_from_another_host_over_the_client_frame_limit_is_
         refused = _frames(conn)[-1]
         assert isinstance(refused, wire.ErrorFrame) and refused.id == 7 and refused.error.code == "limit"
         assert refused.error.details["bytes"] > 80_000 and "show_item" in refused.error.message
+
+
+async def test_a_reply_no_frame_can_hold_fails_its_request_and_the_connection_goes_on(tmp_path: Path) -> None:
+    async with in_process_service(tmp_path) as (service, hub):
+        server = Server(service, hub, state_dir=tmp_path / "state", socket_path=tmp_path / "s.sock", check_uid=False)
+        conn = _Connection(server, trio.testing.memory_stream_pair()[0], "test", 4096)
+
+        async def unencodable(conn: Any, request: Any) -> Any:
+            return {"title": "nice \ud83d title"}  # what a runtime's JSON once put in a record
+
+        server._handlers[wire.Status] = unencodable
+        await server._answer_request(conn, wire.Status(id=1))
+        server._handlers[wire.Status] = server._status
+        await server._answer_request(conn, wire.Status(id=2))
+        failed, answered = _frames(conn)[-2:]
+        assert isinstance(failed, wire.ErrorFrame) and failed.id == 1 and failed.error.code == "internal"
+        assert "could not be encoded" in failed.error.message
+        assert isinstance(answered, wire.ResultFrame) and answered.id == 2
