@@ -32,8 +32,8 @@ from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-
 import structlog
+import trio
 
 from . import contract as c
 from . import wire
@@ -216,9 +216,43 @@ async def fork(service: "ConversationService", ref: str, at: str = "", *, title:
         log.error("fork.adopt_failed", conversation=cid, run=target.run, provider=record.provider,
                   provider_conversation_id=new_id, error=getattr(exc, "message", None) or str(exc))
         raise
+    await _copy_outputs(service, cid, new.id, copies)
     log.info("fork.made", conversation=cid, run=target.run, fork=new.id, copied=len(copies))
     return wire.ForkResult(conversation=new, source=cid, run=target.run, seq=target.end_seq, copied=len(copies),
                            turns=[t.brief() for t in runs if t.run in kept])
+
+
+class _ToolItem(msgspec.Struct):
+    id: str = ""
+    agent_id: str = ""
+    tool: dict[str, Any] | None = None
+
+
+_tool_item = msgspec.json.Decoder(_ToolItem)
+
+
+async def _copy_outputs(service: "ConversationService", source: str, fork_id: str,
+                        copies: list[tuple[str, bytes, str]]) -> None:
+    """Give the fork the whole outputs the source keeps of the tool items it copied (their records
+    carry only a display cut, agentd.tool_outputs). A failure is logged: the fork stands, and its
+    records' cut still says what is missing."""
+    items: dict[tuple[str, str], None] = {}
+    for type_, data, _run in copies:
+        if type_ == "item":
+            try:
+                item = _tool_item.decode(data)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            if item.tool and item.tool.get("cut"):
+                items[(item.agent_id, item.id)] = None
+    if not items:
+        return
+    try:
+        n = await trio.to_thread.run_sync(service.tool_outputs.copy, source, fork_id, list(items))
+    except (OSError, ValueError) as exc:
+        log.error("fork.tool_outputs_not_copied", conversation=source, fork=fork_id, error=str(exc))
+        return
+    log.info("fork.tool_outputs_copied", conversation=source, fork=fork_id, outputs=n)
 
 
 async def rewind(service: "ConversationService", ref: str, to: str, *, preview: bool = False) -> wire.RewindResult:
@@ -230,29 +264,24 @@ async def rewind(service: "ConversationService", ref: str, to: str, *, preview: 
     Closed, Unsupported, SubmissionUncertain (the runtime's outcome is unknown: nothing is
     recorded, never retried), InternalError.
     """
-    live = await service.live(ref)
+    if preview:
+        # Reads only: no lease is taken and nothing is journaled (a closed one is not loaded either).
+        reader = await service.reader(ref)
+        _rewindable(reader.record, reader.record.active_run)
+        await _can_rewind(service, reader.record)
+        return _plan(reader.record, turns(await service.published_lines(reader), reader.record.dropped), to)[2]
+    live = await service.live(ref, open_only=True)  # a closed one is refused before it is loaded
     record = live.record
     cid = record.id
-    if record.state is wire.ConversationState.CLOSED:
-        raise c.Closed(f"conversation {cid} is closed")
-    if live.run:
-        raise c.Busy(f"a turn is running in {cid} (run {live.run}); rewind after it ends (or agentctl cancel {cid})")
-    if not (await service.runtimes.get(record.provider)).capabilities().rewind:
-        raise c.Unsupported(f"provider {record.provider!r} cannot rewind a conversation")
+    _rewindable(record, live.run)
+    await _can_rewind(service, record)
     async with live.send_lock:
-        if live.run:
-            raise c.Busy(f"a turn is running in {cid} (run {live.run})")
-        runs = turns(await service.published_lines(live), record.dropped)
-        target = _find(runs, to, record.dropped, cid)
-        _usable(target, cid, "rewind to")
-        dropped = runs[runs.index(target) + 1:]
-        if not dropped:
-            raise c.Invalid(f"run {target.run} is the last turn of {cid}: there is nothing to rewind")
-        result = wire.RewindResult(conversation=cid, kept=target.brief(), dropped=[t.brief() for t in dropped],
-                                   preview=preview)
-        if preview:
-            return result
+        _rewindable(record, live.run)
+        target, dropped, result = _plan(record, turns(await service.published_lines(live), record.dropped), to)
         conv = await service.open_conversation(live)
+        if record.state is wire.ConversationState.CLOSED:
+            await service.detach(live)  # closed while it was opened: close() found nothing open to close
+            _rewindable(record, "")
         if not isinstance(conv, c.Rewinder):
             raise c.Unsupported(f"provider {record.provider!r} cannot rewind a conversation")
         try:
@@ -265,7 +294,35 @@ async def rewind(service: "ConversationService", ref: str, to: str, *, preview: 
         rec = wire.RewindRecord(kept=target.run, seq=target.end_seq, dropped=[t.run for t in dropped])
         seq = await service.journal(live, "rewind", _json.encode(rec))
         log.info("rewind.made", conversation=cid, kept=target.run, dropped=rec.dropped)
-        return msgspec.structs.replace(result, seq=seq)
+        return msgspec.structs.replace(result, preview=False, seq=seq)
+
+
+def _rewindable(record: wire.ConversationRecord, run: str) -> None:
+    """Raise Closed or Busy unless conversation ``record`` can be rewound now."""
+    if record.state is wire.ConversationState.CLOSED:
+        raise c.Closed(f"conversation {record.id} is closed")
+    if run:
+        raise c.Busy(f"a turn is running in {record.id} (run {run}); rewind after it ends "
+                     f"(or agentctl cancel {record.id})")
+
+
+async def _can_rewind(service: "ConversationService", record: wire.ConversationRecord) -> None:
+    if not (await service.runtimes.get(record.provider)).capabilities().rewind:
+        raise c.Unsupported(f"provider {record.provider!r} cannot rewind a conversation")
+
+
+def _plan(record: wire.ConversationRecord, runs: list[Turn], to: str) -> tuple[Turn, list[Turn], wire.RewindResult]:
+    """Rewinding ``record`` (whose runs are ``runs``) to run ``to``: the run kept, the runs dropped,
+    and the preview saying so. Raises NotFound, Invalid (see :func:`rewind`)."""
+    cid = record.id
+    target = _find(runs, to, record.dropped, cid)
+    _usable(target, cid, "rewind to")
+    dropped = runs[runs.index(target) + 1:]
+    if not dropped:
+        raise c.Invalid(f"run {target.run} is the last turn of {cid}: there is nothing to rewind")
+    preview = wire.RewindResult(conversation=cid, kept=target.brief(), dropped=[t.brief() for t in dropped],
+                                preview=True)
+    return target, dropped, preview
 
 
 async def _uncertain(service: "ConversationService", cid: str, exc: c.SubmissionUncertain) -> None:

@@ -41,7 +41,8 @@ ended), so the look-ahead past a page is at most the rest of one turn; it is
 read :data:`GLANCE_BYTES` at a time, keeping only ids.
 
 A rewind's dropped runs (``dropped``) are left out, or with ``all_`` shown
-marked ``dropped`` (agentd.branching).
+marked ``dropped`` (agentd.branching). A record whose payload does not decode (a
+journal damaged by hand) is skipped and logged, as export skips it.
 """
 
 from __future__ import annotations
@@ -50,9 +51,12 @@ from collections.abc import Collection
 from typing import Protocol
 
 import msgspec
+import structlog
 
 from . import contract as c
 from . import wire
+
+log = structlog.get_logger("agentd.history")
 
 __all__ = ["MAX_LIMIT", "page"]
 
@@ -124,6 +128,8 @@ class _View(msgspec.Struct):
 
     dropped: frozenset[str] = frozenset()
     all_: bool = False
+    #: seqs of records whose payload did not decode (damaged by hand, say): skipped, as export skips them
+    skipped: set[int] = msgspec.field(default_factory=set)
 
 
 def _echo(item: c.Item | _ItemKey, run: str) -> bool:
@@ -139,6 +145,14 @@ def _parse(line: bytes, view: _View) -> _Rec:
         if not view.all_:
             return _Rec(head.seq, head.run, None, None, size=size)
         head.dropped = True
+    try:
+        return _parse_payload(head, size)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        view.skipped.add(head.seq)  # one damaged record does not take the whole history down
+        return _Rec(head.seq, head.run, None, None, size=size)
+
+
+def _parse_payload(head: _Head, size: int) -> _Rec:
     if head.type == "item":
         item = _item.decode(head.data)
         if _echo(item, head.run):
@@ -178,13 +192,16 @@ def _glance(line: bytes, view: _View) -> tuple[int, str, _Key | None, bool]:
     head = _head.decode(line)
     if head.run in view.dropped and not view.all_:
         return head.seq, head.run, None, False
-    if head.type == "item":
-        item = _item_key.decode(head.data)
-        if _echo(item, head.run):
-            return head.seq, head.run, None, False
-        return head.seq, head.run, (head.run, item.agent_id, item.id), False
-    if head.type == "turn" and head.run:
-        return head.seq, head.run, None, _turn.decode(head.data).state.terminal
+    try:
+        if head.type == "item":
+            item = _item_key.decode(head.data)
+            if _echo(item, head.run):
+                return head.seq, head.run, None, False
+            return head.seq, head.run, (head.run, item.agent_id, item.id), False
+        if head.type == "turn" and head.run:
+            return head.seq, head.run, None, _turn.decode(head.data).state.terminal
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        view.skipped.add(head.seq)
     return head.seq, head.run, None, False
 
 
@@ -249,10 +266,15 @@ async def page(journal: JournalReader, conversation: str, last_seq: int, *,
     if (before is not None and before < 1) or (after is not None and after < 0):
         raise c.Invalid("history cursors are journal seqs: before >= 1, after >= 0")
     view = _View(frozenset(dropped), all_)
-    if after is not None:
-        return await _forward(journal, view, conversation, last_seq, limit, min(after, last_seq))
-    hi = min(before, last_seq + 1) if before is not None else last_seq + 1
-    return await _backward(journal, view, conversation, last_seq, limit, hi)
+    try:
+        if after is not None:
+            return await _forward(journal, view, conversation, last_seq, limit, min(after, last_seq))
+        hi = min(before, last_seq + 1) if before is not None else last_seq + 1
+        return await _backward(journal, view, conversation, last_seq, limit, hi)
+    finally:
+        if view.skipped:
+            log.warning("history.records_skipped", conversation=conversation, count=len(view.skipped),
+                        seqs=sorted(view.skipped)[:20], note="their payload does not decode")
 
 
 async def _backward(journal: JournalReader, view: _View, conversation: str, last_seq: int, limit: int,

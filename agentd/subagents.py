@@ -5,6 +5,7 @@ Rules (the seed contract's ``Subagent``, ``CancelSubagent`` and ``PromptSubagent
 * The list is read from the journal, where every ``subagent`` record the provider
   reported is kept (latest record per agent id wins): it takes no lease, starts no
   runtime, and shows subagents of earlier turns and of a daemon since restarted.
+  Subagents of runs a rewind dropped are left out (agentd.branching).
 * ``cancel`` stops exactly one agent instance; its final status arrives from the
   provider as a ``subagent`` record. ``prompt`` sends text to one idle instance;
   it is not a turn, the main agent does not see it.
@@ -31,6 +32,7 @@ __all__ = ["cancel", "listing", "prompt"]
 
 class _Head(msgspec.Struct):
     type: str
+    run: str = ""
     data: msgspec.Raw = msgspec.Raw(b"{}")
 
 
@@ -42,6 +44,7 @@ async def _known(service: "ConversationService", ref: str) -> tuple[str, list[c.
     from .store import scan
 
     reader = await service.reader(ref)
+    dropped = set(reader.record.dropped)
     latest: dict[str, c.Subagent] = {}
     # The whole journal is read, a chunk at a time: subagent records are few, and nothing else keeps them.
     async for lines in scan(reader.journal, reader.published_seq):
@@ -49,7 +52,9 @@ async def _known(service: "ConversationService", ref: str) -> tuple[str, list[c.
             if b'"subagent"' not in line:
                 continue
             head = _head.decode(line)
-            if head.type == "subagent":
+            # A run a rewind dropped is out of the conversation: its subagents are neither listed nor
+            # merged with a later run's that reuses an id.
+            if head.type == "subagent" and head.run not in dropped:
                 sub = _subagent.decode(head.data)
                 latest.pop(sub.id, None)  # re-inserted: the list is in order of the latest report
                 latest[sub.id] = sub

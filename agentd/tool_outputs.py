@@ -105,6 +105,46 @@ class ToolOutputs:
             used -= size
             log.info("tool_output.dropped_for_quota", path=path, bytes=size)
 
+    def copy(self, source_id: str, target_id: str, items: "list[tuple[str, str]]") -> int:
+        """Give ``target_id`` the kept outputs of ``items`` ((agent id, item id), oldest first) that
+        ``source_id`` keeps (a fork's copied tool items): hard links where the file system allows,
+        else copies, within the target's quota (its oldest go first, as for :meth:`keep`). Returns
+        how many it got. Raises OSError, ValueError (a bad conversation id)."""
+        src, dst = self._dir(source_id), self._dir(target_id)
+        found = []
+        for agent_id, item_id in items:
+            name = f"{_key(agent_id, item_id)}.txt"
+            try:
+                st = os.lstat(src / name)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_size <= self.quota_bytes:
+                found.append((name, st.st_size))
+        if not found:
+            return 0
+        try:
+            st = os.lstat(dst)
+        except FileNotFoundError:
+            _fsutil.make_dirs(dst)
+        else:
+            if not stat.S_ISDIR(st.st_mode):
+                raise OSError(f"{dst} is not a directory")
+        copied = 0
+        for name, size in found:
+            self._make_room(dst, size, keep=name)
+            target = dst / name
+            try:
+                os.unlink(target)  # an older one of the same item: replaced
+            except FileNotFoundError:
+                pass
+            try:
+                # A kept output is never written in place (keep replaces it whole): a link shares nothing that changes.
+                os.link(src / name, target, follow_symlinks=False)
+            except OSError:
+                _fsutil.atomic_write(target, _fsutil.read_file(src / name))
+            copied += 1
+        return copied
+
     def size(self, conversation_id: str, agent_id: str, item_id: str) -> int | None:
         """Bytes of the kept output, or None when none is kept."""
         try:

@@ -167,7 +167,14 @@ def initial_budget(budget: wire.Budget | None, provider: str,
         budget, source = wire.Budget(max_cost_usd=default.max_cost_usd, on_reach=default.on_reach), "config"
     if budget is not None and budget.max_cost_usd is None:
         budget = None
-    return budget, source
+    return (None if budget is None else _normal(budget)), source
+
+
+def _normal(budget: wire.Budget) -> wire.Budget:
+    """``budget`` with a limit of -0.0 (which JSON can carry) made 0.0: shown and kept as $0."""
+    if budget.max_cost_usd == 0 and math.copysign(1.0, budget.max_cost_usd) < 0:
+        return msgspec.structs.replace(budget, max_cost_usd=0.0)
+    return budget
 
 
 async def account(service: "ConversationService", live: "_Live", run: str, *,
@@ -301,9 +308,10 @@ async def set_budget(service: "ConversationService", ref: str, budget: wire.Budg
     """Set, raise, lower or (``max_cost_usd`` None) remove conversation ``ref``'s budget; journaled
     as a ``budget`` record. A conversation paused on its budget stays paused until :func:`resume`;
     a budget already reached applies at once. Raises NotFound, Closed for a closed conversation."""
-    live = await service.live(ref)
+    live = await service.live(ref, open_only=True)  # a closed one is refused before it is loaded
     if live.record.state is _S.CLOSED:
         raise c.Closed(f"conversation {live.record.id} is closed")
+    budget = _normal(budget)
     live.record.budget = budget if budget.max_cost_usd is not None else None
     service.save_record(live.record)
     change = wire.BudgetRecord(budget=budget, source="command", by=by)

@@ -456,7 +456,10 @@ def resolve_script(model: str, *, workdir: str, scripts_dir: str | Path = "", de
     name = model or default_script
     if not name:
         return None
-    p = Path(name).expanduser()
+    try:
+        p = Path(name).expanduser()
+    except RuntimeError as exc:  # ~user of no such user
+        raise Invalid(f"script {_clip(name)!r}: {exc}", details={"file": _clip(name)}) from None
     candidates: list[Path] = []
     if p.is_absolute():
         candidates.append(p)
@@ -468,11 +471,20 @@ def resolve_script(model: str, *, workdir: str, scripts_dir: str | Path = "", de
             candidates.append(d / p)
             if p.suffix != ".toml":
                 candidates.append(d / f"{name}.toml")
+    problem = ""
     for candidate in candidates:
-        if candidate.is_file():
-            return candidate.resolve()
-    where = ", ".join(str(c) for c in candidates) or "nowhere (no workdir or scripts_dir)"
-    raise Invalid(f"script {name!r} not found; looked at: {where}", details={"file": name})
+        try:
+            if candidate.is_file():
+                return candidate.resolve()
+        except (OSError, RuntimeError) as exc:  # a name too long, a loop of links: no script there
+            problem = problem or f" ({getattr(exc, 'strerror', None) or exc})"
+    where = ", ".join(_clip(str(c)) for c in candidates) or "nowhere (no workdir or scripts_dir)"
+    raise Invalid(f"script {_clip(name)!r} not found; looked at: {where}{problem}", details={"file": _clip(name)})
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    """``text``, its middle cut when long (a message names a path, it does not carry a huge one)."""
+    return text if len(text) <= limit else f"{text[:limit // 2]}…{text[-limit // 2:]} ({len(text)} chars)"
 
 
 # --------------------------------------------------------------------------- persistence
@@ -571,8 +583,8 @@ class ScriptProvider:
         except Invalid:
             try:
                 paths = sorted(self.scripts_dir.glob("*.toml"))
-            except OSError:
-                raise
+            except OSError as exc:
+                raise Invalid(f"cannot list the scripts in {self.scripts_dir}: {exc.strerror or exc}") from None
             for path in paths:
                 try:
                     if any(m.id == model for m in _load(path).script.models):
