@@ -13,6 +13,9 @@ import re
 import secrets
 import stat
 
+from collections.abc import Iterator
+from typing import BinaryIO
+
 from . import _trust
 
 #: State directories hold prompts and transcripts: owner only.
@@ -99,3 +102,51 @@ def atomic_write(path: pathlib.Path, data: bytes, *, durable: bool = True) -> No
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def real_path(path: str) -> str | None:
+    """``os.path.realpath(path)``, or None for a path no file can have (a NUL, a lone surrogate:
+    what a runtime's own records may name). Blocking."""
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):
+        return None
+
+
+def open_regular(path: str | os.PathLike[str]) -> tuple[BinaryIO, os.stat_result]:
+    """``path`` open for reading, and its stat. Raises OSError unless it is a regular file: a
+    symlink (ELOOP), a FIFO (a read would block its thread forever, and shutdown with it) and a
+    device such as /dev/zero (a line that never ends) are refused (EINVAL)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    f = os.fdopen(fd, "rb")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+    except BaseException:
+        f.close()
+        raise
+    return f, st
+
+
+def bounded_lines(f: BinaryIO, end: int, max_line: int) -> Iterator[bytes | int]:
+    """The lines of ``f`` from where it stands up to byte ``end`` (a line cut there comes out cut),
+    for a file a runtime wrote. A line over ``max_line`` bytes is never held: its size in bytes
+    (up to ``end``) stands for it."""
+    pos = f.tell()
+    while pos < end:
+        line = f.readline(min(max_line, end - pos))
+        if not line:
+            return
+        pos += len(line)
+        if line.endswith(b"\n") or len(line) < max_line or pos >= end:
+            yield line
+            continue
+        size = len(line)
+        while not line.endswith(b"\n") and pos < end:
+            line = f.readline(min(1 << 20, end - pos))
+            if not line:
+                break
+            pos += len(line)
+            size += len(line)
+        yield size

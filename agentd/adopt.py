@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from . import _fsutil, runtime_output
 from . import contract as c
-from . import runtime_output
 from . import wire
+from .titles import runtime_title
 
 if TYPE_CHECKING:
     from .conversations import ConversationService
@@ -42,25 +43,48 @@ __all__ = ["IMPORT_PREFIX", "adopt", "candidates"]
 
 #: Item ids of a session's earlier turns start with this.
 IMPORT_PREFIX = "import."
-#: Longest title kept from the runtime, characters.
-MAX_TITLE = 200
 
 _json = runtime_output.encoder
 _UNKNOWN = "this runtime does not say whether another client holds a session open (unknown)"
 
 
-def _time(value: _dt.datetime | None) -> str:
+def _utc(value: _dt.datetime | None) -> _dt.datetime | None:
+    """``value`` in UTC (naive counts as UTC); None when it has none (a runtime's time at the edge of
+    datetime's range, such as 0001-01-01T00:00:00+01:00, has no UTC value: OverflowError)."""
     if value is None:
-        return ""
+        return None
     if value.tzinfo is None:
         value = value.replace(tzinfo=_dt.timezone.utc)
-    return value.astimezone(_dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    try:
+        return value.astimezone(_dt.timezone.utc)
+    except (OverflowError, ValueError):
+        return None
+
+
+def _time(value: _dt.datetime | None) -> str:
+    value = _utc(value)
+    return "" if value is None else value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _check_workdir(workdir: str) -> str:
     if not os.path.isabs(workdir) or not os.path.isdir(workdir):
         raise c.Invalid(f"workdir {workdir!r} is not an existing absolute directory")
     return os.path.normpath(workdir)
+
+
+def _here_only(sessions: list[c.PreviousConversation], workdir: str) -> list[c.PreviousConversation]:
+    """The ``sessions`` recorded for ``workdir`` itself (same real path) or for no folder: a runtime
+    that names another folder must not get it (the conversation is confined to ``workdir``)."""
+    real = _fsutil.real_path(workdir)
+    return [msgspec.structs.replace(s, workdir=workdir) for s in sessions
+            if not s.workdir or (real is not None and _fsutil.real_path(s.workdir) == real)]
+
+
+async def _previous(prov: Any, workdir: str) -> list[c.PreviousConversation]:
+    import trio
+
+    sessions = await prov.previous(workdir)
+    return await trio.to_thread.run_sync(_here_only, sessions, workdir)
 
 
 async def _importer(service: "ConversationService", provider: str) -> Any:
@@ -97,32 +121,37 @@ async def candidates(service: "ConversationService", provider: str, workdir: str
     workdir = _check_workdir(workdir)
     prov = await _importer(service, provider)
     bound = _bound(service, provider)
-    sessions = [s for s in await prov.previous(workdir) if s.id not in bound]
+    sessions = [s for s in await _previous(prov, workdir) if s.id not in bound]
     busy = await _in_use(prov, [s.id for s in sessions])
     epoch = _dt.datetime.min.replace(tzinfo=_dt.timezone.utc)
 
     def newest(s: c.PreviousConversation) -> _dt.datetime:
-        t = s.updated_at or s.created_at or epoch
-        return t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)
+        return _utc(s.updated_at) or _utc(s.created_at) or epoch
 
     sessions.sort(key=newest, reverse=True)
     return wire.ImportListResult(
         provider=provider, workdir=workdir,
         in_use_check=getattr(prov, "in_use_check", "") or _UNKNOWN,
-        sessions=[wire.ImportCandidate(id=s.id, in_use=busy[s.id], title=s.title[:MAX_TITLE],
-                                       workdir=s.workdir or workdir, created_at=_time(s.created_at),
+        sessions=[wire.ImportCandidate(id=s.id, in_use=busy[s.id], title=runtime_title(s.title),
+                                       workdir=workdir, created_at=_time(s.created_at),
                                        updated_at=_time(s.updated_at)) for s in sessions])
 
 
 def _imported_items(items: list[c.Item]) -> list[c.Item]:
-    """``items`` with ids ``import.<runtime id>``, each id once (a reused one gets ``#2``, ...)."""
+    """``items`` with ids ``import.<runtime id>``, each id once (a reused one gets ``#2``, ...), their
+    text and tool input and output cut at runtime_output.MAX_ITEM_TEXT_CHARS (so each record fits the
+    frame a client reads) and their times in UTC (None where a time has no UTC value)."""
+    cut = runtime_output.cut_text
     seen: dict[tuple[str, str], int] = {}
     out: list[c.Item] = []
     for item in items:
         key = (item.agent_id, item.id)
         n = seen.get(key, 0) + 1
         seen[key] = n
-        out.append(msgspec.structs.replace(item, id=f"{IMPORT_PREFIX}{item.id}" + (f"#{n}" if n > 1 else "")))
+        tool = item.tool and msgspec.structs.replace(item.tool, input=cut(item.tool.input), output=cut(item.tool.output))
+        out.append(msgspec.structs.replace(item, id=f"{IMPORT_PREFIX}{item.id}" + (f"#{n}" if n > 1 else ""),
+                                           text=cut(item.text), tool=tool, time=_utc(item.time),
+                                           ended_at=_utc(item.ended_at)))
     return out
 
 
@@ -160,7 +189,7 @@ async def _adopt(service: "ConversationService", prov: Any, provider: str, sessi
                  force: bool) -> wire.ImportResult:
     if (cid := _bound(service, provider).get(session)) is not None:
         raise c.Invalid(f"session {session} is already agentd conversation {cid}", details={"conversation": cid})
-    found = next((s for s in await prov.previous(workdir) if s.id == session), None)
+    found = next((s for s in await _previous(prov, workdir) if s.id == session), None)
     if found is None:
         raise c.NotFound(f"{provider} has no session {session!r} recorded for {workdir} "
                          "(agentctl import --provider P --cwd DIR lists them)")
@@ -168,8 +197,8 @@ async def _adopt(service: "ConversationService", prov: Any, provider: str, sessi
     if in_use is True and not force:
         raise c.Busy(f"another client holds {provider} session {session} open; adopting it now could mix "
                      "two writers: close it there, or pass --force", details={"session": session})
-    record = await service.create(provider=provider, workdir=found.workdir or workdir,
-                                  provider_conversation_id=session)
+    # the folder asked for, never the runtime's: agentd confines the conversation's files to it
+    record = await service.create(provider=provider, workdir=workdir, provider_conversation_id=session)
     try:
         live = await service.live(record.id)
         conv = await service.open_conversation(live)
@@ -177,7 +206,7 @@ async def _adopt(service: "ConversationService", prov: Any, provider: str, sessi
             items, history = _imported_items((await conv.history()).items), True
         except c.Unsupported:
             items, history = [], False
-        title = found.title[:MAX_TITLE]
+        title = runtime_title(found.title)
         await service.journal(live, "import", _json.encode(wire.ImportRecord(
             provider=provider, session=session, in_use=in_use, items=len(items), history=history,
             forced=force and in_use is True, title=title)))

@@ -102,7 +102,10 @@ def _time(value: _dt.datetime | None, fallback: str) -> str:
     """``value`` as ``YYYY-MM-DDTHH:MM:SSZ``; None: ``fallback`` (a journal ts) to the same second precision."""
     if value is None:
         return _seconds(fallback)
-    return value.astimezone(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    try:
+        return value.astimezone(_dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    except (OverflowError, ValueError):  # a runtime's time at the edge of datetime's range has no UTC value
+        return _seconds(fallback)
 
 
 def _seconds(ts: str) -> str:

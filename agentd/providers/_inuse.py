@@ -15,11 +15,14 @@ Synchronous file reads: call these from a worker thread.
 
 from __future__ import annotations
 
-import json
+import errno
 import os
 import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
+
+from .. import runtime_output
 
 _COPILOT_LOCK = re.compile(r"^inuse\.(\d+)\.lock$")
 #: Claude Code's per-process files are small JSON; bigger is not one
@@ -72,13 +75,23 @@ def claude(config_dir: Path, ids: Iterable[str], *, own: set[int]) -> set[str]:
         if ext != "json" or not stem.isdigit() or int(stem) in own:
             continue
         try:
-            if not entry.is_file(follow_symlinks=False) or entry.stat().st_size > _MAX_SESSION_FILE:
-                continue
-            with open(entry.path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError):
+            data = runtime_output.decode_json(_small_file(entry.path))
+        except (OSError, ValueError):  # also JSON nested too deeply (msgspec.DecodeError)
             continue
         sid = data.get("sessionId") if isinstance(data, dict) else None
         if isinstance(sid, str) and sid in wanted and alive(int(stem)):
             out.add(sid)
     return out
+
+
+def _small_file(path: str) -> bytes:
+    """The bytes of the regular file at ``path`` of at most _MAX_SESSION_FILE bytes; OSError otherwise
+    (a symlink, a FIFO that would block, a device that never ends, a bigger file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_SESSION_FILE:
+            raise OSError(errno.EINVAL, "not a small regular file", path)
+        return os.read(fd, _MAX_SESSION_FILE + 1)
+    finally:
+        os.close(fd)

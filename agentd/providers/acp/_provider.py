@@ -505,7 +505,7 @@ class AcpProvider:
                     raise error from None
                 for info in page.sessions:
                     out.append(PreviousConversation(id=info.session_id, title=info.title or "",
-                                                    workdir=info.cwd or workdir, updated_at=_parse_time(info.updated_at)))
+                                                    workdir=info.cwd, updated_at=_parse_time(info.updated_at)))
                 cursor = page.next_cursor
                 if not cursor:
                     break
@@ -513,7 +513,7 @@ class AcpProvider:
             with trio.CancelScope(shield=True):
                 await self._release(agent)
         self._fresh_start_worked("sessions listed")
-        return out
+        return out  # the agent may name any folder: agentd.adopt lists only this one's
 
     # ------------------------------------------------------------------ plumbing
 
@@ -703,11 +703,15 @@ class AcpProvider:
 
 
 def _parse_time(text: str | None) -> _dt.datetime | None:
+    """An agent's RFC 3339 time in UTC (naive counts as UTC); None when unreadable or out of range."""
     if not text:
         return None
     try:
-        return _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        value = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if value.tzinfo is None:
+            return value.replace(tzinfo=_dt.timezone.utc)
+        return value.astimezone(_dt.timezone.utc)  # OverflowError at the range's edges (0001-01-01T00:00+01:00)
+    except (OverflowError, ValueError):
         return None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import signal
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -223,12 +224,32 @@ def resolve(interaction: Interaction, answer: Answer) -> tuple[InteractionState,
 
 
 def _time(value: Any) -> _dt.datetime | None:
+    """A transcript's time in UTC (naive counts as UTC); None when unreadable or without a UTC value
+    (0001-01-01T00:00:00+01:00 overflows)."""
     if not isinstance(value, str):
         return None
     try:
-        return _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        when = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return when.replace(tzinfo=_dt.timezone.utc) if when.tzinfo is None else when.astimezone(_dt.timezone.utc)
+    except (OverflowError, ValueError):
+        return None
+
+
+def _entry(line: str | bytes) -> Any:
+    """One transcript line's JSON after runtime_output's odd-bytes rule (a lone surrogate escape
+    becomes U+FFFD); None when it is no JSON, or nested too deeply to decode."""
+    data = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
+    try:
+        return runtime_output.decode_json(data)
     except ValueError:
         return None
+
+
+def _skipped_notice(size: int, at: int) -> Item:
+    """The notice standing for a transcript line a reader left out for its size (``at``: its place)."""
+    return Item(id=f"notice-skipped-{at}", kind=ItemKind.NOTICE,
+                text=f"agentd left out one line of this transcript: {size:,} bytes or more, over the "
+                     f"{runtime_output.MAX_MESSAGE_BYTES:,} bytes it reads of one line")
 
 
 def _user_text(content: Any) -> str:
@@ -236,74 +257,84 @@ def _user_text(content: Any) -> str:
     if isinstance(content, str):
         texts = [content]
     elif isinstance(content, list):
-        texts = [str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text"]
+        texts = [b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)]
     else:
         return ""
     kept = [t for t in texts if t.strip() and not t.lstrip().startswith(("<system-reminder>", "[Request interrupted"))]
     return "\n".join(kept)
 
 
-def transcript_items(lines: list[str]) -> list[Item]:
+def transcript_items(lines: Iterable[str | bytes | int]) -> list[Item]:
     """The items of a Claude Code session transcript, oldest first.
 
     Reads the main thread only (sidechains and meta entries are skipped):
     user prompts, assistant text, thinking (as reasoning) and tool calls
-    completed or failed by their results. Unparseable lines are skipped.
+    completed or failed by their results. Unparseable lines (also ones nested
+    too deeply) are skipped; an int in ``lines`` stands for a line the reader
+    left out for its size (that many bytes) and becomes a notice item.
     Item ids follow the live mapping: ``<message id>-<block index>`` for text
     and reasoning, the tool_use id for tools.
     """
     items: list[Item] = []
     tools: dict[str, int] = {}
     blocks: dict[str, int] = {}
-    for line in lines:
-        try:
-            entry = json.loads(line)
-        except ValueError:
+    for at, line in enumerate(lines):
+        if isinstance(line, int):
+            items.append(_skipped_notice(line, at))
             continue
+        entry = _entry(line)
         if not isinstance(entry, dict) or entry.get("isSidechain") or entry.get("isMeta"):
             continue
-        kind = entry.get("type")
-        message = entry.get("message")
-        if kind not in ("user", "assistant") or not isinstance(message, dict):
+        try:
+            _take(entry, items, tools, blocks)
+        except RecursionError:  # a value nested too deeply for str() or json.dumps: a malformed line
             continue
-        when = _time(entry.get("timestamp"))
-        content = message.get("content")
-        if kind == "user":
-            text = _user_text(content)
-            if text:
-                items.append(Item(id=f"user-{entry.get('uuid', len(items))}", kind=ItemKind.USER, text=text, time=when))
-            for block in content if isinstance(content, list) else []:
-                if isinstance(block, dict) and block.get("type") == "tool_result":
-                    at = tools.get(str(block.get("tool_use_id")))
-                    if at is None:
-                        continue
-                    old = items[at]
-                    assert old.tool is not None
-                    status = ToolStatus.FAILED if block.get("is_error") else ToolStatus.COMPLETED
-                    tool = msgspec.structs.replace(old.tool, status=status, output=bounded(content_text(block.get("content"))))
-                    items[at] = msgspec.structs.replace(old, tool=tool, ended_at=when)
-            continue
-        if entry.get("isApiErrorMessage") or message.get("model") == "<synthetic>":
-            text = content_text([b for b in content or [] if isinstance(b, dict)]) if isinstance(content, list) else str(content or "")
-            if text:
-                items.append(Item(id=f"notice-{entry.get('uuid', len(items))}", kind=ItemKind.NOTICE, text=text, time=when, ended_at=when))
-            continue
-        mid = str(message.get("id") or entry.get("uuid") or len(items))
-        for block in content if isinstance(content, list) else []:
-            if not isinstance(block, dict):
-                continue
-            index = blocks.get(mid, 0)
-            blocks[mid] = index + 1
-            btype = block.get("type")
-            if btype == "text" and block.get("text"):
-                items.append(Item(id=f"{mid}-{index}", kind=ItemKind.ASSISTANT, text=str(block["text"]), time=when, ended_at=when))
-            elif btype == "thinking" and block.get("thinking"):
-                items.append(Item(id=f"{mid}-{index}", kind=ItemKind.REASONING, text=str(block["thinking"]), time=when, ended_at=when))
-            elif btype in ("tool_use", "server_tool_use"):
-                tid = str(block.get("id") or f"{mid}-{index}")
-                tools[tid] = len(items)
-                items.append(Item(id=tid, kind=ItemKind.TOOL, tool=tool_call(str(block.get("name", "tool")), block.get("input")), time=when))
     return items
+
+
+def _take(entry: dict[str, Any], items: list[Item], tools: dict[str, int], blocks: dict[str, int]) -> None:
+    """Add what transcript entry ``entry`` holds to ``items`` (``tools``, ``blocks``: transcript_items' state)."""
+    kind = entry.get("type")
+    message = entry.get("message")
+    if kind not in ("user", "assistant") or not isinstance(message, dict):
+        return
+    when = _time(entry.get("timestamp"))
+    content = message.get("content")
+    if kind == "user":
+        text = _user_text(content)
+        if text:
+            items.append(Item(id=f"user-{entry.get('uuid', len(items))}", kind=ItemKind.USER, text=text, time=when))
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                at = tools.get(str(block.get("tool_use_id")))
+                if at is None:
+                    continue
+                old = items[at]
+                assert old.tool is not None
+                status = ToolStatus.FAILED if block.get("is_error") else ToolStatus.COMPLETED
+                tool = msgspec.structs.replace(old.tool, status=status, output=bounded(content_text(block.get("content"))))
+                items[at] = msgspec.structs.replace(old, tool=tool, ended_at=when)
+        return
+    if entry.get("isApiErrorMessage") or message.get("model") == "<synthetic>":
+        text = content_text([b for b in content or [] if isinstance(b, dict)]) if isinstance(content, list) else str(content or "")
+        if text:
+            items.append(Item(id=f"notice-{entry.get('uuid', len(items))}", kind=ItemKind.NOTICE, text=text, time=when, ended_at=when))
+        return
+    mid = str(message.get("id") or entry.get("uuid") or len(items))
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        index = blocks.get(mid, 0)
+        blocks[mid] = index + 1
+        btype = block.get("type")
+        if btype == "text" and block.get("text"):
+            items.append(Item(id=f"{mid}-{index}", kind=ItemKind.ASSISTANT, text=str(block["text"]), time=when, ended_at=when))
+        elif btype == "thinking" and block.get("thinking"):
+            items.append(Item(id=f"{mid}-{index}", kind=ItemKind.REASONING, text=str(block["thinking"]), time=when, ended_at=when))
+        elif btype in ("tool_use", "server_tool_use"):
+            tid = str(block.get("id") or f"{mid}-{index}")
+            tools[tid] = len(items)
+            items.append(Item(id=tid, kind=ItemKind.TOOL, tool=tool_call(str(block.get("name", "tool")), block.get("input")), time=when))
 
 
 class SessionHead(msgspec.Struct):
@@ -316,21 +347,23 @@ class SessionHead(msgspec.Struct):
     prompted: bool = False
 
 
-def session_head(lines: Any) -> SessionHead:
-    """The working directory, title and start of a session transcript (an iterable of lines).
+def session_head(lines: Iterable[str | bytes | int]) -> SessionHead:
+    """The working directory, title and start of a session transcript (an iterable of lines,
+    str or bytes; an int, a line left out, is skipped).
 
     The title is the session's last custom title (``/rename``), else its last summary, else
-    the first prompt's first line (cut to 80 characters). Unparseable lines are skipped.
+    the first prompt's first line (cut to 80 characters); runtime_output's odd-bytes rule is
+    applied to every string. Unparseable lines (also ones nested too deeply) are skipped.
     """
     head = SessionHead()
     first_prompt = named = ""
     for line in lines:
-        if '"custom-title"' not in line and '"summary"' not in line and (head.prompted and head.cwd):
-            continue  # the rest only matters for a title record
-        try:
-            entry = json.loads(line)
-        except ValueError:
+        if isinstance(line, int):
             continue
+        marks = (b'"custom-title"', b'"summary"') if isinstance(line, bytes) else ('"custom-title"', '"summary"')
+        if marks[0] not in line and marks[1] not in line and (head.prompted and head.cwd):  # type: ignore[operator]
+            continue  # the rest only matters for a title record
+        entry = _entry(line)
         if not isinstance(entry, dict):
             continue
         kind = entry.get("type")

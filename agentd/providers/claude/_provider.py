@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.util
+import itertools
 import os
 import re
 import shutil
@@ -46,7 +47,7 @@ import msgspec
 import structlog
 import trio
 
-from ... import procs, runtime_output
+from ... import _fsutil, procs, runtime_output
 from ..._fsutil import atomic_write, make_dirs, read_file
 from ...contract import (
     Account,
@@ -427,45 +428,73 @@ class ClaudeProvider:
     # ------------------------------------------------------------------ sessions on disk
 
     def _session_file(self, session_id: str) -> Path | None:
+        """The first ``projects/*/<id>.jsonl`` (by folder name) that is a file: the CLI resumes it."""
         projects = self.config_home / "projects"
         try:
-            for path in projects.glob(f"*/{session_id}.jsonl"):
+            for path in sorted(projects.glob(f"*/{session_id}.jsonl")):
                 if path.is_file():
                     return path
         except OSError:
             return None
         return None
 
+    def _folders(self, workdir: str) -> list[Path]:
+        """The project folders that hold ``workdir``'s transcripts: those Claude Code names after it
+        (or its real path), else every one ("" too: every one), in name order (blocking)."""
+        projects = self.config_home / "projects"
+        if workdir:
+            # Claude Code names a project's folder after its cwd with every other character a "-"
+            slugs = dict.fromkeys(re.sub(r"[^A-Za-z0-9]", "-", p) for p in (workdir, _fsutil.real_path(workdir) or workdir))
+            own = [projects / slug for slug in slugs if (projects / slug).is_dir()]
+            if own:
+                return own
+        try:
+            return sorted(projects.iterdir())
+        except OSError:
+            return []
+
+    def _transcript_file(self, session_id: str, workdir: str) -> Path | None:
+        """The transcript of ``session_id`` that the listing for ``workdir`` shows: the first in
+        :meth:`_folders` whose recorded cwd is ``workdir``; else (no workdir, or none records it)
+        :meth:`_session_file`'s (blocking)."""
+        if workdir:
+            for folder in self._folders(workdir):
+                try:
+                    head, _ = _head(folder / f"{session_id}.jsonl")
+                except OSError:
+                    continue
+                if _same_dir(head.cwd, workdir):
+                    return folder / f"{session_id}.jsonl"
+        return self._session_file(session_id)
+
     async def previous(self, workdir: str) -> list[PreviousConversation]:
-        """The CLI's sessions whose transcript (``<config dir>/projects/*/<id>.jsonl``) records
-        ``workdir`` as its cwd ("" = every session), newest first by the transcript's mtime.
+        """The CLI's sessions whose transcript (``<config dir>/projects/<slug>/<id>.jsonl``, see
+        :meth:`_folders`) records ``workdir`` (same real path) as its cwd ("" = every session),
+        newest first by the transcript's mtime; an id in two folders counts once, the first.
 
         Only transcripts with a prompt are listed (a session opened and never prompted has
-        nothing to adopt). Raises nothing for a missing or unreadable store: it lists nothing.
+        nothing to adopt); of each, its first 4 MiB and last 1 MiB are read, and only a regular
+        file (no symlink, FIFO or device). Raises nothing for a missing or unreadable store: it
+        lists nothing.
         """
-        projects = self.config_home / "projects"
-        # Claude Code names a project's folder after its cwd with every other character a "-"
-        slug = re.sub(r"[^A-Za-z0-9]", "-", workdir) if workdir else ""
 
         def scan() -> list[PreviousConversation]:
             out: list[tuple[float, PreviousConversation]] = []
-            try:
-                folders = [projects / slug] if slug and (projects / slug).is_dir() else list(projects.iterdir())
-            except OSError:
-                return []
-            for folder in folders:
+            seen: set[str] = set()
+            for folder in self._folders(workdir):
                 try:
-                    files = [p for p in folder.glob("*.jsonl") if _UUID.match(p.stem)]
+                    files = sorted(p for p in folder.glob("*.jsonl") if _UUID.match(p.stem))
                 except OSError:
                     continue
                 for path in files:
                     try:
-                        mtime = path.stat().st_mtime
-                        with path.open(encoding="utf-8", errors="replace") as f:
-                            head = m.session_head(f)
+                        head, mtime = _head(path)
                     except OSError:
                         continue
-                    if not head.prompted or (workdir and head.cwd != workdir):
+                    if (workdir and not _same_dir(head.cwd, workdir)) or path.stem in seen:
+                        continue
+                    seen.add(path.stem)  # adoption reads this one (_transcript_file)
+                    if not head.prompted:
                         continue
                     out.append((mtime, PreviousConversation(
                         id=path.stem, title=head.title, workdir=head.cwd, created_at=head.created_at,
@@ -487,21 +516,32 @@ class ClaudeProvider:
         """Whether the CLI has a transcript for ``session_id`` (so ``--resume`` finds it)."""
         return await trio.to_thread.run_sync(self._session_file, session_id) is not None
 
-    async def transcript(self, session_id: str) -> list[Item] | None:
-        """The items of a session's transcript, or None when the CLI has none."""
+    async def transcript(self, session_id: str, workdir: str | None = None) -> list[Item] | None:
+        """The items of a session's transcript, or None when the CLI has none.
 
-        def read() -> list[str] | None:
-            path = self._session_file(session_id)
+        Reads the file the listing for ``workdir`` shows (:meth:`_transcript_file`; None: the
+        workdir of the conversation open here, if any). A line over runtime_output's
+        MAX_MESSAGE_BYTES becomes a notice item. Raises ConversationNotFound when the transcript
+        is no regular file (a symlink, a FIFO, a device) or cannot be read.
+        """
+        if workdir is None:
+            conv = self._open.get(session_id)
+            workdir = conv.workdir if conv is not None else ""
+
+        def read() -> list[Item] | None:
+            path = self._transcript_file(session_id, workdir)
             if path is None:
                 return None
             try:
-                with path.open(encoding="utf-8", errors="replace") as f:
-                    return f.readlines()
+                f, st = _fsutil.open_regular(path)
             except FileNotFoundError:
                 return None
+            except OSError as exc:
+                raise ConversationNotFound(f"Claude Code's transcript {path} cannot be read: {exc.strerror or exc}") from None
+            with f:
+                return m.transcript_items(_fsutil.bounded_lines(f, st.st_size, runtime_output.MAX_MESSAGE_BYTES))
 
-        lines = await trio.to_thread.run_sync(read)
-        return None if lines is None else m.transcript_items(lines)
+        return await trio.to_thread.run_sync(read)
 
     async def has_entry(self, session_id: str, entry: str) -> bool:
         """Whether the session's transcript holds an entry with uuid ``entry``."""
@@ -510,12 +550,14 @@ class ClaudeProvider:
             path = self._session_file(session_id)
             if path is None:
                 return False
-            needle = f'"uuid":"{entry}"'
+            needle = f'"uuid":"{entry}"'.encode("utf-8", "replace")
             try:
-                with path.open(encoding="utf-8", errors="replace") as f:
-                    return any(needle in line.replace('": "', '":"') for line in f)
-            except FileNotFoundError:
+                f, st = _fsutil.open_regular(path)
+            except OSError:
                 return False
+            with f:
+                return any(not isinstance(line, int) and needle in line.replace(b'": "', b'":"')
+                           for line in _fsutil.bounded_lines(f, st.st_size, runtime_output.MAX_MESSAGE_BYTES))
 
         return await trio.to_thread.run_sync(scan)
 
@@ -747,9 +789,42 @@ class ClaudeProvider:
         Raises :class:`ConversationNotFound` when the CLI has no transcript for the id.
         """
         sid = _session_id(conversation_id)
-        items = await self.transcript(sid)
+        record = await self._read_record(sid)
+        items = await self.transcript(sid, record.workdir if record is not None else None)
         if items is None:
             raise ConversationNotFound(f"Claude Code has no session {sid} (in {self.config_home / 'projects'})")
-        record = await self._read_record(sid)
         usage = Usage(cost_usd=record.cost_usd) if record is not None and record.cost_usd is not None else None
         return HistoryRecord(items=items, usage=usage, model=record.model if record else "")
+
+
+# --------------------------------------------------------------------------- reading transcripts
+
+#: The listing reads a transcript's first 4 MiB (its folder, start and first prompt, which may
+#: hold a pasted image) and last 1 MiB (a later /rename title), never all of it
+_HEAD_BYTES = 4 << 20
+_TAIL_BYTES = 1 << 20
+
+
+def _same_dir(recorded: str, workdir: str) -> bool:
+    """Whether a transcript's recorded cwd is ``workdir`` (the same string or real path; blocking)."""
+    if recorded == workdir:
+        return True
+    real = _fsutil.real_path(workdir)
+    return bool(recorded) and real is not None and _fsutil.real_path(recorded) == real
+
+
+def _head(path: Path) -> tuple[m.SessionHead, float]:
+    """What the listing shows of the transcript at ``path`` (its start and end only), and its mtime.
+    OSError as :func:`agentd._fsutil.open_regular`; blocking."""
+    f, st = _fsutil.open_regular(path)
+    with f:
+        size = st.st_size
+        if size <= _HEAD_BYTES + _TAIL_BYTES:
+            return m.session_head(_fsutil.bounded_lines(f, size, max(size, 1))), st.st_mtime
+        head = list(_fsutil.bounded_lines(f, _HEAD_BYTES, _HEAD_BYTES))
+        f.seek(size - _TAIL_BYTES - 1)
+        at_start = f.read(1) == b"\n"
+        tail = _fsutil.bounded_lines(f, size, _TAIL_BYTES)
+        if not at_start:
+            next(tail, None)  # the rest of the line the seek fell into
+        return m.session_head(itertools.chain(head, tail)), st.st_mtime

@@ -727,17 +727,19 @@ def history_from_events(events: Iterable[se.SessionEvent]) -> HistoryRecord:
     return HistoryRecord(items=list(items.values()), subagents=list(mapper.subagents.values()), usage=mapper.usage, model=mapper.model)
 
 
-def parse_events_jsonl(lines: Iterable[str]) -> list[se.SessionEvent]:
-    """SDK events from the CLI's ``events.jsonl`` lines; unreadable lines are skipped."""
+def parse_events_jsonl(lines: Iterable[str | bytes]) -> list[se.SessionEvent]:
+    """SDK events from the CLI's ``events.jsonl`` lines (runtime_output's odd-bytes rule applied);
+    unreadable lines (also ones nested too deeply to decode) are skipped."""
     events = []
     for line in lines:
         line = line.strip()
         if not line:
             continue
         try:
-            events.append(se.session_event_from_dict(json.loads(line)))
-        except Exception:
-            log.debug("copilot.history_line_skipped", line=line[:200])
+            data = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
+            events.append(se.session_event_from_dict(runtime_output.decode_json(data)))
+        except Exception:  # RecursionError too
+            log.debug("copilot.history_line_skipped", line=runtime_output.clean(str(line[:200])))
     return events
 
 

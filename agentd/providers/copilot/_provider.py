@@ -21,6 +21,7 @@ CLI path (``providers.copilot.cli_path``, else ``copilot`` on PATH).
 
 from __future__ import annotations
 
+import datetime as _dt
 import os
 import re
 import shutil
@@ -36,7 +37,7 @@ import trio
 from copilot import RuntimeConnection, SessionListFilter
 from copilot._jsonrpc import JsonRpcError, ProcessExitedError
 
-from ... import _fsutil, procs
+from ... import _fsutil, procs, runtime_output
 from ..._quick_lock import QuickLock
 from ...contract import (
     Account,
@@ -880,21 +881,23 @@ class CopilotProvider:
         return acct
 
     async def previous(self, workdir: str) -> list[PreviousConversation]:
-        """The CLI's sessions started in ``workdir``, newest first."""
+        """The CLI's sessions started in ``workdir`` (same real path; one whose folder the CLI does
+        not say is kept), newest first."""
         rt = await self._ensure_runtime()
         sessions = await self._call("the session list", rt.client.list_sessions, SessionListFilter(working_directory=workdir))
         out = [
             PreviousConversation(
                 id=s.session_id,
                 title=s.summary or "",
-                workdir=s.context.working_directory if s.context else workdir,
-                created_at=m.utc(s.start_time),
-                updated_at=m.utc(s.modified_time),
+                workdir=(s.context.working_directory or "") if s.context else "",
+                created_at=_utc(s.start_time),
+                updated_at=_utc(s.modified_time),
             )
             for s in sessions
             if not s.is_remote
         ]
-        out.sort(key=lambda p: p.updated_at or p.created_at, reverse=True)  # type: ignore[arg-type,return-value]
+        epoch = _dt.datetime.min.replace(tzinfo=_dt.timezone.utc)
+        out.sort(key=lambda p: p.updated_at or p.created_at or epoch, reverse=True)
         return out
 
     async def in_use(self, ids: list[str]) -> set[str]:
@@ -943,21 +946,43 @@ class CopilotProvider:
         """
         return m.history_from_events(m.parse_events_jsonl(await self._stored_events(conversation_id)))
 
-    async def _stored_events(self, session: str) -> list[str]:
+    async def _stored_events(self, session: str) -> list[bytes]:
         """The lines of session ``session``'s ``events.jsonl`` in the CLI's store (read in a worker
-        thread). Raises ConversationNotFound for an id that is no session id, or no such session."""
+        thread); a line over runtime_output.MAX_MESSAGE_BYTES is left out. Raises ConversationNotFound
+        for an id that is no session id, no such session, or an ``events.jsonl`` that is no regular
+        file (a symlink, a FIFO, a device)."""
         if not _SESSION_ID.match(session):
             raise ConversationNotFound(f"no Copilot session {session!r}")
         path = self.copilot_home / "session-state" / session / "events.jsonl"
+        try:
+            return await trio.to_thread.run_sync(_read_lines, path, runtime_output.MAX_MESSAGE_BYTES)
+        except FileNotFoundError:
+            raise ConversationNotFound(f"the Copilot CLI has no session {session!r} (in {self.copilot_home})") from None
+        except OSError as exc:
+            raise ConversationNotFound(f"the Copilot CLI's session {session!r} cannot be read: {path}: "
+                                       f"{exc.strerror or exc}") from None
 
-        def read() -> list[str] | None:
-            try:
-                with path.open(encoding="utf-8", errors="replace") as f:
-                    return f.readlines()
-            except FileNotFoundError:
-                return None
 
-        lines = await trio.to_thread.run_sync(read)
-        if lines is None:
-            raise ConversationNotFound(f"the Copilot CLI has no session {session!r} (in {self.copilot_home})")
-        return lines
+def _utc(value: _dt.datetime | None) -> _dt.datetime | None:
+    """``value`` in UTC (naive counts as UTC); None for none, or one at the edge of datetime's range
+    (0001-01-01T00:00:00+01:00 has no UTC value: OverflowError)."""
+    if value is None:
+        return None
+    try:
+        return m.utc(value)
+    except (OverflowError, ValueError):
+        return None
+
+
+def _read_lines(path: Path, max_line: int) -> list[bytes]:
+    """The lines of the regular file at ``path`` as it stood when opened, each up to ``max_line``
+    bytes (a longer one is left out, logged). Raises OSError as :func:`agentd._fsutil.open_regular`."""
+    f, st = _fsutil.open_regular(path)
+    with f:
+        out: list[bytes] = []
+        for line in _fsutil.bounded_lines(f, st.st_size, max_line):
+            if isinstance(line, int):
+                log.warning("copilot.events_line_skipped", path=str(path), bytes=line, max_bytes=max_line)
+            else:
+                out.append(line)
+        return out
