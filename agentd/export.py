@@ -345,6 +345,62 @@ def _tool_status(tool: c.ToolCall) -> str:
 # --------------------------------------------------------------------------- Markdown
 
 
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+_ATX = re.compile(r"( {0,3})(#{1,6})(?=[ \t]|$)")
+_SETEXT = re.compile(r" {0,3}(=+|-+)[ \t]*$")
+_CODE_SPAN = re.compile(r"(`+)(.*?[^`])\1(?!`)|(`+)")
+
+
+def _md_inline(text: str) -> str:
+    """Untrusted text on a line of the Markdown export, outside code spans: raw HTML shown as text
+    (``<`` as ``&lt;``) and an image made a link (``!`` escaped), so a viewer loads nothing."""
+    out, pos = [], 0
+    for m in _CODE_SPAN.finditer(text):
+        if m.group(1):  # a code span: as written
+            out.append(text[pos:m.start()].replace("<", "&lt;").replace("![", "\\!["))
+            out.append(m.group(0))
+            pos = m.end()
+    out.append(text[pos:].replace("<", "&lt;").replace("![", "\\!["))
+    return "".join(out)
+
+
+def _md_text(text: str) -> str:
+    """An entry's untrusted Markdown (the agent's, a runtime's transcript) as the Markdown export
+    holds it: its headings three levels down, under the export's own ``###`` entry headings (as the
+    HTML export demotes them), a setext underline shown as text, raw HTML as text and images as
+    links (:func:`_md_inline`); fenced code as written. An agent cannot forge an entry heading."""
+    out: list[str] = []
+    fence = ""
+    previous = ""
+    for line in text.split("\n"):
+        if fence:
+            out.append(line)
+            m = _FENCE.match(line)
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not line[m.end():].strip():
+                fence = ""
+            previous = ""
+            continue
+        m = _FENCE.match(line)
+        if m:
+            fence = m.group(1)
+            out.append(line)
+            previous = ""
+            continue
+        if line.startswith(("    ", "\t")) and not previous.strip():
+            out.append(line)  # indented code
+            continue
+        atx = _ATX.match(line)
+        if atx:
+            line = atx.group(1) + "#" * min(6, len(atx.group(2)) + 3) + _md_inline(line[atx.end():])
+        elif previous.strip() and _SETEXT.match(line):
+            line = "\\" + line.lstrip()  # not an underline: a heading of the agent's own
+        else:
+            line = _md_inline(line)
+        out.append(line)
+        previous = line
+    return "\n".join(out)
+
+
 def _fence(text: str, info: str = "") -> str:
     longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
     ticks = "`" * max(3, longest + 1)
@@ -354,15 +410,15 @@ def _fence(text: str, info: str = "") -> str:
 def _md_field(f: FieldAnswer, *, answered: bool) -> str:
     """``- **Label:** value``; a value's further lines are indented to stay in the list item."""
     if not answered:
-        return f"- {' '.join(f.label.split())}"
-    first, *rest = (f.value or "").strip("\n").split("\n")
+        return f"- {_md_inline(' '.join(f.label.split()))}"
+    first, *rest = _md_inline((f.value or "").strip("\n")).split("\n")
     value = "\n".join([first or "—"] + [f"  {line}" if line.strip() else "" for line in rest])
-    return f"- **{_field_label(f.label)}** {value}"
+    return f"- **{_md_inline(_field_label(f.label))}** {value}"
 
 
 def _markdown(t: Transcript) -> str:
     m = t.conversation
-    out = [f"# {_title(t)}", ""]
+    out = [f"# {_md_inline(_title(t))}", ""]
     facts = [f"- Conversation: `{m.id}` ({m.provider}" + (f", model {m.model}" if m.model else "") + ")"]
     if m.workdir:
         facts.append(f"- Working directory: `{m.workdir}`")
@@ -374,11 +430,11 @@ def _markdown(t: Transcript) -> str:
     out += facts + ["", "---", ""]
     for e in t.entries:
         when = f" · {e.time}" if e.time else ""
-        out.append(f"### {_heading(e)}{when}")
+        out.append(f"### {_md_inline(_heading(e))}{when}")
         out.append("")
         if e.role == "tool" and e.tool is not None:
             tool = e.tool
-            out.append(f"*{tool.title or tool.name}* — {_tool_status(tool)}")
+            out.append(f"*{_md_inline(tool.title or tool.name)}* — {_tool_status(tool)}")
             out.append("")
             if tool.input:
                 out += [_fence(tool.input), ""]
@@ -386,18 +442,18 @@ def _markdown(t: Transcript) -> str:
                 out += [_fence(tool.output), ""]
             continue
         if e.title and e.role in ("question", "permission", "plan"):
-            out += [f"**{e.title}**", ""]
+            out += [f"**{_md_inline(e.title)}**", ""]
         if e.fields:
             # One list item per field (its text is the labels, one a line, which Markdown would run together).
             out += [_md_field(f, answered=_fields_answered(e)) for f in e.fields] + [""]
         elif e.text:
-            out += [e.text.rstrip("\n"), ""]
+            out += [_md_text(e.text.rstrip("\n")), ""]
         if e.attachments:
             out.append("Attachments:")
             out += [f"- `{a.name}` ({a.mime}, {_size(a.size)})" for a in e.attachments]
             out.append("")
         if e.answer and not _fields_answered(e):
-            out += [f"> **Answer:** {e.answer}", ""]
+            out += [f"> **Answer:** {_md_inline(e.answer)}", ""]
         elif e.role in ("question", "permission", "plan") and e.state and e.state != "answered":
             out += [f"> *{e.state}*" + (f" ({e.reason})" if e.reason else ""), ""]
     return "\n".join(out).rstrip("\n") + "\n"

@@ -58,7 +58,8 @@ def test_markdown_export_has_what_was_said_and_tools_only_when_asked(daemon: Dae
     assert md.startswith("# Export me\n")
     assert f"`{conv}`" in md
     assert "### You" in md and "check the TODOs" in md
-    assert "Answer to check the TODOs: <script>alert('x')</script> & \"quoted\"" in md
+    # Raw HTML in the agent's text is text in the Markdown too (a viewer runs and loads nothing).
+    assert "Answer to check the TODOs: &lt;script>alert('x')&lt;/script> & \"quoted\"" in md
     assert "Which colour?" in md and "> **Answer:** blue" in md and "You picked blue." in md
     assert "grep -n TODO" not in md and "Thinking about" not in md
 
@@ -214,7 +215,7 @@ def test_a_forms_fields_and_answers_are_exported_one_per_line(daemon: Daemon, wo
         time.sleep(0.05)
 
     md = daemon.agentctl("export", conv).stdout
-    assert ("**Deploy settings**\n\n- **Service name:** api <v2>\n- **Regions:** Europe, America\n"
+    assert ("**Deploy settings**\n\n- **Service name:** api &lt;v2>\n- **Regions:** Europe, America\n"
             "- **Canary first?** Yes\n- **Note:** —\n") in md
     assert "> **Answer:**" not in md
 
