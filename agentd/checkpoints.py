@@ -657,10 +657,15 @@ class Checkpoints:
             raise c.NotFound(f"conversation {cid} has no checkpoints{why}")
         if not run:
             return next(reversed(steps))
-        if run not in steps:
-            raise c.NotFound(f"conversation {cid} has no step {run!r} (a turn's run id, or a revert's id)",
-                             details={"steps": list(steps)[-20:]})
-        return run
+        if run in steps:
+            return run
+        found = [step for step in steps if step.startswith(run)]  # a prefix, as ids are everywhere else
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise c.Invalid(f"step {run!r} of {cid} is ambiguous: {', '.join(found[:5])}")
+        raise c.NotFound(f"conversation {cid} has no step {run!r} (a turn's run id, or a revert's id)",
+                         details={"steps": list(steps)[-20:]})
 
     async def _trees(self, record: wire.ConversationRecord, steps: dict[str, _Step], step: str,
                      ) -> tuple[_Shadow, wire.CheckpointRecord, str, str, list[str]]:

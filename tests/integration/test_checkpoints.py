@@ -155,6 +155,8 @@ def test_diff_and_revert_of_a_turn_honour_gitignore_and_never_touch_the_users_gi
         assert "+new" in res["patch"] and "diff --git a/gone.txt b/gone.txt" in res["patch"]
         human = d.agentctl("diff", cid, "--run", run)
         assert human.returncode == 0 and "+changed" in human.stdout and "4 files changed" in human.stderr
+        # A unique prefix of the run id names it, as conversation ids and fork --at take one.
+        assert d.agentctl("diff", cid, "--run", run[:5]).stdout == human.stdout
         stat = d.agentctl("diff", cid, "--stat")
         assert stat.returncode == 0 and " A new.txt " in stat.stdout and "+++" not in stat.stdout
 
