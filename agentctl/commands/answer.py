@@ -84,7 +84,8 @@ def _pick_interaction(conv: str, pending: list[Interaction], wanted: str | None)
         exact = [p for p in pending if p.id == wanted]
         matches = exact or [p for p in pending if p.id.startswith(wanted)]
         if not matches:
-            raise Fail(exitcodes.NOT_FOUND, f"no pending interaction {wanted!r} in conversation {conv}")
+            raise Fail(exitcodes.NOT_FOUND, f"no pending interaction {wanted!r} in conversation {conv} "
+                                            f"(agentctl show {conv} lists the pending ones)")
         if len(matches) > 1:
             raise Fail(exitcodes.USAGE, f"{wanted!r} matches several pending interactions: "
                                         + ", ".join(p.id for p in matches))
