@@ -39,7 +39,7 @@ from runtimes_e2e import RUNTIMES
 from daemon_harness import Daemon
 from runtimes_e2e import runtime_profile
 
-from agentd.runtime_output import MAX_MESSAGE_BYTES
+from agentd.runtime_output import MAX_ITEM_TEXT_CHARS, MAX_MESSAGE_BYTES
 
 pytestmark = pytest.mark.e2e
 
@@ -102,10 +102,11 @@ def test_an_answer_over_the_64_mib_ceiling_fails_the_turn_with_its_size_and_the_
             assert not ends[-1].get("inferred"), ends[-1]  # the CLI ended its (aborted) turn itself
             notices = [r["data"]["text"] for r in d.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "notice"]
             assert f"error: {error}" in notices, notices
-            # what was streamed of it: its start (16 MiB), saying how much was cut, a record a client can read
+            # what was streamed of it: its start (10 MiB, the item bound), saying how much was cut, a record a
+            # client can read
             (kept,) = [r["data"]["text"] for r in d.journal(cid) if r["type"] == "item" and r["data"]["kind"] == "assistant"]
             head, _, note = kept.rpartition("\n")
-            assert HUGE_TEXT.startswith(head) and len(head) == MAX_MESSAGE_BYTES // 4, len(head)
+            assert HUGE_TEXT.startswith(head) and len(head) == MAX_ITEM_TEXT_CHARS, len(head)
             assert note == f"[{len(HUGE_TEXT) - len(head)} more bytes cut: the streamed message passed agentd's ceiling " \
                            f"of {MAX_MESSAGE_BYTES:,} bytes]", note
             events = d.log_events()

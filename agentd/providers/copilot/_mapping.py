@@ -232,8 +232,9 @@ class _Tool:
 
 
 #: What is kept of a streamed message over agentd's ceiling whose whole message never came (the
-#: reader refuses it): its start, small enough that the item's record fits a client's frame.
-STREAM_KEEP_BYTES = runtime_output.MAX_MESSAGE_BYTES // 4
+#: reader refuses it): its start, within the item text bound (so the record fits a client's frame,
+#: and the conversation service keeps the note saying what was cut).
+STREAM_KEEP_BYTES = runtime_output.MAX_ITEM_TEXT_CHARS
 
 
 @dataclass
