@@ -39,12 +39,9 @@ from __future__ import annotations
 import os
 
 import msgspec
-import structlog
 
 from . import contract as c
 from . import _launcher, procs, wire
-
-log = structlog.get_logger("agentd.agent_peers")
 
 #: the requests an agent peer may make: agentd's MCP relay listing and calling host tools
 OPS: frozenset[type] = frozenset({wire.ListHostTools, wire.CallHostTool})
@@ -65,9 +62,9 @@ KEEPER_NAME = _launcher.NAME.encode()
 class AgentPeer(msgspec.Struct, frozen=True):
     """A connection from an agent's processes.
 
-    ``pid``: the process that connected (or holds the connection). ``keeper``: the
-    runtime's keeper it runs under, agentd's child; 0 when agentd could not place the
-    process (it was gone).
+    ``pid``: the process that connected (or holds the connection; 0 when none was found).
+    ``keeper``: the keeper it runs under (any agentd's); 0 when agentd could not place the
+    process (gone, too deep, or a gateway socket no readable descriptor table holds).
     """
 
     pid: int
