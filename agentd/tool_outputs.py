@@ -53,6 +53,11 @@ def _key(agent_id: str, item_id: str) -> str:
     return hashlib.sha256(f"{agent_id}\0{item_id}".encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
+def _file(agent_id: str, item_id: str) -> str:
+    """The name of an item's kept output in its conversation's output folder."""
+    return f"{_key(agent_id, item_id)}.txt"
+
+
 class ToolOutputs:
     """The kept outputs of every conversation under ``root`` (the conversations directory)."""
 
@@ -78,6 +83,14 @@ class ToolOutputs:
             log.warning("tool_output.over_quota", conversation=conversation_id, item=item_id, bytes=len(data),
                         quota=self.quota_bytes, note="only the display cut is kept ([journal] tool_output_quota_bytes)")
             return False
+        d = self._made_dir(conversation_id)
+        path = d / _file(agent_id, item_id)
+        self._make_room(d, len(data), keep=path.name)
+        _fsutil.atomic_write(path, data)
+        return True
+
+    def _made_dir(self, conversation_id: str) -> Path:
+        """The conversation's output folder, made if missing; OSError when something else is there."""
         d = self._dir(conversation_id)
         try:
             st = os.lstat(d)
@@ -86,10 +99,7 @@ class ToolOutputs:
         else:
             if not stat.S_ISDIR(st.st_mode):
                 raise OSError(f"{d} is not a directory")
-        path = d / f"{_key(agent_id, item_id)}.txt"
-        self._make_room(d, len(data), keep=path.name)
-        _fsutil.atomic_write(path, data)
-        return True
+        return d
 
     def _make_room(self, d: Path, incoming: int, *, keep: str) -> None:
         files = []
@@ -110,10 +120,10 @@ class ToolOutputs:
         ``source_id`` keeps (a fork's copied tool items): hard links where the file system allows,
         else copies, within the target's quota (its oldest go first, as for :meth:`keep`). Returns
         how many it got. Raises OSError, ValueError (a bad conversation id)."""
-        src, dst = self._dir(source_id), self._dir(target_id)
+        src = self._dir(source_id)
         found = []
         for agent_id, item_id in items:
-            name = f"{_key(agent_id, item_id)}.txt"
+            name = _file(agent_id, item_id)
             try:
                 st = os.lstat(src / name)
             except FileNotFoundError:
@@ -122,13 +132,7 @@ class ToolOutputs:
                 found.append((name, st.st_size))
         if not found:
             return 0
-        try:
-            st = os.lstat(dst)
-        except FileNotFoundError:
-            _fsutil.make_dirs(dst)
-        else:
-            if not stat.S_ISDIR(st.st_mode):
-                raise OSError(f"{dst} is not a directory")
+        dst = self._made_dir(target_id)
         copied = 0
         for name, size in found:
             self._make_room(dst, size, keep=name)
@@ -148,7 +152,7 @@ class ToolOutputs:
     def size(self, conversation_id: str, agent_id: str, item_id: str) -> int | None:
         """Bytes of the kept output, or None when none is kept."""
         try:
-            st = os.lstat(self._dir(conversation_id) / f"{_key(agent_id, item_id)}.txt")
+            st = os.lstat(self._dir(conversation_id) / _file(agent_id, item_id))
         except (FileNotFoundError, ValueError):
             return None
         return st.st_size if stat.S_ISREG(st.st_mode) else None
@@ -160,7 +164,7 @@ class ToolOutputs:
         A page ends on a character boundary, so pages join into the whole text; an
         ``offset`` inside a character starts the page at the next one.
         """
-        path = self._dir(conversation_id) / f"{_key(agent_id, item_id)}.txt"
+        path = self._dir(conversation_id) / _file(agent_id, item_id)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except (FileNotFoundError, OSError):

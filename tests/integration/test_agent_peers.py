@@ -168,20 +168,27 @@ while not os.path.exists(release) and time.monotonic() < deadline:
 '''
 
 
+def _hoard(d: Daemon, tmp_path: Path, name: str, count: int) -> tuple[str, Path]:
+    """A conversation whose agent runs HOARDER for ``count`` connections (released by
+    ``tmp_path/release``), sent its prompt; (its id, the file its counts go to)."""
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    hoarder = tmp_path / "hoarder.py"
+    hoarder.write_text(HOARDER)
+    counts = tmp_path / f"{name}.json"
+    command = " ".join(shlex.quote(str(a)) for a in (sys.executable, hoarder, d.socket, count, counts, tmp_path / "release"))
+    script = tmp_path / f"{name}.toml"
+    script.write_text(f'model = "{name}"\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\nkind = "tool"\nname = "bash"\n'
+                      f"command = {json.dumps(command)}\n")
+    cid = _json(d.agentctl("--json", "new", "-p", "script", "-m", str(script), "--cwd", str(work)))["id"]
+    assert d.agentctl("send", cid, "go").returncode == 0
+    return cid, counts
+
+
 def test_an_agent_opening_connections_in_a_loop_leaves_the_users_share(tmp_path: Path) -> None:
     d = Daemon(tmp_path, "[server]\nmax_connections = 16\n").start()
     try:
-        work = tmp_path / "work"
-        work.mkdir()
-        hoarder = tmp_path / "hoarder.py"
-        hoarder.write_text(HOARDER)
-        counts, release = tmp_path / "counts.json", tmp_path / "release"
-        command = " ".join(shlex.quote(str(a)) for a in (sys.executable, hoarder, d.socket, 40, counts, release))
-        script = tmp_path / "hoard.toml"
-        script.write_text('model = "hoard"\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\nkind = "tool"\nname = "bash"\n'
-                          f"command = {json.dumps(command)}\n")
-        cid = _json(d.agentctl("--json", "new", "-p", "script", "-m", str(script), "--cwd", str(work)))["id"]
-        assert d.agentctl("send", cid, "go").returncode == 0
+        cid, counts = _hoard(d, tmp_path, "hoard", 40)
         _eventually(counts.exists, why="the agent's command never reported", timeout=60)
         # 16 in all, 4 kept for the user (a quarter): the agent got 12 and was refused the rest.
         assert json.loads(counts.read_text()) == {"held": 12, "refused": 28}
@@ -190,7 +197,7 @@ def test_an_agent_opening_connections_in_a_loop_leaves_the_users_share(tmp_path:
             out = d.agentctl("--json", "ls")
             assert out.returncode == 0, out.stderr
             assert [c["id"] for c in json.loads(out.stdout)["conversations"]] == [cid]
-        release.touch()
+        (tmp_path / "release").touch()
         _eventually(lambda: _json(d.agentctl("show", cid, "--json"))["record"]["state"] == "idle", why="the turn did not end")
     finally:
         d.stop()
@@ -200,23 +207,12 @@ def test_one_agent_cannot_take_the_connections_of_the_others(tmp_path: Path) -> 
     # 200 in all: 50 kept for the user, 150 for agents, 37 (a quarter) for each agent's processes.
     d = Daemon(tmp_path, "[server]\nmax_connections = 200\n").start()
     try:
-        work = tmp_path / "work"
-        work.mkdir()
-        hoarder = tmp_path / "hoarder.py"
-        hoarder.write_text(HOARDER)
-        release = tmp_path / "release"
         counts = {}
         for name, count in (("greedy", 60), ("other", 5)):
-            counts[name] = tmp_path / f"{name}.json"
-            command = " ".join(shlex.quote(str(a)) for a in (sys.executable, hoarder, d.socket, count, counts[name], release))
-            script = tmp_path / f"{name}.toml"
-            script.write_text(f'model = "{name}"\ndelay_ms = 0\n[[turn]]\n[[turn.step]]\nkind = "tool"\nname = "bash"\n'
-                              f"command = {json.dumps(command)}\n")
-            cid = _json(d.agentctl("--json", "new", "-p", "script", "-m", str(script), "--cwd", str(work)))["id"]
-            assert d.agentctl("send", cid, "go").returncode == 0
+            counts[name] = _hoard(d, tmp_path, name, count)[1]
             _eventually(counts[name].exists, why=f"{name}'s command never reported", timeout=60)
         assert json.loads(counts["greedy"].read_text()) == {"held": 37, "refused": 23}
         assert json.loads(counts["other"].read_text()) == {"held": 5, "refused": 0}
-        release.touch()
+        (tmp_path / "release").touch()
     finally:
         d.stop()
