@@ -233,7 +233,7 @@ class WebSocketConfig(_Section):
     #: a request with any other Origin header is refused (clients without one are not browsers)
     allowed_origins: list[str] = []
     #: connections that have not yet passed the token check, in total and per peer (per local
-    #: user on loopback, agentd.gateway.loopback_peer_uid, else per address); past either cap a
+    #: user on loopback, agentd.gateway.loopback_peer_socket, else per address); past either cap a
     #: new connection is closed at once
     max_unauthenticated: Annotated[int, msgspec.Meta(ge=1)] = 128
     max_unauthenticated_per_peer: Annotated[int, msgspec.Meta(ge=1)] = 16

@@ -21,7 +21,7 @@ connection counts against ``[server] max_connections`` and must send
 ``hello`` within ``[server] hello_timeout_s``, as on the Unix socket.
 
 A peer is the local user behind a loopback connection (the uid the kernel
-names for its socket, :func:`loopback_peer_uid`), else its address: every
+names for its socket, :func:`loopback_peer_socket`), else its address: every
 local user connects from 127.0.0.1, and keyed by address another user's idle
 connections took the owner's share.
 """
@@ -162,12 +162,6 @@ def loopback_peer_socket(peer: tuple[str, int], local: tuple[str, int]) -> tuple
         return int(uid), int(inode)
     except (OSError, ValueError, AttributeError):  # AttributeError: no AF_NETLINK (not Linux)
         return None
-
-
-def loopback_peer_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
-    """The uid owning the TCP socket at ``peer`` connected to ``local`` (:func:`loopback_peer_socket`)."""
-    found = loopback_peer_socket(peer, local)
-    return None if found is None else found[0]
 
 
 def _peer(address: str, port: int, stream: trio.SocketStream) -> tuple[str, int]:
