@@ -175,7 +175,8 @@ class JournalConfig(_Section):
 class LeasesConfig(_Section):
     """[leases]: conversation leases held by the running daemon."""
 
-    #: seconds a lease lives without renewal; renewed well before it expires
+    #: seconds a lease lives without renewal. The file store renews nothing: the daemon lock keeps
+    #: the running daemon's leases (agentd.leases). postgres renews every ttl_s / 3
     ttl_s: PosFloat = 30.0
 
 

@@ -221,18 +221,25 @@ class FileLeaseStore:
     """Leases as files: ``<root>/<key>/lease.json``, written atomically.
 
     ``owner`` is this daemon instance's id; ``ttl_s`` how long a lease lasts
-    without renewal. With ``exclusive`` (the default) the caller holds the
-    :class:`DaemonLock` of the state dir, so any other owner is provably dead
-    and its lease is taken over even before it expires. Each read-modify-write
-    holds an ``flock`` on ``<root>/<key>/`` so two processes never interleave.
-    Use from the trio thread; blocking I/O per call is one small file.
+    without renewal. Each read-modify-write holds an ``flock`` on
+    ``<root>/<key>/`` so two processes never interleave. Use from the trio
+    thread; blocking I/O per call is one small file.
 
-    Renewal is batched: :meth:`run` rewrites one :class:`OwnerHeartbeat` file
-    per round, never one file per lease, and a lease lasts until the later of
-    its own ``expires_at`` and its owner's heartbeat. So an idle daemon with a
-    thousand open conversations writes one small file every ``ttl_s / 3``
-    (tests/bench ``idle``), one holding none writes nothing and never wakes, and
-    a dead owner's leases all expire together.
+    With ``exclusive`` (the default, and what agentd uses) the caller holds the
+    :class:`DaemonLock` of the state dir. That lock is the liveness proof: the
+    kernel holds it exactly as long as its holder lives, so any other owner is
+    provably dead (its leases are taken over at once, expired or not) and our
+    own leases last while we run. Nothing is renewed: :meth:`run` never wakes,
+    and an idle daemon with a thousand open conversations writes nothing and
+    takes no timer (tests/bench ``idle``). :meth:`get` reports our own leases
+    as lasting ``ttl_s`` from now.
+
+    Without ``exclusive`` (several owners sharing ``root``, none proving the
+    others dead) renewal is batched: :meth:`run` rewrites one
+    :class:`OwnerHeartbeat` file every ``ttl_s / 3``, never one file per lease,
+    and a lease lasts until the later of its own ``expires_at`` and its owner's
+    heartbeat, so a dead owner's leases all expire together. One holding no
+    lease writes nothing and never wakes.
     """
 
     def __init__(self, root: pathlib.Path, *, owner: str, ttl_s: float = 30.0, exclusive: bool = True) -> None:
@@ -279,6 +286,8 @@ class FileLeaseStore:
         self._beat_until = until
 
     def _expires_at(self, lease: Lease) -> float:
+        if self.exclusive and lease.owner == self.owner:
+            return max(lease.expires_at, time.time() + self.ttl_s)  # ours, and we hold the daemon lock
         beat = self._read_heartbeat(lease.owner)
         return max(lease.expires_at, beat.expires_at) if beat is not None else lease.expires_at
 
@@ -362,7 +371,7 @@ class FileLeaseStore:
                 outcome = LeaseOutcome("taken_over", previous_owner=cur.owner, previous_expired=expired)
             self._write(d, Lease(key, self.owner, os.getpid(), acquired_at, now + self.ttl_s))
         self._hold(key)
-        if self._beat_until < now + self.ttl_s * 2 / 3:
+        if not self.exclusive and self._beat_until < now + self.ttl_s * 2 / 3:
             try:
                 self._beat()  # the heartbeat covers this lease from now on
             except (AgentdError, OSError) as exc:  # the lease itself lasts ttl_s; run() retries the heartbeat
@@ -447,18 +456,22 @@ class FileLeaseStore:
         return lapsed
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Renew every held lease every ``ttl_s / 3`` until cancelled, with one heartbeat write.
+        """Keep every held lease alive until cancelled. Never raises but Cancelled.
 
-        The heartbeat is written on the trio thread (see :meth:`_beat`); the
-        reads below run in a worker thread. After a heartbeat that had
-        lapsed (a failed write, a stalled daemon) each lease is read again: one
-        lost to another owner, or deleted, is dropped from :meth:`held` and
-        logged (``lease.lost``). An OSError is logged (``lease.renew_failed``)
-        and retried at the next round. Never raises but Cancelled.
+        First the heartbeats other owners left are swept (:meth:`sweep`). With
+        ``exclusive`` that is all: the daemon lock keeps our leases, so this
+        waits without a timer. Otherwise every ``ttl_s / 3`` one heartbeat
+        write renews them all, on the trio thread (see :meth:`_beat`). After a
+        heartbeat that had lapsed (a failed write, a stalled daemon) each lease
+        is read again, in a worker thread: one lost to another owner, or
+        deleted, is dropped from :meth:`held` and logged (``lease.lost``). An
+        OSError is logged (``lease.renew_failed``) and retried at the next round.
         """
         with contextlib.suppress(OSError):
             await trio.to_thread.run_sync(self.sweep)
         task_status.started()
+        if self.exclusive:
+            await trio.sleep_forever()  # no other owner can be alive to take a lease from us
         while True:
             if not self._held:
                 # Nothing to keep alive: no wake-ups until an acquire, which writes the heartbeat itself.

@@ -173,14 +173,15 @@ def _idle_cpu_s(pid: int, window: float, every: float = 0.5) -> tuple[float, flo
 def bench_idle(ctx: Ctx) -> Result:
     """Daemon CPU while idle with many open conversations, as a share of one core.
 
-    The window spans several lease renewal rounds (every ttl_s / 3, 10 s by default).
+    The window spans six of the lease renewal periods a shared store would take (ttl_s / 3, 10 s by
+    default); the file store renews nothing, its daemon lock keeping the leases (agentd.leases).
     The baseline is the same daemon, idle with no conversation, over an equal window.
     """
     count, window = (50, 3.0) if ctx.quick else (1_000, 60.0)
     out: dict[str, float] = {}
     ticked: dict[str, float] = {}
     for name, n in (("empty", 0), ("full", count)):
-        # quick: leases renewed every 0.33 s, so even a 3 s window sees the daemon work
+        # quick: were leases renewed, it would be every 0.33 s, so even a 3 s window would see it
         daemon = BenchDaemon(ctx.scratch(f"idle-{name}"), "[leases]\nttl_s = 1.0\n" if ctx.quick else CONFIG).start()
         try:
             work = daemon.root / "work"
@@ -201,7 +202,7 @@ def bench_idle(ctx: Ctx) -> Result:
     r.met = out["full"] <= 0.05 if count >= 1000 else None
     tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
     r.notes.append(f"CPU over {window:.0f} s of idling, each thread's run time (ns, schedstat) sampled every 0.5 s; "
-                   "leases renewed at the default ttl_s / 3 (one heartbeat file per round, agentd.leases)")
+                   "no lease renewal: the daemon lock keeps the file store's leases (agentd.leases)")
     r.notes.append(f"the check from /proc/PID/stat, which also counts a thread gone between samples but in clock "
                    f"ticks of {tick_ms:.0f} ms (±2 ticks over the window): {ticked['full']:.3f}% with the "
                    f"conversations open, {ticked['empty']:.3f}% with none")

@@ -8,15 +8,15 @@ Run it from the repository root::
     .venv/bin/python -m tests.reliability.crash --store postgres --kills 15 --seed 2 --fsync batch  # CI's share
     .venv/bin/python -m tests.reliability.crash --store postgres --dsn "host=db dbname=empty" --kills 300
 
-It starts ``agentd run`` (fsync ``always`` unless ``--fsync batch``, lease ttl 0.3 s so renewals are
-frequent) on a temp state dir, creates a few conversations on the ``script``
+It starts ``agentd run`` (fsync ``always`` unless ``--fsync batch``, lease ttl 0.3 s, which
+the file store's leases, kept by the daemon lock, never need) on a temp state dir, creates a few conversations on the ``script``
 provider (``scripts/crash.toml``: streamed text, tools, a permission, usage,
 a title), and then, once per kill, drives turns through the real socket and
 kills the daemon with SIGKILL at a moment picked by one of four modes:
 
 * ``append``: a random time in the middle of turns (appends, fsyncs, record writes);
 * ``answer``: 0 to 15 ms after a permission answer is sent, before or while it is delivered;
-* ``lease``: the instant a lease renewal's temporary file appears (mid atomic write);
+* ``lease``: the instant a lease file's temporary file appears (mid atomic write: a lease taken at start-up);
 * ``startup``: right after one of the kills above, the restarted daemon is killed again, half
   the time 0.2 to 1.0 times as long after it starts as the last start took (spawn to the socket
   answering: during its imports, while it opens the store, during recovery, or just after it),
@@ -803,7 +803,7 @@ class CrashHarness:
         self.kill()
 
     def _kill_on_lease_write(self, deadline: float) -> None:
-        """Kill the instant a lease renewal's temporary file exists (mid atomic write)."""
+        """Kill the instant a lease file's temporary file exists (mid atomic write)."""
         dirs = [self.conv_dir / c.id for c in self.convs]
         while time.monotonic() < deadline and not self.killed.is_set():
             for d in dirs:

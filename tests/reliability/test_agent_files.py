@@ -30,13 +30,6 @@ AGENT = Path(__file__).parent / "acp_fault_agent.py"
 SECRET = "top-secret-4f1c9a"
 
 
-
-def _lease_expiry(lease: Path) -> float:
-    """When the lease expires: the later of its own expiry and its owner's heartbeat (agentd.leases)."""
-    data = json.loads(lease.read_text())
-    beat = lease.parent.parent / ".lease-owners" / f"{data['owner']}.json"
-    return max(data["expires_at"], json.loads(beat.read_text())["expires_at"] if beat.exists() else 0.0)
-
 def acp_config(extra: str = "") -> str:
     return f"""
 [providers.acp.fault]
@@ -370,14 +363,12 @@ def hung_mount(tree: Path) -> Iterator[Path]:
 def test_a_hung_request_hits_its_deadline_while_other_conversations_go_on_and_sigterm_stops_promptly(
     tmp_path: Path, tree: Path, hung_mount: Path
 ) -> None:
-    d = start(tmp_path / "d", "[agent_files]\ntimeout_s = 2.0\nthreads = 2\n[leases]\nttl_s = 3.0\n")
+    d = start(tmp_path / "d", "[agent_files]\ntimeout_s = 2.0\nthreads = 2\n")
     try:
         with d.client() as client, d.client() as other:
             cid = open_acp(client, tree)
             script = new(other, tree, ECHO)
             other.subscribe(script)
-            lease = d.state_dir / "conversations" / script / "lease.json"
-            renewed_at = _lease_expiry(lease)
             # 50 reads into the hung mount at once: more than any thread pool of the daemon.
             run = client.request(wire.Send, conversation=cid, text=f"readmany 50 {hung_mount / 'file.txt'}")["run"]
             sent = time.monotonic()
@@ -395,7 +386,6 @@ def test_a_hung_request_hits_its_deadline_while_other_conversations_go_on_and_si
             records = client.follow(run, timeout=10)
             texts = [msgspec.json.decode(r.data).get("text", "") for r in records if r.type == "item"]
             answers = many(next(t for t in texts if t.startswith("many:")))
-            assert _lease_expiry(lease) > renewed_at, "the lease was not renewed meanwhile"
             # The hung threads are still stuck in the kernel; the agent's file access stays usable.
             assert reply(client, cid, f"read {tree / 'inside.txt'}", timeout=15).startswith("error:")
             FAULTS["agent files: hung file system"] += len(answers)

@@ -188,7 +188,7 @@ def test_renew_and_release_never_touch_another_owners_lease(tmp_path: pathlib.Pa
 
 
 async def test_run_renews_held_leases(tmp_path: pathlib.Path) -> None:
-    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.3)
+    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.3, exclusive=False)
     store.acquire("c1")
     store.acquire("c2")
     first = {k: store.get(k).expires_at for k in ("c1", "c2")}  # type: ignore[union-attr]
@@ -204,7 +204,7 @@ async def test_run_renews_held_leases(tmp_path: pathlib.Path) -> None:
 
 
 async def test_run_renews_every_lease_with_one_heartbeat_write(tmp_path: pathlib.Path) -> None:
-    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.3)
+    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.3, exclusive=False)
     keys = [f"c{i}" for i in range(50)]
     for key in keys:
         store.acquire(key)
@@ -237,7 +237,7 @@ async def test_a_dead_owners_leases_expire_with_its_heartbeat(tmp_path: pathlib.
 
 
 async def test_run_drops_a_lease_taken_by_another_owner(tmp_path: pathlib.Path) -> None:
-    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.15)
+    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.15, exclusive=False)
     store.acquire("c1")
     store.acquire("c2")
     time.sleep(0.2)  # this daemon stalled past its heartbeat: another owner took c2 meanwhile
@@ -256,7 +256,7 @@ async def test_run_drops_a_lease_taken_by_another_owner(tmp_path: pathlib.Path) 
 
 
 async def test_run_holding_nothing_never_wakes_until_the_first_lease(tmp_path: pathlib.Path) -> None:
-    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.6)  # rounds every 0.2 s
+    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.6, exclusive=False)  # rounds every 0.2 s
     steps: list[float] = []
 
     class Steps(trio.abc.Instrument):
@@ -280,7 +280,7 @@ async def test_run_holding_nothing_never_wakes_until_the_first_lease(tmp_path: p
 
 async def test_a_round_with_a_fresh_heartbeat_reads_no_lease(tmp_path: pathlib.Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.9)  # rounds every 0.3 s, lapsed 0.6 s late
+    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.9, exclusive=False)  # rounds every 0.3 s, lapsed 0.6 s late
     for key in ("c1", "c2"):
         store.acquire(key)
     looked_at: list[list[str]] = []
@@ -296,3 +296,33 @@ async def test_a_round_with_a_fresh_heartbeat_reads_no_lease(tmp_path: pathlib.P
                 await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     assert looked_at == [["c1", "c2"]]
+
+
+async def test_an_exclusive_store_holding_leases_never_wakes_and_writes_nothing(tmp_path: pathlib.Path) -> None:
+    # The daemon lock proves the owner alive (agentd.leases): no renewal round, no timer, no write.
+    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.3)
+    keys = [f"c{i}" for i in range(20)]
+    for key in keys:
+        store.acquire(key)
+    stamps = {key: (tmp_path / key / "lease.json").stat().st_mtime_ns for key in keys}
+    steps: list[float] = []
+
+    class Steps(trio.abc.Instrument):
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            if task.name.endswith("FileLeaseStore.run"):
+                steps.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        trio.lowlevel.add_instrument(Steps())
+        await trio.sleep(1.0)  # past the leases' own expiry, ten heartbeat periods of a shared store
+        assert steps == []
+        assert trio.lowlevel.current_statistics().seconds_to_next_deadline == float("inf")
+        for key in keys:
+            lease = store.get(key)
+            assert lease is not None and lease.owner == "me" and lease.expires_at > time.time() + 0.2, key
+        nursery.cancel_scope.cancel()
+    assert {key: (tmp_path / key / "lease.json").stat().st_mtime_ns for key in keys} == stamps
+    assert not (tmp_path / ".lease-owners").exists()
+    assert store.held() == sorted(keys)
+
