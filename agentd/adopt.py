@@ -48,17 +48,7 @@ _json = runtime_output.encoder
 _UNKNOWN = "this runtime does not say whether another client holds a session open (unknown)"
 
 
-def _utc(value: _dt.datetime | None) -> _dt.datetime | None:
-    """``value`` in UTC (naive counts as UTC); None when it has none (a runtime's time at the edge of
-    datetime's range, such as 0001-01-01T00:00:00+01:00, has no UTC value: OverflowError)."""
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=_dt.timezone.utc)
-    try:
-        return value.astimezone(_dt.timezone.utc)
-    except (OverflowError, ValueError):
-        return None
+_utc = runtime_output.utc
 
 
 def _time(value: _dt.datetime | None) -> str:

@@ -1,6 +1,6 @@
-"""What agentd accepts from a runtime's output: odd bytes, big messages, kinds it does not know.
+"""What agentd accepts from a runtime's output: odd bytes, big messages, odd times, unknown kinds.
 
-A runtime is untrusted and may be newer than agentd. Three rules, each kept
+A runtime is untrusted and may be newer than agentd. These rules, each kept
 here once and called by every reader of runtime output (ACP stdio and stderr,
 the Copilot JSON-RPC reader and mapping, the Claude mapping, the script
 provider's tool commands, the conversation service's journal encoder):
@@ -20,6 +20,10 @@ provider's tool commands, the conversation service's journal encoder):
 * **Big items** (:data:`MAX_ITEM_TEXT_CHARS`): a message streamed in chunks has no
   size of its own; its text is kept (journaled, held for snapshots and history) up
   to 10 Mi characters, then cut with a line saying how much (:func:`cut_text`).
+* **Times** (:func:`utc`, :func:`parse_utc`): a runtime's time is kept in UTC
+  (a naive one counts as UTC). One with no UTC value, at the edge of datetime's
+  range (0001-01-01T00:00:00+01:00 overflows), or unreadable, is None: the
+  caller says what stands in for it.
 * **Unknown kinds** (:func:`unknown`): an event, update or item kind agentd does
   not know becomes an ``unknown`` record carrying the runtime's type name and
   its data verbatim (after the odd-bytes rule), logged at warning level once per
@@ -31,6 +35,7 @@ No trio here; structlog for the once-per-type warning.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import re
 from typing import Any
@@ -137,6 +142,31 @@ class _SafeEncoder:
 
 #: The encoder of every journal payload made from runtime output.
 encoder = _SafeEncoder()
+
+
+def utc(value: _dt.datetime | None) -> _dt.datetime | None:
+    """``value`` in UTC (naive counts as UTC); None for None, or for a time with no UTC value
+    (OverflowError at the edges of datetime's range: 0001-01-01T00:00:00+01:00)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=_dt.timezone.utc)
+    try:
+        return value.astimezone(_dt.timezone.utc)
+    except (OverflowError, ValueError):
+        return None
+
+
+def parse_utc(text: Any) -> _dt.datetime | None:
+    """A runtime's RFC 3339 / ISO 8601 time string in UTC as :func:`utc`; None when ``text`` is
+    no string, or no time, or has no UTC value."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        value = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return utc(value)
 
 
 def too_big(size: int, *, what: str = "message", complete: bool = True, ceiling: int = MAX_MESSAGE_BYTES) -> str:

@@ -20,8 +20,8 @@ from agentd import adopt, export, runtime_output
 from agentd import contract as c
 from agentd.config import ClaudeConfig, CopilotConfig
 from agentd.providers import _inuse
-from agentd.providers.acp._provider import _parse_time
 from agentd.providers.claude import _mapping as claude_mapping
+from agentd.providers.copilot import _mapping as copilot_mapping
 from agentd.providers.claude._provider import ClaudeProvider
 from agentd.providers.copilot._provider import CopilotProvider
 
@@ -67,9 +67,15 @@ def test_times_at_the_edge_of_datetimes_range_are_dropped_not_raised() -> None:
     high = _dt.datetime.fromisoformat(EDGE_HIGH)
     assert adopt._time(low) == "" and adopt._time(high) == ""
     assert adopt._time(_dt.datetime(2024, 1, 1, 12, tzinfo=_dt.timezone(_dt.timedelta(hours=2)))) == "2024-01-01T10:00:00.000Z"
-    assert _parse_time(EDGE_LOW) is None and _parse_time(EDGE_HIGH) is None
-    assert _parse_time("2024-01-01T00:00:00Z") == _dt.datetime(2024, 1, 1, tzinfo=_dt.timezone.utc)
+    parse = runtime_output.parse_utc
+    assert parse(EDGE_LOW) is None and parse(EDGE_HIGH) is None and parse("no time") is None and parse(7) is None
+    assert parse("2024-01-01T00:00:00Z") == _dt.datetime(2024, 1, 1, tzinfo=_dt.timezone.utc)
+    assert parse("2024-01-01T02:00:00+02:00") == _dt.datetime(2024, 1, 1, tzinfo=_dt.timezone.utc)
     assert claude_mapping._time(EDGE_LOW) is None and claude_mapping._time(EDGE_HIGH) is None
+    # a live Copilot event at the edge takes the time it reached agentd, as one with no time does
+    before = _dt.datetime.now(_dt.timezone.utc)
+    assert before <= copilot_mapping.utc(high) <= _dt.datetime.now(_dt.timezone.utc)
+    assert copilot_mapping.utc(_dt.datetime(2024, 1, 1)) == _dt.datetime(2024, 1, 1, tzinfo=_dt.timezone.utc)
     # a journal written before this fix may hold one: the export falls back to the record's time
     assert export._time(low, "2024-05-01T12:00:00.123Z") == "2024-05-01T12:00:00Z"
     imported = adopt._imported_items([c.Item(id="a", kind=c.ItemKind.ASSISTANT, text="hi", time=low, ended_at=high)])

@@ -505,7 +505,7 @@ class AcpProvider:
                     raise error from None
                 for info in page.sessions:
                     out.append(PreviousConversation(id=info.session_id, title=info.title or "",
-                                                    workdir=info.cwd, updated_at=_parse_time(info.updated_at)))
+                                                    workdir=info.cwd, updated_at=runtime_output.parse_utc(info.updated_at)))
                 cursor = page.next_cursor
                 if not cursor:
                     break
@@ -700,19 +700,6 @@ class AcpProvider:
                 await trio.to_thread.run_sync(write)
             except OSError as exc:
                 log.warning("acp.record_not_saved", agent=self.name, conversation=record.id, error=str(exc))
-
-
-def _parse_time(text: str | None) -> _dt.datetime | None:
-    """An agent's RFC 3339 time in UTC (naive counts as UTC); None when unreadable or out of range."""
-    if not text:
-        return None
-    try:
-        value = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-        if value.tzinfo is None:
-            return value.replace(tzinfo=_dt.timezone.utc)
-        return value.astimezone(_dt.timezone.utc)  # OverflowError at the range's edges (0001-01-01T00:00+01:00)
-    except (OverflowError, ValueError):
-        return None
 
 
 # --------------------------------------------------------------------------- conversation

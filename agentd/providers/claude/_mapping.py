@@ -223,16 +223,7 @@ def resolve(interaction: Interaction, answer: Answer) -> tuple[InteractionState,
 # --------------------------------------------------------------------------- transcripts
 
 
-def _time(value: Any) -> _dt.datetime | None:
-    """A transcript's time in UTC (naive counts as UTC); None when unreadable or without a UTC value
-    (0001-01-01T00:00:00+01:00 overflows)."""
-    if not isinstance(value, str):
-        return None
-    try:
-        when = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        return when.replace(tzinfo=_dt.timezone.utc) if when.tzinfo is None else when.astimezone(_dt.timezone.utc)
-    except (OverflowError, ValueError):
-        return None
+_time = runtime_output.parse_utc
 
 
 def _entry(line: str | bytes) -> Any:

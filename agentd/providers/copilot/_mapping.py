@@ -152,12 +152,9 @@ def bound_output(text: str, limit: int = MAX_OUTPUT_BYTES) -> str:
 
 
 def utc(value: _dt.datetime | None) -> _dt.datetime:
-    """A timezone-aware UTC time (now when ``value`` is None)."""
-    if value is None:
-        return utcnow()
-    if value.tzinfo is None:
-        return value.replace(tzinfo=_dt.timezone.utc)
-    return value.astimezone(_dt.timezone.utc)
+    """An event's time in UTC: now when the CLI gave none, or one with no UTC value
+    (:func:`agentd.runtime_output.utc`)."""
+    return runtime_output.utc(value) or utcnow()
 
 
 def event_type(event: se.SessionEvent) -> str:

@@ -890,8 +890,8 @@ class CopilotProvider:
                 id=s.session_id,
                 title=s.summary or "",
                 workdir=(s.context.working_directory or "") if s.context else "",
-                created_at=_utc(s.start_time),
-                updated_at=_utc(s.modified_time),
+                created_at=runtime_output.utc(s.start_time),
+                updated_at=runtime_output.utc(s.modified_time),
             )
             for s in sessions
             if not s.is_remote
@@ -961,17 +961,6 @@ class CopilotProvider:
         except OSError as exc:
             raise ConversationNotFound(f"the Copilot CLI's session {session!r} cannot be read: {path}: "
                                        f"{exc.strerror or exc}") from None
-
-
-def _utc(value: _dt.datetime | None) -> _dt.datetime | None:
-    """``value`` in UTC (naive counts as UTC); None for none, or one at the edge of datetime's range
-    (0001-01-01T00:00:00+01:00 has no UTC value: OverflowError)."""
-    if value is None:
-        return None
-    try:
-        return m.utc(value)
-    except (OverflowError, ValueError):
-        return None
 
 
 def _read_lines(path: Path, max_line: int) -> list[bytes]:
