@@ -6,12 +6,14 @@ the calls short (one small file) or move them to a worker thread.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import pathlib
 import re
 import secrets
 import stat
+import struct
 
 from collections.abc import Iterator
 from typing import BinaryIO
@@ -111,6 +113,40 @@ def real_path(path: str) -> str | None:
         return os.path.realpath(path)
     except (OSError, ValueError):
         return None
+
+
+_STATX_BTIME = 0x800
+_AT_SYMLINK_NOFOLLOW = 0x100
+#: struct statx: stx_mask (u32) at 0, stx_btime (s64 seconds, u32 nanoseconds) at 80; 256 bytes in all
+_STATX_SIZE, _STATX_BTIME_AT = 256, 80
+_statx = None
+
+
+def birth_time(dir_fd: int, name: bytes) -> float | None:
+    """When ``name`` in the folder ``dir_fd`` (any fd of it, O_PATH included) was created, unix
+    seconds, not following a symlink; None when the file system does not record it (statx(2)'s
+    STATX_BTIME: ext4, xfs, btrfs and tmpfs do), the C library lacks statx, or it fails.
+    The kernel stamps it with its coarse clock, a few ms behind ``time.time()``."""
+    global _statx
+    if _statx is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).statx
+        except (AttributeError, OSError):
+            fn = False
+        else:
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+        _statx = fn
+    if not _statx:
+        return None
+    buf = ctypes.create_string_buffer(_STATX_SIZE)
+    if _statx(dir_fd, name, _AT_SYMLINK_NOFOLLOW, _STATX_BTIME, buf) != 0:
+        return None
+    (mask,) = struct.unpack_from("I", buf, 0)
+    if not mask & _STATX_BTIME:
+        return None
+    sec, nsec = struct.unpack_from("qI", buf, _STATX_BTIME_AT)
+    return sec + nsec / 1e9
 
 
 def open_regular(path: str | os.PathLike[str]) -> tuple[BinaryIO, os.stat_result]:

@@ -51,7 +51,7 @@ import msgspec
 import structlog
 import trio
 
-from . import _fsutil
+from . import _fsutil, runtime_output
 from ._tree_watch import TreeWatch
 from . import contract as c
 from . import wire
@@ -72,6 +72,9 @@ _turn_diff = msgspec.json.Decoder(c.TurnDiff)
 MAX_PATCH_BYTES = 4 << 20
 #: Above this many changed paths, sorting them out (lstat) runs in a worker thread.
 _THREAD_PATHS = 256
+#: A folder's birth time is stamped by the kernel's coarse clock, up to a tick (10 ms at HZ=100)
+#: behind: one born this close before a step's before-state counts as the step's own.
+_BIRTH_SLACK_S = 0.02
 
 _HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@ ?(.*)$")
 _STATUS = {"A": "added", "M": "modified", "D": "deleted", "T": "type_changed"}
@@ -79,6 +82,7 @@ _STATUS = {"A": "added", "M": "modified", "D": "deleted", "T": "type_changed"}
 
 class _Head(msgspec.Struct):
     type: str
+    ts: str = ""
     run: str = ""
     data: msgspec.Raw = msgspec.Raw(b"{}")
 
@@ -122,6 +126,8 @@ class _Step(msgspec.Struct):
     kind: str  # turn, revert
     before: wire.CheckpointRecord | None = None
     after: wire.CheckpointRecord | None = None
+    #: when the before-state was journaled (unix seconds; 0: not known): a folder born earlier was there
+    before_at: float = 0.0
 
 
 class _Shadow:
@@ -620,7 +626,7 @@ class Checkpoints:
             return
         steps = self._steps.get(live.record.id)
         if steps is not None:
-            _note(steps, "checkpoint" if isinstance(rec, wire.CheckpointRecord) else "revert", run, rec)
+            _note(steps, "checkpoint" if isinstance(rec, wire.CheckpointRecord) else "revert", run, rec, time.time())
 
     # ------------------------------------------------------------------ reading steps
 
@@ -636,9 +642,10 @@ class Checkpoints:
                         continue
                     head = _head.decode(line)
                     if head.type == "checkpoint":
-                        _note(steps, head.type, head.run, _checkpoint.decode(head.data))
+                        at = runtime_output.parse_utc(head.ts)
+                        _note(steps, head.type, head.run, _checkpoint.decode(head.data), at.timestamp() if at else 0.0)
                     elif head.type == "revert":
-                        _note(steps, head.type, head.run, _revert.decode(head.data))
+                        _note(steps, head.type, head.run, _revert.decode(head.data), 0.0)
             if cid in self._steps:  # noted meanwhile (a record journaled while this read): that one holds it too
                 return self._steps[cid]
             self._steps[cid] = steps
@@ -780,7 +787,7 @@ class Checkpoints:
                                                                      too_large=now.too_large, nested=now.nested),
                                 run="")
             try:
-                await _apply(shadow, b, changes)
+                await _apply(shadow, b, changes, steps[step].before_at)
             except (GitFailed, OSError) as exc:
                 log.error("checkpoint.revert_failed", conversation=record.id, step=step, error=str(exc))
                 raise c.InternalError(f"revert of {step} failed part way: {exc}") from None
@@ -814,8 +821,8 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def _note(steps: dict[str, _Step], type_: str, run: str, rec: Any) -> None:
-    """Fold one ``checkpoint`` / ``revert`` record into ``steps``."""
+def _note(steps: dict[str, _Step], type_: str, run: str, rec: Any, at: float) -> None:
+    """Fold one ``checkpoint`` / ``revert`` record, journaled at ``at`` (unix seconds), into ``steps``."""
     if type_ == "revert":
         s = steps.setdefault(rec.id, _Step(kind="revert"))
         s.kind = "revert"
@@ -823,6 +830,7 @@ def _note(steps: dict[str, _Step], type_: str, run: str, rec: Any) -> None:
     s = steps.setdefault(rec.step, _Step(kind="turn"))  # a revert's own record says it is one
     if rec.phase == "before":
         s.before = rec
+        s.before_at = at
     else:
         s.after = rec
 
@@ -898,10 +906,13 @@ def _in_the_way(base: str, changes: list[_Change]) -> list[str]:
     return blocked
 
 
-def _remove(base: str, paths: list[bytes]) -> None:
+def _remove(base: str, paths: list[bytes], since: float = 0.0) -> None:
     """Remove ``paths`` (relative to ``base``) and the folders that leaves empty, each folder on
     the way opened without following a symlink, so a folder swapped for a link meanwhile stops
-    it there, never removes beyond it. Blocking: run it in a thread."""
+    it there, never removes beyond it. A folder born before ``since`` (unix seconds, 0: no such
+    rule) was there before the step, perhaps empty, which no git tree records: it stays. Where
+    the file system keeps no birth time (:func:`agentd._fsutil.birth_time`) every emptied
+    folder goes. Blocking: run it in a thread."""
     root = os.open(base, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for rel in paths:
@@ -919,6 +930,10 @@ def _remove(base: str, paths: list[bytes]) -> None:
                 except (FileNotFoundError, IsADirectoryError):
                     pass  # gone already, or a folder now, which no checkpoint named
                 for i in range(len(parts) - 1, 0, -1):  # the folders it leaves empty, innermost first
+                    if since:
+                        born = _fsutil.birth_time(fds[i - 1], parts[i - 1])
+                        if born is not None and born < since - _BIRTH_SLACK_S:
+                            break  # it was there before the step, and so were the folders above it
                     try:
                         os.rmdir(parts[i - 1], dir_fd=fds[i - 1])
                     except OSError:
@@ -958,9 +973,10 @@ def _keep_modes(base: str, modes: dict[bytes, int]) -> None:
             continue
 
 
-async def _apply(shadow: _Shadow, target: str, changes: list[_Change]) -> None:
+async def _apply(shadow: _Shadow, target: str, changes: list[_Change], since: float = 0.0) -> None:
     """Write ``changes`` back as they are in ``target``: Python removes the deleted ones and
-    their emptied folders first (a file may come back where a folder of the step's was), then
+    the folders that leaves empty unless born before ``since`` (:func:`_remove`) first (a file
+    may come back where a folder of the step's was), then
     git writes the files (never through a symlink, never into a .git), keeping the permission
     bits of those it writes over."""
     base = os.path.realpath(shadow.workdir)
@@ -968,7 +984,7 @@ async def _apply(shadow: _Shadow, target: str, changes: list[_Change]) -> None:
     write = [ch.raw for ch in changes if ch.action != "delete"]
     modes = await trio.to_thread.run_sync(_modes, base, changes)
     if gone:
-        await trio.to_thread.run_sync(_remove, base, gone)
+        await trio.to_thread.run_sync(_remove, base, gone, since)
     if write:
         index = shadow.dir / f"revert-{secrets.token_hex(4)}.index"
         try:

@@ -56,6 +56,13 @@ kind = "wait"
 until = "steer"
 
 [[turn]]
+match = "folders"
+[[turn.step]]
+kind = "tool"
+name = "bash"
+command = "mkdir -p empty/made && echo x > empty/made/f.txt && mkdir -p fresh/a && echo y > fresh/a/g.txt && echo done"
+
+[[turn]]
 match = "nothing"
 [[turn.step]]
 kind = "text"
@@ -220,6 +227,38 @@ def test_a_file_over_the_size_bound_is_left_out_and_left_alone(tmp_path: Path) -
         rev = _json(d.agentctl("--json", "revert", cid, "--run", run, "--yes"))
         assert [f["path"] for f in rev["files"]] == ["small.txt"]
         assert not (work / "small.txt").exists() and (work / "big.txt").stat().st_size == 5000
+    finally:
+        d.stop()
+
+
+def test_revert_keeps_a_folder_that_was_there_empty_and_removes_the_folders_the_turn_made(tmp_path: Path) -> None:
+    # No git tree records an empty folder: its birth time says it was there before the turn.
+    work = tmp_path / "work"
+    (work / "empty").mkdir(parents=True)
+    (work / "also-empty" / "inner").mkdir(parents=True)
+    script = tmp_path / "edit.toml"
+    script.write_text(SCRIPT)
+    d = Daemon(tmp_path, ROOMY).start()
+    try:
+        cid = _new(d, work, script)
+        run = _turn(d, cid, "folders")
+        assert (work / "empty" / "made" / "f.txt").exists() and (work / "fresh" / "a" / "g.txt").exists()
+        rev = _json(d.agentctl("--json", "revert", cid, "--run", run, "--yes"))
+        assert sorted(f["path"] for f in rev["files"]) == ["empty/made/f.txt", "fresh/a/g.txt"]
+        assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == ["also-empty", "also-empty/inner", "empty"]
+    finally:
+        d.stop()
+    # The same when the steps are read back from the journal: a turn, then a restart, then the revert.
+    run = ""
+    d.start()
+    try:
+        run = _turn(d, cid, "folders")
+    finally:
+        d.stop()
+    d.start()
+    try:
+        _json(d.agentctl("--json", "revert", cid, "--run", run, "--yes"))
+        assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == ["also-empty", "also-empty/inner", "empty"]
     finally:
         d.stop()
 
