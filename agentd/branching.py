@@ -37,7 +37,7 @@ import trio
 
 from . import contract as c
 from . import wire
-from .titles import user_title
+from .titles import fork_title, user_title
 
 if TYPE_CHECKING:
     from .conversations import ConversationService
@@ -171,6 +171,7 @@ async def fork(service: "ConversationService", ref: str, at: str = "", *, title:
     title = user_title(title)
     reader = await service.reader(ref)
     record = reader.record
+    title = title or fork_title(record.title)
     cid = record.id
     provider = await service.runtimes.get(record.provider)
     if not provider.capabilities().fork or not isinstance(provider, c.Forker):
@@ -187,7 +188,7 @@ async def fork(service: "ConversationService", ref: str, at: str = "", *, title:
     _usable(target, cid, "fork at")
     if not record.provider_conversation_id:
         raise c.Invalid(f"conversation {cid} was never opened on its runtime")
-    request = c.OpenRequest(workdir=record.workdir, title=title or record.title, model=record.model,
+    request = c.OpenRequest(workdir=record.workdir, title=title, model=record.model,
                             effort=record.effort)
     try:
         new_id = await provider.fork(record.provider_conversation_id, target.marker, request)
@@ -207,7 +208,7 @@ async def fork(service: "ConversationService", ref: str, at: str = "", *, title:
                                provider_conversation_id=record.provider_conversation_id)
     try:
         new = await service.adopt(
-            provider=record.provider, workdir=record.workdir, title=title or record.title, model=record.model,
+            provider=record.provider, workdir=record.workdir, title=title, model=record.model,
             effort=record.effort, mode=record.mode, budget=record.budget, provider_conversation_id=new_id,
             forked_from=cid, forked_at=target.run,
             first=("forked", _json.encode(forked), ""), records=copies)

@@ -1916,9 +1916,10 @@ class ConversationService:
             return
         await live.conv.cancel()
 
-    async def set_title(self, ref: str, title: str) -> None:
+    async def set_title(self, ref: str, title: str) -> str:
         """Set the title (journaled), and name the conversation in the provider's store where it can.
 
+        Returns the title as set: its whitespace folded to single spaces ("" clears it).
         A provider whose capabilities include ``titles`` is told, its
         conversation opened for it if needed; failing that is logged, the
         title stays set here. Raises Invalid for a title over 200 characters.
@@ -1930,18 +1931,19 @@ class ConversationService:
         self._save(live.record)
         await self._append(live, "title", _json.encode(title), run=live.run)
         if live.record.state is _S.CLOSED:
-            return
+            return title
         if self.site and live.record.site and live.record.site != self.site:
-            return  # its runtime's session is on its own site's disk: named there, not here
+            return title  # its runtime's session is on its own site's disk: named there, not here
         try:
             if not (await self.runtimes.get(live.record.provider)).capabilities().titles:
-                return
+                return title
             conv = live.conv if live.conv is not None else await self._ensure_open(live)
             await conv.set_title(title)
         except c.Unsupported:
             pass
         except c.AgentdError as exc:
             log.warning("conversation.provider_title_failed", conversation=live.record.id, error=exc.message)
+        return title
 
     async def close(self, ref: str, *, reason: str = "") -> None:
         """Cancel the running turn, close the provider conversation, release the lease.

@@ -882,8 +882,7 @@ class Server:
 
     async def _title(self, conn: _Connection, req: wire.SetTitle) -> dict[str, str]:
         cid = self.service.resolve(req.conversation)
-        await self.service.set_title(cid, req.title)
-        return {"conversation": cid}
+        return {"conversation": cid, "title": await self.service.set_title(cid, req.title)}
 
     async def _budget(self, conn: _Connection, req: wire.SetBudget) -> wire.ConversationRecord:
         from . import usage

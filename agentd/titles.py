@@ -11,6 +11,8 @@ space) and holds at most :data:`MAX_TITLE_CHARS` characters.
   :func:`runtime_title` also replaces lone surrogates (a runtime's JSON may
   carry ``\\ud83d``, which no reply could encode) and cuts it.
 * One made from a prompt: :func:`title_from_prompt`.
+* A fork's, when ``fork`` names none: its source's, marked (:func:`fork_title`), so
+  ``agentctl ls`` tells the two apart.
 """
 
 from __future__ import annotations
@@ -41,6 +43,16 @@ def runtime_title(title: str) -> str:
     :data:`MAX_TITLE_CHARS` (an ellipsis marks the cut)."""
     title = _fold(clean(title))
     return title if len(title) <= MAX_TITLE_CHARS else title[:MAX_TITLE_CHARS - 1] + "…"
+
+
+def fork_title(source: str) -> str:
+    """A fork's title from its source's: ``"<source> (fork)"``, the source's part cut (an ellipsis
+    marks the cut) to keep within :data:`MAX_TITLE_CHARS`; "" for an untitled source."""
+    if not source:
+        return ""
+    mark = " (fork)"
+    room = MAX_TITLE_CHARS - len(mark)
+    return (source if len(source) <= room else source[:room - 1] + "…") + mark
 
 
 def title_from_prompt(text: str, limit: int = PROMPT_TITLE_CHARS) -> str:

@@ -12,7 +12,7 @@ import click
 import msgspec
 
 from agentd import wire
-from agentd.termsafe import visible
+from agentd.termsafe import visible, visible_name
 
 from .. import exitcodes
 from ..cli import Fail, FiniteFloat, _err, _exit, _interactive, _json, _ok_json, _opts, _style, _text_arg, common
@@ -688,11 +688,22 @@ def rm(conversation: str, force: bool) -> None:
 def title(conversation: str, title: str) -> None:
     """Set a conversation's title (also in the provider's own store, where it keeps titles).
 
+    Its whitespace is folded to single spaces; "" clears it. Prints the
+    title as set. --json: {"ok", "conversation", "title"}.
+
     \b
     Examples:
       agentctl title c3f9 "flaky CI test"
+      agentctl title c3f9 ""
     """
-    _simple(wire.SetTitle, conversation, "title set", title=title)
+    o = _opts()
+    res = o.client().call(wire.SetTitle, Any, conversation=conversation, title=title)
+    if isinstance(res, dict):
+        conversation = res.get("conversation") if isinstance(res.get("conversation"), str) else conversation
+        title = res.get("title") if isinstance(res.get("title"), str) else title  # older agentd: as typed
+    if o.json:
+        return _ok_json(conversation=conversation, title=title)
+    click.echo(f"title of {conversation}: {visible_name(title)}" if title else f"title of {conversation} cleared")
 
 
 # ---------------------------------------------------------------------- usage, budgets, export

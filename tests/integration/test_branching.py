@@ -133,6 +133,8 @@ def test_fork_copies_the_history_up_to_its_turn_and_goes_its_own_way(daemon: Dae
     # Default: the last completed turn.
     whole = _ok(d.agentctl("fork", cid, "--json"))
     assert whole["run"] == r2 and [t["run"] for t in whole["turns"]] == [r1, r2]
+    source_title = d.record(cid)["title"]
+    assert source_title and whole["conversation"]["title"] == source_title + " (fork)"
     # At the first turn: the new journal names where it came from, then the copies, marked.
     res = _ok(d.agentctl("fork", cid, "--at", r1, "--title", "branch", "--json"))
     fork = res["conversation"]["id"]

@@ -284,7 +284,7 @@ def test_a_given_title_is_kept_and_a_providers_own_title_wins_over_the_prompt(da
 def test_agentctl_title_sets_it_and_tells_the_provider_even_after_a_restart(daemon: Daemon, workdir: Path) -> None:
     conv = new(daemon, workdir)
     record = one_json(daemon.agentctl("title", conv, "  First   name ", "--json"))
-    assert record == {"ok": True, "conversation": conv, "title": "  First   name "}
+    assert record == {"ok": True, "conversation": conv, "title": "First name"}  # as set, not as typed
     assert title_of(daemon, conv) == "First name"
     provider_id = one_json(daemon.agentctl("show", conv, "--json"))["record"]["provider_conversation_id"]
     provider_file = daemon.state_dir / "providers" / "script" / f"{provider_id}.json"
@@ -292,13 +292,17 @@ def test_agentctl_title_sets_it_and_tells_the_provider_even_after_a_restart(daem
 
     daemon.stop()
     daemon.start()
-    assert daemon.agentctl("title", conv, "Second name").returncode == 0
+    said = daemon.agentctl("title", conv[:8], "Second\tname")
+    assert said.returncode == 0 and said.stdout == f"title of {conv}: Second name\n"
     assert title_of(daemon, conv) == "Second name"
     assert json.loads(provider_file.read_text())["title"] == "Second name"
     assert "Second name" in daemon.agentctl("ls").stdout
 
     too_long = daemon.agentctl("title", conv, "x" * 201)
     assert too_long.returncode == 8 and "at most 200 characters" in too_long.stderr
+    cleared = daemon.agentctl("title", conv, "")
+    assert cleared.returncode == 0 and cleared.stdout == f"title of {conv} cleared\n"
+    assert title_of(daemon, conv) == ""
 
 
 def _computed(browser: str, page: Path, profile: Path, expression: str) -> Any:
