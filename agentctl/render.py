@@ -615,7 +615,7 @@ class Renderer:
     def know_subagents(self, subagents: "list[Subagent]") -> None:
         """Name these subagents' items by their names (what the live view learned from their records)."""
         for sub in subagents:
-            self._subagents.setdefault(sub.id, sub)
+            self._subagents.setdefault(sub.id, visible_all(sub))  # runtime text, like every record
 
     def _agent_name(self, agent_id: str) -> str:
         s = self._subagents.get(agent_id)

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from agentd import wire
+from agentd.termsafe import visible, visible_name
 
 from .. import exitcodes
 from ..cli import Fail, _err, _json, _opts, _style, common
@@ -83,10 +84,10 @@ def providers(ctx: click.Context, wide: bool) -> None:
         if p.state != "available":
             why = p.error.splitlines()[0] if p.error else ""
             if why:
-                click.echo(style.dim(_clip(f"  why: {why}", _WIDTH)))
+                click.echo(style.dim(_clip(f"  why: {visible_name(why)}", _WIDTH)))
             if p.fix:  # a command is never clipped: one too long for the table is behind `show`
-                fix = f"  fix: {p.fix}"
-                click.echo(fix if len(fix) <= _WIDTH else f"  fix: agentctl providers show {p.name}")
+                fix = f"  fix: {visible_name(p.fix)}"
+                click.echo(fix if len(fix) <= _WIDTH else f"  fix: agentctl providers show {visible_name(p.name)}")
 
 
 @providers.command("show")
@@ -113,17 +114,17 @@ def providers_show(name: str) -> None:
     p = infos[0]
     if o.json:
         return _json(p)
-    click.echo(f"name:         {p.name}")
-    click.echo(f"runtime:      {p.display_name}")
-    click.echo(f"state:        {p.state}")
+    click.echo(f"name:         {visible_name(p.name)}")
+    click.echo(f"runtime:      {visible_name(p.display_name)}")
+    click.echo(f"state:        {visible_name(p.state)}")
     if p.error:
-        click.echo(f"why:          {p.error}")
+        click.echo(f"why:          {visible(p.error)}")
     if p.fix:
-        click.echo(f"fix:          {p.fix}")
+        click.echo(f"fix:          {visible_name(p.fix)}")
     if p.account is not None:
-        click.echo(f"account:      {_signed(p.account)}")
+        click.echo(f"account:      {visible_name(_signed(p.account))}")
         if p.account.message:
-            click.echo(f"              {p.account.message}")
+            click.echo(f"              {visible(p.account.message)}")
     click.echo(f"supports:     {_caps(p)}")
 
 
@@ -189,9 +190,9 @@ def account(provider: str) -> None:
     for i in infos:
         if not i.account.signed_in:
             if i.account.message:
-                click.echo(_style().dim(f"{i.provider}: {i.account.message}"))
+                click.echo(_style().dim(f"{visible_name(i.provider)}: {visible(i.account.message)}"))
             if i.fix:
-                click.echo(f"{i.provider}: fix: {i.fix}")
+                click.echo(f"{visible_name(i.provider)}: fix: {visible_name(i.fix)}")
     raise click.exceptions.Exit(out_code)
 
 
@@ -239,18 +240,18 @@ def login(provider: str, device: bool, with_token: bool, store_plaintext: bool) 
         if o.json:
             _json(res)
         else:
-            click.echo(f"First copy your one-time code: {res.device.code}")
-            click.echo(f"Then open {res.device.url} in a browser and enter it. Waiting (Ctrl-C cancels)...")
+            click.echo(f"First copy your one-time code: {visible_name(res.device.code)}")
+            click.echo(f"Then open {visible_name(res.device.url)} in a browser and enter it. Waiting (Ctrl-C cancels)...")
         res = client.call(wire.LoginWait, wire.LoginResult, flow=res.flow)
     if o.json:
         return _json(res)
     if res.done and res.account is not None:
-        click.echo(f"{provider}: signed in{' as ' + res.account.login if res.account.login else ''}"
-                   f"{' (' + res.account.source + ')' if res.account.source else ''}")
+        click.echo(f"{provider}: signed in{' as ' + visible_name(res.account.login) if res.account.login else ''}"
+                   f"{' (' + visible_name(res.account.source) + ')' if res.account.source else ''}")
         return
     if res.command:
-        click.echo(f"{res.message or provider + ' signs in through its own command'}:")
-        click.echo(f"  {res.command}")
+        click.echo(f"{visible(res.message) or provider + ' signs in through its own command'}:")
+        click.echo(f"  {visible_name(res.command)}")
         return
     raise Fail(exitcodes.FAILED, res.message or f"{provider} did not sign in")
 

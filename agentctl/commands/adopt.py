@@ -7,6 +7,7 @@ import os
 import click
 
 from agentd import wire
+from agentd.termsafe import visible_name
 
 from ..cli import _json, _opts, _style, common
 
@@ -52,14 +53,14 @@ def import_(session: str | None, provider: str, workdir: str | None, force: bool
                 else "the runtime resumes it but cannot show its earlier turns")
         click.echo(res.conversation.id)
         style = _style()
-        click.echo(style.dim(f"adopted {provider} session {res.session}: {past}; "
+        click.echo(style.dim(f"adopted {provider} session {visible_name(res.session)}: {past}; "
                              f"next: agentctl send {res.conversation.id} TEXT"), err=True)
         return
     res = client.call(wire.ImportList, wire.ImportListResult, provider=provider, workdir=workdir)
     if o.json:
         return _json(res)
     if not res.sessions:
-        click.echo(f"no {provider} sessions recorded for {res.workdir} outside agentd", err=True)
+        click.echo(f"no {provider} sessions recorded for {visible_name(res.workdir)} outside agentd", err=True)
         return
     from ..render import table
 
@@ -70,4 +71,4 @@ def import_(session: str | None, provider: str, workdir: str | None, force: bool
             for s in res.sessions]
     style = _style()
     click.echo(table(rows, ["SESSION", "UPDATED", "IN USE", "TITLE"], style))
-    click.echo(style.dim(f"adopt one: agentctl import -p {provider} --cwd {res.workdir} SESSION"), err=True)
+    click.echo(style.dim(f"adopt one: agentctl import -p {provider} --cwd {visible_name(res.workdir)} SESSION"), err=True)

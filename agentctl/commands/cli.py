@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+from agentd.termsafe import visible, visible_name
+
 from .. import exitcodes
 from ..cli import Fail, _json, _opts, common
 
@@ -90,13 +92,15 @@ def restart(now: bool) -> None:
     out = sys.stdout
     for run in res.cancelled:
         _err(f"cancelled run {run} (--now)")
-    bits = [f"config {res.config or 'none (defaults)'}"]
+    bits = [f"config {visible_name(res.config) if res.config else 'none (defaults)'}"]
     if res.env_file:
-        bits.append(f"{res.env_file}: " + (f"set {', '.join(res.env_changed)}" if res.env_changed else "no change"))
+        bits.append(f"{visible_name(res.env_file)}: "
+                    + (f"set {visible_name(', '.join(res.env_changed))}" if res.env_changed else "no change"))
     if res.reopened:
         bits.append(f"{res.reopened} conversation{'s reopen on their' if res.reopened > 1 else ' reopens on its'} next prompt")
     click.echo(f"restarted agentd (pid {res.pid}): " + "; ".join(bits), file=out)
     for p in res.providers:
-        click.echo(f"  {p.name}: " + ("available" if p.available else f"unavailable: {p.error}"), file=out)
+        click.echo(f"  {visible_name(p.name)}: " + ("available" if p.available else f"unavailable: {visible(p.error)}"),
+                   file=out)
     if res.need_stop:
         _err(f"changed, applied only after agentctl stop and a start: {', '.join(f'[{s}]' for s in res.need_stop)}")

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from agentd import wire
+from agentd.termsafe import visible_name
 
 from ..cli import _exit, _interactive, _json, _ok_json, _opts, _style, _text_arg, common
 from .conversations import _follow, _follow_options, _with
@@ -37,7 +38,7 @@ def commands(conversation: str) -> None:
     if o.json:
         return _json(res)
     if not res.commands:
-        click.echo(f"{res.provider} offers no commands in {res.conversation}")
+        click.echo(f"{visible_name(res.provider)} offers no commands in {res.conversation}")
         return
     rows = [[f"/{cmd.name}", cmd.kind, cmd.input_hint, shorten(cmd.description, 70)]
             for cmd in res.commands]

@@ -489,7 +489,7 @@ def run(text: str, provider: str, cwd: str, title: str, model: str, effort: str,
     uploads = _uploads(attach)
     rec = _create(provider, cwd, title, model, effort, yolo, _budget_arg(max_cost_usd, on_reach))
     if not o.json:
-        click.echo(_style().dim(f"conversation {rec.id} ({rec.provider})"))
+        click.echo(_style().dim(f"conversation {rec.id} ({visible_name(rec.provider)})"))
     from ..follow import FROM_NOW
 
     def send_prompt() -> str:
@@ -568,7 +568,7 @@ def attach(conversation: str, after: int | None, until_idle: bool, no_input: boo
     interactive = _interactive(no_input)
     if not o.json:
         how = "answering at the terminal; " if interactive else ""
-        click.echo(_style().dim(f"attached to {r.id} ({r.provider}, {r.state.value}); {how}Ctrl-C to detach"))
+        click.echo(_style().dim(f"attached to {r.id} ({visible_name(r.provider)}, {r.state.value}); {how}Ctrl-C to detach"))
     _exit(_follow(r.id, r.turn_after if after is None else after, interactive=interactive,
                   exit_on_action=exit_on_action, yolo=r.mode == "yolo", until_idle=until_idle, verbose=verbose, dropped=all_))
 

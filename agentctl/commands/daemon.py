@@ -7,6 +7,7 @@ import os
 import click
 
 from agentd import wire
+from agentd.termsafe import visible_name
 
 from .. import exitcodes
 from ..cli import Fail, FiniteFloat, _json, _opts, common
@@ -40,10 +41,10 @@ def status() -> None:
 
     mine = "" if r.version == __version__ else f" (agentctl {__version__}: `agentctl restart` runs the installed agentd)"
     click.echo(f"agentd {r.version} (protocol {r.protocol}), pid {r.pid}, up {duration(r.uptime_s)}{mine}")
-    click.echo(f"socket:        {r.socket}")
-    click.echo(f"state dir:     {r.state_dir}")
+    click.echo(f"socket:        {visible_name(r.socket)}")
+    click.echo(f"state dir:     {visible_name(r.state_dir)}")
     click.echo(f"conversations: {r.conversations} ({r.running} running)")
-    click.echo(f"providers:     {', '.join(r.providers) or '-'}")
+    click.echo(f"providers:     {visible_name(', '.join(r.providers)) or '-'}")
 
 
 @click.command()
@@ -68,13 +69,11 @@ def hosts() -> None:
     r = o.client().call(wire.Hosts, wire.HostsResult)
     if o.json:
         return _json(full(r))
-    from agentd.termsafe import visible
-
     rows = [("HOST", "SITE", "PID", "STATE", "OPEN", "PROVIDERS")]
     for h in r.hosts:
         state = ("alive" if h.alive else "gone") + (" (this)" if h.this else "")
-        rows.append((visible(h.hostname), visible(h.site), str(h.pid), state, str(h.leases),
-                     visible(", ".join(h.providers)) or "-"))
+        rows.append((visible_name(h.hostname), visible_name(h.site), str(h.pid), state, str(h.leases),
+                     visible_name(", ".join(h.providers)) or "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from agentd import wire
+from agentd.termsafe import visible_name
 
 from ..cli import _json, _opts, common
 
@@ -38,8 +39,10 @@ def set_model(conversation: str, model: str, effort: str, context_tier: str, aft
     if o.json:
         return _json(rec)
     if rec.next_model is not None:
-        click.echo(f"{rec.id}: {rec.next_model.model or rec.model or 'model unchanged'}"
-                   f"{', effort ' + rec.next_model.effort if rec.next_model.effort else ''} after the running turn")
+        click.echo(f"{rec.id}: {visible_name(rec.next_model.model or rec.model or 'model unchanged')}"
+                   f"{', effort ' + visible_name(rec.next_model.effort) if rec.next_model.effort else ''}"
+                   " after the running turn")
     else:
-        click.echo(f"{rec.id}: {rec.model or 'model unchanged'}{', effort ' + rec.effort if rec.effort else ''}"
-                   f"{', context ' + rec.context_tier if rec.context_tier else ''} from the next turn on")
+        click.echo(f"{rec.id}: {visible_name(rec.model or 'model unchanged')}"
+                   f"{', effort ' + visible_name(rec.effort) if rec.effort else ''}"
+                   f"{', context ' + visible_name(rec.context_tier) if rec.context_tier else ''} from the next turn on")

@@ -8,6 +8,7 @@ import sys
 import click
 
 from agentd import wire
+from agentd.termsafe import visible
 
 from .. import exitcodes
 from ..cli import AgentctlGroup, Fail, FiniteFloat, _err, _exit, _json, _opts, _style, _text_arg, common
@@ -241,7 +242,7 @@ def task_comment(task_id: str, text: str) -> None:
     if cm.delivery == "steered":
         click.echo(f"comment {cm.id}: recorded and steered into the running turn")
     else:
-        click.echo(f"comment {cm.id}: recorded only ({cm.note})" if cm.note else f"comment {cm.id}: recorded")
+        click.echo(f"comment {cm.id}: recorded only ({visible(cm.note)})" if cm.note else f"comment {cm.id}: recorded")
 
 
 @task.command("wait")
@@ -275,5 +276,5 @@ def task_wait(task_id: str, timeout: float | None, exit_on_action: bool) -> None
     if o.json:
         _json(t)
     else:
-        click.echo(f"task {t.id}: {t.status.value}" + (f": {t.error}" if t.error else ""))
+        click.echo(f"task {t.id}: {t.status.value}" + (f": {visible(t.error)}" if t.error else ""))
     _exit(exitcodes.NEEDS_ACTION if waiting else exitcodes.for_turn(t.status.value))
