@@ -44,7 +44,8 @@ def status() -> None:
     click.echo(f"socket:        {visible_name(r.socket)}")
     click.echo(f"state dir:     {visible_name(r.state_dir)}")
     click.echo(f"conversations: {r.conversations} ({r.running} running)")
-    click.echo(f"providers:     {visible_name(', '.join(r.providers)) or '-'}")
+    click.echo(f"providers:     {visible_name(', '.join(r.providers)) or '-'}"
+               + (" (enabled; `agentctl providers` says which can run a turn now)" if r.providers else ""))
 
 
 @click.command()

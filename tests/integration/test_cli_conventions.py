@@ -58,6 +58,7 @@ def test_version_of_agentctl_and_of_the_daemon_in_status(daemon: Daemon) -> None
     assert st["version"] == __version__ and st["agentctl"] == __version__
     human = daemon.agentctl("status")
     assert human.stdout.startswith(f"agentd {__version__} (protocol ")
+    assert "`agentctl providers` says which can run a turn now" in human.stdout  # status does not probe them
 
 
 def test_run_and_new_without_p_use_the_default_provider(daemon: Daemon, tmp_path: Path) -> None:
