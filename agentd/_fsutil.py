@@ -14,6 +14,7 @@ import re
 import secrets
 import stat
 import struct
+import time
 
 from collections.abc import Iterator
 from typing import BinaryIO
@@ -117,6 +118,12 @@ def real_path(path: str) -> str | None:
 
 _STATX_BTIME = 0x800
 _AT_SYMLINK_NOFOLLOW = 0x100
+_CLOCK_REALTIME_COARSE = 5  # Linux's clock id; the clock the kernel stamps new files with
+try:
+    #: how far a birth time may lag ``time.time()``: one tick of the kernel's coarse clock (4 ms at HZ=250)
+    BIRTH_TIME_TICK_S = time.clock_getres(_CLOCK_REALTIME_COARSE)
+except (OSError, AttributeError):
+    BIRTH_TIME_TICK_S = 0.01
 #: struct statx: stx_mask (u32) at 0, stx_btime (s64 seconds, u32 nanoseconds) at 80; 256 bytes in all
 _STATX_SIZE, _STATX_BTIME_AT = 256, 80
 _statx = None
@@ -126,7 +133,7 @@ def birth_time(dir_fd: int, name: bytes) -> float | None:
     """When ``name`` in the folder ``dir_fd`` (any fd of it, O_PATH included) was created, unix
     seconds, not following a symlink; None when the file system does not record it (statx(2)'s
     STATX_BTIME: ext4, xfs, btrfs and tmpfs do), the C library lacks statx, or it fails.
-    The kernel stamps it with its coarse clock, a few ms behind ``time.time()``."""
+    The kernel stamps it with its coarse clock, up to :data:`BIRTH_TIME_TICK_S` behind ``time.time()``."""
     global _statx
     if _statx is None:
         try:

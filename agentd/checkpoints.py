@@ -72,9 +72,9 @@ _turn_diff = msgspec.json.Decoder(c.TurnDiff)
 MAX_PATCH_BYTES = 4 << 20
 #: Above this many changed paths, sorting them out (lstat) runs in a worker thread.
 _THREAD_PATHS = 256
-#: A folder's birth time is stamped by the kernel's coarse clock, up to a tick (10 ms at HZ=100)
-#: behind: one born this close before a step's before-state counts as the step's own.
-_BIRTH_SLACK_S = 0.02
+#: A folder's birth time is stamped by the kernel's coarse clock, up to a tick behind time.time():
+#: one born within a tick before a step's before-state counts as the step's own.
+_BIRTH_SLACK_S = _fsutil.BIRTH_TIME_TICK_S
 
 _HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@ ?(.*)$")
 _STATUS = {"A": "added", "M": "modified", "D": "deleted", "T": "type_changed"}
@@ -103,7 +103,7 @@ class _Job:
     """One recording of a working directory, run by its worker in the order asked."""
 
     __slots__ = ("done", "tree", "too_large", "nested", "error", "late", "started", "on_done", "recorded", "conv",
-                 "ref")
+                 "ref", "workdir_id")
 
     def __init__(self, conv: str, ref: str, on_done: Callable[["_Job"], Awaitable[None]] | None = None) -> None:
         self.done = trio.Event()
@@ -120,6 +120,8 @@ class _Job:
         self.conv = conv
         #: the name of the ref under refs/agentd/<conv>/ that keeps its tree, "" = none (see _Shadow._keep)
         self.ref = ref
+        #: the recorded directory's identity (see wire.CheckpointRecord.workdir_id)
+        self.workdir_id = ""
 
 
 class _Step(msgspec.Struct):
@@ -151,8 +153,8 @@ class _Shadow:
         self._env: dict[str, str] | None = None
         #: what tells that the working directory is unchanged since the last recording (config.watch)
         self._watch: TreeWatch | None = None
-        #: the last recording's (tree, too_large, nested), kept while the watch saw no change since
-        self._watched: tuple[str, list[str], list[str]] | None = None
+        #: the last recording's (tree, too_large, nested, workdir_id), kept while the watch saw no change since
+        self._watched: tuple[str, list[str], list[str], str] | None = None
         #: conversation -> the tree its last ref (written by this process) keeps; see _keep
         self._kept: dict[str, str] = {}
         #: jobs submitted whose record is not journaled yet (queued, running or in on_done)
@@ -299,6 +301,7 @@ class _Shadow:
             except trio.Cancelled:
                 self._watch = None  # its thread may run on: the next recording takes a fresh watch
                 raise
+        job.workdir_id = workdir_id(self.workdir)
         out = await self.git("ls-files", "-z", "-t", "--others", "--modified", "--exclude-standard")
         entries = [e for e in out.split(b"\0") if e]
         if len(entries) > _THREAD_PATHS:
@@ -317,14 +320,14 @@ class _Shadow:
         job.tree = self.last_tree  # nothing changed: the index, so its tree, is what it was
         self._keep(job.conv, job.ref, job.tree)
         if armed:
-            self._watched = (job.tree, list(job.too_large), list(job.nested))
+            self._watched = (job.tree, list(job.too_large), list(job.nested), job.workdir_id)
 
     def _unchanged(self, job: _Job) -> bool:
         """Fill ``job`` from the last recording when the kernel saw no change since (git would
         find none); whether it did. Never blocks: no git, no thread. Raises OSError (its ref)."""
         if self._watched is None or self._watch is None or self._watch.changed():
             return False
-        job.tree, too_large, nested = self._watched
+        job.tree, too_large, nested, job.workdir_id = self._watched
         job.too_large, job.nested = list(too_large), list(nested)
         self._keep(job.conv, job.ref, job.tree)
         return True
@@ -598,7 +601,8 @@ class Checkpoints:
                     if done.tree and not done.error:
                         rec = wire.CheckpointRecord(step=step, phase="after", tree=done.tree,  # type: ignore[arg-type]
                                                     ms=int((time.monotonic() - t0) * 1000),
-                                                    too_large=done.too_large, nested=done.nested)
+                                                    too_large=done.too_large, nested=done.nested,
+                                                    workdir_id=done.workdir_id)
                         await self._journal(service, live, rec, run="")
 
                 job.on_done = late
@@ -614,7 +618,7 @@ class Checkpoints:
                                          skipped="timeout" if job.error == "timeout" else "error",
                                          error="" if job.error == "timeout" else job.error)
         return wire.CheckpointRecord(step=step, phase=phase, tree=job.tree, ms=ms,  # type: ignore[arg-type]
-                                     too_large=job.too_large, nested=job.nested)
+                                     too_large=job.too_large, nested=job.nested, workdir_id=job.workdir_id)
 
     async def _journal(self, service: "ConversationService", live: "_Live", rec: wire.CheckpointRecord | wire.RevertRecord,
                        *, run: str) -> None:
@@ -755,6 +759,12 @@ class Checkpoints:
             if live.run or record.queued:
                 raise c.Busy(f"a turn is running in {record.id} (run {live.run or record.queued[0]}); "
                              "revert after it ended")
+            # The files are the working directory's, not the conversation's: another conversation's
+            # turn there would find the revert in its own diff (and undo it with its own revert).
+            for other in service.list():
+                if other.id != record.id and other.workdir == record.workdir and (other.active_run or other.queued):
+                    raise c.Busy(f"a turn of conversation {other.id} is running in the same working directory "
+                                 f"{record.workdir!r} (run {other.active_run or other.queued[0]}); revert after it ended")
             await self._settle(record.id)
             steps = await self._read_steps(record.id, live.journal)
             step = self._pick(record.id, steps, run)
@@ -769,6 +779,11 @@ class Checkpoints:
             try:
                 changed = {p for p in await _names(shadow, b, a) if _shown(p) not in left_out}
                 now = await self._now(record, shadow)
+                if before.workdir_id and now.workdir_id != before.workdir_id:
+                    raise c.Invalid(
+                        f"cannot revert {step}: {record.workdir!r} is not the directory recorded before it (moved, "
+                        "replaced, or a symlink to another since); a revert writes only where the step ran "
+                        f"(agentctl diff {record.id} --run {step} still shows the step)")
                 changes = [ch for ch in await _plan(shadow, now.tree, b) if ch.raw in changed]
             except GitFailed as exc:
                 raise c.InternalError(str(exc)) from None
@@ -776,15 +791,17 @@ class Checkpoints:
             if blocked:
                 raise c.Invalid(
                     f"cannot revert {step}: {', '.join(map(repr, blocked[:5]))} would come back where a folder now "
-                    "holds files no checkpoint recorded (ignored, too large, or a repository of its own), which "
-                    "writing it would delete; move them away first", details={"paths": blocked[:100]})
+                    "holds files no checkpoint recorded, or where such a file now stands in place of one of its "
+                    "folders (ignored, too large, or a repository of its own), which writing it would delete; move "
+                    "them away first", details={"paths": blocked[:100]})
             todo = [ch.file for ch in changes]
             if dry_run or not todo:
                 return wire.RevertResult(conversation=record.id, run=step, files=todo, dry_run=dry_run)
             vid = "v" + secrets.token_hex(6)
             shadow._keep(record.id, f"{vid}-before", now.tree)
             await self._journal(service, live, wire.CheckpointRecord(step=vid, phase="before", tree=now.tree,
-                                                                     too_large=now.too_large, nested=now.nested),
+                                                                     too_large=now.too_large, nested=now.nested,
+                                                                     workdir_id=now.workdir_id),
                                 run="")
             try:
                 await _apply(shadow, b, changes, steps[step].before_at)
@@ -886,15 +903,20 @@ async def _plan(shadow: _Shadow, now: str, target: str) -> list[_Change]:
 
 
 def _in_the_way(base: str, changes: list[_Change]) -> list[str]:
-    """The paths to write back where a folder stands now that holds something the revert does
-    not remove (what no checkpoint recorded: ignored or too large files, a nested repository):
-    writing the file there would delete all of it. Blocking (a walk): run it in a thread."""
-    removed = {os.path.join(os.fsencode(base), ch.raw) for ch in changes if ch.action == "delete"}
+    """The paths to write back where what no checkpoint recorded (ignored or too large files, a
+    nested repository) would be deleted by writing them: a folder standing at the path that holds
+    something the revert does not remove, or a file or symlink the revert does not remove standing
+    where one of the path's folders must go. Blocking (a walk): run it in a thread."""
+    root = os.fsencode(base)
+    removed = {os.path.join(root, ch.raw) for ch in changes if ch.action == "delete"}
     blocked = []
     for ch in changes:
         if ch.action == "delete":
             continue
-        top = os.path.join(os.fsencode(base), ch.raw)
+        if _parent_in_the_way(root, ch.raw, removed):
+            blocked.append(ch.path)
+            continue
+        top = os.path.join(root, ch.raw)
         if os.path.islink(top) or not os.path.isdir(top):
             continue
         for root, dirs, files in os.walk(top):
@@ -904,6 +926,30 @@ def _in_the_way(base: str, changes: list[_Change]) -> list[str]:
                 blocked.append(ch.path)
                 break
     return blocked
+
+
+def _parent_in_the_way(root: bytes, raw: bytes, removed: set[bytes]) -> bool:
+    """Whether something other than a folder, and not removed by the revert, stands where one of
+    the folders of ``raw`` (relative to ``root``) must go."""
+    folder = root
+    for part in raw.split(b"/")[:-1]:
+        folder = os.path.join(folder, part)
+        try:
+            st = os.lstat(folder)
+        except OSError:
+            return False  # nothing there (or unreadable): nothing below it either
+        if not _stat.S_ISDIR(st.st_mode):
+            return folder not in removed
+    return False
+
+
+def workdir_id(workdir: str) -> str:
+    """``"<st_dev>:<st_ino>"`` of ``workdir`` (symlinks followed), "" when it cannot be read."""
+    try:
+        st = os.stat(workdir)
+    except OSError:
+        return ""
+    return f"{st.st_dev}:{st.st_ino}"
 
 
 def _remove(base: str, paths: list[bytes], since: float = 0.0) -> None:

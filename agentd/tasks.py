@@ -33,6 +33,7 @@ import bisect
 import datetime as _dt
 import os
 import time
+import unicodedata
 import urllib.parse
 from collections import deque
 from pathlib import Path
@@ -97,14 +98,21 @@ def _new_id() -> str:
 
 
 def check_callback(url: str) -> None:
-    """Raise Invalid unless ``url`` is an absolute http or https URL with a host."""
+    """Raise Invalid unless ``url`` is an absolute http or https URL with a host, a port in
+    1-65535 when it names one, and no whitespace or control character (which no request line
+    may carry: each attempt would fail, retried for the whole retry window)."""
+    if any(ch.isspace() or unicodedata.category(ch) == "Cc" for ch in url):
+        raise c.Invalid(f"callback {url!r} holds whitespace or a control character; percent-encode it")
     try:
         parts = urllib.parse.urlsplit(url)
         host = parts.hostname
+        port = parts.port
     except ValueError as exc:
         raise c.Invalid(f"callback {url!r} is not a URL: {exc}") from None
     if parts.scheme not in ("http", "https") or not host:
         raise c.Invalid(f"callback {url!r} is not an http(s) URL (http://host/... or https://host/...)")
+    if port == 0:
+        raise c.Invalid(f"callback {url!r} names port 0, where nothing can listen")
 
 
 # --------------------------------------------------------------------------- store
@@ -307,6 +315,8 @@ class TaskService:
         self._running: dict[str, int] = {}
         self._active: dict[str, _Active] = {}
         self._nursery: trio.Nursery | None = None
+        #: comments being steered now, per task: they count against MAX_COMMENTS before they are kept
+        self._commenting: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -554,7 +564,7 @@ class TaskService:
             raise c.LimitExceeded(f"the comment is {len(text):,} characters; a comment takes at most "
                                   f"{MAX_COMMENT_CHARS:,} (send a long text to the conversation instead)")
         task = self.resolve(ref)
-        if len(task.comments) >= MAX_COMMENTS:
+        if len(task.comments) + self._commenting.get(task.id, 0) >= MAX_COMMENTS:
             raise c.LimitExceeded(f"task {task.id} has {MAX_COMMENTS} comments, as many as a task takes")
         delivery, note = "recorded", ""
         if task.status not in (_T.RUNNING, _T.WAITING_FOR_INPUT):
@@ -562,11 +572,16 @@ class TaskService:
         elif not task.run or not self._turn_running(task):
             note = "the task's turn is not running"
         else:
+            self._commenting[task.id] = self._commenting.get(task.id, 0) + 1  # its place, held over the steer
             try:
                 await self.conversations.steer(task.conversation, text)
                 delivery = "steered"
             except c.AgentdError as exc:
                 note = exc.message
+            finally:
+                left = self._commenting.pop(task.id) - 1
+                if left:
+                    self._commenting[task.id] = left
         comment = wire.TaskComment(
             id=f"{task.id}.{len(task.comments) + 1}", text=text, created_at=_now(), delivery=delivery, note=note  # type: ignore[arg-type]
         )

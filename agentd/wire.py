@@ -1332,6 +1332,9 @@ class CheckpointRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     too_large: list[str] = []
     #: nested git repositories left out (workdir-relative, ending in /)
     nested: list[str] = []
+    #: which directory was recorded: ``"<st_dev>:<st_ino>"`` of the working directory then (symlinks
+    #: followed); a revert writes only into that one ("" in records of an agentd before it)
+    workdir_id: str = ""
 
 
 class RevertedFile(msgspec.Struct, frozen=True, omit_defaults=True):

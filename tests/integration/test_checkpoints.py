@@ -63,6 +63,20 @@ name = "bash"
 command = "mkdir -p empty/made && echo x > empty/made/f.txt && mkdir -p fresh/a && echo y > fresh/a/g.txt && echo done"
 
 [[turn]]
+match = "dropdir"
+[[turn.step]]
+kind = "tool"
+name = "bash"
+command = "rm -r big && echo done"
+
+[[turn]]
+match = "makeblob"
+[[turn.step]]
+kind = "tool"
+name = "bash"
+command = "head -c 5000 /dev/zero | tr '\\\\0' a > big && echo done"
+
+[[turn]]
 match = "nothing"
 [[turn.step]]
 kind = "text"
@@ -259,6 +273,84 @@ def test_revert_keeps_a_folder_that_was_there_empty_and_removes_the_folders_the_
     try:
         _json(d.agentctl("--json", "revert", cid, "--run", run, "--yes"))
         assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == ["also-empty", "also-empty/inner", "empty"]
+    finally:
+        d.stop()
+
+
+def test_revert_never_deletes_an_unrecorded_file_standing_where_a_folder_comes_back(tmp_path: Path) -> None:
+    # A step removed big/; a later one made big a file over max_file_bytes (never recorded): putting
+    # big/y back would delete it, and no checkpoint could bring it back.
+    work = tmp_path / "work"
+    (work / "big").mkdir(parents=True)
+    (work / "big" / "y").write_text("old\n")
+    script = tmp_path / "edit.toml"
+    script.write_text(SCRIPT)
+    d = Daemon(tmp_path, ROOMY + "max_file_bytes = 1000\n").start()
+    try:
+        cid = _new(d, work, script)
+        dropped = _turn(d, cid, "dropdir")
+        _turn(d, cid, "makeblob")
+        refused = d.agentctl("revert", cid, "--run", dropped, "--yes")
+        assert refused.returncode == 8 and "'big/y'" in refused.stderr and "in place of one of its folders" in refused.stderr
+        assert (work / "big").is_file() and (work / "big").stat().st_size == 5000
+        (work / "big").unlink()  # moved away: now it reverts
+        _json(d.agentctl("--json", "revert", cid, "--run", dropped, "--yes"))
+        assert (work / "big" / "y").read_text() == "old\n"
+    finally:
+        d.stop()
+
+
+def test_revert_writes_only_into_the_directory_it_recorded_never_through_a_symlink_put_in_its_place(
+        tmp_path: Path) -> None:
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    (outside / "new.txt").write_text("someone else's\n")
+    (outside / "tracked.txt").write_text("someone else's\n")
+    script = tmp_path / "edit.toml"
+    script.write_text(SCRIPT)
+    d = Daemon(tmp_path, ROOMY).start()
+    try:
+        cid = _new(d, work, script)
+        (work / "tracked.txt").write_text("tracked\n")
+        (work / "gone.txt").write_text("to be removed\n")
+        run = _turn(d, cid, "first")
+        work.rename(tmp_path / "work.old")
+        work.symlink_to(outside)
+        refused = d.agentctl("revert", cid, "--run", run, "--yes")
+        assert refused.returncode == 8 and "is not the directory recorded before it" in refused.stderr
+        assert sorted(p.name for p in outside.iterdir()) == ["new.txt", "tracked.txt"]
+        assert all(p.read_text() == "someone else's\n" for p in outside.iterdir())
+        work.unlink()
+        (tmp_path / "work.old").rename(work)  # the directory itself again: it reverts
+        _json(d.agentctl("--json", "revert", cid, "--run", run, "--yes"))
+        assert not (work / "new.txt").exists() and (work / "gone.txt").exists()
+    finally:
+        d.stop()
+
+
+def test_revert_waits_for_another_conversations_turn_in_the_same_working_directory(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    script = tmp_path / "edit.toml"
+    script.write_text(SCRIPT)
+    d = Daemon(tmp_path, ROOMY).start()
+    try:
+        mine, other = _new(d, work, script), _new(d, work, script)
+        first = _turn(d, mine, "first")
+        with d.client() as client:
+            client.subscribe(other, after=0)
+            run = client.request(wire.Send, conversation=other, text="hold on")["run"]
+            deadline = time.monotonic() + 20
+            while not (work / "partial.txt").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            busy = d.agentctl("revert", mine, "--run", first, "--yes")
+            assert busy.returncode == 7 and other in busy.stderr and "same working directory" in busy.stderr
+            assert (work / "new.txt").exists()  # nothing was reverted
+            client.request(wire.Steer, conversation=other, text="go on")
+            client.follow(run)
+        _json(d.agentctl("--json", "revert", mine, "--run", first, "--yes"))
+        assert not (work / "new.txt").exists()
     finally:
         d.stop()
 

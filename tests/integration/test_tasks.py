@@ -334,6 +334,37 @@ def test_comment_steers_a_running_turn_and_is_only_recorded_otherwise(start: Any
     assert len(show(d, task)["task"]["comments"]) == 256
 
 
+def test_concurrent_comments_on_a_steerable_turn_keep_to_the_bound(start: Any, workdir: Path) -> None:
+    # Each steer awaits the turn: comments in flight count against the bound before they are kept.
+    d = start()
+    task = create(d, workdir, "wait for comments")
+    wait_status(d, task, "running")
+    counts = {"kept": 0, "limit": 0}
+    lock = threading.Lock()
+
+    def comment(n: int) -> None:
+        with d.client() as client:
+            for i in range(n):
+                try:
+                    client.request(wire.TaskAddComment, task=task, text="c" * 4000)
+                    key = "kept"
+                except c.LimitExceeded:
+                    key = "limit"
+                with lock:
+                    counts[key] += 1
+
+    threads = [threading.Thread(target=comment, args=(20,)) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    kept = show(d, task)["task"]["comments"]
+    assert counts == {"kept": 256, "limit": 64} and len(kept) == 256
+    assert len({cm["id"] for cm in kept}) == 256
+    assert {cm["delivery"] for cm in kept} == {"steered"}
+    assert d.agentctl("task", "cancel", task).returncode == 0
+
+
 # ---------------------------------------------------------------------- callbacks
 
 

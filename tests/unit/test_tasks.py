@@ -25,7 +25,10 @@ def test_http_and_https_callbacks_are_accepted(url: str) -> None:
 
 
 @pytest.mark.parametrize("url", ["ftp://host/x", "file:///etc/passwd", "host:80/x", "http://", "https:///path",
-                                 "javascript:alert(1)", "http://[::1/"])
+                                 "javascript:alert(1)", "http://[::1/",
+                                 # each attempt would fail, retried for the whole window: refused at once
+                                 "http://127.0.0.1:99999/a", "http://127.0.0.1:0/a", "http://127.0.0.1:1/a\r\nX: y",
+                                 "http://host/a\x00", "http://host/a b", "http://host/\x85"])
 def test_other_callbacks_are_invalid(url: str) -> None:
     with pytest.raises(c.Invalid):
         check_callback(url)
