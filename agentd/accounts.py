@@ -47,6 +47,9 @@ log = structlog.get_logger("agentd.accounts")
 
 #: How long ``providers`` waits for one provider's check, then its account, seconds.
 CHECK_TIMEOUT_S = 45.0
+#: the longest sign-in token a client may hand over (a GitHub token is 40-93 characters, an API
+#: key about 100-200): masking a value costs time and memory growing with its length squared
+MAX_TOKEN_CHARS = 2048
 ACCOUNT_TIMEOUT_S = 20.0
 #: What a restart of agentd looks like to a user who exported a variable: agentctl starts the
 #: daemon again with its own environment.
@@ -295,16 +298,24 @@ async def login(runtimes: "Runtimes", name: str, *, token: str = "", device: boo
     Unsupported (the runtime cannot sign in, say how the capability reads), Invalid (the
     runtime refused), RuntimeUnavailable.
     """
+    if len(token) > MAX_TOKEN_CHARS:
+        raise c.Invalid(f"the token is {len(token):,} characters; a sign-in token takes at most {MAX_TOKEN_CHARS:,}")
     provider = await runtimes.get(name)
     caps = provider.capabilities()
     if token:
         from . import masking
 
-        masking.register(token)  # should a runtime echo it
         if not (caps.sign_in and isinstance(provider, c.SignInManager)):
             raise c.Unsupported(f"provider {name!r} cannot be signed in with a token by agentd (capability sign_in is false)"
                                 + _or_run(runtimes, name, provider))
-        acct = await provider.sign_in(token)
+        # Masked before the runtime sees it, should it echo it; in a thread: the rule is rebuilt.
+        added = await trio.to_thread.run_sync(masking.register, token)
+        try:
+            acct = await provider.sign_in(token)
+        except c.Invalid:
+            # Refused: no secret of the user's, and masked on it would hide that text everywhere.
+            await trio.to_thread.run_sync(masking.forget, added)
+            raise
         log.info("accounts.signed_in", provider=name, source=acct.source)
         return wire.LoginResult(provider=name, done=True, account=acct)
     if device and caps.device_sign_in and isinstance(provider, c.DeviceSignInManager) and nursery is not None:

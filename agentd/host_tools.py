@@ -59,6 +59,11 @@ REFRESH_WAIT_S = 3.0
 #: host tool calls one conversation may have in flight: each holds a connection to the daemon
 #: (the relay's), and an agent that called without bound could take every one of them
 MAX_CALLS_IN_FLIGHT = 16
+#: host tools one conversation may have registered, and the most bytes of one tool's input
+#: schema (as JSON): registrations outlive their client (it may come back), and every listing
+#: carries them all, so they are bounded (with wire.MAX_TOOL_DESCRIPTION_CHARS: about 5 MB a listing)
+MAX_TOOLS = 64
+MAX_SCHEMA_BYTES = 64 << 10
 
 #: names of runtimes' own tools (lowercased); a host tool may not take one, even namespaced
 RESERVED = frozenset({
@@ -160,8 +165,13 @@ class HostTools:
         schema = req.input_schema if req.input_schema is not None else {"type": "object"}
         if schema.get("type") != "object":
             raise c.Invalid("input_schema must be a JSON Schema of type object")
+        if len(_json.encode(schema)) > MAX_SCHEMA_BYTES:
+            raise c.LimitExceeded(f"input_schema takes at most {MAX_SCHEMA_BYTES:,} bytes as JSON")
         conv = self._conv(cid)
         old = conv.tools.get(req.name)
+        if old is None and len(conv.tools) >= MAX_TOOLS:
+            raise c.LimitExceeded(f"conversation {cid} has {MAX_TOOLS} host tools, as many as it takes; "
+                                  "unregister one first (agentctl tool ls lists them)")
         info = wire.HostToolInfo(name=req.name, description=req.description, input_schema=schema, served=True)
         tool = _Tool(info, conn)
         if old is not None:  # taken over: its waiting calls go to the new client
@@ -191,6 +201,14 @@ class HostTools:
             return
         reopened = await self.service.reopen_later(cid)
         log.info("host_tools.refresh", conversation=cid, version=conv.version, listed=conv.listed, reopened=reopened)
+
+    def forget(self, cid: str) -> None:
+        """Drop conversation ``cid``'s registrations (it was removed); its waiting calls fail."""
+        conv = self._by_conv.pop(cid, None)
+        if conv is not None:
+            for tool in conv.tools.values():
+                for call in tool.queue:
+                    self._finish(call, "agentd: the conversation was removed", error=True)
 
     async def unregister(self, conn: Any, req: wire.UnregisterTool) -> None:
         """Stop offering ``req.name``; its waiting calls fail. Raises NotFound."""

@@ -878,6 +878,8 @@ class Server:
             raise c.Busy(f"cannot remove {record.id}: it has a running turn ({record.active_run}); "
                          "cancel it first, or remove it anyway with --force", details={"run": record.active_run})
         await self.service.delete(record.id)
+        if self.host_tools is not None:
+            self.host_tools.forget(record.id)
         return {"conversation": record.id}
 
     async def _title(self, conn: _Connection, req: wire.SetTitle) -> dict[str, str]:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from . import contract as c
 from . import wire
+from .termsafe import visible_name
 
 if TYPE_CHECKING:
     from .conversations import ConversationService, _Live
@@ -67,8 +68,16 @@ async def listing(service: "ConversationService", ref: str) -> wire.CommandList:
     return wire.CommandList(conversation=live.record.id, provider=live.record.provider, commands=commands)
 
 
+#: how many of the runtime's command names an error message lists
+_OFFERED_SHOWN = 50
+
+
 def _offered(commands: list[c.Command]) -> str:
-    return ", ".join(f"/{cmd.name}" for cmd in commands) or "none"
+    """The runtime's command names for a message: each on one line (a name is the runtime's
+    choice: a newline in it would forge a line of the message), the first 50 of them."""
+    shown = ", ".join(f"/{visible_name(cmd.name)}" for cmd in commands[:_OFFERED_SHOWN]) or "none"
+    more = len(commands) - _OFFERED_SHOWN
+    return shown + (f" and {more:,} more (agentctl commands lists them)" if more > 0 else "")
 
 
 async def check(service: "ConversationService", live: "_Live", text: str) -> None:

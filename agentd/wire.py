@@ -676,13 +676,17 @@ class McpStatusResult(msgspec.Struct, frozen=True, omit_defaults=True):
 # ---- host tools (agentd.host_tools)
 
 
+#: the longest description of a host tool, in characters (agentd.host_tools bounds the rest)
+MAX_TOOL_DESCRIPTION_CHARS = 8192
+
+
 class RegisterTool(_Request, tag="register_tool"):
     """Offer a tool to conversation ``conversation``'s agent; this connection serves its calls
     (``next_tool_call`` / ``tool_result``). Registering a name again takes it over."""
 
     conversation: str
     name: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,47}$")]
-    description: str = ""
+    description: Annotated[str, msgspec.Meta(max_length=MAX_TOOL_DESCRIPTION_CHARS)] = ""
     #: JSON Schema of the call's arguments (an object schema); None = any object
     input_schema: dict[str, Any] | None = None
 

@@ -112,6 +112,8 @@ def test_mcp_server_tool_is_called_and_journaled(runtime: Runtime, daemon: Daemo
     # The configured secret never reaches the journal, and `mcp ls` shows the env name only.
     journal_text = (daemon.state_dir / "conversations" / cid / "events.jsonl").read_text()
     assert "sk-marker-secret-value-1234" not in journal_text
+    # Nor a command line, which every local user reads (ps): the runtimes run now.
+    assert not _command_lines_holding(b"sk-marker-secret-value-1234")
     listed = _json(daemon.agentctl("mcp", "ls", "--json"))
     assert listed["servers"][0]["env"] == ["MARKER_API_KEY"]
     assert "sk-marker-secret" not in json.dumps(listed)
@@ -124,6 +126,19 @@ def test_mcp_server_tool_is_called_and_journaled(runtime: Runtime, daemon: Daemo
         assert server.get("tools") is None or any("write_marker" in t for t in server["tools"]), server
     else:
         assert server["state"] == "unknown"
+
+
+def _command_lines_holding(secret: bytes) -> list[int]:
+    """The pids whose /proc/PID/cmdline holds ``secret``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if secret in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 STAMP = """import json, sys

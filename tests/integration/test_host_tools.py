@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from agentd import contract as c
+from agentd import wire
 from daemon_harness import Daemon
 
 AGENT = Path(__file__).with_name("acp_mcp_agent.py")
@@ -156,6 +158,29 @@ def test_names_that_shadow_a_runtimes_tools_and_providers_without_mcp_are_refuse
     assert gone.returncode == 6
     empty = d.agentctl("tool", "ls", cid, "--json")
     assert json.loads(empty.stdout)["tools"] == []
+
+
+def test_registrations_are_bounded_and_end_with_their_conversation(d: Daemon, tmp_path: Path) -> None:
+    # They outlive the client that made them (it may come back) and every listing carries them all.
+    cid = json.loads(d.agentctl("new", "-p", "acp:rec", "--cwd", str(tmp_path), "--json").stdout)["id"]
+    with d.client() as client:
+        with pytest.raises(c.Invalid, match="8192"):
+            client.request(wire.RegisterTool, conversation=cid, name="wordy", description="d" * 8193)
+        big = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 100}
+                                                for i in range(700)}}
+        with pytest.raises(c.LimitExceeded, match="input_schema"):
+            client.request(wire.RegisterTool, conversation=cid, name="huge", input_schema=big)
+        for i in range(64):
+            client.request(wire.RegisterTool, conversation=cid, name=f"t{i}", description="d" * 8192)
+        with pytest.raises(c.LimitExceeded, match="64 host tools"):
+            client.request(wire.RegisterTool, conversation=cid, name="one_more")
+        client.request(wire.RegisterTool, conversation=cid, name="t7", description="taken over")  # not a new one
+    listed = json.loads(d.agentctl("tool", "ls", cid, "--json").stdout)["tools"]
+    assert len(listed) == 64 and not any(t["served"] for t in listed)  # their client is gone
+    assert d.agentctl("rm", cid).returncode == 0
+    with d.client() as client:
+        with pytest.raises(c.NotFound):
+            client.request(wire.ListHostTools, conversation=cid)
 
 
 def _relay_for(d: Daemon, tmp_path: Path) -> tuple[str, Relay]:

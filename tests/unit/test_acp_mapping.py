@@ -115,6 +115,15 @@ def test_a_plan_is_the_whole_todo_list() -> None:
     ])
 
 
+def test_an_odd_entry_of_the_command_list_is_skipped_not_the_whole_list() -> None:
+    u = update({"sessionUpdate": "available_commands_update", "availableCommands": [
+        {"name": "review", "description": "Review", "input": {"hint": "a path"}}, "odd", 7, None,
+        {"name": ""}, {"description": "no name"}, {"name": "/plan"}]})
+    assert isinstance(u, s.AvailableCommandsUpdate)
+    assert m.commands(u.available_commands) == [
+        c.Command(name="review", description="Review", input_hint="a path"), c.Command(name="plan")]
+
+
 def test_not_found_answers_of_the_agents() -> None:
     assert m.is_not_found(-32002, "Resource not found: abc")
     assert m.is_not_found(-32603, 'Internal error: Invalid session identifier "abc".')

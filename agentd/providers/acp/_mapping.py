@@ -209,7 +209,7 @@ def permission_options(options: list[s.PermissionOption]) -> list[Option]:
     ]
 
 
-def commands(available: list[dict[str, Any]]) -> list[Command]:
+def commands(available: list[Any]) -> list[Command]:
     """An available_commands_update's commands (``{name, description, input: {hint}}``); odd entries skipped."""
     out: list[Command] = []
     for entry in available:

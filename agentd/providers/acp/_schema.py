@@ -225,7 +225,8 @@ class PlanUpdate(_Update, tag="plan"):
 
 
 class AvailableCommandsUpdate(_Update, tag="available_commands_update"):
-    available_commands: list[dict[str, Any]] = []
+    #: entries as sent: one that is no object is skipped by the mapping, never the whole update
+    available_commands: list[Any] = []
 
 
 class CurrentModeUpdate(_Update, tag="current_mode_update"):

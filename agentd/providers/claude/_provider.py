@@ -33,6 +33,7 @@ with ``RuntimeRestarting``. A completed turn starts it over.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib.util
 import itertools
@@ -607,6 +608,8 @@ class ClaudeProvider:
         self._shapes.pop(session_id, None)
         self._forget_later(session_id)
         await trio.to_thread.run_sync(lambda: self._record_path(session_id).unlink(missing_ok=True))
+        with contextlib.suppress(Invalid):
+            await trio.to_thread.run_sync(lambda: self._mcp_config_path(session_id).unlink(missing_ok=True))
 
     async def save_record(self, record: _Record, *, now: bool = False) -> None:
         """Write ``record`` atomically (fsynced), unless it is what this provider last wrote for its id
@@ -689,6 +692,8 @@ class ClaudeProvider:
             # The SDK spawns [cli_path, args...] itself: cli_path is a script running the CLI under agentd's keeper.
             return procs.launch_script([cli], state_dir=self.state_dir, what=self.name)
 
+        servers = {s.name: _mcp_config(s) for s in conv.mcp.servers}
+        mcp_config = await trio.to_thread.run_sync(self._write_mcp_config, conv.id, servers) if servers else ""
         return ClaudeAgentOptions(
             cwd=conv.workdir,
             cli_path=await trio.to_thread.run_sync(launcher),
@@ -705,8 +710,23 @@ class ClaudeProvider:
             max_buffer_size=runtime_output.MAX_MESSAGE_BYTES,
             # The CLI echoes each user message when it takes it: how a steer is known to be used.
             extra_args={"replay-user-messages": None},
-            mcp_servers={s.name: _mcp_config(s) for s in conv.mcp.servers},
+            # A file, not the JSON itself: the SDK would put it, with the servers' env and headers
+            # (tokens), on the command line, which every local user reads (/proc/PID/cmdline).
+            mcp_servers=mcp_config or {},
         )
+
+    def _mcp_config_path(self, session_id: str) -> Path:
+        if not _fsutil.is_safe_name(session_id):
+            raise Invalid(f"session id {session_id!r} cannot name a file")
+        return self.dir / "mcp" / f"{session_id}.json"
+
+    def _write_mcp_config(self, session_id: str, servers: dict[str, Any]) -> str:
+        """Write Claude Code's ``--mcp-config`` file of ``session_id`` (0600 in a 0700 folder of
+        agentd's state dir, replaced atomically); its path. Blocking; raises OSError."""
+        path = self._mcp_config_path(session_id)
+        make_dirs(path.parent)
+        atomic_write(path, _encoder.encode({"mcpServers": servers}), durable=False)
+        return str(path)
 
     @staticmethod
     def _resume_options(conv: ClaudeConversation, resume: bool) -> dict[str, Any]:
