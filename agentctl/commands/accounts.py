@@ -79,15 +79,20 @@ def providers(ctx: click.Context, wide: bool) -> None:
         rows.append([p.name, p.state, _clip(p.display_name, _WIDTH - name_w - 17)])
     lines = table(rows, ["NAME", "STATE", "RUNTIME"], style).splitlines()
     click.echo(lines[0])
+    cut = False
     for p, line in zip(infos, lines[1:]):
         click.echo(line)
         if p.state != "available":
             why = p.error.splitlines()[0] if p.error else ""
             if why:
-                click.echo(style.dim(_clip(f"  why: {visible_name(why)}", _WIDTH)))
+                shown = _clip(f"  why: {visible_name(why)}", _WIDTH)
+                cut = cut or shown.endswith("…") or len(p.error.splitlines()) > 1
+                click.echo(style.dim(shown))
             if p.fix:  # a command is never clipped: one too long for the table is behind `show`
                 fix = f"  fix: {visible_name(p.fix)}"
                 click.echo(fix if len(fix) <= _WIDTH else f"  fix: agentctl providers show {visible_name(p.name)}")
+    if cut:
+        click.echo(style.dim("(cut to 80 columns: agentctl providers --wide shows every line whole)"))
 
 
 @providers.command("show")

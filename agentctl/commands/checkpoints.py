@@ -116,8 +116,11 @@ def revert(conversation: str, run: str, yes: bool, dry_run: bool) -> None:
             return _json(plan)
         if not plan.files:
             click.echo(f"{plan.run}: nothing to revert (the files are as they were before it)", err=True)
+            return
         for f in plan.files:
             click.echo(f"  {_ACTION[f.action]} {visible_name(f.path)}")
+        click.echo(f"dry run: reverting {plan.run} would change these {len(plan.files)} "
+                   f"file{'s' if len(plan.files) != 1 else ''}; nothing changed", err=True)
         return
     if not yes:
         if not (sys.stdin.isatty() and not o.json):

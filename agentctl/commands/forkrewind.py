@@ -20,7 +20,7 @@ def _turn(t: wire.BranchRun) -> str:
 @click.option("--at", "at", default="", metavar="RUN",
               help="Fork after this turn: a run id, a unique prefix, or a turn number (1 = the first; "
                    "default: the last completed turn).")
-@click.option("--title", default="", help="Title of the new conversation (default: the source's).")
+@click.option("--title", default="", help="Title of the new conversation (default: the source's, marked (fork)).")
 @common
 def fork(conversation: str, at: str, title: str) -> None:
     """Make a new conversation holding CONVERSATION's history up to and including turn RUN.

@@ -67,6 +67,9 @@ def test_providers_states_each_with_its_fix_in_80_columns(tmp_path: Path) -> Non
             fix = f"  fix: {p['fix']}" if len(p["fix"]) <= 74 else f"  fix: agentctl providers show {p['name']}"
             assert not p["fix"] or fix in out.stdout.splitlines(), (fix, out.stdout)
             assert "capabilities" in p and isinstance(p["capabilities"]["cancel"], bool)
+        cut = [line for line in out.stdout.splitlines() if line.startswith("  why: ") and line.endswith("…")]
+        assert cut  # some reasons here are longer than a line: the output says where they are whole
+        assert out.stdout.splitlines()[-1].startswith("(cut to 80 columns: agentctl providers --wide")
         wide = d.agentctl("providers", "--wide")
         assert wide.returncode == 0 and "SUPPORTS" in wide.stdout and "set_model" in wide.stdout
         shown = d.agentctl("providers", "show", "claude")

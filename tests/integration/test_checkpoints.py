@@ -187,6 +187,9 @@ def test_diff_and_revert_of_a_turn_honour_gitignore_and_never_touch_the_users_gi
         assert plan["dry_run"] and {f["path"]: f["action"] for f in plan["files"]} == {
             "new.txt": "delete", "tracked.txt": "restore", "gone.txt": "create", "sub/deep/f.txt": "delete"}
         assert (work / "new.txt").exists()
+        shown = d.agentctl("revert", cid, "--run", run, "--dry-run")
+        assert shown.returncode == 0 and "  delete  new.txt" in shown.stdout
+        assert f"dry run: reverting {run} would change these 4 files; nothing changed" in shown.stderr
 
         rev = _json(d.agentctl("--json", "revert", cid, "--run", run, "--yes"))
         vid = rev["revert"]
