@@ -671,6 +671,12 @@ class Renderer:
             bits.append(c.mode)
         self.line(self.style.dim(f"{self.g['info']} conversation {self.conversation} ({', '.join(bits)})"))
 
+    def _on_revert(self, rec: wire.Record, r: wire.RevertRecord) -> None:
+        """A ``revert`` record (a step of its own, agentd.checkpoints): what it undid, how to undo it."""
+        count = f"{len(r.files)} file{'s' if len(r.files) != 1 else ''}"
+        self.line(self.style.dim(f"{self.g['info']} reverted {r.of}: {count} "
+                                 f"(undo: agentctl revert {self.conversation} --run {r.id})"))
+
     def _on_import(self, rec: wire.Record, i: wire.ImportRecord) -> None:
         past = f"{i.items} earlier item(s) follow" if i.history else "the runtime cannot show its earlier turns"
         forced = ", adopted with --force while in use" if i.forced else ""

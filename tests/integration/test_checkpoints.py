@@ -201,6 +201,8 @@ def test_diff_and_revert_of_a_turn_honour_gitignore_and_never_touch_the_users_gi
         assert (work / "untracked-before.txt").exists()
         kinds = [r["type"] for r in d.journal(cid)][-3:]
         assert kinds == ["checkpoint", "revert", "checkpoint"]
+        told = d.agentctl("tail", cid, "--no-follow")  # the transcript says so, and how to undo it
+        assert f"reverted {run}: 4 files (undo: agentctl revert {cid} --run {vid})" in told.stdout
         assert _json(d.agentctl("--json", "diff", cid))["kind"] == "revert"
 
         # A revert is revertable: the turn's changes come back.
