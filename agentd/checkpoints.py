@@ -907,16 +907,16 @@ def _in_the_way(base: str, changes: list[_Change]) -> list[str]:
     nested repository) would be deleted by writing them: a folder standing at the path that holds
     something the revert does not remove, or a file or symlink the revert does not remove standing
     where one of the path's folders must go. Blocking (a walk): run it in a thread."""
-    root = os.fsencode(base)
-    removed = {os.path.join(root, ch.raw) for ch in changes if ch.action == "delete"}
+    base_b = os.fsencode(base)
+    removed = {os.path.join(base_b, ch.raw) for ch in changes if ch.action == "delete"}
     blocked = []
     for ch in changes:
         if ch.action == "delete":
             continue
-        if _parent_in_the_way(root, ch.raw, removed):
+        if _parent_in_the_way(base_b, ch.raw, removed):
             blocked.append(ch.path)
             continue
-        top = os.path.join(root, ch.raw)
+        top = os.path.join(base_b, ch.raw)
         if os.path.islink(top) or not os.path.isdir(top):
             continue
         for root, dirs, files in os.walk(top):

@@ -398,3 +398,16 @@ def test_a_patch_is_read_as_git_writes_it_keeping_the_sections_that_fit(tmp_path
         assert "+also small" in patch and "line 5" not in patch
 
     trio.run(main)
+
+
+def test_a_file_in_place_of_a_folder_to_come_back_is_in_the_way_whatever_was_checked_before(tmp_path: Path) -> None:
+    # "d" comes back as a file where a folder stands whose only file the revert removes (walked,
+    # not in the way); "big/y" comes back where an unrecorded file "big" stands (in the way).
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_text("the step's\n")
+    (tmp_path / "big").write_text("unrecorded\n")
+    changes = [cp._Change("d/f", "delete", b"d/f"), cp._Change("d", "create", b"d"),
+               cp._Change("big/y", "create", b"big/y"), cp._Change("ok/z", "create", b"ok/z")]
+    assert cp._in_the_way(str(tmp_path), changes) == ["big/y"]
+    changes.insert(0, cp._Change("big", "delete", b"big"))  # a file the revert removes itself
+    assert cp._in_the_way(str(tmp_path), changes) == []
