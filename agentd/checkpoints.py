@@ -722,7 +722,7 @@ class Checkpoints:
         record = reader.record
         await self._settle(record.id)
         steps = await self._read_steps(record.id, reader.journal)
-        step = self._pick(record.id, steps, run)
+        step = self._pick(record.id, steps, await _numbered(service, reader, run))
         shadow, before, b, a, extra = await self._trees(record, steps, step)
         source, left_out = extra[0], sorted({*before.too_large, *before.nested, *extra[1:]})
         try:
@@ -767,7 +767,7 @@ class Checkpoints:
                                  f"{record.workdir!r} (run {other.active_run or other.queued[0]}); revert after it ended")
             await self._settle(record.id)
             steps = await self._read_steps(record.id, live.journal)
-            step = self._pick(record.id, steps, run)
+            step = self._pick(record.id, steps, await _numbered(service, live, run))
             shadow, before, b, a, extra = await self._trees(record, steps, step)
             if extra[0] != "checkpoint":
                 after = steps[step].after
@@ -815,6 +815,21 @@ class Checkpoints:
                     await after.done.wait()
                 await self._journal(service, live, self._rec(vid, "after", after, 0), run="")
             return wire.RevertResult(conversation=record.id, run=step, files=todo, revert=vid)
+
+
+async def _numbered(service: "ConversationService", reader: Any, run: str) -> str:
+    """``run`` as given, or for a turn number N (ASCII digits: ids begin with a letter) the run
+    of the Nth turn, 1 the first, counted as fork and rewind count them (agentd.branching.turns).
+    Raises NotFound for a number past the last turn."""
+    if not (run.isascii() and run.isdigit()):
+        return run
+    from .branching import turns
+
+    runs = turns(await service.published_lines(reader), reader.record.dropped)
+    n = int(run)
+    if not 1 <= n <= len(runs):
+        raise c.NotFound(f"conversation {reader.record.id} has {len(runs)} turn(s), no turn {n}")
+    return runs[n - 1].run
 
 
 async def _runtime_diff(journal: Any, run: str) -> str:

@@ -19,7 +19,8 @@ _ACTION = {"restore": "restore", "create": "create ", "delete": "delete "}
 @click.command()
 @click.argument("conversation")
 @click.option("--run", "-r", default="", metavar="RUN",
-              help="The turn (its run id) or revert (its id) to show; default: the last one.")
+              help="The turn (its run id, a prefix of it, or its number N: 1 the first) or revert (its id) "
+                   "to show; default: the last one.")
 @click.option("--stat", is_flag=True, help="Files and line counts only.")
 @common
 def diff(conversation: str, run: str, stat: bool) -> None:
@@ -38,6 +39,7 @@ def diff(conversation: str, run: str, stat: bool) -> None:
     Examples:
       agentctl diff c3f9
       agentctl diff c3f9 --run r1a2b3c --stat
+      agentctl diff c3f9 --run 2             # the second turn
       agentctl diff c3f9 --json | jq '.files[].path'
     """
     o = _opts()
@@ -87,7 +89,8 @@ def diff(conversation: str, run: str, stat: bool) -> None:
 @click.command()
 @click.argument("conversation")
 @click.option("--run", "-r", required=True, metavar="RUN",
-              help="The turn (its run id) or revert (its id) whose changes to undo.")
+              help="The turn (its run id, a prefix of it, or its number N: 1 the first) or revert (its id) "
+                   "whose changes to undo.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask; needed when stdin is not a terminal.")
 @click.option("--dry-run", is_flag=True, help="Only say what would change.")
 @common

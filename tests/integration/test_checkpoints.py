@@ -178,6 +178,9 @@ def test_diff_and_revert_of_a_turn_honour_gitignore_and_never_touch_the_users_gi
         assert human.returncode == 0 and "+changed" in human.stdout and "4 files changed" in human.stderr
         # A unique prefix of the run id names it, as conversation ids and fork --at take one.
         assert d.agentctl("diff", cid, "--run", run[:5]).stdout == human.stdout
+        assert d.agentctl("diff", cid, "--run", "1").stdout == human.stdout  # the first turn, by number
+        past = d.agentctl("diff", cid, "--run", "9")
+        assert past.returncode == 6 and "no turn 9" in past.stderr
         stat = d.agentctl("diff", cid, "--stat")
         assert stat.returncode == 0 and " A new.txt " in stat.stdout and "+++" not in stat.stdout
 
@@ -298,8 +301,8 @@ def test_revert_never_deletes_an_unrecorded_file_standing_where_a_folder_comes_b
         refused = d.agentctl("revert", cid, "--run", dropped, "--yes")
         assert refused.returncode == 8 and "'big/y'" in refused.stderr and "in place of one of its folders" in refused.stderr
         assert (work / "big").is_file() and (work / "big").stat().st_size == 5000
-        (work / "big").unlink()  # moved away: now it reverts
-        _json(d.agentctl("--json", "revert", cid, "--run", dropped, "--yes"))
+        (work / "big").unlink()  # moved away: now it reverts (the first turn, named by its number)
+        assert _json(d.agentctl("--json", "revert", cid, "--run", "1", "--yes"))["run"] == dropped
         assert (work / "big" / "y").read_text() == "old\n"
     finally:
         d.stop()
