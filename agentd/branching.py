@@ -119,14 +119,22 @@ def turns(lines: Iterable[bytes], dropped: Collection[str] = ()) -> list[Turn]:
     return list(out.values())
 
 
+def numbered(runs: list[Turn], ref: str, cid: str) -> Turn | None:
+    """The turn ``ref`` names when it is a turn number N (the Nth of ``runs``, 1 the first; run
+    ids begin with a letter), else None. Raises NotFound for a number past the last turn."""
+    if not (ref.isascii() and ref.isdigit()):  # str.isdigit also takes '²', which int() refuses
+        return None
+    n = int(ref)
+    if not 1 <= n <= len(runs):
+        raise c.NotFound(f"conversation {cid} has {len(runs)} turn(s), no turn {n}")
+    return runs[n - 1]
+
+
 def _find(runs: list[Turn], ref: str, dropped: Collection[str], cid: str) -> Turn:
     """The run ``ref`` names among ``runs``: an exact run id, a unique prefix of one, or a turn
-    number N (the Nth turn of the rewound view, 1 the first; run ids begin with a letter)."""
-    if ref.isascii() and ref.isdigit():  # str.isdigit also takes '²', which int() refuses
-        n = int(ref)
-        if not 1 <= n <= len(runs):
-            raise c.NotFound(f"conversation {cid} has {len(runs)} turn(s), no turn {n}")
-        return runs[n - 1]
+    number N (:func:`numbered`, of the rewound view)."""
+    if (turn := numbered(runs, ref, cid)) is not None:
+        return turn
     exact = [t for t in runs if t.run == ref]
     found = exact or [t for t in runs if t.run.startswith(ref)]
     if not found:

@@ -822,14 +822,12 @@ async def _numbered(service: "ConversationService", reader: Any, run: str) -> st
     of the Nth turn, 1 the first, counted as fork and rewind count them (agentd.branching.turns).
     Raises NotFound for a number past the last turn."""
     if not (run.isascii() and run.isdigit()):
-        return run
-    from .branching import turns
+        return run  # no journal read for an id
+    from .branching import numbered, turns
 
-    runs = turns(await service.published_lines(reader), reader.record.dropped)
-    n = int(run)
-    if not 1 <= n <= len(runs):
-        raise c.NotFound(f"conversation {reader.record.id} has {len(runs)} turn(s), no turn {n}")
-    return runs[n - 1].run
+    turn = numbered(turns(await service.published_lines(reader), reader.record.dropped), run, reader.record.id)
+    assert turn is not None
+    return turn.run
 
 
 async def _runtime_diff(journal: Any, run: str) -> str:

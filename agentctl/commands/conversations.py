@@ -591,11 +591,17 @@ def steer(conversation: str, text: str) -> None:
     click.echo(f"run {res.run}: {res.disposition}")
 
 
-def _simple(op: type, conversation: str, done: str, **fields: Any) -> None:
-    o = _opts()
-    res = o.client().call(op, Any, conversation=conversation, **fields)
+def _call(op: type, conversation: str, **fields: Any) -> tuple[str, Any]:
+    """(the conversation's full id, the reply) of request ``op`` on the conversation typed."""
+    res = _opts().client().call(op, Any, conversation=conversation, **fields)
     if isinstance(res, dict) and isinstance(res.get("conversation"), str):
         conversation = res["conversation"]  # the full id, not the prefix typed (older agentd: None)
+    return conversation, res
+
+
+def _simple(op: type, conversation: str, done: str, **fields: Any) -> None:
+    o = _opts()
+    conversation, _ = _call(op, conversation, **fields)
     if o.json:
         return _ok_json(conversation=conversation, **fields)
     click.echo(done)
@@ -697,10 +703,9 @@ def title(conversation: str, title: str) -> None:
       agentctl title c3f9 ""
     """
     o = _opts()
-    res = o.client().call(wire.SetTitle, Any, conversation=conversation, title=title)
-    if isinstance(res, dict):
-        conversation = res.get("conversation") if isinstance(res.get("conversation"), str) else conversation
-        title = res.get("title") if isinstance(res.get("title"), str) else title  # older agentd: as typed
+    conversation, res = _call(wire.SetTitle, conversation, title=title)
+    if isinstance(res, dict) and isinstance(res.get("title"), str):
+        title = res["title"]  # as set (older agentd: as typed)
     if o.json:
         return _ok_json(conversation=conversation, title=title)
     click.echo(f"title of {conversation}: {visible_name(title)}" if title else f"title of {conversation} cleared")
