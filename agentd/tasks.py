@@ -64,6 +64,9 @@ _tokens_decoder = msgspec.json.Decoder(c.TokenUsage)
 
 #: How long ``cancel`` waits for a running task's turn to end, seconds.
 CANCEL_WAIT_S = 10.0
+#: How long a comment on a running task whose turn is still starting (its runtime and
+#: conversation being opened) waits for the turn before it is only recorded, seconds.
+COMMENT_TURN_WAIT_S = 30.0
 #: A comment holds at most this many characters, and a task at most MAX_COMMENTS of them: the
 #: task list carries every task with its comments, so each task's share of it stays bounded.
 MAX_COMMENT_CHARS = 16_384
@@ -286,6 +289,8 @@ class _Active:
     def __init__(self) -> None:
         self.cancel_requested = False
         self.done = trio.Event()
+        #: Set once the task's turn was submitted (or the task ended without one).
+        self.turn_sent = trio.Event()
 
 
 # --------------------------------------------------------------------------- the service
@@ -555,7 +560,8 @@ class TaskService:
         """Add a comment to a task; while its turn runs and the provider can steer, also steer the turn.
 
         The result's ``delivery`` says which (``steered`` or ``recorded``, with
-        a note why). Raises NotFound, Invalid (empty text), LimitExceeded (over
+        a note why). A task that holds a place but whose turn is still starting
+        has the comment wait for that turn, up to COMMENT_TURN_WAIT_S. Raises NotFound, Invalid (empty text), LimitExceeded (over
         MAX_COMMENT_CHARS, or the task has MAX_COMMENTS already).
         """
         if not text.strip():
@@ -567,21 +573,27 @@ class TaskService:
         if len(task.comments) + self._commenting.get(task.id, 0) >= MAX_COMMENTS:
             raise c.LimitExceeded(f"task {task.id} has {MAX_COMMENTS} comments, as many as a task takes")
         delivery, note = "recorded", ""
-        if task.status not in (_T.RUNNING, _T.WAITING_FOR_INPUT):
-            note = f"the task is {task.status.value}; there is no turn to steer"
-        elif not task.run or not self._turn_running(task):
-            note = "the task's turn is not running"
-        else:
-            self._commenting[task.id] = self._commenting.get(task.id, 0) + 1  # its place, held over the steer
-            try:
-                await self.conversations.steer(task.conversation, text)
-                delivery = "steered"
-            except c.AgentdError as exc:
-                note = exc.message
-            finally:
-                left = self._commenting.pop(task.id) - 1
-                if left:
-                    self._commenting[task.id] = left
+        self._commenting[task.id] = self._commenting.get(task.id, 0) + 1  # its place, held over any await
+        try:
+            active = self._active.get(task.id)
+            if task.status in (_T.PENDING, _T.RUNNING) and not task.run and active is not None:
+                # Claimed here, its turn still starting (runtime, conversation): the comment is for that turn.
+                with trio.move_on_after(COMMENT_TURN_WAIT_S):
+                    await active.turn_sent.wait()
+            if task.status not in (_T.RUNNING, _T.WAITING_FOR_INPUT):
+                note = f"the task is {task.status.value}; there is no turn to steer"
+            elif not task.run or not self._turn_running(task):
+                note = "the task's turn is not running"
+            else:
+                try:
+                    await self.conversations.steer(task.conversation, text)
+                    delivery = "steered"
+                except c.AgentdError as exc:
+                    note = exc.message
+        finally:
+            left = self._commenting.pop(task.id) - 1
+            if left:
+                self._commenting[task.id] = left
         comment = wire.TaskComment(
             id=f"{task.id}.{len(task.comments) + 1}", text=text, created_at=_now(), delivery=delivery, note=note  # type: ignore[arg-type]
         )
@@ -651,6 +663,7 @@ class TaskService:
         finally:
             self._running[task.provider] -= 1
             self._active.pop(task.id, None)
+            active.turn_sent.set()
             active.done.set()
             if task.status.terminal:  # not when the daemon stops: the task stays running on disk
                 self._dispatch(task.provider)
@@ -702,6 +715,7 @@ class TaskService:
                 return
             task.run = run
             self._save(task)
+            active.turn_sent.set()
             if active.cancel_requested:
                 await self._cancel_turn(task)
             await self._follow(task, _Tracker(run), watch)

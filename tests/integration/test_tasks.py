@@ -336,9 +336,10 @@ def test_comment_steers_a_running_turn_and_is_only_recorded_otherwise(start: Any
 
 def test_concurrent_comments_on_a_steerable_turn_keep_to_the_bound(start: Any, workdir: Path) -> None:
     # Each steer awaits the turn: comments in flight count against the bound before they are kept.
+    # They are sent as soon as the task exists: those that come while its turn is still
+    # starting wait for it, and are steered too.
     d = start()
     task = create(d, workdir, "wait for comments")
-    wait_status(d, task, "running")
     counts = {"kept": 0, "limit": 0}
     lock = threading.Lock()
 
