@@ -79,6 +79,17 @@ def wait_status(d: Daemon, task: str, *statuses: str, timeout: float = 20.0) -> 
         time.sleep(0.05)
 
 
+def wait_turn(d: Daemon, task: str, timeout: float = 20.0) -> dict[str, Any]:
+    """Wait until the running task's turn was sent: status ``running`` comes before it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = show(d, task)
+        if info["task"]["status"] == "running" and info["task"]["run"]:
+            return info
+        assert time.monotonic() < deadline, f"task {task} has no turn running: {info['task']}"
+        time.sleep(0.05)
+
+
 def received_prompts(d: Daemon) -> list[str]:
     """Every prompt the script provider ever got (fsynced before it is accepted)."""
     path = d.state_dir / "providers" / "script" / "received.jsonl"
@@ -279,7 +290,7 @@ def test_failed_turn_fails_the_task_with_its_error(start: Any, workdir: Path) ->
 def test_cancel_dequeues_a_pending_task_and_cancels_a_running_ones_turn(start: Any, workdir: Path) -> None:
     d = start("concurrency = 1\n")
     running = create(d, workdir, "wait for a cancel")
-    wait_status(d, running, "running")
+    wait_turn(d, running)
     pending = create(d, workdir, "never run me")
 
     res = one_json(d.agentctl("task", "cancel", pending, "--json"))
@@ -377,7 +388,7 @@ def test_callback_gets_one_post_per_terminal_status_with_the_tasks_summary(
     done = create(d, workdir, "count the stars", "--callback", r.url)
     failed = create(d, workdir, "fail now", "--callback", r.url)
     cancelled = create(d, workdir, "wait forever", "--callback", r.url)
-    wait_status(d, cancelled, "running")
+    wait_turn(d, cancelled)
     one_json(d.agentctl("task", "cancel", cancelled, "--json"))
     r.wait(3)
     time.sleep(0.5)  # nothing more comes
@@ -537,7 +548,7 @@ def test_restart_runs_pending_tasks_and_fails_running_ones_without_running_them_
     d = start("concurrency = 1\n" + FAST_CALLBACKS)
     r = receiver()
     running = create(d, workdir, "wait through a crash", "--callback", r.url)
-    wait_status(d, running, "running")
+    wait_turn(d, running)
     pending = create(d, workdir, "run after the crash")
     time.sleep(0.3)
     assert show(d, pending)["task"]["status"] == "pending"
