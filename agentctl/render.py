@@ -367,6 +367,7 @@ class Renderer:
         self._todos_line = ""
         #: a title journaled before the prompt it was made from waits for that prompt (shown once)
         self._title_due = ""
+        self._title_due_tag = ""  # its --seq tag, kept for when it is shown
         #: answerers' pid and uid, lease changes
         self.verbose = verbose
         # The turn in flight (for the live region and the end-of-turn line).
@@ -990,12 +991,18 @@ class Renderer:
         self._title = title
         if not rec.run:
             self._title_due = title  # maybe made from the prompt that follows (see _on_prompt)
+            self._title_due_tag = self._seq_tag
             return
         self.line(self.style.dim(f"{self.g['info']} title: {title}"))
 
     def _show_title(self) -> None:
         title, self._title_due = self._title_due, ""
-        self.line(self.style.dim(f"{self.g['info']} title: {title}"))
+        # Shown late (before the next record, or by its prompt's handler): with its own seq tag.
+        held, self._seq_tag = self._seq_tag, self._title_due_tag
+        try:
+            self.line(self.style.dim(f"{self.g['info']} title: {title}"))
+        finally:
+            self._seq_tag = held
 
     def settle(self) -> None:
         """The stream went quiet: print a title held for the prompt that would follow it."""

@@ -608,3 +608,20 @@ def test_a_subagent_known_only_by_its_id_is_named_by_it_whole_or_cut_visibly() -
             id="x", kind=c.ItemKind.ASSISTANT, text="checked", agent_id=agent)))
     text = out.getvalue()
     assert "[agent-1-16] " in text and "[toolu_01ABCD…] " in text
+
+
+def test_seq_tags_a_title_shown_late_with_its_own_seq() -> None:
+    # A title journaled before a prompt waits for it: shown before the next record, it keeps its seq.
+    created = rec("conversation", wire.ConversationCreated(provider="script", workdir="/w"), seq=1, run="")
+    title = rec("title", "tidy the build", seq=2, run="")
+    other = rec("prompt", wire.PromptRecord(text="clean up"), seq=3)
+    lines = render([created, title, other], seq=True).splitlines()
+    assert lines[1:] == ["#2 · title: tidy the build", "#3 › clean up"]
+    at_end = render([created, title], seq=True).splitlines()
+    assert at_end[1:] == []  # held for its prompt: nothing yet
+    r_out = io.StringIO()
+    r = Renderer(r_out, color=False, unicode=True, seq=True)
+    for x in (created, title):
+        r.record(CONV, x)
+    r.settle()
+    assert r_out.getvalue().splitlines()[1:] == ["#2 · title: tidy the build"]
