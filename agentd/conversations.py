@@ -752,6 +752,10 @@ class ConversationService:
     def running(self) -> int:
         return sum(1 for r in self._records.values() if r.active_run)
 
+    def closed(self) -> int:
+        """How many conversations are closed (``ls`` lists them only with ``--all``)."""
+        return sum(1 for r in self._records.values() if r.state is _S.CLOSED)
+
     def __len__(self) -> int:
         return len(self._records)
 

@@ -672,6 +672,7 @@ class Server:
     # ------------------------------------------------------------------ handlers
 
     async def _status(self, conn: _Connection, req: wire.Status) -> wire.StatusResult:
+        closed = self.service.closed()
         return wire.StatusResult(
             version=__version__,
             protocol=wire.PROTOCOL_VERSION,
@@ -679,8 +680,9 @@ class Server:
             uptime_s=round(time.monotonic() - self.started, 3),
             state_dir=str(self.state_dir),
             socket=str(self.socket_path),
-            conversations=len(self.service),
+            conversations=len(self.service) - closed,
             running=self.service.running(),
+            closed=closed,
             providers=self.service.runtimes.names(),
         )
 

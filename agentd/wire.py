@@ -842,6 +842,9 @@ class ProviderInfo(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class StatusResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """``conversations``: the open ones (as ``ls`` lists them), ``running`` of them with a turn
+    in flight; ``closed``: those ``ls --all`` adds."""
+
     version: str
     protocol: int
     pid: int
@@ -851,6 +854,7 @@ class StatusResult(msgspec.Struct, frozen=True, omit_defaults=True):
     conversations: int
     running: int
     providers: list[str]
+    closed: int = 0
 
 
 class HostInfo(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -43,7 +43,8 @@ def status() -> None:
     click.echo(f"agentd {r.version} (protocol {r.protocol}), pid {r.pid}, up {duration(r.uptime_s)}{mine}")
     click.echo(f"socket:        {visible_name(r.socket)}")
     click.echo(f"state dir:     {visible_name(r.state_dir)}")
-    click.echo(f"conversations: {r.conversations} ({r.running} running)")
+    closed = f", {r.closed} closed (agentctl ls --all)" if r.closed else ""
+    click.echo(f"conversations: {r.conversations} open ({r.running} running){closed}")
     click.echo(f"providers:     {visible_name(', '.join(r.providers)) or '-'}"
                + (" (enabled; `agentctl providers` says which can run a turn now)" if r.providers else ""))
 

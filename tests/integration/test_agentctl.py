@@ -103,6 +103,22 @@ def test_status_providers_and_ls_print_one_json_object_each(daemon: Daemon) -> N
     assert isinstance(one_json(ls)["conversations"], list)
 
 
+def test_status_counts_open_conversations_as_ls_does_and_the_closed_apart(daemon: Daemon, workdir: Path) -> None:
+    before = one_json(daemon.agentctl("status", "--json"))
+    listed = len(one_json(daemon.agentctl("ls", "--json"))["conversations"])
+    assert before["conversations"] == listed
+    kept, closing = (new_conversation(daemon, workdir, "echo.toml") for _ in range(2))
+    assert daemon.agentctl("close", closing).returncode == 0
+    after = one_json(daemon.agentctl("status", "--json"))
+    assert after["conversations"] == before["conversations"] + 1 == len(
+        one_json(daemon.agentctl("ls", "--json"))["conversations"])
+    assert after.get("closed", 0) == before.get("closed", 0) + 1
+    human = daemon.agentctl("status").stdout
+    assert f"conversations: {after['conversations']} open ({after['running']} running), " \
+           f"{after['closed']} closed (agentctl ls --all)" in human
+    assert daemon.agentctl("close", kept).returncode == 0
+
+
 def test_global_options_work_before_the_command_too(daemon: Daemon) -> None:
     cp = daemon.agentctl("--json", "status")
     assert cp.returncode == 0 and one_json(cp)["pid"] == daemon.proc.pid
