@@ -86,7 +86,7 @@ def test_restart_gives_runtimes_started_afterwards_the_new_config_and_environmen
     assert agent_env(daemon, "AGENTD_T_FILE") == "from the file"
     assert "from the file" not in daemon.log.read_text()  # names only, never values
     human = daemon.agentctl("restart")
-    assert human.returncode == 0 and human.stdout.startswith(f"restarted agentd (pid {pid})"), human.stderr
+    assert human.returncode == 0 and human.stdout.startswith(f"restarted agentd in place (pid {pid}, the same process)"), human.stderr
     assert "acp:env: available" in human.stdout
 
 
