@@ -224,6 +224,11 @@ class _Events:
             self._waiter.set()
             self._waiter = None
 
+    def waiting(self) -> bool:
+        """Whether the consumer is parked in :meth:`get` with nothing queued: no event is
+        queued or being handled, so one handled right now overtakes none."""
+        return self._waiter is not None
+
     def get_nowait(self) -> Any:
         """The next event; raises WouldBlock when there is none (yet), EndOfChannel once closed and drained."""
         if self._items:
@@ -278,13 +283,23 @@ class _Sink:
 
     def __init__(self, live: "_Live") -> None:
         self._live = live
-        self._put_delta = live.events.put_delta  # a live's queue is never replaced
+        self._events = live.events  # a live's queue is never replaced
+        self._put_delta = live.events.put_delta
         #: which run the provider works on, as it emits (see agentd.turnwatch)
         self.tagger = _turnwatch.Tagger()
+        #: the pump's handling of text deltas, done in the caller's task while the pump is idle
+        #: (set with the pump; see emit)
+        self.stream_now: Callable[[list[c.Delta]], None] | None = None
 
     def emit(self, event: c.Event) -> None:
         if type(event) is _DeltaEvent:  # what tag() does with a delta, inlined: this runs per streamed delta
             if self.tagger.muted:
+                return
+            if self._events.waiting() and self.stream_now is not None:
+                # The pump is idle, so nothing queued could be overtaken: the delta is handled
+                # here, as the pump would (synchronously, no checkpoint), which saves waking the
+                # pump's task once per chunk a runtime streams.
+                self.stream_now([event.delta])
                 return
             try:
                 self._put_delta(event.delta)
@@ -905,6 +920,7 @@ class ConversationService:
         self._live[cid] = live
         assert self._nursery is not None, "ConversationService.run() is not running"
         self._nursery.start_soon(self._pump, live)
+        live.sink.stream_now = functools.partial(self._stream_now, live)
         try:
             if outcome is not None and outcome.action == "taken_over":
                 lease = wire.LeaseRecord(action="taken_over", owner=self.owner, previous_owner=outcome.previous_owner)
@@ -1235,6 +1251,11 @@ class ConversationService:
         if live.run == run:
             turn = _turnwatch.inferred_end(c.TurnState.FAILED, live.fail_reason, live.fail_error)
             await self._end_turn(live, turn, run)
+
+    def _stream_now(self, live: _Live, deltas: list[c.Delta]) -> None:
+        """Text deltas handled outside the pump, which is idle (_Sink.emit): as the pump handles them."""
+        live.last_event = trio.current_time()
+        self._stream_logged(live, deltas)
 
     def _stream_logged(self, live: _Live, deltas: list[c.Delta]) -> None:
         """:meth:`_stream`, a failure logged as :meth:`_handle_logged` logs it."""

@@ -256,3 +256,39 @@ async def test_a_subscriber_going_live_during_a_hold_gets_no_held_live_only_reco
                     got.append((rec.type, rec.seq))
         assert got[-1] == ("item", seq), got  # from its catch-up; nothing of i1 after it
         assert [(r.type, r.seq) for r in watching.records][-2:] == [("delta", 0), ("item", seq)]
+
+
+# --------------------------------------------------------------------------- deltas handled outside the pump
+
+
+async def test_a_delta_while_the_pump_is_idle_is_published_at_once(tmp_path: Path) -> None:
+    # _Sink.emit handles a text delta in the provider's own task when the pump waits for events:
+    # published before the emitter yields, with no wake of the pump's task (one per streamed chunk).
+    async with _service(tmp_path, FsyncPolicy.BATCH) as (service, hub):
+        record, live = await _conversation(service, tmp_path)
+        outbox = subscribe(hub, record.id, live.published_seq)
+        await trio.testing.wait_all_tasks_blocked()
+        assert live.events.waiting()
+        before = live.last_event
+        live.sink.emit(c.DeltaEvent(delta=c.Delta(item_id="i1", kind=c.ItemKind.ASSISTANT, text="Hello")))
+        assert [msgspec.json.decode(r.data)["text"] for r in outbox.records if r.type == "delta"] == ["Hello"]
+        assert live.last_event > before  # what the pump stamps (the inactivity watch reads it)
+        assert [s.text for s in service.snapshot(live).items] == ["Hello"]
+
+
+async def test_a_delta_emitted_while_the_pump_handles_an_event_never_overtakes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pump is busy (a tool's whole output being written in a worker thread), nothing queued
+    # behind it: a delta emitted now is queued, not handled at once ahead of that event's records.
+    async with _service(tmp_path, FsyncPolicy.BATCH) as (service, hub):
+        record, live = await _conversation(service, tmp_path)
+        outbox = subscribe(hub, record.id, live.published_seq)
+        release = await _burst_waiting_on_a_tool_output(
+            service, live, monkeypatch, c.ItemEvent(item=c.Item(id="t1", kind=c.ItemKind.TOOL, text="ls")))
+        assert not live.events._items and not live.events.waiting()
+        live.sink.emit(c.DeltaEvent(delta=c.Delta(item_id="i2", kind=c.ItemKind.ASSISTANT, text="After it")))
+        assert not [r for r in outbox.records if r.type == "delta"]
+        await _burst_handled(live, release)
+        await trio.testing.wait_all_tasks_blocked()
+        kinds = [r.type for r in outbox.records]
+        assert kinds == ["item", "delta"], kinds
