@@ -83,6 +83,11 @@ PUMP_BATCH = 1024
 PUMP_SLICE_S = 0.002
 #: Consecutive text deltas the pump hands to _stream at once (the slice is checked between runs).
 PUMP_RUN = 64
+#: A text delta emitted while the pump is idle is handled in the emitter's task (_Sink.emit), unless
+#: less than this many seconds passed since the one before it was handled so: then they come as a
+#: burst (one step of the emitter, or lines of one read), which the pump takes as one run,
+#: published in one go.
+INLINE_GAP_S = 50e-6
 #: How long ``send(if_busy="interrupt")`` waits for the cancelled turn to end, seconds.
 INTERRUPT_WAIT_S = 10.0
 #: Turn end reason when the journal refused the turn's records (disk full, read-only, fsync error).
@@ -265,6 +270,7 @@ class _Events:
 
 
 _DeltaEvent = c.DeltaEvent
+_perf_counter = time.perf_counter
 
 
 class _Deltas(list):  # type: ignore[type-arg]
@@ -290,17 +296,21 @@ class _Sink:
         #: the pump's handling of text deltas, done in the caller's task while the pump is idle
         #: (set with the pump; see emit)
         self.stream_now: Callable[[list[c.Delta]], None] | None = None
+        self._inline_at = 0.0  # perf_counter() when the last delta handled in emit was done
 
     def emit(self, event: c.Event) -> None:
         if type(event) is _DeltaEvent:  # what tag() does with a delta, inlined: this runs per streamed delta
             if self.tagger.muted:
                 return
             if self._events.waiting() and self.stream_now is not None:
-                # The pump is idle, so nothing queued could be overtaken: the delta is handled
-                # here, as the pump would (synchronously, no checkpoint), which saves waking the
-                # pump's task once per chunk a runtime streams.
-                self.stream_now([event.delta])
-                return
+                # The pump is idle, so nothing queued could be overtaken: a delta that comes alone
+                # (a runtime streaming a chunk at a time) is handled here, as the pump would
+                # (synchronously, no checkpoint), saving a wake of the pump's task per chunk.
+                if _perf_counter() - self._inline_at >= INLINE_GAP_S:
+                    self.stream_now([event.delta])
+                    self._inline_at = _perf_counter()  # its end: a slow fan-out is no gap
+                    return
+                # Right after another: a burst, which the pump takes as one run.
             try:
                 self._put_delta(event.delta)
             except trio.ClosedResourceError:
