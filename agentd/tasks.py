@@ -561,8 +561,9 @@ class TaskService:
 
         The result's ``delivery`` says which (``steered`` or ``recorded``, with
         a note why). A task that holds a place but whose turn is still starting
-        has the comment wait for that turn, up to COMMENT_TURN_WAIT_S. Raises NotFound, Invalid (empty text), LimitExceeded (over
-        MAX_COMMENT_CHARS, or the task has MAX_COMMENTS already).
+        has the comment wait for that turn, up to COMMENT_TURN_WAIT_S. Raises
+        NotFound, Invalid (empty text), LimitExceeded (over MAX_COMMENT_CHARS,
+        or the task has MAX_COMMENTS already).
         """
         if not text.strip():
             raise c.Invalid("the comment is empty")
