@@ -90,6 +90,9 @@ PUMP_RUN = 64
 INLINE_GAP_S = 50e-6
 #: How long ``send(if_busy="interrupt")`` waits for the cancelled turn to end, seconds.
 INTERRUPT_WAIT_S = 10.0
+#: How long the pump holds a conversation's events while an answer is handed to its provider
+#: (so the reply the answer starts follows the answer's record), seconds at most.
+RESPOND_HOLD_S = 5.0
 #: Turn end reason when the journal refused the turn's records (disk full, read-only, fsync error).
 JOURNAL_WRITE_FAILED = "journal_write_failed"
 #: Turn end reason when the provider sent nothing for ``hang_timeout_s`` (and nobody was asked anything).
@@ -302,7 +305,7 @@ class _Sink:
         if type(event) is _DeltaEvent:  # what tag() does with a delta, inlined: this runs per streamed delta
             if self.tagger.muted:
                 return
-            if self._events.waiting() and self.stream_now is not None:
+            if self._events.waiting() and self.stream_now is not None and not self._live.responding:
                 # The pump is idle, so nothing queued could be overtaken: a delta that comes alone
                 # (a runtime streaming a chunk at a time) is handled here, as the pump would
                 # (synchronously, no checkpoint), saving a wake of the pump's task per chunk.
@@ -346,6 +349,8 @@ class _Live:
         #: interactions whose answer is being handed to the provider -> the provider's resolution
         #: that came meanwhile (journaled after the answer record, so the answer comes first)
         self.responding: dict[str, tuple[str, bytes, str] | None] = {}
+        #: set once no answer is being handed over any more (the pump waits for it: _answer_first)
+        self.responded: trio.Event | None = None
         #: text so far of the turn's streamed items: id -> (kind, agent_id, chunks)
         self.items: dict[str, tuple[str, str, list[str]]] = {}
         #: streamed text held back while it could be the start of a secret (agentd.masking)
@@ -1180,7 +1185,8 @@ class ConversationService:
 
         Events already queued are handled back to back, up to PUMP_BATCH or
         PUMP_SLICE_S, before the pump yields: a burst from the provider reaches
-        each subscriber's writer as a burst, sent in one write.
+        each subscriber's writer as a burst, sent in one write. While an answer
+        is handed to the provider, events wait for its record (_answer_first).
         """
         events = live.events
         receive_nowait = events.get_nowait
@@ -1191,6 +1197,8 @@ class ConversationService:
                     event = await events.get()
                 except trio.EndOfChannel:
                     return
+                if live.responding:
+                    await self._answer_first(live)
                 # Records of the burst are held back and published together at its end (the
                 # hub builds each subscriber's frames in one join). Nobody can tell: no task
                 # runs in between unless handling yields, and whatever yields publishes what is
@@ -1214,7 +1222,7 @@ class ConversationService:
                             deadline = time.perf_counter() + PUMP_SLICE_S  # from the first handled on
                         elif time.perf_counter() > deadline:
                             break
-                        if taken >= PUMP_BATCH:
+                        if taken >= PUMP_BATCH or live.responding:  # an answer goes first: _answer_first
                             break
                         try:
                             event = receive_nowait()
@@ -1228,6 +1236,16 @@ class ConversationService:
                         self.publish_held(live)
         finally:
             events.close()  # as leaving ``async with`` a receive channel did: later events are dropped
+
+    async def _answer_first(self, live: _Live) -> None:
+        """Wait (RESPOND_HOLD_S at most) until the answer being handed to the provider is journaled
+        (_respond): what the provider emits once it has the answer, often in the same scheduler
+        pass (the reply it starts), then follows the answer's record for every subscriber."""
+        done = live.responded
+        if done is None:
+            done = live.responded = trio.Event()
+        with trio.move_on_after(RESPOND_HOLD_S):
+            await done.wait()
 
     async def _handle_logged(self, live: _Live, event: c.Event) -> None:
         try:
@@ -1630,6 +1648,9 @@ class ConversationService:
             if resolution is not None:
                 with trio.CancelScope(shield=True):
                     await self._append_or_publish(live, resolution[0], resolution[1], run=resolution[2])
+            if not live.responding and live.responded is not None:
+                live.responded.set()  # the pump goes on (_answer_first)
+                live.responded = None
 
     # ------------------------------------------------------------------ turns
 
