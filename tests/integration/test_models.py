@@ -109,3 +109,19 @@ def test_models_are_checked_against_the_catalog_before_the_runtime_sees_them(tmp
     finally:
         d.stop()
     assert log.read_text().splitlines()[-1] == "prompt large"
+
+
+def test_set_model_takes_a_script_path_relative_to_agentctls_directory_as_new_does(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    d = Daemon(tmp_path).start()
+    a, b = (_script(d.root / f"{n}.toml", n) for n in ("a", "b"))
+    try:
+        cid = json.loads(d.agentctl("--json", "new", "-p", "script", "-m", a.name, "--cwd", str(work)).stdout)["id"]
+        assert d.record(cid)["model"] == str(a)  # new made it absolute: the daemon has another cwd
+        done = d.agentctl("set-model", cid, b.name)
+        assert done.returncode == 0, done.stderr
+        assert d.record(cid)["model"] == str(b)
+        assert "from b" in _turn_text(d, cid, "two")
+    finally:
+        d.stop()
