@@ -333,7 +333,13 @@ class Follower:
                     )
                 ))
             )
-        self._say_err(f"needs action: interaction {inter.id} is pending (answer it with `agentctl answer`)")
+        message = f"needs action: interaction {inter.id} is pending (answer it with `agentctl answer`)"
+        if self.json_out is not None:
+            from .cli import _report
+
+            _report(code, visible(message))  # {"code": "needs_action", ...}: the exit's error object
+        else:
+            self._say_err(message)
         return code
 
     # ------------------------------------------------------------------ answering at the terminal

@@ -240,8 +240,10 @@ def test_under_json_every_line_of_stderr_is_a_json_object_also_for_notices(daemo
                          "go")
     assert cp.returncode == 4, cp.stderr
     assert json.loads(cp.stdout.splitlines()[-1])["state"] == "requires_action"
-    notices = [json.loads(line) for line in cp.stderr.splitlines()]
-    assert notices and "needs action" in notices[0]["notice"]
+    lines = [json.loads(line) for line in cp.stderr.splitlines()]
+    # Exit 4 is reported as every other failing exit is: docs/cli.md's error object, code needs_action.
+    assert lines and lines[-1]["code"] == "needs_action" and lines[-1]["exit_code"] == 4, lines
+    assert "needs action" in lines[-1]["message"]
 
 
 def test_text_names_and_amounts_agentd_cannot_take_are_usage_errors_before_anything_is_done(
