@@ -14,9 +14,9 @@ from ..cli import Fail, _json, _opts, common
 COMPLETE_VAR = "_AGENTCTL_COMPLETE"
 
 _INSTALL = {
-    "bash": "agentctl completion bash > ~/.local/share/bash-completion/completions/agentctl",
+    "bash": "mkdir -p ~/.local/share/bash-completion/completions && agentctl completion bash > ~/.local/share/bash-completion/completions/agentctl",
     "zsh": "agentctl completion zsh > \"${fpath[1]}/_agentctl\"   # or: eval \"$(agentctl completion zsh)\" in ~/.zshrc",
-    "fish": "agentctl completion fish > ~/.config/fish/completions/agentctl.fish",
+    "fish": "mkdir -p ~/.config/fish/completions && agentctl completion fish > ~/.config/fish/completions/agentctl.fish",
 }
 
 
@@ -31,9 +31,9 @@ def completion(shell: str) -> None:
 
     \b
     Examples:
-      agentctl completion bash > ~/.local/share/bash-completion/completions/agentctl
+      mkdir -p ~/.local/share/bash-completion/completions && agentctl completion bash > ~/.local/share/bash-completion/completions/agentctl
       eval "$(agentctl completion zsh)"          # in ~/.zshrc
-      agentctl completion fish > ~/.config/fish/completions/agentctl.fish
+      mkdir -p ~/.config/fish/completions && agentctl completion fish > ~/.config/fish/completions/agentctl.fish
 
     --json: {"shell", "script", "install"}.
     """

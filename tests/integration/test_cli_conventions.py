@@ -281,3 +281,21 @@ def test_a_title_given_at_new_is_checked_as_title_checks_it(daemon: Daemon, tmp_
     assert "\ncdeadbeef0000" not in daemon.agentctl("ls").stdout
     long = daemon.agentctl("new", "--cwd", str(tmp_path), "--title", "t" * 5000)
     assert long.returncode == 8 and "at most 200 characters" in long.stderr
+
+
+def test_the_completion_install_lines_work_in_a_fresh_home(daemon: Daemon, tmp_path: Path) -> None:
+    # What the README and `completion --json`'s "install" give a person to paste: on a new
+    # account the completion folders do not exist yet.
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "agentctl").write_text(f'#!/bin/sh\nexec {sys.executable} -m agentctl --socket {daemon.socket} "$@"\n')
+    (shim / "agentctl").chmod(0o755)
+    for shell, path in (("bash", ".local/share/bash-completion/completions/agentctl"),
+                        ("fish", ".config/fish/completions/agentctl.fish")):
+        home = tmp_path / f"home-{shell}"
+        home.mkdir()
+        line = one_json(daemon.agentctl("completion", shell, "--json"))["install"]
+        env = {**daemon.env, "HOME": str(home), "PATH": f"{shim}:{os.environ['PATH']}"}
+        done = subprocess.run(["sh", "-c", line], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (line, done.stderr)
+        assert "_AGENTCTL_COMPLETE" in (home / path).read_text()
