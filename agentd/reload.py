@@ -286,10 +286,11 @@ class Reloader:
         providers = await self.service.runtimes.describe()
         differs = [s for s in NEEDS_STOP if getattr(config, s) != getattr(self.started, s)]
         self.config = config
-        log.info("agentd.reloaded", by=by, config=str(path or ""), env_changed=changed, cancelled=cancelled,
+        loaded = str(path or (default_config_path() if default_config_path().is_file() else ""))
+        log.info("agentd.reloaded", by=by, config=loaded, env_changed=changed, cancelled=cancelled,
                  reopened=reopened, waited_s=waited, need_stop=differs)
         return wire.RestartResult(
-            pid=os.getpid(), config=str(path or (default_config_path() if default_config_path().is_file() else "")),
+            pid=os.getpid(), config=loaded,
             env_file=str(env_file) if env_file else "", env_changed=changed, cancelled=cancelled,
             reopened=reopened, waited_s=waited, providers=providers, need_stop=differs,
         )

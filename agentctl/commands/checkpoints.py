@@ -122,8 +122,9 @@ def revert(conversation: str, run: str, yes: bool, dry_run: bool) -> None:
             return
         for f in plan.files:
             click.echo(f"  {_ACTION[f.action]} {visible_name(f.path)}")
-        click.echo(f"dry run: reverting {plan.run} would change these {len(plan.files)} "
-                   f"file{'s' if len(plan.files) != 1 else ''}; nothing changed", err=True)
+        click.echo(f"dry run: reverting {plan.run} would change "
+                   + (f"these {len(plan.files)} files" if len(plan.files) != 1 else "this file")
+                   + "; nothing changed", err=True)
         return
     if not yes:
         if not (sys.stdin.isatty() and not o.json):

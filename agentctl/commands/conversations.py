@@ -604,7 +604,7 @@ def _simple(op: type, conversation: str, done: str, **fields: Any) -> None:
     conversation, _ = _call(op, conversation, **fields)
     if o.json:
         return _ok_json(conversation=conversation, **fields)
-    click.echo(done)
+    click.echo(f"{done} {conversation}")  # the full id: a prefix was typed
 
 
 @click.command()

@@ -108,7 +108,8 @@ def test_status_counts_open_conversations_as_ls_does_and_the_closed_apart(daemon
     listed = len(one_json(daemon.agentctl("ls", "--json"))["conversations"])
     assert before["conversations"] == listed
     kept, closing = (new_conversation(daemon, workdir, "echo.toml") for _ in range(2))
-    assert daemon.agentctl("close", closing).returncode == 0
+    done = daemon.agentctl("close", closing[:9])
+    assert done.returncode == 0 and done.stdout == f"closed {closing}\n"  # the full id, not the prefix typed
     after = one_json(daemon.agentctl("status", "--json"))
     assert after["conversations"] == before["conversations"] + 1 == len(
         one_json(daemon.agentctl("ls", "--json"))["conversations"])
