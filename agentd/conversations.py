@@ -767,7 +767,8 @@ class ConversationService:
                 raise self.store.refused[refused[0]]
             raise c.NotFound(f"no conversation {ref!r}")
         if len(matches) > 1:
-            raise c.Invalid(f"{ref!r} is ambiguous: {', '.join(sorted(matches)[:5])}")
+            more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
+            raise c.Invalid(f"{ref!r} is ambiguous: {', '.join(sorted(matches)[:5])}{more} (type more of the id)")
         return matches[0]
 
     def record(self, ref: str) -> wire.ConversationRecord:

@@ -596,3 +596,13 @@ def test_a_burst_of_deltas_is_shown_whole_with_each_record_once(daemon: Daemon, 
     assert final.endswith(deltas)  # live text may start late (after the snapshot), never out of order
     human = daemon.agentctl("run", "-p", "script", "-m", str(script), "--cwd", str(workdir), "x")
     assert human.stdout.count(f"{words} END") == 1
+
+
+def test_an_ambiguous_prefix_says_how_many_more_it_matches(daemon: Daemon, workdir: Path) -> None:
+    ids = [new_conversation(daemon, workdir, "echo.toml") for _ in range(7)]
+    assert all(cid.startswith("c") for cid in ids)  # every conversation id does
+    shown = daemon.agentctl("show", "c")
+    matching = len(one_json(daemon.agentctl("ls", "--all", "--json"))["conversations"])
+    assert shown.returncode == 8 and f"and {matching - 5} more (type more of the id)" in shown.stderr, shown.stderr
+    for cid in ids:
+        daemon.agentctl("rm", cid)
