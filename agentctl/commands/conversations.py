@@ -568,7 +568,11 @@ def attach(conversation: str, after: int | None, until_idle: bool, no_input: boo
     interactive = _interactive(no_input)
     if not o.json:
         how = "answering at the terminal; " if interactive else ""
-        click.echo(_style().dim(f"attached to {r.id} ({visible_name(r.provider)}, {r.state.value}); {how}Ctrl-C to detach"))
+        if until_idle and r.state is wire.ConversationState.IDLE:
+            until = "idle already: nothing to follow"  # --until-idle returns at once
+        else:
+            until = f"{how}Ctrl-C to detach"
+        click.echo(_style().dim(f"attached to {r.id} ({visible_name(r.provider)}, {r.state.value}); {until}"))
     _exit(_follow(r.id, r.turn_after if after is None else after, interactive=interactive,
                   exit_on_action=exit_on_action, yolo=r.mode == "yolo", until_idle=until_idle, verbose=verbose, dropped=all_))
 

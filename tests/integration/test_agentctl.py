@@ -606,3 +606,11 @@ def test_an_ambiguous_prefix_says_how_many_more_it_matches(daemon: Daemon, workd
     assert shown.returncode == 8 and f"and {matching - 5} more (type more of the id)" in shown.stderr, shown.stderr
     for cid in ids:
         daemon.agentctl("rm", cid)
+
+
+def test_attach_until_idle_to_an_idle_conversation_says_there_is_nothing_to_follow(daemon: Daemon, workdir: Path) -> None:
+    cid = new_conversation(daemon, workdir, "echo.toml")
+    done = daemon.agentctl("attach", cid, "--until-idle", "--no-input")
+    assert done.returncode == 0, done.stderr
+    assert "idle already: nothing to follow" in done.stdout and "Ctrl-C" not in done.stdout
+    daemon.agentctl("rm", cid)
