@@ -1983,10 +1983,12 @@ class ConversationService:
         """
         title = user_title(title)
         live = await self.live(ref)
-        live.record.title = title
-        live.record.title_source = "user" if title else ""
-        self._save(live.record)
-        await self._append(live, "title", _json.encode(title), run=live.run)
+        source = "user" if title else ""
+        if (live.record.title, live.record.title_source) != (title, source):  # the same again journals nothing
+            live.record.title = title
+            live.record.title_source = source
+            self._save(live.record)
+            await self._append(live, "title", _json.encode(title), run=live.run)
         if live.record.state is _S.CLOSED:
             return title
         if self.site and live.record.site and live.record.site != self.site:

@@ -148,6 +148,9 @@ def test_new_ls_show_title_close_rm_round_trip(daemon: Daemon, workdir: Path) ->
 
     assert one_json(daemon.agentctl("title", conv, "renamed", "--json"))["ok"] is True
     assert one_json(daemon.agentctl("show", conv, "--json"))["record"]["title"] == "renamed"
+    again = daemon.agentctl("title", conv, "renamed")
+    assert again.returncode == 0 and again.stdout == f"title of {conv}: renamed\n"
+    assert [r["data"] for r in daemon.journal(conv) if r["type"] == "title"].count("renamed") == 1  # once
 
     assert daemon.agentctl("close", conv, "--json").returncode == 0
     assert conv not in [c["id"] for c in one_json(daemon.agentctl("ls", "--json"))["conversations"]]
