@@ -5,7 +5,6 @@ daemon and the real Copilot CLI, against a local stand-in of GitHub's device-flo
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -113,13 +112,12 @@ def test_device_sign_in_without_a_keychain_asks_before_a_plain_file_and_ctrl_c_c
         proc = _login_lines(d)
         assert proc.stdout is not None
         assert json.loads(proc.stdout.readline())["device"]["code"] == CODE
-        logins = [p for p in _descendants(d.proc.pid) if b"login" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        logins = [p for p in _descendants(d.proc.pid) if _login_start(p)]  # one may end while listed
         assert logins, "no copilot login process runs under the daemon"
         proc.send_signal(signal.SIGINT)
         assert _exit_status(proc, 30) == 130
         deadline = time.monotonic() + 15
-        while any(os.path.exists(f"/proc/{p}") and b"login" in Path(f"/proc/{p}/cmdline").read_bytes()
-                  for p in logins if os.path.exists(f"/proc/{p}")):
+        while any(_login_start(p) for p in logins):
             assert time.monotonic() < deadline, "the login process outlived the cancelled flow"
             time.sleep(0.1)
         # Approved, but no consent to a plain file: no sign-in, and the message says how.
