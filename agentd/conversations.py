@@ -1247,6 +1247,7 @@ class ConversationService:
             done = live.responded = trio.Event()
         with trio.move_on_after(RESPOND_HOLD_S):
             await done.wait()
+        done.set()  # given up (a provider slow to take the answer): the events after it wait no more
 
     async def _handle_logged(self, live: _Live, event: c.Event) -> None:
         try:

@@ -354,3 +354,25 @@ async def test_a_subscriber_sees_the_answer_before_the_reply_it_starts(tmp_path:
                     await trio.sleep(0.001)
             kinds = [r.type for r in outbox.records]
             assert "delta" in kinds and kinds.index("answer") < kinds.index("delta"), kinds
+
+
+async def test_a_provider_slow_to_take_an_answer_holds_the_conversations_events_once_and_briefly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hold is bounded (RESPOND_HOLD_S) and taken once per answer: a respond that hangs does not
+    # make every later event wait its own RESPOND_HOLD_S.
+    from agentd import conversations
+
+    monkeypatch.setattr(conversations, "RESPOND_HOLD_S", 0.2)
+    async with _service(tmp_path, FsyncPolicy.BATCH) as (service, hub):
+        record, live = await _conversation(service, tmp_path)
+        outbox = subscribe(hub, record.id, live.published_seq)
+        live.responding["q1"] = None  # an answer being handed over, which never completes
+        t0 = trio.current_time()
+        for i in range(5):
+            live.events.put(c.ItemEvent(item=c.Item(id=f"i{i}", kind=c.ItemKind.ASSISTANT, text=f"item {i}")))
+        with trio.fail_after(5):
+            while len([r for r in outbox.records if r.type == "item"]) < 5:
+                await trio.sleep(0.01)
+        waited = trio.current_time() - t0
+        assert 0.2 <= waited < 0.6, waited  # one hold, not one per event
+        live.responding.clear()
