@@ -119,10 +119,15 @@ def turns(lines: Iterable[bytes], dropped: Collection[str] = ()) -> list[Turn]:
     return list(out.values())
 
 
+def is_turn_number(ref: str) -> bool:
+    """Whether ``ref`` is a turn number N (ASCII digits) rather than a run id, which begins with a letter."""
+    return ref.isascii() and ref.isdigit()  # str.isdigit also takes '²', which int() refuses
+
+
 def numbered(runs: list[Turn], ref: str, cid: str) -> Turn | None:
-    """The turn ``ref`` names when it is a turn number N (the Nth of ``runs``, 1 the first; run
-    ids begin with a letter), else None. Raises NotFound for a number past the last turn."""
-    if not (ref.isascii() and ref.isdigit()):  # str.isdigit also takes '²', which int() refuses
+    """The turn ``ref`` names when it is a turn number N (the Nth of ``runs``, 1 the first:
+    :func:`is_turn_number`), else None. Raises NotFound for a number past the last turn."""
+    if not is_turn_number(ref):
         return None
     n = int(ref)
     if not 1 <= n <= len(runs):

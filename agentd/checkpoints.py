@@ -821,9 +821,10 @@ async def _numbered(service: "ConversationService", reader: Any, run: str) -> st
     """``run`` as given, or for a turn number N (ASCII digits: ids begin with a letter) the run
     of the Nth turn, 1 the first, counted as fork and rewind count them (agentd.branching.turns).
     Raises NotFound for a number past the last turn."""
-    if not (run.isascii() and run.isdigit()):
+    from .branching import is_turn_number, numbered, turns
+
+    if not is_turn_number(run):
         return run  # no journal read for an id
-    from .branching import numbered, turns
 
     turn = numbered(turns(await service.published_lines(reader), reader.record.dropped), run, reader.record.id)
     assert turn is not None

@@ -135,11 +135,19 @@ def _file_kind(mode: int) -> str:
     return "not a file"
 
 
+def local_script(model: str) -> str:
+    """``model`` made absolute when it names a file relative to agentctl's directory, else "": a
+    script provider's model is a script path, read by the daemon, which does not share our cwd.
+    Only for the script provider (a file of that name does not make another's model a path)."""
+    if model and not os.path.isabs(model) and os.path.isfile(model):
+        return os.path.abspath(model)
+    return ""
+
+
 def _create(provider: str, cwd: str, title: str, model: str, effort: str, yolo: bool,
             budget: wire.Budget | None = None) -> wire.ConversationRecord:
-    if provider in ("script", "") and model and not os.path.isabs(model) and os.path.isfile(model):
-        # A script path is read by the daemon, which does not share our cwd.
-        model = os.path.abspath(model)
+    if provider in ("script", ""):
+        model = local_script(model) or model
     return _opts().client().call(
         wire.New, wire.ConversationRecord,
         provider=provider, workdir=cwd, title=title, model=model, effort=effort,

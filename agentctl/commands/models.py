@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from agentd import wire
@@ -36,13 +34,12 @@ def set_model(conversation: str, model: str, effort: str, context_tier: str, aft
     if not model and not effort and not context_tier:
         raise click.UsageError("give MODEL, --effort, --context-tier, or several")
     o = _opts()
+    from .conversations import local_script
+
     client = o.client()
-    if model and not os.path.isabs(model) and os.path.isfile(model):
-        # As `new` does: a script provider's model is a script path, which the daemon (another
-        # cwd) reads; a file of that name does not make another provider's model name a path.
-        info = client.call(wire.Show, wire.ConversationInfo, conversation=conversation)
-        if info.record.provider == "script":
-            model = os.path.abspath(model)
+    if script := local_script(model):  # as `new` does, once the provider is known to be script
+        if client.call(wire.Show, wire.ConversationInfo, conversation=conversation).record.provider == "script":
+            model = script
     rec = client.call(wire.SetModel, wire.ConversationRecord, conversation=conversation, model=model,
                       effort=effort, after_turn=after_turn, context_tier=context_tier)
     if o.json:
