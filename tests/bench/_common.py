@@ -53,6 +53,8 @@ class Result:
     median(figure) / median(baseline). ``target`` is the human text of the
     target and ``met`` whether the medians meet it (None: not judged).
     ``skipped`` holds the reason when the benchmark could not run.
+    ``zero_ok`` says a reading of exactly 0 is a measurement, not a failure to
+    measure (an idle daemon may not run at all in a short window).
     """
 
     name: str
@@ -66,6 +68,7 @@ class Result:
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     skipped: str = ""
+    zero_ok: bool = False
 
     @property
     def median(self) -> float | None:

@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                             "target": r.target,
                             "met": r.met,
                             "skipped": r.skipped,
+                            "zero_ok": r.zero_ok,
                             "failed": bool(r.extra.get("failed")),
                             "notes": r.notes,
                         }

@@ -40,6 +40,8 @@ def test_quick_mode_runs_every_benchmark_to_a_number(tmp_path: Path) -> None:
             continue
         assert not r["skipped"], (r["name"], r["skipped"])
         for value in (r["median"], r["baseline_median"]):
-            assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0, r
+            # an idle daemon's CPU may truly be 0 over the quick window; a missing figure (None) never passes
+            assert isinstance(value, (int, float)) and math.isfinite(value), r
+            assert value > 0 or (r["zero_ok"] and value == 0), r
     table = (tmp_path / "BENCHMARKS.md").read_text()
     assert "| benchmark | figure |" in table and "Machine:" in table
