@@ -13,7 +13,12 @@ itself. A peer with such a keeper among its parents (any agentd's: an agent of
 another agentd of the user's is an agent here too) is an *agent peer*: it may
 use :data:`OPS`, what agentd's own MCP relay (``agentd.host_tools_relay``,
 which the runtime starts) needs, naming its conversation by its full id, and
-nothing else; every other request is answered ``unauthorized``.
+nothing else; every other request is answered ``unauthorized``. And only for a
+conversation whose runtime runs under that very keeper, as its provider reports
+it (``runs_under``, agentd.providers._common): an agent that learned another
+conversation's id cannot call the tools a client offers there. Conversations
+that share one runtime process (a provider's one Copilot CLI or Codex
+app-server) share its keeper, and so each other's host tools.
 
 * Unix socket: the connecting pid from ``SO_PEERCRED`` (:func:`of_process`).
 * WebSocket gateway (loopback only): the processes holding the client's end of
@@ -78,6 +83,17 @@ class AgentPeer(msgspec.Struct, frozen=True):
             f"{op} refused: this connection comes from an agent's own processes (pid {self.pid}, {where}); "
             f"an agent may use only its host tools ({allowed})",
             details={"pid": self.pid, "keeper": self.keeper},
+        )
+
+
+    def refusal_of(self, op: str, conversation: str) -> c.Unauthorized:
+        """The error for host tool request ``op`` (its wire tag) on ``conversation``, which does not
+        run under this peer's keeper: an agent calls its own conversation's host tools only."""
+        where = f"under runtime keeper pid {self.keeper}" if self.keeper else "which agentd could not place"
+        return c.Unauthorized(
+            f"{op} refused: conversation {conversation} does not run in this agent's processes (pid {self.pid}, "
+            f"{where}); an agent may call only its own conversation's host tools",
+            details={"pid": self.pid, "keeper": self.keeper, "conversation": conversation},
         )
 
 

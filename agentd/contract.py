@@ -960,7 +960,13 @@ class Prompt(msgspec.Struct, frozen=True, omit_defaults=True):
 
 @runtime_checkable
 class EventSink(Protocol):
-    """Receives a conversation's events. ``emit`` never blocks and never raises."""
+    """Receives a conversation's events. ``emit`` never blocks and never raises.
+
+    agentd's sinks also take ``runs_under(keepers)`` (a provider calls it through
+    agentd.providers._common.runs_under, which leaves a sink without it alone): ``keepers``
+    returns the pids of the keepers (agentd.procs) whose processes act for the conversation
+    now. Only processes below them may call its host tools (agentd.agent_peers).
+    """
 
     def emit(self, event: Event) -> None: ...
 

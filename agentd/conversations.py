@@ -300,6 +300,12 @@ class _Sink:
         #: (set with the pump; see emit)
         self.stream_now: Callable[[list[c.Delta]], None] | None = None
         self._inline_at = 0.0  # perf_counter() when the last delta handled in emit was done
+        #: the keepers whose processes act for the conversation now, as its provider says (runs_under)
+        self.keepers: Callable[[], frozenset[int]] = frozenset
+
+    def runs_under(self, keepers: Callable[[], frozenset[int]]) -> None:
+        """The provider says where the conversation runs (agentd.providers._common.runs_under)."""
+        self.keepers = keepers
 
     def emit(self, event: c.Event) -> None:
         if type(event) is _DeltaEvent:  # what tag() does with a delta, inlined: this runs per streamed delta
@@ -2106,6 +2112,13 @@ class ConversationService:
         with trio.move_on_after(INTERRUPT_WAIT_S):
             await conv.close()
         return True
+
+    def keepers(self, cid: str) -> frozenset[int]:
+        """The pids of the keepers (agentd.procs) whose processes act for conversation ``cid`` (a full
+        id) on this host now, as its provider reports them; empty when it is not loaded or no runtime
+        runs it. Only those processes may call its host tools (agentd.agent_peers)."""
+        live = self._live.get(cid)
+        return live.sink.keepers() if live is not None else frozenset()
 
     # ------------------------------------------------------------------ other hosts (agentd.hosts)
 

@@ -653,8 +653,10 @@ class Server:
 
     def _check_agent(self, conn: _Connection, request: Any) -> None:
         """Raise for what an agent peer may not ask (agentd.agent_peers): an op other than its
-        host tools', or a conversation not named by its full id (no prefix search that lists ids)."""
+        host tools', a conversation not named by its full id (no prefix search that lists ids),
+        or one whose runtime does not run under the peer's keeper (another agent's tools)."""
         assert conn.agent is not None
+        op = type(request).__struct_config__.tag
         if type(request) in agent_peers.OPS:
             try:
                 named = self.service.resolve(request.conversation)
@@ -662,8 +664,13 @@ class Server:
                 named = ""
             if named != request.conversation:
                 raise c.NotFound(f"no conversation {request.conversation!r} (an agent names its conversation by its full id)")
-            return
-        op = type(request).__struct_config__.tag
+            if conn.agent.keeper and conn.agent.keeper in self.service.keepers(named):
+                return
+            if not conn.agent_refused:
+                conn.agent_refused = True
+                log.warning("server.agent_refused", peer=conn.peer, op=op, conversation=named,
+                            reason="the conversation does not run under this agent's keeper")
+            raise conn.agent.refusal_of(str(op), named)
         if not conn.agent_refused:  # once per connection: an agent asking in a loop does not fill the log
             conn.agent_refused = True
             log.warning("server.agent_refused", peer=conn.peer, op=op)

@@ -45,6 +45,7 @@ import structlog
 import trio
 
 from . import contract as c
+from .providers._common import runs_under
 
 if TYPE_CHECKING:
     from .conversations import ConversationService
@@ -94,6 +95,8 @@ class _Holding:
         self.target: c.EventSink | None = None
         self.dead = False
         self._on_dead = on_dead
+        #: where the pooled conversation runs, as its provider said (c.EventSink), for the taker's sink
+        self._keepers: Callable[[], frozenset[int]] | None = None
 
     def emit(self, event: c.Event) -> None:
         if self.target is not None:
@@ -104,8 +107,16 @@ class _Holding:
             self.dead = True
             self._on_dead()
 
+    def runs_under(self, keepers: Callable[[], frozenset[int]]) -> None:
+        self._keepers = keepers
+        if self.target is not None:
+            runs_under(self.target, keepers)
+
     def bind(self, sink: c.EventSink) -> None:
-        """From now on events go to ``sink``, those held first, in order."""
+        """From now on events go to ``sink``, those held first, in order; where the conversation
+        runs (``runs_under``) goes with them."""
+        if self._keepers is not None:
+            runs_under(sink, self._keepers)
         held, self.held = self.held, []
         for event in held:
             sink.emit(event)

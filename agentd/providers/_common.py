@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -46,6 +47,24 @@ def render_input(raw: Any, limit: int | None = MAX_TOOL_TEXT) -> str:
         return cut(json.dumps(raw, ensure_ascii=False, separators=(", ", ": ")))
     except (TypeError, ValueError):
         return cut(str(raw))
+
+
+def runs_under(sink: Any, keepers: Callable[[], frozenset[int]]) -> None:
+    """Tell agentd which keepers' processes (agentd.procs) act for the conversation ``sink``
+    reports for: ``keepers()``, read at each host tool request from an agent's processes
+    (agentd.agent_peers), returns the pids of the keepers its runtime runs under now (empty when
+    none runs). Call it before the runtime is handed the conversation's MCP servers: agentd's
+    relay among them connects as soon as the runtime starts it. A sink without ``runs_under``
+    (a test's) is left alone."""
+    bind = getattr(sink, "runs_under", None)
+    if bind is not None:
+        bind(keepers)
+
+
+def keeper_set(pid: int | None) -> frozenset[int]:
+    """``{pid}``, or empty for None: the keepers of a runtime process agentd started (its pid is
+    its keeper's, agentd.procs.launch_argv and launch_script)."""
+    return frozenset() if pid is None else frozenset((pid,))
 
 
 async def check_workdir(workdir: str) -> str:

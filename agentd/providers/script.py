@@ -42,6 +42,7 @@ from .. import procs
 from .._fsutil import make_dirs, read_file
 from ..config import ScriptConfig
 from .. import runtime_output
+from ._common import runs_under
 from ..contract import (
     MAX_TAIL_LINE_BYTES,
     MAX_TAIL_LINES,
@@ -858,6 +859,9 @@ class ScriptConversation:
         self._starting = False
         self._closed = False
         self._save_lock = trio.Lock()
+        #: the keepers of its tool commands running now: the script's "runtime" processes
+        self._tool_keepers: set[int] = set()
+        runs_under(sink, lambda: frozenset(self._tool_keepers))
 
     @property
     def id(self) -> str:
@@ -1364,6 +1368,7 @@ class ScriptConversation:
                 stderr=subprocess.PIPE, cwd=self.workdir, start_new_session=True, env=env)
         except OSError as exc:
             return None, f"could not start bash: {exc}", ""
+        self._tool_keepers.add(proc.pid)
         try:
             async with trio.open_nursery() as nursery:
                 assert proc.stdout is not None and proc.stderr is not None
@@ -1377,6 +1382,7 @@ class ScriptConversation:
         finally:
             with trio.CancelScope(shield=True):
                 await _stop_group(proc)
+                self._tool_keepers.discard(proc.pid)
                 procs.ended(proc.pid, self._provider.state_dir)
             if (item.agent_id, item.id) in turn.live:
                 # A cancel finishes the live item: let it keep the output so far.

@@ -30,8 +30,9 @@ kind = "text"
 text = "done"
 '''
 
-#: argv: PORT TOKENFILE CONVERSATION INTERACTION. Over the WebSocket gateway with the token: hello,
-#: then ``answer`` (allow), ``ls`` and ``list_host_tools``; prints each reply's error code (or "ok").
+#: argv: PORT TOKENFILE CONVERSATION INTERACTION OWNFILE. Over the WebSocket gateway with the token: hello,
+#: then ``answer`` (allow), ``ls`` and ``list_host_tools`` (an unknown id, a prefix, the victim's full id,
+#: the agent's own conversation's, read from OWNFILE); prints each reply's error code (or "ok").
 WS_CLIENT = r'''
 import json, sys, trio
 from trio_websocket import open_websocket_url
@@ -43,8 +44,10 @@ async def main():
         await ws.send_message(json.dumps({"id": 0, "op": "hello", "protocol": 1}))
         await ws.get_message()
         answer = {"op": "answer", "conversation": sys.argv[3], "interaction": sys.argv[4], "answer": {"decision": "allow_once"}}
+        own = open(sys.argv[5]).read().strip()
         ops = [answer, {"op": "ls"}, {"op": "list_host_tools", "conversation": "nope"},
-               {"op": "list_host_tools", "conversation": sys.argv[3][:2]}]
+               {"op": "list_host_tools", "conversation": sys.argv[3][:2]},
+               {"op": "list_host_tools", "conversation": sys.argv[3]}, {"op": "list_host_tools", "conversation": own}]
         for i, op in enumerate(ops, 1):
             await ws.send_message(json.dumps({"id": i, **op}))
             reply = json.loads(await ws.get_message())
@@ -99,7 +102,8 @@ def test_an_agents_own_processes_may_not_answer_prompt_or_read(tmp_path: Path) -
             f"{ctl} send {victim} 'and more'; echo send-rc=$?",
             f"{ctl} ls; echo ls-rc=$?",
             f"{ctl} stop; echo stop-rc=$?",
-            f"{shlex.quote(sys.executable)} {shlex.quote(str(ws_client))} {port} {shlex.quote(str(d.runtime_dir / 'ws-token'))} {victim} {interaction}",
+            f"{shlex.quote(sys.executable)} {shlex.quote(str(ws_client))} {port} {shlex.quote(str(d.runtime_dir / 'ws-token'))} "
+            f"{victim} {interaction} {shlex.quote(str(tmp_path / 'attacker.id'))}",
         ])
         attacker_script = tmp_path / "attacker.toml"
         attacker_script.write_text(
@@ -107,6 +111,7 @@ def test_an_agents_own_processes_may_not_answer_prompt_or_read(tmp_path: Path) -
             f"command = {json.dumps(attack)}\n"
         )
         attacker = _json(d.agentctl("--json", "new", "-p", "script", "-m", str(attacker_script), "--cwd", str(work)))["id"]
+        (tmp_path / "attacker.id").write_text(attacker)
         out = d.agentctl("--json", "send", attacker, "go", "--follow", timeout=120)
         assert out.returncode == 0, out.stderr
         tool = [r for r in d.journal(attacker) if r["type"] == "item" and r["data"]["kind"] == "tool"
@@ -127,6 +132,10 @@ def test_an_agents_own_processes_may_not_answer_prompt_or_read(tmp_path: Path) -
         assert "ws list_host_tools nope: not_found no conversation 'nope'" in output, output
         by_prefix = next(line for line in output.splitlines() if line.startswith(f"ws list_host_tools {victim[:2]}:"))
         assert "not_found" in by_prefix and "full id" in by_prefix and victim not in by_prefix, output
+        # Another conversation's, by its full id: refused, as it does not run under this agent's keeper.
+        assert (f"ws list_host_tools {victim}: unauthorized list_host_tools refused: conversation {victim} "
+                "does not run in this agent's processes") in output, output
+        assert f"ws list_host_tools {attacker}: ok" in output, output
 
         # Nothing happened: the permission is still pending, no prompt was taken, agentd runs.
         assert _json(d.agentctl("show", victim, "--json"))["pending"][0]["id"] == interaction

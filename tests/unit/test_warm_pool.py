@@ -18,9 +18,13 @@ from agentd.warm_pool import _Holding
 class _Sink:
     def __init__(self) -> None:
         self.events: list[c.Event] = []
+        self.keepers: object = None
 
     def emit(self, event: c.Event) -> None:
         self.events.append(event)
+
+    def runs_under(self, keepers: object) -> None:
+        self.keepers = keepers
 
 
 @asynccontextmanager
@@ -165,6 +169,26 @@ def test_the_holding_sink_hands_over_in_order_and_reports_an_exit() -> None:
     later = c.TitleEvent(title="b")
     holding.emit(later)
     assert sink.events == [first, gone, later]
+
+
+def test_where_a_pooled_conversation_runs_goes_to_the_sink_that_takes_it() -> None:
+    # Its host tools answer only processes under the keepers its provider named (agentd.agent_peers).
+    holding = _Holding(lambda: None)
+    first, second = (lambda: frozenset({11})), (lambda: frozenset({22}))
+    holding.runs_under(first)
+    sink = _Sink()
+    holding.bind(sink)
+    assert sink.keepers is first
+    holding.runs_under(second)  # the runtime restarted after the take
+    assert sink.keepers is second
+
+
+async def test_a_taken_pooled_conversation_reports_where_it_runs(tmp_path: Path) -> None:
+    async with _serving(tmp_path) as (rt, work):
+        sink = _Sink()
+        with trio.fail_after(10):
+            await rt.open("script", c.OpenRequest(workdir=str(work)), sink)
+        assert callable(sink.keepers) and sink.keepers() == frozenset()  # no tool command runs
 
 
 def test_warm_is_bounded_and_warm_workdir_absolute() -> None:

@@ -102,6 +102,7 @@ from ...contract import (
 )
 from .._common import agentd_version as _version
 from .._common import check_workdir as _check_workdir
+from .._common import keeper_set, runs_under
 from .._jsonrpc import AgentProcess, Call, ConnectionLost, RpcError
 from .._restart import RestartBackoff, RestartPolicy
 from .._mcp import McpStates
@@ -444,6 +445,9 @@ class AcpProvider:
             files.close()
             raise
         mcp = McpStates(request.mcp_servers)
+        # The agent starts the session's MCP servers (agentd's relay among them) during session/new,
+        # before the conversation exists: until then it runs in that agent.
+        runs_under(sink, lambda: keeper_set(agent.proc.pid if agent.alive else None))
         try:
             try:
                 servers, skipped = mcp_servers_param(agent.init.agent_capabilities.mcp_capabilities, mcp.servers,
@@ -815,6 +819,7 @@ class AcpConversation:
         self._agent: _Agent | None = agent
         self._id = session_id
         self._sink = sink
+        runs_under(sink, lambda: keeper_set(self.pid))
         #: its MCP servers, handed to the agent on every session/new, load and resume
         self.mcp = McpStates([])
         self._title = title

@@ -102,7 +102,7 @@ from ...contract import (
     utcnow,
     validate_answer,
 )
-from .._common import unused_steer
+from .._common import keeper_set, runs_under, unused_steer
 from . import _mapping as m
 
 if TYPE_CHECKING:
@@ -393,6 +393,7 @@ class ClaudeConversation:
         self._record = record
         self._sink = sink
         self._session: _Session | None = None
+        runs_under(sink, self._keepers)
         self._start_lock = QuickLock()
         self._generation = 0
         self._turn: _Turn | None = None
@@ -434,6 +435,13 @@ class ClaudeConversation:
         """Process id of this conversation's running CLI, or None when none runs."""
         s = self._session
         return s.pid if s is not None and s.alive else None
+
+    def _keepers(self) -> frozenset[int]:
+        """The keeper of this conversation's CLI from its spawn until it exits (its MCP servers,
+        agentd's relay among them, start before ``connect`` returns)."""
+        s = self._session
+        proc = s.process if s is not None else None
+        return keeper_set(proc.pid) if proc is not None and proc.returncode is None else frozenset()
 
     # ------------------------------------------------------------------ Conversation protocol
 

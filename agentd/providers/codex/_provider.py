@@ -62,6 +62,7 @@ from .._restart import RestartBackoff, RestartPolicy
 from .._mcp import McpStates
 from .._common import agentd_version as _version
 from .._common import check_workdir as _check_workdir
+from .._common import keeper_set, runs_under
 from .._jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, AgentProcess, RpcError
 from ._conversation import CodexConversation, parse_time
 
@@ -441,6 +442,8 @@ class CodexProvider:
             raise Closed(f"provider {self.name!r} is not running")
         workdir = await _check_workdir(request.workdir) if request.workdir or not request.conversation_id else ""
         model = request.model or self.config.model
+        # Every thread of the provider runs in its one app-server: the one running now, after a restart too.
+        runs_under(sink, self._keepers)
         if request.conversation_id:
             old = self._open.get(request.conversation_id)
             if old is not None:
@@ -587,6 +590,10 @@ class CodexProvider:
             self._server = server
             log.info("codex.app_server_started", provider=self.name, pid=server.proc.pid, codex_home=str(self.home))
             return server
+
+    def _keepers(self) -> frozenset[int]:
+        server = self._server
+        return keeper_set(server.proc.pid) if server is not None and server.alive else frozenset()
 
     def _server_gone(self, server: AppServer) -> None:
         if self._server is server:

@@ -63,6 +63,7 @@ from ...contract import (
 from .._restart import RestartBackoff, RestartPolicy
 from . import _mapping as m
 from ._bridge import AsyncioBridge, BridgeClosed
+from .._common import keeper_set, runs_under
 from .._mcp import McpStates
 from ._conversation import CopilotConversation, clean_title, unread_event_type
 from ._reader import AgentdCopilotClient, FrameHead, SdkChanged, check_sdk
@@ -661,6 +662,8 @@ class CopilotProvider:
         the CLI has no session with that id (never creates one instead),
         :class:`RuntimeUnavailable` when the CLI cannot start.
         """
+        # Every session of the provider runs in its one CLI: the one running now, after a restart too.
+        runs_under(sink, lambda: keeper_set(self.runtime_pid))
         rt = await self._ensure_runtime()
         byok = self.byok
         if request.conversation_id and byok is None:
