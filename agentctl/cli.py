@@ -47,16 +47,22 @@ class Opts:
         self.socket: str | None = None
         self.no_autostart = False
         self.json = False
+        #: the client started agentd (autostart): nothing was running before this command
+        self.autostarted = False
         self._client: Client | None = None
 
     def client(self) -> Client:
         if self._client is None:
             from .client import Client, autostart_disabled
 
+            def notify(text: str) -> None:
+                self.autostarted = True
+                _notice(text)
+
             self._client = Client.connect(
                 self.socket,
                 autostart=not (self.no_autostart or autostart_disabled()),
-                notify=_notice,
+                notify=notify,
             )
         return self._client
 

@@ -2014,8 +2014,11 @@ class ConversationService:
     async def close(self, ref: str, *, reason: str = "") -> None:
         """Cancel the running turn, close the provider conversation, release the lease.
 
-        ``reason`` goes on the ``state`` record (``budget`` when a budget stopped it).
+        ``reason`` goes on the ``state`` record (``budget`` when a budget stopped it). A closed
+        conversation is left as it is: closing it again journals nothing.
         """
+        if self.record(ref).state is _S.CLOSED:
+            return
         live = await self.live(ref)
         # Queued prompts first, so the cancelled turn's end does not start one; each gets its outcome.
         queued, live.queue = list(live.queue), deque()

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
+import trio
 
 from . import contract as c
 from . import wire
@@ -97,11 +98,21 @@ def check(models: list[c.Model] | None, model: str, effort: str, context_tier: s
                         details={"context_tiers": tiers})
 
 
-async def check_choice(runtimes: "Runtimes", provider: str, model: str, effort: str, context_tier: str = "") -> None:
-    """:func:`check` against ``provider``'s catalog (NotFound for an unknown provider)."""
+async def check_choice(runtimes: "Runtimes", provider: str, model: str, effort: str, context_tier: str = "", *,
+                       workdir: str = "") -> None:
+    """:func:`check` against ``provider``'s catalog (NotFound for an unknown provider).
+
+    With ``workdir``, a model an open catalog does not list is also looked up as the provider
+    will look it up when a conversation there opens (its ``resolve(model, workdir)``: the script
+    provider's script path), so a conversation opened later (a task's) cannot fail on it.
+    """
     prov = await runtimes.get(provider)
-    check(await catalog(runtimes, provider), model, effort, context_tier,
-          open_catalog=bool(getattr(prov, "open_catalog", False)))
+    models = await catalog(runtimes, provider)
+    open_catalog = bool(getattr(prov, "open_catalog", False))
+    check(models, model, effort, context_tier, open_catalog=open_catalog)
+    listed = models is not None and any(m.id == model for m in models)
+    if model and workdir and open_catalog and not listed and (resolve := getattr(prov, "resolve", None)) is not None:
+        await trio.to_thread.run_sync(resolve, model, workdir)
 
 
 async def select(service: "ConversationService", ref: str, model: str, effort: str = "", *,

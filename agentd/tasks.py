@@ -445,7 +445,8 @@ class TaskService:
         yolo has its permission requests answered allow-once; ``budget`` is its
         conversation's (None: the provider's default). Raises Invalid (empty
         input, a workdir that is not an existing absolute directory, a callback
-        that is not an http(s) URL, no provider), NotFound (unknown provider),
+        that is not an http(s) URL, no provider, a model the provider does not list),
+        NotFound (unknown provider),
         RuntimeUnavailable (the provider cannot run a turn now: the message
         says how to fix it; nothing is queued), InternalError (the record
         cannot be written).
@@ -463,6 +464,10 @@ class TaskService:
             check_callback(callback)
         # Refused now, not failed later when nobody watches: a task is unattended.
         await runtimes.can_run(provider)
+        if model:  # as `new` checks it: an unknown model (a missing script) is refused, not queued
+            from . import models
+
+            await models.check_choice(runtimes, provider, model, "", workdir=workdir)
         now = _now()
         task = wire.TaskRecord(
             id=_new_id(), provider=provider, workdir=workdir, input=input, created_at=now, updated_at=now,

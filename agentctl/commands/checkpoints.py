@@ -10,7 +10,8 @@ import click
 from agentd import wire
 from agentd.termsafe import visible, visible_name
 
-from ..cli import _err, _exit, _json, _opts, common
+from .. import exitcodes
+from ..cli import _exit, _json, _opts, _report, common
 
 _SIGN = {"added": "A", "modified": "M", "deleted": "D", "type_changed": "T"}
 _ACTION = {"restore": "restore", "create": "create ", "delete": "delete "}
@@ -128,8 +129,9 @@ def revert(conversation: str, run: str, yes: bool, dry_run: bool) -> None:
         return
     if not yes:
         if not (sys.stdin.isatty() and not o.json):
-            _err("revert changes files: pass --yes to do it without asking (or --dry-run to see what it would do)")
-            _exit(2)
+            _report(exitcodes.USAGE, "revert changes files: pass --yes to do it without asking "
+                                     "(or --dry-run to see what it would do)")
+            _exit(exitcodes.USAGE)
         click.echo(f"Reverting {plan.run} changes {len(plan.files)} file{'s' if len(plan.files) != 1 else ''}:", err=True)
         for f in plan.files:
             click.echo(f"  {_ACTION[f.action]} {visible_name(f.path)}", err=True)

@@ -15,7 +15,7 @@ from agentd import wire
 from agentd.termsafe import visible, visible_name
 
 from .. import exitcodes
-from ..cli import Fail, FiniteFloat, _err, _exit, _interactive, _json, _ok_json, _opts, _style, _text_arg, common
+from ..cli import Fail, FiniteFloat, _err, _exit, _interactive, _json, _notice, _ok_json, _opts, _style, _text_arg, common
 
 
 def _new_options(f: Any) -> Any:
@@ -394,7 +394,7 @@ def _follow(
         sys.stdout.flush()
         conv = follower.conversation or conversation
         if (run or follower.run) and conv:
-            _err(f"detached; the turn goes on in agentd. Follow it: agentctl attach {conv}; "
+            _notice(f"detached; the turn goes on in agentd. Follow it: agentctl attach {conv}; "
                  f"stop it: agentctl cancel {conv}")
         raise click.exceptions.Exit(exitcodes.INTERRUPTED) from None
     except BaseException:

@@ -11,7 +11,7 @@ from agentd import wire
 from agentd.termsafe import visible
 
 from .. import exitcodes
-from ..cli import AgentctlGroup, Fail, FiniteFloat, _err, _exit, _json, _opts, _style, _text_arg, common
+from ..cli import AgentctlGroup, Fail, FiniteFloat, _err, _exit, _json, _notice, _opts, _style, _text_arg, common
 
 
 @click.group(cls=AgentctlGroup)
@@ -107,7 +107,7 @@ def task_ls(statuses: tuple[str, ...], limit: int | None, after: str) -> None:
         if not page.next or (limit and len(res.tasks) >= limit):
             break
     if limit and res.next:
-        _err(f"more: agentctl task ls --limit {limit} --after {res.next}")
+        _notice(f"more: agentctl task ls --limit {limit} --after {res.next}")
     if o.json:
         return _json(res)
     if not res.tasks:

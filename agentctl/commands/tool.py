@@ -12,7 +12,7 @@ import click
 from agentd import wire
 from agentd.contract import NotFound
 
-from ..cli import _err, _json, _opts, _style, common
+from ..cli import _err, _json, _notice, _opts, _style, common
 
 #: bytes of a command's stdout returned to the agent at most (agentd journals a bounded part)
 MAX_OUTPUT = 1 << 20
@@ -71,7 +71,7 @@ def serve(conversation: str, name: str, description: str, schema_file: Any, comm
             client.call(wire.ToolResult, None, conversation=call.conversation, call_id=call.call_id, output=output,
                         error=error)
         except NotFound as exc:  # the call ended meanwhile (withdrawn): the next one may still come
-            _err(str(exc))
+            _notice(str(exc))
             continue
         if o.json:
             _json({"call_id": call.call_id, "name": call.name, "arguments": call.arguments, "exit_code": code,

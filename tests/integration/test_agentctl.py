@@ -154,6 +154,10 @@ def test_new_ls_show_title_close_rm_round_trip(daemon: Daemon, workdir: Path) ->
 
     assert daemon.agentctl("close", conv, "--json").returncode == 0
     assert conv not in [c["id"] for c in one_json(daemon.agentctl("ls", "--json"))["conversations"]]
+    journaled = len(daemon.journal(conv))
+    again = daemon.agentctl("close", conv[:6])  # closed already: says so as before, journals nothing more
+    assert again.returncode == 0 and again.stdout == f"closed {conv}\n", again.stderr
+    assert len(daemon.journal(conv)) == journaled
     every = one_json(daemon.agentctl("ls", "--all", "--json"))["conversations"]
     assert [c["state"] for c in every if c["id"] == conv] == ["closed"]
 
@@ -532,6 +536,19 @@ def test_autostart_starts_agentd_once_and_reuses_it(tmp_path: Path) -> None:
         assert second.returncode == 0
         assert one_json(second)["pid"] == pid
         assert "started" not in second.stderr
+        # restart on a running agentd restarts it in place; with none running it says it started one
+        again = subprocess.run([sys.executable, "-m", "agentctl", "restart"], env=env,
+                               capture_output=True, text=True, timeout=30, cwd=tmp_path)
+        assert again.returncode == 0 and again.stdout.startswith(f"restarted agentd in place (pid {pid}"), again.stderr
+        _terminate(pid)
+        fresh = subprocess.run([sys.executable, "-m", "agentctl", "restart"], env=env,
+                               capture_output=True, text=True, timeout=30, cwd=tmp_path)
+        started = re.search(r"starting agentd \(pid (\d+)\)", fresh.stderr)
+        assert started, fresh.stderr
+        pid = int(started.group(1))
+        assert fresh.returncode == 0 and fresh.stdout.startswith(f"agentd was not running: started it (pid {pid})"), (
+            fresh.stdout, fresh.stderr)
+        assert "in place" not in fresh.stdout
     finally:
         _terminate(pid)
 

@@ -141,6 +141,17 @@ def test_an_error_under_json_is_one_object_on_stderr_and_stdout_stays_empty(daem
     # and without --json, the human line as before
     human = daemon.agentctl("show", "nosuchconv")
     assert human.returncode == 6 and human.stderr.startswith("agentctl: not_found: no conversation")
+    # agentctl's own refusals too: a revert that needs --yes (it was the human line under --json)
+    work = tmp_path / "revert"
+    work.mkdir()
+    conv = one_json(daemon.agentctl("new", "-m", str(SCRIPTS / "tool.toml"), "--cwd", str(work), "--yolo", "--json"))["id"]
+    assert daemon.agentctl("send", conv, "go", "--follow", "--json").returncode == 0
+    assert (work / "agentd-tool.txt").exists()
+    cp = daemon.agentctl("--json", "revert", conv, "--run", "1")
+    assert cp.returncode == 2 and cp.stdout == "", cp.stderr
+    err = json.loads(cp.stderr)
+    assert err["code"] == "usage" and err["exit_code"] == 2 and "--yes" in err["message"], err
+    assert (work / "agentd-tool.txt").exists()
 
 
 def test_a_choice_that_is_no_choice_is_refused_even_where_free_text_is_taken(daemon: Daemon, tmp_path: Path) -> None:

@@ -539,6 +539,17 @@ def test_only_http_and_https_callbacks_are_accepted(start: Any, workdir: Path) -
     assert one_json(d.agentctl("task", "ls", "--json"))["tasks"] == []
 
 
+def test_a_task_of_a_model_the_provider_does_not_have_is_refused_before_it_is_queued(start: Any, workdir: Path) -> None:
+    # It was queued (exit 0) and failed later, unattended, where `new` refuses it at once.
+    d = start()
+    missing = str(workdir / "no-such-script.toml")
+    new = d.agentctl("new", "-p", "script", "-m", missing, "--cwd", str(workdir))
+    task = d.agentctl("task", "create", "-p", "script", "-m", missing, "--cwd", str(workdir), "x")
+    assert new.returncode == task.returncode == 8, (new.stderr, task.stderr)
+    assert task.stdout == "" and "no-such-script.toml" in task.stderr
+    assert one_json(d.agentctl("task", "ls", "--json"))["tasks"] == []
+
+
 # ---------------------------------------------------------------------- restart
 
 
