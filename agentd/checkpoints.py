@@ -135,10 +135,14 @@ class _Step(msgspec.Struct):
 class _Shadow:
     """The shadow repository of one working directory and the worker that records it."""
 
-    def __init__(self, root: Path, workdir: str, config: "CheckpointsConfig", state_dir: Path) -> None:
+    def __init__(self, root: Path, workdir: str, config: "CheckpointsConfig", state_dir: Path, *,
+                 own: tuple[Path, ...] = ()) -> None:
         self.workdir = workdir
         self.config = config
         self.state_dir = state_dir
+        #: agentd's own folders and files besides its state dir (runtime dir, config, environment file)
+        self.own = own
+        self._excludes_written = False
         self.dir = root / hashlib.sha256(workdir.encode("utf-8", "surrogateescape")).hexdigest()[:24]
         self.git_dir = self.dir / "git"
         #: git_dir/HEAD as a str: record_now stats it before every turn (os.path, not pathlib)
@@ -261,6 +265,8 @@ class _Shadow:
         if (self.git_dir / "HEAD").exists():
             if not (self.git_dir / "info" / "attributes").exists():  # made by an agentd before them
                 _write_private(self.git_dir / "info" / "attributes", _ATTRIBUTES)
+            if not self._excludes_written:  # once per daemon: agentd's paths may have moved since
+                self._write_excludes()
             return
         _fsutil.make_dirs(self.dir)  # 0700, <state_dir>/checkpoints included, whatever the umask
         proc = await trio.run_process(["git", "init", "-q", str(self.git_dir)], capture_stdout=True,
@@ -271,16 +277,11 @@ class _Shadow:
         with open(self.git_dir / "config", "a") as f:
             f.write("[core]\n\tuntrackedCache = true\n\tsymlinks = true\n[gc]\n\tauto = 0\n")
         _write_private(self.dir / "workdir", self.workdir + "\n")
-        excludes = ["# agentd's own state, when it lies in this working directory"]
-        rel = self._state_inside()
-        if rel is not None:
-            excludes.append("/" + rel + "/")
-        info = self.git_dir / "info"
-        _fsutil.make_dirs(info)
-        _write_private(info / "exclude", "\n".join(excludes) + "\n")
+        _fsutil.make_dirs(self.git_dir / "info")
+        self._write_excludes()
         # Over every .gitattributes of the working directory (an agent can write one): files are
         # recorded and written back byte for byte, and diffs are made by git's own rules.
-        _write_private(info / "attributes", _ATTRIBUTES)
+        _write_private(self.git_dir / "info" / "attributes", _ATTRIBUTES)
 
     # ------------------------------------------------------------------ recording
 
@@ -353,18 +354,52 @@ class _Shadow:
         job.recorded.set()
         return True
 
-    def _state_inside(self) -> str | None:
-        """agentd's state directory relative to the working directory (posix), when it lies inside."""
+    def _own_inside(self) -> list[tuple[str, bool]]:
+        """agentd's own paths below the working directory: (path relative to it, posix; a folder?).
+
+        Its state directory, and ``own`` (its runtime dir with the socket, token and log, its config
+        and environment file, which hold keys): a checkpoint never copies them into the shadow
+        repository, and so a diff never shows them and a revert never writes them back.
+        """
         try:
-            rel = self.state_dir.resolve().relative_to(Path(self.workdir).resolve())
-        except (OSError, ValueError):
-            return None
-        return rel.as_posix()  # "." when it is the working directory itself
+            top = Path(self.workdir).resolve()
+        except (OSError, RuntimeError):
+            return []
+        out = []
+        for path in (self.state_dir, *self.own):
+            try:
+                resolved = path.resolve()
+                rel = resolved.relative_to(top)
+            except (OSError, RuntimeError, ValueError):
+                continue
+            if rel.parts:  # not the working directory itself
+                out.append((rel.as_posix(), path == self.state_dir or resolved.is_dir()))
+        return out
+
+    def _write_excludes(self) -> None:
+        """The shadow repository's excludes: agentd's own paths, anchored, matched literally."""
+        lines = ["# agentd's own files, when they lie in this working directory"]
+        for rel, folder in self._own_inside():
+            if "\n" in rel or "\r" in rel:
+                continue  # no exclude line can hold it
+            literal = "".join("\\" + ch if ch in "*?[\\!#" else ch for ch in rel)
+            if literal.endswith(" "):  # git drops a line's trailing spaces unless escaped
+                literal = literal[:-1] + "\\ "
+            lines.append("/" + literal + ("/" if folder else ""))
+        path = self.git_dir / "info" / "exclude"
+        text = "\n".join(lines) + "\n"
+        try:
+            if path.read_text() == text:
+                self._excludes_written = True
+                return
+        except (OSError, UnicodeDecodeError):
+            pass
+        _write_private(path, text)
+        self._excludes_written = True
 
     def _inside(self) -> frozenset[str]:
-        """What the watch leaves out: agentd's state directory, when it lies below the working directory."""
-        rel = self._state_inside()
-        return frozenset() if rel in (None, ".") else frozenset({os.path.join(self.workdir, rel)})
+        """What the watch leaves out: agentd's own folders below the working directory."""
+        return frozenset(os.path.join(self.workdir, rel) for rel, folder in self._own_inside() if folder)
 
     def _sort(self, entries: list[bytes]) -> tuple[list[bytes], list[bytes], list[str], list[str]]:
         """(paths to add or remove, paths to drop from the index, too large, nested repositories)."""
@@ -481,10 +516,13 @@ class Checkpoints:
     nursery) for anything to be recorded.
     """
 
-    def __init__(self, config: "CheckpointsConfig", root: Path, state_dir: Path) -> None:
+    def __init__(self, config: "CheckpointsConfig", root: Path, state_dir: Path, *,
+                 own: tuple[Path, ...] = ()) -> None:
         self.config = config
         self.root = root
         self.state_dir = state_dir
+        #: agentd's own paths besides ``state_dir``, never recorded (see _Shadow._own_inside)
+        self.own = own
         self._shadows: dict[str, _Shadow] = {}
         #: conversation -> its steps in order, read from its journal on first use
         self._steps: dict[str, dict[str, _Step]] = {}
@@ -511,7 +549,7 @@ class Checkpoints:
         shadow = self._shadows.get(workdir)
         if shadow is None:
             assert self._nursery is not None, "Checkpoints.run() is not running"
-            shadow = self._shadows[workdir] = _Shadow(self.root, workdir, self.config, self.state_dir)
+            shadow = self._shadows[workdir] = _Shadow(self.root, workdir, self.config, self.state_dir, own=self.own)
             self._nursery.start_soon(shadow.worker)
         return shadow
 

@@ -98,7 +98,9 @@ async def _serve(config: Config, paths: Paths, config_path: Path | None, store: 
     )
     from .checkpoints import Checkpoints
 
-    service.checkpoints = Checkpoints(config.checkpoints, paths.state_dir / "checkpoints", paths.state_dir)
+    files = runtimes.files  # agentd's own paths, as agent file access refuses them
+    service.checkpoints = Checkpoints(config.checkpoints, paths.state_dir / "checkpoints", paths.state_dir,
+                                      own=tuple(Path(p) for p in (*files.own_dirs, *files.own_files)))
     tasks = TaskService(service, hub, config.tasks, paths.state_dir / "tasks",
                         shared=store.peers.tasks if store.peers is not None else None)
     server.tasks = tasks

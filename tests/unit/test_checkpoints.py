@@ -85,6 +85,36 @@ def test_a_big_file_and_a_nested_repository_are_left_out(tmp_path: Path) -> None
     trio.run(main)
 
 
+def test_agentds_own_files_in_the_working_directory_are_never_recorded(tmp_path: Path) -> None:
+    # A person who runs an agent in ~ has agentd's config, environment file (keys), runtime dir
+    # (socket, token, log) and state below it: a checkpoint copied them all into the shadow repository.
+    work = tmp_path / "work"
+    (work / "run").mkdir(parents=True)
+    (work / "run" / "ws-token").write_text("secret\n")
+    (work / "conf [1] *").mkdir()
+    (work / "conf [1] *" / "agentd.toml").write_text("[daemon]\n")
+    (work / "conf [1] *" / "environment").write_text("KEY=secret\n")
+    (work / "conf [1] *" / "notes.txt").write_text("the user's\n")
+    (work / "mine.txt").write_text("the user's\n")
+    own = (work / "run", work / "conf [1] *" / "agentd.toml", work / "conf [1] *" / "environment", tmp_path / "elsewhere")
+    shadow = cp._Shadow(tmp_path / "work" / "state" / "checkpoints", str(work), CheckpointsConfig(), work / "state", own=own)
+
+    async def main() -> None:
+        job = await _record(shadow)
+        out = await shadow.git("ls-tree", "-r", "--name-only", job.tree)
+        assert sorted(out.decode().split("\n")[:-1]) == ["conf [1] */notes.txt", "mine.txt"]
+        # A shadow repository made before (no excludes): the next daemon's writes them, once.
+        (shadow.git_dir / "info" / "exclude").write_text("")
+        again = cp._Shadow(tmp_path / "work" / "state" / "checkpoints", str(work), CheckpointsConfig(), work / "state",
+                           own=own)
+        (work / "run" / "agentd.log").write_text("new\n")
+        job = await _record(again)
+        out = await again.git("ls-tree", "-r", "--name-only", job.tree)
+        assert sorted(out.decode().split("\n")[:-1]) == ["conf [1] */notes.txt", "mine.txt"]
+
+    trio.run(main)
+
+
 def test_the_runtimes_own_turn_diff_is_its_last_report_for_the_run(tmp_path: Path) -> None:
     store = JournalStore(tmp_path, fsync=FsyncPolicy.NEVER)
     journal = store.open("c1")
