@@ -823,6 +823,9 @@ class Checkpoints:
                         "replaced, or a symlink to another since); a revert writes only where the step ran "
                         f"(agentctl diff {record.id} --run {step} still shows the step)")
                 changes = [ch for ch in await _plan(shadow, now.tree, b) if ch.raw in changed]
+                since = set(await _names(shadow, a, now.tree)) if changes else set()
+                for ch in changes:
+                    ch.changed_since = ch.raw in since
             except GitFailed as exc:
                 raise c.InternalError(str(exc)) from None
             blocked = await trio.to_thread.run_sync(_in_the_way, shadow.workdir, changes)
@@ -936,10 +939,12 @@ class _Change(msgspec.Struct):
     path: str
     action: str  # create, restore, delete
     raw: bytes
+    #: not as the step left it: changed since by a later step or by hand
+    changed_since: bool = False
 
     @property
     def file(self) -> wire.RevertedFile:
-        return wire.RevertedFile(path=self.path, action=self.action)  # type: ignore[arg-type]
+        return wire.RevertedFile(path=self.path, action=self.action, changed_since=self.changed_since)  # type: ignore[arg-type]
 
 
 async def _names(shadow: _Shadow, a: str, b: str) -> list[bytes]:

@@ -1347,10 +1347,13 @@ class CheckpointRecord(msgspec.Struct, frozen=True, omit_defaults=True):
 
 class RevertedFile(msgspec.Struct, frozen=True, omit_defaults=True):
     """One file a revert writes back (``restore``: content and mode as before the step;
-    ``create``: it did not exist now) or removes (``delete``: it did not exist before)."""
+    ``create``: it did not exist now) or removes (``delete``: it did not exist before).
+    ``changed_since``: it is not as the step left it (a later turn or the user changed it): the
+    revert undoes that too (the revert's own undo brings it back)."""
 
     path: str
     action: Literal["restore", "create", "delete"]
+    changed_since: bool = False
 
 
 class RevertRecord(msgspec.Struct, frozen=True, omit_defaults=True):

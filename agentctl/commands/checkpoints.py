@@ -103,8 +103,10 @@ def revert(conversation: str, run: str, yes: bool, dry_run: bool) -> None:
     terminal pass --yes. The revert is journaled as a step of its own: revert
     its id to undo it. Exits 7 while a turn runs, 6 when the conversation,
     the run or its checkpoint is not found, 2 when it needs --yes.
-    --json: {"conversation", "run", "files": [{"path", "action"}], "revert",
-    "dry_run"} (action: restore, create, delete).
+    A file changed after the step (a later turn, by hand) is marked "changed
+    since": the revert undoes that change too.
+    --json: {"conversation", "run", "files": [{"path", "action",
+    "changed_since"}], "revert", "dry_run"} (action: restore, create, delete).
 
     \b
     Examples:
@@ -122,7 +124,8 @@ def revert(conversation: str, run: str, yes: bool, dry_run: bool) -> None:
             click.echo(f"{plan.run}: nothing to revert (the files are as they were before it)", err=True)
             return
         for f in plan.files:
-            click.echo(f"  {_ACTION[f.action]} {visible_name(f.path)}")
+            click.echo(_line(f))
+        _warn_changed_since(plan)
         click.echo(f"dry run: reverting {plan.run} would change "
                    + (f"these {len(plan.files)} files" if len(plan.files) != 1 else "this file")
                    + "; nothing changed", err=True)
@@ -134,7 +137,8 @@ def revert(conversation: str, run: str, yes: bool, dry_run: bool) -> None:
             _exit(exitcodes.USAGE)
         click.echo(f"Reverting {plan.run} changes {len(plan.files)} file{'s' if len(plan.files) != 1 else ''}:", err=True)
         for f in plan.files:
-            click.echo(f"  {_ACTION[f.action]} {visible_name(f.path)}", err=True)
+            click.echo(_line(f), err=True)
+        _warn_changed_since(plan)
         if not click.confirm("Go on?", default=False, err=True):
             click.echo("nothing changed", err=True)
             _exit(1)
@@ -142,9 +146,22 @@ def revert(conversation: str, run: str, yes: bool, dry_run: bool) -> None:
     if o.json:
         return _json(res)
     for f in res.files:
-        click.echo(f"  {_ACTION[f.action]} {visible_name(f.path)}")
+        click.echo(_line(f))
     if res.revert:
         click.echo(f"reverted {res.run} as {res.revert} (undo: agentctl revert {res.conversation} --run {res.revert})",
                    err=True)
     else:
         click.echo(f"{res.run}: nothing to revert", err=True)
+
+
+def _line(f: wire.RevertedFile) -> str:
+    return f"  {_ACTION[f.action]} {visible_name(f.path)}" + ("  (changed since)" if f.changed_since else "")
+
+
+def _warn_changed_since(plan: wire.RevertResult) -> None:
+    """Say that files changed after the step (by a later turn or by hand) lose those changes too."""
+    since = sum(f.changed_since for f in plan.files)
+    if since:
+        which = "this file was" if len(plan.files) == 1 else f"{since} of these files {'were' if since > 1 else 'was'}"
+        click.echo(f"{which} changed after {plan.run}: reverting undoes those changes too "
+                   "(reverting the revert brings them back)", err=True)

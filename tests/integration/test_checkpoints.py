@@ -454,6 +454,32 @@ def test_an_after_state_past_its_time_bound_is_journaled_once_recorded_and_rever
         d.stop()
 
 
+def test_revert_names_the_files_changed_since_the_turn_whose_changes_it_undoes_too(tmp_path: Path) -> None:
+    # A revert of a turn takes its files back to before it: an edit made since (by hand, by a
+    # later turn) goes too. The plan said nothing of it; now each such file is marked.
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "tracked.txt").write_text("tracked\n")
+    (work / "gone.txt").write_text("to be removed\n")
+    script = tmp_path / "edit.toml"
+    script.write_text(SCRIPT)
+    d = Daemon(tmp_path, ROOMY).start()
+    try:
+        cid = _new(d, work, script)
+        run = _turn(d, cid, "first")
+        (work / "new.txt").write_text("the user's own edit, after the turn\n")
+        plan = _json(d.agentctl("--json", "revert", cid, "--run", run, "--dry-run"))
+        since = {f["path"]: f["changed_since"] for f in plan["files"]}
+        assert since["new.txt"] is True and since["tracked.txt"] is False, plan
+        human = d.agentctl("revert", cid, "--run", run, "--dry-run")
+        assert human.returncode == 0, human.stderr
+        assert "delete  new.txt  (changed since)" in human.stdout
+        assert f"1 of these files was changed after {run}: reverting undoes those changes too" in human.stderr
+        assert (work / "new.txt").read_text() == "the user's own edit, after the turn\n"  # a dry run
+    finally:
+        d.stop()
+
+
 def test_checkpoints_off_takes_none_and_reports_the_capability_false(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
