@@ -56,7 +56,7 @@ def test_diff_shows_the_file_a_tool_wrote_and_revert_removes_it(runtime: Runtime
     assert "kept.txt" not in files
 
     reverted = _json(daemon.agentctl("--json", "revert", cid, "--run", run, "--yes"))
-    assert {"path": FILE, "action": "delete"} in reverted["files"]
+    assert {"path": FILE, "action": "delete", "changed_since": False} in reverted["files"]
     assert not (workdir / FILE).exists()
     assert (workdir / "kept.txt").read_text() == "there before the turn\n"
     undo = _json(daemon.agentctl("--json", "diff", cid, "--run", reverted["revert"]))
