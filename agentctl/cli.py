@@ -180,7 +180,8 @@ def _style() -> Any:
 
 
 def _text_arg(text: str) -> str:
-    """``-`` reads the text from stdin (UTF-8: UsageError otherwise)."""
+    """``-`` reads the text from stdin (UTF-8: UsageError otherwise), less the line ends after
+    its last line (``echo`` and a file's last line add one; ``$(...)`` drops them likewise)."""
     if text == "-":
         try:
             text = sys.stdin.read()
@@ -188,6 +189,7 @@ def _text_arg(text: str) -> str:
             raise click.UsageError(f"the text on stdin is not UTF-8 (byte {exc.start})") from None
         if not _utf8(text):
             raise click.UsageError("the text on stdin is not UTF-8")
+        text = text.rstrip("\r\n")
     if not text.strip():
         raise click.UsageError("the text is empty")
     return text

@@ -152,14 +152,15 @@ class HostTools:
         (a reserved name, a schema that is not an object schema), Unsupported (host tools off,
         or a provider that cannot take MCP servers)."""
         cid = self._resolve(req.conversation)
-        if not self.config.host_tools:
-            raise c.Unsupported("host tools are off ([mcp] host_tools = false)")
         record = self.service.record(cid)
         if record.state is wire.ConversationState.CLOSED:
             raise c.Closed(f"conversation {cid} is closed")
+        # What the config cannot change first: turning host tools on would not help this one.
         provider = await self.service.runtimes.get(record.provider)
         if not provider.capabilities().mcp:
             raise c.Unsupported(f"provider {record.provider!r} cannot take MCP servers, so no host tools")
+        if not self.config.host_tools:
+            raise c.Unsupported("host tools are off ([mcp] host_tools = false)")
         if req.name.lower() in RESERVED:
             raise c.Invalid(f"{req.name!r} is the name of a runtime's own tool; choose another")
         schema = req.input_schema if req.input_schema is not None else {"type": "object"}

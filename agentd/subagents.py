@@ -25,6 +25,8 @@ from . import contract as c
 from . import wire
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .conversations import ConversationService
 
 __all__ = ["cancel", "listing", "prompt"]
@@ -70,7 +72,10 @@ async def listing(service: "ConversationService", ref: str) -> wire.SubagentList
     return wire.SubagentList(conversation=cid, subagents=subs)
 
 
-async def _target(service: "ConversationService", ref: str, agent: str, capability: str) -> tuple[c.Subagent, c.SubagentController]:
+async def _target(service: "ConversationService", ref: str, agent: str, capability: str,
+                  check: Callable[[c.Subagent], None]) -> tuple[c.Subagent, c.SubagentController]:
+    """The subagent and the conversation that controls it; ``check`` refuses by its status
+    (journaled) before anything else is asked of the conversation (opened or not)."""
     cid, subs = await _known(service, ref)
     live = await service.live(cid, open_only=True)
     if not getattr((await service.runtimes.get(live.record.provider)).capabilities(), capability):
@@ -78,18 +83,28 @@ async def _target(service: "ConversationService", ref: str, agent: str, capabili
     found = next((s for s in subs if s.id == agent), None)
     if found is None:
         raise c.NotFound(f"no subagent {agent!r} in conversation {cid}; agentctl subagents {cid} lists them")
+    check(found)
     conv = live.conv
     if conv is None or not isinstance(conv, c.SubagentController):
-        raise c.Invalid(f"subagent {agent!r} is not running in an open conversation")
+        raise c.Invalid(f"subagent {agent!r} is {found.status.value}, but its conversation's runtime is not "
+                        "running now (it was released or restarted): the runtime no longer holds it")
     return found, conv
+
+
+def _ended(sub: c.Subagent) -> None:
+    if sub.status.terminal:
+        raise c.Invalid(f"subagent {sub.id!r} already ended ({sub.status.value})")
+
+
+def _idle(sub: c.Subagent) -> None:
+    if sub.status is not c.SubagentStatus.IDLE:
+        raise c.Invalid(f"subagent {sub.id!r} is {sub.status.value}, not idle; only an idle one takes a prompt")
 
 
 async def cancel(service: "ConversationService", ref: str, agent: str) -> None:
     """Stop only subagent ``agent`` of ``ref``. Raises NotFound, Unsupported, Closed, Invalid
     (it already ended)."""
-    sub, conv = await _target(service, ref, agent, "cancel_subagent")
-    if sub.status.terminal:
-        raise c.Invalid(f"subagent {agent!r} already ended ({sub.status.value})")
+    _, conv = await _target(service, ref, agent, "cancel_subagent", _ended)
     await conv.cancel_subagent(agent)
 
 
@@ -98,7 +113,5 @@ async def prompt(service: "ConversationService", ref: str, agent: str, text: str
     Invalid (empty text, or the subagent is not idle), SubmissionUncertain."""
     if not text.strip():
         raise c.Invalid("the prompt is empty")
-    sub, conv = await _target(service, ref, agent, "prompt_subagent")
-    if sub.status is not c.SubagentStatus.IDLE:
-        raise c.Invalid(f"subagent {agent!r} is {sub.status.value}, not idle; only an idle one takes a prompt")
+    _, conv = await _target(service, ref, agent, "prompt_subagent", _idle)
     await conv.prompt_subagent(agent, text)

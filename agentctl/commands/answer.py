@@ -84,7 +84,8 @@ def _pick_interaction(conv: str, pending: list[Interaction], wanted: str | None)
         exact = [p for p in pending if p.id == wanted]
         matches = exact or [p for p in pending if p.id.startswith(wanted)]
         if not matches:
-            raise Fail(exitcodes.NOT_FOUND, f"no pending interaction {wanted!r} in conversation {conv} "
+            raise Fail(exitcodes.NOT_FOUND, f"no pending interaction {wanted!r} in conversation {conv}: it was "
+                                            "answered already, or never asked "
                                             f"(agentctl show {conv} lists the pending ones)")
         if len(matches) > 1:
             raise Fail(exitcodes.USAGE, f"{wanted!r} matches several pending interactions: "
@@ -172,6 +173,8 @@ def _build_answer(
     if _is_form(inter) and (choices or texts):
         # --choice/--text would fill no field: the daemon would only say which field is missing.
         raise Fail(exitcodes.INVALID, f"{inter.id} is a form: {_answer_flags(inter)}")
+    if fields and not any(q.field is not None for q in qs):
+        raise Fail(exitcodes.INVALID, f"{inter.id} is {_kind_phrase(inter)}, with no fields: {_answer_flags(inter)}")
     for spec in fields:
         name, sep, value = spec.partition("=")
         if not sep:

@@ -509,7 +509,7 @@ def run(text: str, provider: str, cwd: str, title: str, model: str, effort: str,
 
 @click.command()
 @click.argument("conversation", required=False)
-@click.option("--after", type=int, default=None, metavar="SEQ",
+@click.option("--after", type=click.IntRange(min=0), default=None, metavar="SEQ",
               help="Start after this journal seq (default 0: the whole journal).")
 @click.option("--all", "all_", is_flag=True,
               help="Every conversation, live only; with CONVERSATION: also the turns a rewind dropped, marked.")
@@ -549,7 +549,7 @@ def tail(conversation: str | None, after: int | None, all_: bool, follow: bool, 
 
 @click.command()
 @click.argument("conversation")
-@click.option("--after", type=int, default=None, metavar="SEQ",
+@click.option("--after", type=click.IntRange(min=0), default=None, metavar="SEQ",
               help="Replay the journal after SEQ first (default: from now, with the turn in flight).")
 @click.option("--until-idle", is_flag=True,
               help="Stop when the turn in flight ends (exit code from its outcome), at once if none runs.")
@@ -576,8 +576,8 @@ def attach(conversation: str, after: int | None, until_idle: bool, no_input: boo
     interactive = _interactive(no_input)
     if not o.json:
         how = "answering at the terminal; " if interactive else ""
-        if until_idle and r.state is wire.ConversationState.IDLE:
-            until = "idle already: nothing to follow"  # --until-idle returns at once
+        if until_idle and r.state is wire.ConversationState.IDLE:  # --until-idle returns once caught up
+            until = "idle already: nothing to follow" if after is None else f"idle: the records after seq {after}, then done"
         else:
             until = f"{how}Ctrl-C to detach"
         click.echo(_style().dim(f"attached to {r.id} ({visible_name(r.provider)}, {r.state.value}); {until}"))

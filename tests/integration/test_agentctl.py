@@ -165,6 +165,14 @@ def test_new_ls_show_title_close_rm_round_trip(daemon: Daemon, workdir: Path) ->
     assert daemon.agentctl("show", conv, "--json").returncode == 6
 
 
+def test_a_prompt_read_from_stdin_loses_the_line_end_after_its_last_line(daemon: Daemon, workdir: Path) -> None:
+    # `echo hi | agentctl send C -` sent "hi\n": the agent saw a stray newline.
+    conv = new_conversation(daemon, workdir, "echo.toml")
+    sent = daemon.agentctl("send", conv, "-", "--follow", input="two lines\nof text\n\n")
+    assert sent.returncode == 0, sent.stderr
+    assert [r["data"]["text"] for r in daemon.journal(conv) if r["type"] == "prompt"] == ["two lines\nof text"]
+
+
 def test_human_new_prints_only_the_id(daemon: Daemon, workdir: Path) -> None:
     cp = daemon.agentctl("new", "-p", "script", "-m", str(SCRIPTS / "echo.toml"), "--cwd", str(workdir))
     assert cp.returncode == 0
@@ -633,4 +641,14 @@ def test_attach_until_idle_to_an_idle_conversation_says_there_is_nothing_to_foll
     done = daemon.agentctl("attach", cid, "--until-idle", "--no-input")
     assert done.returncode == 0, done.stderr
     assert "idle already: nothing to follow" in done.stdout and "Ctrl-C" not in done.stdout
+    # with --after it replays the records after that seq first, and says so
+    assert daemon.agentctl("send", cid, "hello", "--follow").returncode == 0
+    replay = daemon.agentctl("attach", cid, "--after", "0", "--until-idle", "--no-input")
+    assert replay.returncode == 0, replay.stderr
+    assert "idle: the records after seq 0, then done" in replay.stdout and "nothing to follow" not in replay.stdout
+    assert "hello" in replay.stdout
+    # a negative seq is a usage error before anything is printed, as for history
+    for cmd in ("attach", "tail", "history"):
+        bad = daemon.agentctl(cmd, cid, "--after", "-1")
+        assert bad.returncode == 2 and bad.stdout == "", (cmd, bad.stdout, bad.stderr)
     daemon.agentctl("rm", cid)

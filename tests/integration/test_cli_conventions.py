@@ -172,6 +172,8 @@ def test_a_choice_that_is_no_choice_is_refused_even_where_free_text_is_taken(dae
     assert one_json(daemon.agentctl("show", conv, "--json"))["pending"], "the refused answer reached the agent"
     ok = one_json(daemon.agentctl("answer", conv, "--text", "bleu", "--json"))
     assert ok["answer"]["answers"] == [["bleu"]]
+    twice = daemon.agentctl("answer", conv, pending[0]["id"], "--text", "bleu")
+    assert twice.returncode == 6 and "answered already, or never asked" in twice.stderr, twice.stderr
 
 
 def test_an_invalid_plan_action_lists_the_valid_ones(daemon: Daemon, tmp_path: Path) -> None:

@@ -160,6 +160,18 @@ def test_names_that_shadow_a_runtimes_tools_and_providers_without_mcp_are_refuse
     assert json.loads(empty.stdout)["tools"] == []
 
 
+def test_with_host_tools_off_a_provider_without_mcp_is_named_as_the_reason(tmp_path: Path) -> None:
+    # It said "host tools are off"; turning them on (and a stop and start) only led to the real refusal.
+    daemon = Daemon(tmp_path, "").start()
+    try:
+        script = json.loads(daemon.agentctl("new", "-p", "script", "--cwd", str(tmp_path), "--json").stdout)["id"]
+        refused = daemon.agentctl("tool", "serve", script, "--name", "stamp", "--", "true")
+        assert refused.returncode == 1 and "cannot take MCP servers" in refused.stderr, refused.stderr
+        assert "host_tools" not in refused.stderr
+    finally:
+        daemon.stop()
+
+
 def test_registrations_are_bounded_and_end_with_their_conversation(d: Daemon, tmp_path: Path) -> None:
     # They outlive the client that made them (it may come back) and every listing carries them all.
     cid = json.loads(d.agentctl("new", "-p", "acp:rec", "--cwd", str(tmp_path), "--json").stdout)["id"]

@@ -74,6 +74,11 @@ def test_subagent_cancel_stops_only_that_subagent_and_the_turn_goes_on(daemon: D
     assert texts == ["parent goes on"]
     again = daemon.agentctl("subagent", "cancel", cid, agent)
     assert again.returncode == 8 and "cancelled" in again.stderr, again.stderr
+    # With no runtime open (agentd restarted), an ended subagent is still said to have ended.
+    daemon.stop()
+    daemon.start()
+    after = daemon.agentctl("subagent", "cancel", cid, agent)
+    assert after.returncode == 8 and "already ended (cancelled)" in after.stderr, after.stderr
 
 
 def test_history_names_a_subagents_items_as_the_live_view_does(daemon: Daemon, tmp_path: Path) -> None:

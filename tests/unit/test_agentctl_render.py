@@ -402,6 +402,14 @@ COLOUR = c.Interaction(
 )
 
 
+def test_a_field_given_to_a_question_without_fields_says_how_a_question_is_answered() -> None:
+    # It said "q1 has no field 'a' (fields: none)", as if the question were a form.
+    with pytest.raises(Fail) as exc:
+        build(COLOUR, fields=["a=b"])
+    assert exc.value.code == exitcodes.INVALID
+    assert "q1 is a question, with no fields: use --choice N|TEXT, --text TEXT, or --reject" in exc.value.message
+
+
 def test_a_number_given_to_choice_picks_that_choice_as_the_prompt_lists_them() -> None:
     assert build(COLOUR, choices=["2"]) == c.Answer(answers=[["green"]])
     assert build(COLOUR, choices=["blue"]) == c.Answer(answers=[["blue"]])
