@@ -797,6 +797,12 @@ class Renderer:
             room = max(10, self.width - len(self.prefix) - len(indent) - (len(self._agent_name(item.agent_id)) + 3 if lead else 0))
             for ln in lines:
                 self.line(lead + self.style.dim(indent + shorten(ln, room, self.g["ellipsis"])))
+        if status != "running" and t.cut and self.conversation:
+            # The item id is shown nowhere else: say how to read what the journal cut.
+            indent = " " * (len(self.g["tool_ok"]) + 1)
+            agent = f" --agent {item.agent_id}" if item.agent_id else ""
+            self.line(lead + self.style.dim(f"{indent}({t.cut:,} bytes of its output cut; all of it: "
+                                            f"agentctl show {self.conversation} --item {item.id}{agent} --full)"))
 
     def _on_delta(self, rec: wire.Record, d: Delta) -> None:
         self.delta(d)

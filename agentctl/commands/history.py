@@ -47,6 +47,7 @@ def history(conversation: str, limit: int, before: int | None, after: int | None
     from ..render import Renderer
 
     ren = Renderer(sys.stdout, seq=True, answer_hints=False)
+    ren.conversation = page.conversation  # named in the command that shows a cut output whole
     if any(e.item.agent_id for e in page.items):
         # Subagents by name, as the live view shows them (the records that name them may lie off this page).
         subs = o.client().call(wire.ListSubagents, wire.SubagentList, conversation=page.conversation)

@@ -152,6 +152,9 @@ def test_a_tool_output_of_8_mib_is_journaled_as_a_cut_and_kept_whole_for_show_fu
     assert full.stdout.encode() == expected.rstrip(b"\n") + b"\n"
     shown = agentd.agentctl("show", cid, "--item", tools[-1]["id"])
     assert "bytes of the output left out" in shown.stdout and "--full" in shown.stdout, shown.stdout
+    # history, the only human view of the item, names the command with the item's id
+    listed = agentd.agentctl("history", cid)
+    assert f"bytes of its output cut; all of it: agentctl show {cid} --item {tools[-1]['id']} --full" in listed.stdout
     exported = agentd.agentctl("export", cid, "--include-tools")
     assert exported.returncode == 0, exported.stderr
     assert expected.decode().splitlines()[-2] in exported.stdout  # the end of the whole output
