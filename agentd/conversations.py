@@ -1550,8 +1550,10 @@ class ConversationService:
     @staticmethod
     def _make_active(record: wire.ConversationRecord, run: str) -> None:
         """``run`` becomes the active one, and is no longer queued: a record saved from now on
-        (a crash may follow) never lists it as both."""
+        (a crash may follow) never lists it as both. Its start is the conversation's last update
+        (what ``ls`` sorts by), in memory at once; saved with the record."""
         record.active_run = run
+        record.updated_at = _now()
         if run in record.queued:
             record.queued.remove(run)
 

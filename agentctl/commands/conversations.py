@@ -188,7 +188,7 @@ def new(provider: str, cwd: str, title: str, model: str, effort: str, yolo: bool
 @click.option("--limit", "-n", type=click.IntRange(min=1), default=None, help="At most this many (the newest).")
 @common
 def ls(all_: bool, providers: tuple[str, ...], states: tuple[str, ...], limit: int | None) -> None:
-    """List conversations, newest first (--json: {"conversations": [record, ...]}).
+    """List conversations, the last updated first (--json: {"conversations": [record, ...]}).
 
     \b
     Examples:
@@ -198,7 +198,8 @@ def ls(all_: bool, providers: tuple[str, ...], states: tuple[str, ...], limit: i
     """
     o = _opts()
     recs = o.client().call(wire.List, list[wire.ConversationRecord], all=all_ or "closed" in states)
-    recs.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+    # As the UPDATED column reads: -n N is the N last used
+    recs.sort(key=lambda r: (r.updated_at or r.created_at, r.created_at, r.id), reverse=True)
     recs = [r for r in recs if (not providers or r.provider in providers) and (not states or r.state.value in states)]
     recs = recs[:limit] if limit else recs
     if o.json:

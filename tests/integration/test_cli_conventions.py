@@ -86,7 +86,11 @@ def test_ls_is_newest_first_and_filters_by_provider_state_and_limit(daemon: Daem
     one_json(daemon.agentctl("close", ids[0], "--json"))
     listed = [r["id"] for r in one_json(daemon.agentctl("ls", "--json"))["conversations"]]
     assert ids[0] not in listed
-    assert listed.index(ids[2]) < listed.index(ids[1])  # newest first
+    assert listed.index(ids[2]) < listed.index(ids[1])  # the last updated first
+    # a conversation used again comes first, as its UPDATED column says (it was listed by creation)
+    assert daemon.agentctl("send", ids[1], "again", "--follow").returncode == 0
+    listed = [r["id"] for r in one_json(daemon.agentctl("ls", "--json"))["conversations"]]
+    assert listed.index(ids[1]) < listed.index(ids[2])
     top = one_json(daemon.agentctl("ls", "-n", "1", "--json"))["conversations"]
     assert [r["id"] for r in top] == [listed[0]]
     closed = one_json(daemon.agentctl("ls", "--state", "closed", "--json"))["conversations"]
