@@ -202,7 +202,7 @@ async def fork(service: "ConversationService", ref: str, at: str = "", *, title:
     if not record.provider_conversation_id:
         raise c.Invalid(f"conversation {cid} was never opened on its runtime")
     request = c.OpenRequest(workdir=record.workdir, title=title, model=record.model,
-                            effort=record.effort)
+                            effort=record.effort, context_tier=record.context_tier)
     try:
         new_id = await provider.fork(record.provider_conversation_id, target.marker, request)
     except c.SubmissionUncertain as exc:
@@ -223,7 +223,8 @@ async def fork(service: "ConversationService", ref: str, at: str = "", *, title:
         new = await service.adopt(
             provider=record.provider, workdir=record.workdir, title=title, model=record.model,
             effort=record.effort, mode=record.mode, budget=record.budget, provider_conversation_id=new_id,
-            forked_from=cid, forked_at=target.run,
+            forked_from=cid, forked_at=target.run, context_tier=record.context_tier,
+            mcp=list(record.mcp) if record.mcp is not None else None,
             first=("forked", _json.encode(forked), ""), records=copies)
     except BaseException as exc:
         # The runtime's fork exists but agentd keeps no conversation of it: say which, once.

@@ -875,15 +875,17 @@ class ConversationService:
         self, *, provider: str, workdir: str, title: str, model: str, effort: str, mode: str,
         budget: wire.Budget | None, provider_conversation_id: str, forked_from: str, forked_at: str,
         first: tuple[str, bytes, str], records: "list[tuple[str, bytes, str]]",
+        context_tier: str = "", mcp: list[str] | None = None,
     ) -> wire.ConversationRecord:
         """Register a conversation a runtime already made (a fork, agentd.branching): save its
         record, journal ``first`` then its ``conversation`` record then ``records`` (each
-        ``(type, payload, run)``), and open it on its runtime. On failure nothing of it is kept
+        ``(type, payload, run)``), and open it on its runtime. ``context_tier`` and ``mcp`` as
+        :meth:`create` takes them (a fork keeps its source's). On failure nothing of it is kept
         here; raises what :meth:`create` raises."""
         now = _now()
         record = wire.ConversationRecord(
             id=new_id("c"), provider=provider, workdir=workdir, created_at=now, updated_at=now, title=title,
-            model=model, effort=effort, mode=mode, budget=budget,  # type: ignore[arg-type]
+            model=model, effort=effort, context_tier=context_tier, mcp=mcp, mode=mode, budget=budget,  # type: ignore[arg-type]
             provider_conversation_id=provider_conversation_id, forked_from=forked_from, forked_at=forked_at,
             title_source="user" if title else "", site=self.site)
         try:

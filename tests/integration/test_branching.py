@@ -180,6 +180,18 @@ def test_fork_copies_the_history_up_to_its_turn_and_goes_its_own_way(daemon: Dae
     assert refused.returncode == 8 and "dropped by a rewind" in refused.stderr
 
 
+def test_a_fork_keeps_its_sources_mcp_choice(daemon: Daemon, workdir: Path) -> None:
+    # A fork of a conversation made with --no-mcp had mcp null: the provider's default servers.
+    d = daemon
+    script = workdir.parent / "branching.toml"
+    script.write_text(SCRIPT)
+    cid = _ok(d.agentctl("new", "-p", "script", "--cwd", str(workdir), "-m", str(script), "--no-mcp", "--json"))["id"]
+    assert d.record(cid)["mcp"] == []
+    _turn(d, cid, "alpha")
+    fork = _ok(d.agentctl("fork", cid, "--json"))["conversation"]
+    assert fork["mcp"] == [] and d.record(fork["id"])["mcp"] == []
+
+
 def test_fork_and_rewind_are_unsupported_where_the_provider_cannot(tmp_path: Path, workdir: Path) -> None:
     # An ACP agent that advertises no session fork (the small agent of the models tests).
     agent = Path(__file__).resolve().parent / "acp_models_agent.py"
