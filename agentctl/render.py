@@ -339,6 +339,8 @@ class Renderer:
                 width = shutil.get_terminal_size((100, 24)).columns
         self.width = max(40, width)
         self.conversation = ""
+        #: (model, effort) of the last model line: a confirmation of the same is not shown again
+        self._model_shown: tuple[str, str | None] | None = None
         # output position
         self._mid_line = False
         self._stream_key: tuple[str, str] | None = None
@@ -1055,7 +1057,13 @@ class Renderer:
 
     def _on_model_selection(self, rec: wire.Record, m: Any) -> None:
         effort = f" ({m.effort})" if getattr(m, "effort", None) else ""
-        self.line(self.style.dim(f"{self.g['info']} model: {m.model}{effort}"))
+        shown = (m.model, getattr(m, "effort", None))
+        if getattr(m, "source", "") == "user":
+            when = ", from the next turn" if getattr(m, "queued", False) else ""
+            self.line(self.style.dim(f"{self.g['info']} model set to {m.model}{effort}{when}"))
+        elif shown != self._model_shown:  # the runtime's confirmation of what was just set says nothing new
+            self.line(self.style.dim(f"{self.g['info']} model: {m.model}{effort}"))
+        self._model_shown = shown
 
     # -------------------------------------------------------------- snapshots
 

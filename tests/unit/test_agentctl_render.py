@@ -633,3 +633,15 @@ def test_seq_tags_a_title_shown_late_with_its_own_seq() -> None:
         r.record(CONV, x)
     r.settle()
     assert r_out.getvalue().splitlines()[1:] == ["#2 · title: tidy the build"]
+
+
+def test_a_model_set_by_a_person_shows_once_and_a_confirmation_only_when_it_differs() -> None:
+    # `set-model` showed "model: big (high)" twice: the request, then the runtime's confirmation.
+    text = render([
+        rec("model_selection", {"model": "big", "effort": "high", "source": "user"}, 3),
+        rec("model_selection", {"model": "big", "effort": "high"}, 4),
+        rec("model_selection", {"model": "small", "source": "user", "queued": True}, 5),
+        rec("model_selection", {"model": "small-2025"}, 6),  # the runtime chose otherwise: said
+    ])
+    lines = [ln.split(" ", 1)[1] for ln in text.splitlines()]
+    assert lines == ["model set to big (high)", "model set to small, from the next turn", "model: small-2025"], text
