@@ -18,7 +18,7 @@ conversation whose runtime runs under that very keeper, as its provider reports
 it (``runs_under``, agentd.providers._common): an agent that learned another
 conversation's id cannot call the tools a client offers there. Conversations
 that share one runtime process (a provider's one Copilot CLI or Codex
-app-server) share its keeper, and so each other's host tools.
+app-server, an ACP agent serving several sessions) share its keeper, and so each other's host tools.
 
 * Unix socket: the connecting pid from ``SO_PEERCRED`` (:func:`of_process`).
 * WebSocket gateway (loopback only): the processes holding the client's end of
