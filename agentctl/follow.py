@@ -203,6 +203,10 @@ class Follower:
     def _snapshot(self, frame: wire.SnapshotFrame, until_caught_up: bool) -> int | None:
         conv, snap = frame.conversation, frame.snapshot
         self.conversation = conv
+        if not self._caught_up and self._after > snap.last_seq:
+            # A seq from another journal, or mistyped: nothing could be replayed, and silence hides it.
+            self._say_err(f"seq {self._after} is past the last record of {conv} (seq {snap.last_seq}): "
+                          "nothing to replay" + ("" if until_caught_up else "; following what comes next"))
         self._caught_up = True
         if self.json_out is not None:
             self._json(json_snapshot(conv, snap))

@@ -647,6 +647,10 @@ def test_attach_until_idle_to_an_idle_conversation_says_there_is_nothing_to_foll
     assert replay.returncode == 0, replay.stderr
     assert "idle: the records after seq 0, then done" in replay.stdout and "nothing to follow" not in replay.stdout
     assert "hello" in replay.stdout
+    # a seq past the journal's end is said to be (it printed nothing, silently)
+    past = daemon.agentctl("tail", cid, "--after", "9999", "--no-follow")
+    assert past.returncode == 0 and past.stdout == "", past.stdout
+    assert "seq 9999 is past the last record of" in past.stderr and "nothing to replay" in past.stderr, past.stderr
     # a negative seq is a usage error before anything is printed, as for history
     for cmd in ("attach", "tail", "history"):
         bad = daemon.agentctl(cmd, cid, "--after", "-1")
