@@ -108,6 +108,10 @@ def ghosts(session: str, rid: Any, rest: str) -> bool:
     blob = "g" * size
     for i in range(n):  # updates for sessions that never come
         say(f"ghost-{i}", blob)
+        # and this turn's own progress (a thought): the turn's inactivity deadline (HANG_S) is about
+        # the agent's silence, not how long agentd takes to read and drop 300 MB on a loaded machine
+        send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session, "update": {
+            "sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": f"ghost {i} sent. "}}}})
     say(session, "ghosts sent")
     return False
 

@@ -136,7 +136,8 @@ class _Bystander:
         self.client.close()
         assert not self.errors, self.errors
         assert self.times, "the bystander finished no turn"
-        assert max(self.times) < 2.0, f"the other conversation was held up: {max(self.times):.1f}s"
+        # Roomy for a loaded CI machine (a turn takes ~0.1 s here); a loop the fault blocks holds it far longer.
+        assert max(self.times) < 4.0, f"the other conversation was held up: {max(self.times):.1f}s"
 
 
 def _starts(d: Daemon) -> int:

@@ -188,8 +188,9 @@ def test_a_stopped_subscriber_is_cut_off_with_lagged_memory_stays_bounded_and_ot
         # not the 12 MB x subscribers a waiting daemon would hold.
         assert growth < 150, f"RSS grew by {growth:.0f} MB"
         p50, p_max = statistics.median(latencies), max(latencies)
-        assert p_max < 2.0, f"the other conversation's turns took up to {p_max:.2f}s (median {p50:.2f}s)"
-        assert max(status_rtt) < 1.0, f"status took up to {max(status_rtt):.2f}s"
+        # The worst of many samples on a machine the suite loads: roomy, yet far below a daemon the flood holds.
+        assert p_max < 4.0, f"the other conversation's turns took up to {p_max:.2f}s (median {p50:.2f}s)"
+        assert max(status_rtt) < 2.5, f"status took up to {max(status_rtt):.2f}s"
         print(f"flood: rss +{growth:.0f} MB, probe turn median {p50*1000:.0f} ms max {p_max*1000:.0f} ms, "
               f"status max {max(status_rtt)*1000:.0f} ms over {n} probes")
     finally:

@@ -188,13 +188,14 @@ def test_renew_and_release_never_touch_another_owners_lease(tmp_path: pathlib.Pa
 
 
 async def test_run_renews_held_leases(tmp_path: pathlib.Path) -> None:
-    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.3, exclusive=False)
+    # ttl_s 1 s: a loaded machine may stall this process a few hundred ms between renewals
+    store = FileLeaseStore(tmp_path, owner="me", ttl_s=1.0, exclusive=False)
     store.acquire("c1")
     store.acquire("c2")
     first = {k: store.get(k).expires_at for k in ("c1", "c2")}  # type: ignore[union-attr]
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
-        await trio.sleep(0.4)  # past the first expiry; renewals come every ttl_s / 3 = 0.1 s
+        await trio.sleep(1.2)  # past the first expiry; renewals come every ttl_s / 3
         for key in ("c1", "c2"):
             lease = store.get(key)
             assert lease is not None and lease.expires_at > first[key]
@@ -204,14 +205,14 @@ async def test_run_renews_held_leases(tmp_path: pathlib.Path) -> None:
 
 
 async def test_run_renews_every_lease_with_one_heartbeat_write(tmp_path: pathlib.Path) -> None:
-    store = FileLeaseStore(tmp_path, owner="me", ttl_s=0.3, exclusive=False)
+    store = FileLeaseStore(tmp_path, owner="me", ttl_s=1.0, exclusive=False)
     keys = [f"c{i}" for i in range(50)]
     for key in keys:
         store.acquire(key)
     stamps = {key: (tmp_path / key / "lease.json").stat().st_mtime_ns for key in keys}
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
-        await trio.sleep(0.7)  # past the leases' own expiry: only the heartbeat keeps them
+        await trio.sleep(1.5)  # past the leases' own expiry: only the heartbeat keeps them
         for key in keys:
             lease = store.get(key)
             assert lease is not None and lease.expires_at > time.time(), key
@@ -219,7 +220,7 @@ async def test_run_renews_every_lease_with_one_heartbeat_write(tmp_path: pathlib
     assert {key: (tmp_path / key / "lease.json").stat().st_mtime_ns for key in keys} == stamps
     assert sorted(p.name for p in (tmp_path / ".lease-owners").iterdir()) == ["me.json"]
     # another owner can take none of them while the heartbeat is fresh
-    other = FileLeaseStore(tmp_path, owner="other", ttl_s=0.3, exclusive=False)
+    other = FileLeaseStore(tmp_path, owner="other", ttl_s=1.0, exclusive=False)
     store._beat()
     with pytest.raises(LeaseHeld):
         other.acquire("c7")

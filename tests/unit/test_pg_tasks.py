@@ -86,7 +86,8 @@ async def test_hosts_claiming_at_once_never_get_the_same_task(pool: Pool, pg_db:
 
 async def test_unclaim_and_a_dead_hosts_claims_are_requeued_or_adopted_once(pool: Pool, pg_db: PgDatabase) -> None:
     a, b = PgTaskStore(pool, owner="hostA.1"), PgTaskStore(pool, owner="hostB.2")
-    await PgLeaseStore(pool, owner="hostA.1", ttl_s=0.3).beat()
+    host_a = PgLeaseStore(pool, owner="hostA.1", ttl_s=1.0)
+    await host_a.beat()
     await PgLeaseStore(pool, owner="hostB.2", ttl_s=60).beat()
     await PgLeaseStore(pool, owner="hostC.3", ttl_s=60).beat()
     for i in range(3):
@@ -95,8 +96,9 @@ async def test_unclaim_and_a_dead_hosts_claims_are_requeued_or_adopted_once(pool
     assert await a.unclaim(t0.id) and not await b.unclaim(t0.id)
     running = msgspec.structs.replace(t1, status=wire.TaskStatus.RUNNING)
     await a.save(running)
+    await host_a.beat()  # just now: a stall of the steps above cannot make hostA look dead
     assert await b.recover_dead() == TaskRecovery(requeued=[], adopted=[])  # hostA is alive
-    await trio.sleep(0.4)  # hostA's heartbeat expires
+    await trio.sleep(1.1)  # hostA's heartbeat expires
     async with Pool(pg_db.dsn, size=1) as other:
         c = PgTaskStore(other, owner="hostC.3")
         results = []
