@@ -29,6 +29,8 @@ what to do:
 * ``read PATH`` / ``write PATH CONTENT`` -> fs/read_text_file / fs/write_text_file,
   answering ``ok:<content>`` or ``error:<message>``
 * ``readlines PATH LINE LIMIT`` -> fs/read_text_file of that line range, answered like ``read``
+* ``writemany N PATH PREFIX`` -> N fs/write_text_file requests, one after another (contents
+  ``PREFIX-0`` ...), then ``many:<JSON list>`` of their answers ("ok" or "error:<message>")
 * ``readmany N PATH`` -> N fs/read_text_file requests at once, then ``many:<JSON list>`` of their
   answers (``ok:<content>`` or ``error:<message>`` each, in the order sent)
 * ``leak``         -> each string of the JSON list in ``$FAULT_LEAK_FILE`` echoed every way an
@@ -160,6 +162,16 @@ def readmany(session: str, rid: Any, rest: str) -> bool:
     return False
 
 
+def writemany(session: str, rid: Any, rest: str) -> bool:
+    count, path, prefix = rest.split(" ", 2)
+    answers = []
+    for n in range(int(count)):  # one after another, each answered before the next, as separate turns would
+        answer = fake.call("fs/write_text_file", {"sessionId": session, "path": path, "content": f"{prefix}-{n}"})
+        answers.append("ok" if "result" in answer else f"error:{answer['error']['message']}")
+    say(session, "many:" + json.dumps(answers))
+    return False
+
+
 def oddbytes(session: str, rid: Any, rest: str) -> bool:
     head = json.dumps({"jsonrpc": "2.0", "method": "session/update", "params": {
         "sessionId": session, "update": {"sessionUpdate": "agent_message_chunk",
@@ -227,7 +239,7 @@ def orphans(session: str, rid: Any, rest: str) -> bool:
         time.sleep(1)
 
 
-COMMANDS = {**fake.COMMANDS, "readlines": readlines, "readmany": readmany, "oddbytes": oddbytes, "unknown": unknown,
+COMMANDS = {**fake.COMMANDS, "readlines": readlines, "readmany": readmany, "writemany": writemany, "oddbytes": oddbytes, "unknown": unknown,
             "orphans": orphans, "crash": crash, "hang": hang, "flood": flood, "bigline": bigline, "deep": deep, "ghosts": ghosts, "drip": drip, "notrpc": notrpc,
             "badresult": badresult, "leak": leak}
 
