@@ -389,9 +389,6 @@ class _Live:
         #: the run whose provider conversation is being opened before its prompt is sent
         #: (a runtime starting, a restart backoff): a cancel meanwhile ends it at once
         self.opening_run = ""
-        #: the run whose prompt was last handed to the provider: a runtime exit ends it
-        #: (a queued run handed over but not sent yet does not go down with that runtime)
-        self.sent_run = ""
         #: the run that ended last (its stragglers' item ids are scoped by it)
         self.last_run = ""
         #: runtime item ids scoped by run (agentd.itemids)
@@ -1377,12 +1374,15 @@ class ConversationService:
                 d = msgspec.structs.replace(d, text=text)
                 self._delta(live, d, _json.encode(d))
 
-    async def _handle(self, live: _Live, event: c.Event | _turnwatch.End) -> None:
+    async def _handle(self, live: _Live, event: c.Event | _turnwatch.End | _turnwatch.Exited) -> None:
         live.last_event = trio.current_time()
         if isinstance(event, c.DeltaEvent):  # the pump takes these by _stream itself; same thing
             self._stream(live, [event.delta])
             return
         run = live.run
+        exit_run = ""  # for an ExitEvent: the run whose provider turn was open when it was emitted
+        if type(event) is _turnwatch.Exited:
+            exit_run, event = event.run, event.event
         if type(event) is _turnwatch.End:
             if _turnwatch.late_end(live, event):
                 return  # its run already ended here: never a second terminal record
@@ -1480,11 +1480,12 @@ class ConversationService:
         elif isinstance(event, c.ExitEvent):
             live.conv = None
             await self._append(live, type_, data, run=run)
-            if live.run and live.sent_run == live.run:
+            if live.run and exit_run == live.run:
                 turn = c.Turn(state=c.TurnState.FAILED, error=event.error, reason="runtime_exit")
                 await self._end_turn(live, turn, live.run, journal_turn=True)
-            # Else no prompt of the current run reached that runtime (a queued run handed over
-            # as the crashed turn ended): it is sent to a new one.
+            # Else the current run's prompt did not reach that runtime before it exited (a queued
+            # run handed over as the crashed turn ended, maybe before this was handled): it goes,
+            # or went, to a new one.
             return
         await self._append(live, type_, data, run=run)
 
@@ -1897,7 +1898,6 @@ class ConversationService:
 
     async def _submit(self, live: _Live, run: str, conv: c.Conversation, prompt: c.Prompt) -> None:
         """Hand ``run``'s prompt to ``conv`` (see agentd.slash_commands.submit); raises what it raises."""
-        live.sent_run = run
         live.sink.tagger.begin(run)
         try:
             await _slash.submit(self, live, conv, prompt)

@@ -70,6 +70,20 @@ class End:
         self.duplicate = duplicate
 
 
+class Exited:
+    """A provider's ExitEvent, tagged when it was emitted: ``run`` is the run whose provider turn
+    was open when the runtime exited ("" when none was: its turn had reported its end, as an ACP
+    conversation reports it before the exit). Only that run goes down with the runtime; a run
+    handed over after the exit was emitted (a queued one, sent while the pump had not yet
+    handled the exit) went to a runtime started afresh."""
+
+    __slots__ = ("event", "run")
+
+    def __init__(self, event: c.ExitEvent, run: str) -> None:
+        self.event = event
+        self.run = run
+
+
 class Tagger:
     """The per-open state a conversation's sink keeps: which run the provider works on.
 
@@ -91,10 +105,15 @@ class Tagger:
         """``run``'s prompt is about to be handed to the provider."""
         self.run, self.open = run, True
 
-    def tag(self, event: c.Event) -> c.Event | End | None:
-        """The event to queue: a terminal TurnEvent becomes an :class:`End`; None when muted."""
+    def tag(self, event: c.Event) -> c.Event | End | Exited | None:
+        """The event to queue: a terminal TurnEvent becomes an :class:`End`, an ExitEvent an
+        :class:`Exited`; None when muted."""
         if self.muted:
             return None
+        if type(event) is c.ExitEvent:
+            exited = Exited(event, self.run if self.open else "")
+            self.open = False  # whatever turn it had open ended with it
+            return exited
         if type(event) is c.TurnEvent:
             if event.turn.state.terminal:
                 end = End(event, self.run if self.open else "", duplicate=not self.open and bool(self.run))
