@@ -75,24 +75,27 @@ class AgentPeer(msgspec.Struct, frozen=True):
     pid: int
     keeper: int = 0
 
+    @property
+    def _where(self) -> str:
+        """``pid P, under runtime keeper pid K`` (or that agentd could not place it), for messages."""
+        return f"pid {self.pid}, " + (f"under runtime keeper pid {self.keeper}" if self.keeper
+                                      else "which agentd could not place")
+
     def refusal(self, op: str) -> c.Unauthorized:
         """The error for request ``op`` (its wire tag) from this peer."""
-        where = f"under runtime keeper pid {self.keeper}" if self.keeper else "which agentd could not place"
         allowed = ", ".join(sorted(t.__struct_config__.tag for t in OPS))  # type: ignore[attr-defined]
         return c.Unauthorized(
-            f"{op} refused: this connection comes from an agent's own processes (pid {self.pid}, {where}); "
+            f"{op} refused: this connection comes from an agent's own processes ({self._where}); "
             f"an agent may use only its host tools ({allowed})",
             details={"pid": self.pid, "keeper": self.keeper},
         )
 
-
     def refusal_of(self, op: str, conversation: str) -> c.Unauthorized:
         """The error for host tool request ``op`` (its wire tag) on ``conversation``, which does not
         run under this peer's keeper: an agent calls its own conversation's host tools only."""
-        where = f"under runtime keeper pid {self.keeper}" if self.keeper else "which agentd could not place"
         return c.Unauthorized(
-            f"{op} refused: conversation {conversation} does not run in this agent's processes (pid {self.pid}, "
-            f"{where}); an agent may call only its own conversation's host tools",
+            f"{op} refused: conversation {conversation} does not run in this agent's processes ({self._where}); "
+            "an agent may call only its own conversation's host tools",
             details={"pid": self.pid, "keeper": self.keeper, "conversation": conversation},
         )
 

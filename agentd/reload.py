@@ -286,7 +286,8 @@ class Reloader:
         providers = await self.service.runtimes.describe()
         differs = [s for s in NEEDS_STOP if getattr(config, s) != getattr(self.started, s)]
         self.config = config
-        loaded = str(path or (default_config_path() if default_config_path().is_file() else ""))
+        default = default_config_path()
+        loaded = str(path or (default if default.is_file() else ""))
         log.info("agentd.reloaded", by=by, config=loaded, env_changed=changed, cancelled=cancelled,
                  reopened=reopened, waited_s=waited, need_stop=differs)
         return wire.RestartResult(

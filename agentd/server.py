@@ -666,15 +666,14 @@ class Server:
                 raise c.NotFound(f"no conversation {request.conversation!r} (an agent names its conversation by its full id)")
             if conn.agent.keeper and conn.agent.keeper in self.service.keepers(named):
                 return
-            if not conn.agent_refused:
-                conn.agent_refused = True
-                log.warning("server.agent_refused", peer=conn.peer, op=op, conversation=named,
-                            reason="the conversation does not run under this agent's keeper")
-            raise conn.agent.refusal_of(str(op), named)
+            refusal = conn.agent.refusal_of(str(op), named)
+            why = {"conversation": named, "reason": "the conversation does not run under this agent's keeper"}
+        else:
+            refusal, why = conn.agent.refusal(str(op)), {}
         if not conn.agent_refused:  # once per connection: an agent asking in a loop does not fill the log
             conn.agent_refused = True
-            log.warning("server.agent_refused", peer=conn.peer, op=op)
-        raise conn.agent.refusal(str(op))
+            log.warning("server.agent_refused", peer=conn.peer, op=op, **why)
+        raise refusal
 
     # ------------------------------------------------------------------ handlers
 

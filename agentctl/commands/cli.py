@@ -98,10 +98,10 @@ def restart(now: bool) -> None:
                     + (f"set {visible_name(', '.join(res.env_changed))}" if res.env_changed else "no change"))
     if res.reopened:
         bits.append(f"{res.reopened} conversation{'s reopen on their' if res.reopened > 1 else ' reopens on its'} next prompt")
-    if o.autostarted:  # nothing ran: the agentd just started read everything already
-        click.echo(f"agentd was not running: started it (pid {res.pid}): " + "; ".join(bits), file=out)
-    else:
-        click.echo(f"restarted agentd in place (pid {res.pid}, the same process): " + "; ".join(bits), file=out)
+    # With none running, the agentd just started (autostart) read everything already.
+    head = (f"agentd was not running: started it (pid {res.pid})" if o.autostarted
+            else f"restarted agentd in place (pid {res.pid}, the same process)")
+    click.echo(f"{head}: " + "; ".join(bits), file=out)
     for p in res.providers:
         click.echo(f"  {visible_name(p.name)}: " + ("available" if p.available else f"unavailable: {visible(p.error)}"),
                    file=out)
