@@ -1381,8 +1381,9 @@ class ConversationService:
             return
         run = live.run
         exit_run = ""  # for an ExitEvent: the run whose provider turn was open when it was emitted
+        exit_stale = False  # for an ExitEvent: a prompt went to the same provider conversation since
         if type(event) is _turnwatch.Exited:
-            exit_run, event = event.run, event.event
+            exit_run, exit_stale, event = event.run, event.stale(live.sink.tagger), event.event
         if type(event) is _turnwatch.End:
             if _turnwatch.late_end(live, event):
                 return  # its run already ended here: never a second terminal record
@@ -1478,7 +1479,8 @@ class ConversationService:
             await self._end_turn(live, turn, run)
             return
         elif isinstance(event, c.ExitEvent):
-            live.conv = None
+            if not exit_stale:  # else it took a prompt after the exit, on a runtime of its own starting
+                live.conv = None
             await self._append(live, type_, data, run=run)
             if live.run and exit_run == live.run:
                 turn = c.Turn(state=c.TurnState.FAILED, error=event.error, reason="runtime_exit")

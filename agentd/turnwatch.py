@@ -75,13 +75,20 @@ class Exited:
     was open when the runtime exited ("" when none was: its turn had reported its end, as an ACP
     conversation reports it before the exit). Only that run goes down with the runtime; a run
     handed over after the exit was emitted (a queued one, sent while the pump had not yet
-    handled the exit) went to a runtime started afresh."""
+    handled the exit) went to a runtime started afresh. ``begun``: how many prompts had been
+    handed to the provider conversation when it exited (:attr:`Tagger.begun`)."""
 
-    __slots__ = ("event", "run")
+    __slots__ = ("event", "run", "begun")
 
-    def __init__(self, event: c.ExitEvent, run: str) -> None:
+    def __init__(self, event: c.ExitEvent, run: str, begun: int) -> None:
         self.event = event
         self.run = run
+        self.begun = begun
+
+    def stale(self, tagger: "Tagger") -> bool:
+        """Whether a prompt was handed to the provider conversation after it emitted this exit:
+        the conversation took it (it starts a new runtime itself), so it is still the one to use."""
+        return tagger.begun != self.begun
 
 
 class Tagger:
@@ -91,7 +98,7 @@ class Tagger:
     so it sees the provider's own order of events.
     """
 
-    __slots__ = ("run", "open", "muted")
+    __slots__ = ("run", "open", "muted", "begun")
 
     def __init__(self) -> None:
         #: the run whose prompt was last handed to the provider
@@ -100,10 +107,13 @@ class Tagger:
         self.open = False
         #: the provider conversation was abandoned (closed to be reopened): drop what it emits
         self.muted = False
+        #: prompts handed to the provider so far (see Exited.stale)
+        self.begun = 0
 
     def begin(self, run: str) -> None:
         """``run``'s prompt is about to be handed to the provider."""
         self.run, self.open = run, True
+        self.begun += 1
 
     def tag(self, event: c.Event) -> c.Event | End | Exited | None:
         """The event to queue: a terminal TurnEvent becomes an :class:`End`, an ExitEvent an
@@ -111,7 +121,7 @@ class Tagger:
         if self.muted:
             return None
         if type(event) is c.ExitEvent:
-            exited = Exited(event, self.run if self.open else "")
+            exited = Exited(event, self.run if self.open else "", self.begun)
             self.open = False  # whatever turn it had open ended with it
             return exited
         if type(event) is c.TurnEvent:

@@ -87,3 +87,11 @@ async def test_a_queued_run_handed_over_before_the_exit_was_handled_is_not_ended
         assert [e["reason"] for e in _ends(service, record.id, crashed)] == ["runtime_exit"]
         assert [e["state"] for e in _ends(service, record.id, queued.run)] == ["completed"]
         assert wire.ConversationState(service.record(record.id).state) is not wire.ConversationState.ERROR
+        # The exit is stale by the time it is handled: the provider conversation took a prompt
+        # since, so it is still the one in use (not dropped for a second one opened beside it).
+        assert live.conv is fake
+        third = (await service.send(record.id, "and again")).run
+        with trio.fail_after(10):
+            while not _ends(service, record.id, third):
+                await trio.sleep(0.01)
+        assert fake.sent == ["crash", "next, please", "and again"]
