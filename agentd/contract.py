@@ -236,6 +236,28 @@ class ToolStatus(str, enum.Enum):
     FAILED = "failed"
 
 
+#: How deep free-form JSON from a client or a runtime (tool arguments, input schemas, an unknown
+#: event's payload) may nest, in containers. Far past any real schema, and well inside the
+#: recursion that every later encode of it takes (msgspec and json recurse per level: a value
+#: decoded near the interpreter's limit failed to encode again deeper down the stack).
+MAX_JSON_NESTING = 100
+
+
+def nested_deeper_than(value: Any, limit: int = MAX_JSON_NESTING) -> bool:
+    """Whether ``value`` (plain JSON: dicts, lists, tuples, scalars) nests more than ``limit``
+    containers deep (``[[1]]`` is 2). Iterative: any depth is checked without recursing."""
+    stack = [(value, 1)] if isinstance(value, (dict, list, tuple)) else []
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        if depth > limit:
+            return True
+        for child in children:
+            if isinstance(child, (dict, list, tuple)):
+                stack.append((child, depth + 1))
+    return False
+
+
 #: A running shell call keeps at most this many output lines, each at most this many bytes.
 MAX_TAIL_LINES = 10
 MAX_TAIL_LINE_BYTES = 512

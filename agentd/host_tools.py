@@ -284,7 +284,13 @@ class HostTools:
             log.warning("host_tools.too_many_calls", conversation=cid, tool=req.name, limit=MAX_CALLS_IN_FLIGHT)
             return wire.HostToolCallResult(output=f"agentd: {MAX_CALLS_IN_FLIGHT} host tool calls of this conversation "
                                                   "are in flight already; call again once one has ended", error=True)
+        if c.nested_deeper_than(req.arguments):  # the wire refuses these; a caller in process may not
+            return wire.HostToolCallResult(output=f"agentd: the arguments nest more than {c.MAX_JSON_NESTING} "
+                                                  "levels deep", error=True)
         call = _Call(req.name, dict(req.arguments))
+        # Display text, cut as every provider cuts a tool's input (the serving client gets it whole);
+        # made before the call takes a slot, which only the finally below gives back.
+        arguments = bound(json.dumps(call.arguments, ensure_ascii=False))
         conv.calls[call.id] = call
         try:
             live = await self.service.live(cid)
@@ -293,8 +299,6 @@ class HostTools:
             raise
         item_id = f"host-{call.id}"
         started = c.utcnow()
-        # Display text, cut as every provider cuts a tool's input (the serving client gets it whole).
-        arguments = bound(json.dumps(call.arguments, ensure_ascii=False))
         timeout = self.config.host_tool_timeout_s
         try:
             await self._journal(live, c.Item(id=item_id, kind=c.ItemKind.TOOL, time=started, tool=c.ToolCall(

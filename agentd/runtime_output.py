@@ -43,7 +43,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from .contract import ToolCall, ToolOutputEvent, Unknown, UnknownEvent
+from .contract import MAX_JSON_NESTING, ToolCall, ToolOutputEvent, Unknown, UnknownEvent, nested_deeper_than
 
 log = structlog.get_logger(__name__)
 
@@ -109,22 +109,32 @@ def decode_json(data: bytes) -> Any:
     Fast path: msgspec. A message msgspec refuses for its bytes (invalid UTF-8,
     a lone surrogate escape) is decoded again with the rule applied. Raises
     ``msgspec.DecodeError`` only for JSON that is broken beyond that, or nested
-    too deeply to decode (both decoders recurse: a line of 200,000 ``[`` raised
+    more than contract.MAX_JSON_NESTING levels deep (both decoders recurse: a line of 200,000 ``[`` raised
     RecursionError, which took down the reader of every conversation on the runtime).
     """
     try:
-        return _decoder.decode(data)
+        return _bounded(data, _decoder.decode(data))
     except msgspec.DecodeError as exc:
         first = exc
     except RecursionError:
         raise msgspec.DecodeError("JSON nested too deeply to decode") from None
     try:
         value = json.loads(decode(data))  # the stdlib takes lone surrogate escapes
-        return scrub(value)
     except ValueError:
         raise first from None
     except RecursionError:
         raise msgspec.DecodeError("JSON nested too deeply to decode") from None
+    return scrub(_bounded(data, value))
+
+
+def _bounded(data: bytes | str, value: Any) -> Any:
+    """``value``, or DecodeError when it nests past MAX_JSON_NESTING (what decodes near the
+    interpreter's limit fails to encode again deeper down the stack). Counted first, at C speed:
+    only a message with that many brackets at all is walked."""
+    if len(data) > 2 * MAX_JSON_NESTING and data.count("[" if isinstance(data, str) else b"[") + \
+            data.count("{" if isinstance(data, str) else b"{") > MAX_JSON_NESTING and nested_deeper_than(value):
+        raise msgspec.DecodeError(f"JSON nested more than {MAX_JSON_NESTING} levels deep")
+    return value
 
 
 class _SafeEncoder:
@@ -176,6 +186,9 @@ def too_big(size: int, *, what: str = "message", complete: bool = True, ceiling:
     return f"the runtime sent a {what} of {size_text}, over the reader's ceiling of {ceiling:,} bytes{mib}"
 
 
+_TOO_DEEP = f"(a payload nested more than {MAX_JSON_NESTING} levels deep, left out)"
+
+
 def unknown(provider: str, type_name: str, data: Any) -> UnknownEvent:
     """The ``unknown`` event for a runtime kind agentd does not know; warns once per (provider, type)."""
     type_name = clean(str(type_name or "?"))
@@ -185,7 +198,11 @@ def unknown(provider: str, type_name: str, data: Any) -> UnknownEvent:
         log.warning("runtime.unknown_kind", provider=provider, type=type_name,
                     note="journaled verbatim as an unknown record; this agentd may be older than the runtime")
     try:
-        raw = scrub(msgspec.to_builtins(data, str_keys=True))
+        raw = msgspec.to_builtins(data, str_keys=True)
+        # Kept only while every later encode can take it (contract.MAX_JSON_NESTING); still never dropped.
+        raw = _TOO_DEEP if nested_deeper_than(raw) else scrub(raw)
+    except RecursionError:
+        raw = _TOO_DEEP
     except (TypeError, ValueError):
         raw = clean(repr(data))
     return UnknownEvent(unknown=Unknown(provider=provider, type=type_name, data=raw))

@@ -21,6 +21,8 @@ import msgspec
 
 from .contract import (
     ERRORS_BY_CODE,
+    MAX_JSON_NESTING,
+    nested_deeper_than,
     Activity,
     Attachment,
     AgentdError,
@@ -1628,11 +1630,16 @@ def _decoder_message(exc: Exception) -> str:
     return f"{clip(head)}{sep}{clip(path)}"
 
 
+#: request type -> its fields of free-form JSON, checked against MAX_JSON_NESTING as decoded
+_FREE_JSON: dict[type, tuple[str, ...]] = {RegisterTool: ("input_schema",), CallHostTool: ("arguments",)}
+
+
 def decode_request(line: bytes) -> Request:
     """Decode one client frame (without its newline).
 
-    Raises :class:`ProtocolError` with code ``invalid`` for malformed JSON or
-    wrong fields (the message names the path), and ``unsupported`` for an
+    Raises :class:`ProtocolError` with code ``invalid`` for malformed JSON,
+    wrong fields (the message names the path) or free-form JSON (tool arguments,
+    schemas) nested more than :data:`MAX_JSON_NESTING` levels, and ``unsupported`` for an
     unknown ``op``; ``request_id`` is set whenever the frame's id was readable.
     """
     try:
@@ -1647,11 +1654,16 @@ def decode_request(line: bytes) -> Request:
     if env.op not in OPS:
         raise ProtocolError(f"unknown op {clip(env.op)!r}", code="unsupported", request_id=env.id)
     try:
-        return _request_decoder().decode(line)
+        req = _request_decoder().decode(line)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"invalid {env.op!r} request: {_decoder_message(exc)}", request_id=env.id) from None
     except RecursionError:
         raise ProtocolError(f"invalid {env.op!r} request: nested too deeply", request_id=env.id) from None
+    for name in _FREE_JSON.get(type(req), ()):
+        if nested_deeper_than(getattr(req, name)):
+            raise ProtocolError(f"invalid {env.op!r} request: {name} nests more than {MAX_JSON_NESTING} levels deep",
+                                request_id=env.id)
+    return req
 
 
 def decode_server_frame(line: bytes) -> ServerFrame:

@@ -266,3 +266,42 @@ def test_a_call_the_agent_gave_up_on_is_taken_by_no_client_and_a_closed_conversa
             serving.request(wire.RegisterTool, conversation=cid, name="again")
         closed = serving.request(wire.CallHostTool, conversation=cid, name="later")
         assert closed["error"] is True and "is closed" in closed["output"]
+
+
+def test_arguments_nested_past_the_bound_are_refused_and_take_no_call_slot(d: Daemon, tmp_path: Path) -> None:
+    # Arguments that decode near the interpreter's recursion limit failed to encode again inside
+    # the call, and each such call kept its slot: MAX_CALLS_IN_FLIGHT of them disabled the host
+    # tools of every conversation on that runtime until a restart.
+    from agentd.contract import MAX_JSON_NESTING
+    from agentd.host_tools import MAX_CALLS_IN_FLIGHT
+
+    def nested(levels: int) -> str:
+        return '{"a":' * levels + "1" + "}" * levels
+
+    cid, relay = _relay_for(d, tmp_path)
+    assert relay.proc.stdin is not None
+    try:
+        with d.client() as serving:
+            serving.request(wire.RegisterTool, conversation=cid, name="stamp")
+            for n, levels in enumerate([977] * MAX_CALLS_IN_FLIGHT + [950, MAX_JSON_NESTING + 1]):
+                # Written out as text: this test's own json would recurse as deep.
+                relay.proc.stdin.write('{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"stamp",'
+                                       '"arguments":%s}}\n' % (500 + n, nested(levels)))
+                relay.proc.stdin.flush()
+                answer = relay.wait_for(lambda m: m.get("id") == 500 + n, timeout=10)
+                text = answer["result"]["content"][0]["text"]
+                assert answer["result"]["isError"] and f"more than {MAX_JSON_NESTING} levels" in text, text
+            # Straight to the socket as well: refused as invalid, the connection goes on.
+            with pytest.raises(c.Invalid, match="nests more than"):
+                serving.request(wire.CallHostTool, conversation=cid, name="stamp",
+                                arguments=json.loads(nested(MAX_JSON_NESTING + 1)))
+            # A call at the bound still goes to the serving client.
+            relay.send({"jsonrpc": "2.0", "id": 77, "method": "tools/call",
+                        "params": {"name": "stamp", "arguments": json.loads(nested(MAX_JSON_NESTING))}})
+            taken = serving.request(wire.NextToolCall, conversation=cid, name="stamp", wait_s=10)
+            assert taken is not None and taken["arguments"] == json.loads(nested(MAX_JSON_NESTING))
+            serving.request(wire.ToolResult, conversation=cid, call_id=taken["call_id"], output="ok")
+            assert relay.wait_for(lambda m: m.get("id") == 77)["result"]["content"][0]["text"] == "ok"
+        assert "Traceback" not in d.log_text()
+    finally:
+        relay.close()
