@@ -28,7 +28,8 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import re
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
@@ -348,18 +349,40 @@ def _tool_status(tool: c.ToolCall) -> str:
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
 _ATX = re.compile(r"( {0,3})(#{1,6})(?=[ \t]|$)")
 _SETEXT = re.compile(r" {0,3}(=+|-+)[ \t]*$")
-_CODE_SPAN = re.compile(r"(`+)(.*?[^`])\1(?!`)|(`+)")
+_BACKTICKS = re.compile(r"`+")
+
+
+def _code_spans(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each code span on the line, in order: a run of n backticks up to the next
+    run of exactly n (CommonMark); a run no later one closes is text. Linear in the line's length:
+    each run is looked at once (a regex that tried every closer for every opener took seconds on
+    a line of unclosed runs, an agent's text holding up every export)."""
+    runs = [(m.start(), m.end()) for m in _BACKTICKS.finditer(text)]
+    later: dict[int, deque[int]] = {}  # run length -> indexes of the runs of that length, in order
+    for i, (start, end) in enumerate(runs):
+        later.setdefault(end - start, deque()).append(i)
+    i = 0
+    while i < len(runs):
+        start, end = runs[i]
+        same = later[end - start]
+        while same and same[0] <= i:  # runs at or before this one (or inside a span taken) close nothing
+            same.popleft()
+        if not same:
+            i += 1
+            continue
+        j = same.popleft()
+        yield start, runs[j][1]
+        i = j + 1
 
 
 def _md_inline(text: str) -> str:
     """Untrusted text on a line of the Markdown export, outside code spans: raw HTML shown as text
     (``<`` as ``&lt;``) and an image made a link (``!`` escaped), so a viewer loads nothing."""
     out, pos = [], 0
-    for m in _CODE_SPAN.finditer(text):
-        if m.group(1):  # a code span: as written
-            out.append(text[pos:m.start()].replace("<", "&lt;").replace("![", "\\!["))
-            out.append(m.group(0))
-            pos = m.end()
+    for start, end in _code_spans(text) if "`" in text else ():
+        out.append(text[pos:start].replace("<", "&lt;").replace("![", "\\!["))
+        out.append(text[start:end])  # a code span: as written
+        pos = end
     out.append(text[pos:].replace("<", "&lt;").replace("![", "\\!["))
     return "".join(out)
 

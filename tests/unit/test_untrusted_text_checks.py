@@ -1,9 +1,11 @@
 """Checks that run on text a client or an agent chose take linear time.
 
-Both replaced a regex that backtracked quadratically: an ``email`` form answer
+Each replaced a regex that backtracked quadratically: an ``email`` form answer
 such as ``a@....@`` (checked on the event loop before any length limit) and a
 Copilot shell output made of ``<shellId: `` repeated on one line each held the
-whole daemon for seconds per few hundred KB. On the adversarial inputs below
+whole daemon for seconds per few hundred KB; an agent's line of backtick runs
+none closes (`` ` x `` x ``` ...``) took the Markdown export's code-span search a
+minute per 80 KB, holding up every export. On the adversarial inputs below
 the old regexes take half a minute or more, the checks a millisecond, so the
 generous bound only fails on a return to quadratic time.
 """
@@ -17,6 +19,7 @@ import time
 import pytest
 
 from agentd import contract as c
+from agentd.export import _md_inline
 from agentd.providers.copilot._mapping import strip_shell_trailer
 
 #: what the checks replaced: the reference for what they must still accept and strip
@@ -89,4 +92,64 @@ def test_the_shell_trailer_strip_agrees_with_the_old_regex_on_random_text() -> N
 def test_shell_output_built_to_backtrack_is_stripped_at_once(text: str) -> None:
     t0 = time.perf_counter()
     strip_shell_trailer(text)
+    assert time.perf_counter() - t0 < BOUND_S
+
+
+def _spans_by_hand(text: str) -> list[tuple[int, int]]:
+    """CommonMark's code spans on one line, found the plain way: from each maximal run of n
+    backticks, the next maximal run of exactly n closes it; else the run is text."""
+    spans, i = [], 0
+    while i < len(text):
+        if text[i] != "`":
+            i += 1
+            continue
+        j = i
+        while j < len(text) and text[j] == "`":
+            j += 1
+        k, close = j, None
+        while k < len(text) and close is None:
+            if text[k] != "`":
+                k += 1
+                continue
+            e = k
+            while e < len(text) and text[e] == "`":
+                e += 1
+            close, k = (e if e - k == j - i else None), e
+        if close:
+            spans.append((i, close))
+        i = close or j
+    return spans
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("a `<b>` c <d>", "a `<b>` c &lt;d>"),
+    ("``x ` y`` <z>", "``x ` y`` &lt;z>"),
+    ("` open <x> and ``two`` ![i](u)", "` open &lt;x> and ``two`` \\![i](u)"),
+    ("```", "```"), ("`a``b`", "`a``b`"),
+    # A run is whole: the old regex took ``` as ` and ``, and its ` closed by a later `.
+    ("``` a![a`` ``````", "``` a\\![a`` ``````"), ("``a` <", "``a` &lt;"),
+])
+def test_code_spans_keep_their_text_and_the_rest_is_made_safe(text: str, shown: str) -> None:
+    assert _md_inline(text) == shown
+
+
+def test_the_code_span_search_finds_what_commonmark_does_on_random_text() -> None:
+    rnd = random.Random(13)
+    for _ in range(50_000):
+        text = "".join(rnd.choice(["`", "``", "```", "a", "<", "![", " "]) for _ in range(rnd.randint(0, 12)))
+        out, pos = [], 0
+        for start, end in _spans_by_hand(text):
+            out += [text[pos:start].replace("<", "&lt;").replace("![", "\\!["), text[start:end]]
+            pos = end
+        out.append(text[pos:].replace("<", "&lt;").replace("![", "\\!["))
+        assert _md_inline(text) == "".join(out), repr(text)
+
+
+@pytest.mark.parametrize("text", [
+    "x".join("`" * i for i in range(1, 1_000)),  # ~500 KB of runs no later run closes
+    "`" + " `` " * 100_000,
+])
+def test_backtick_runs_built_to_backtrack_are_made_safe_at_once(text: str) -> None:
+    t0 = time.perf_counter()
+    _md_inline(text)
     assert time.perf_counter() - t0 < BOUND_S
