@@ -722,6 +722,10 @@ class ConversationService:
         live = self._live.get(record.id)
         if live is None and self._forgotten.get(record.id) is record:
             return  # the copy of a conversation this host lost (see forget): the new holder writes it
+        if self._records.get(record.id) is not record:
+            # Removed (a task still holding it, say an open that was under way): never written again.
+            log.debug("conversation.save_skipped", conversation=record.id)
+            return
         self.write_behind.discard(record.id)  # this save carries whatever one owed said
         if live is not None and flush:
             self._flush(live)  # records held back go out first: the write below blocks on fsyncs
@@ -836,15 +840,16 @@ class ConversationService:
         record.budget, budget_source = _usage.initial_budget(budget, provider, self.budgets)
         if title:
             record.title_source = "user"
+        self._records[record.id] = record  # before its first save (_save writes only what is here)
         try:
             self._save(record)
         except OSError as exc:
+            self._records.pop(record.id, None)
             try:
                 await self.store.remove(record.id)  # the directory made for it
             except OSError:
                 pass
             raise c.InternalError(f"cannot write the conversation record: {exc.strerror or exc}") from None
-        self._records[record.id] = record
         try:
             live = await self._load(record.id)
             created = wire.ConversationCreated(provider=provider, workdir=workdir, title=title, model=model, mode=mode)  # type: ignore[arg-type]
@@ -865,6 +870,8 @@ class ConversationService:
         with trio.CancelScope(shield=True):
             try:
                 await self.delete(record.id)
+            except c.NotFound:
+                pass  # removed meanwhile (an rm while its runtime started)
             except Exception:
                 log.exception(event, conversation=record.id)
 
@@ -885,11 +892,12 @@ class ConversationService:
             model=model, effort=effort, context_tier=context_tier, mcp=mcp, mode=mode, budget=budget,  # type: ignore[arg-type]
             provider_conversation_id=provider_conversation_id, forked_from=forked_from, forked_at=forked_at,
             title_source="user" if title else "", site=self.site)
+        self._records[record.id] = record  # before its first save (_save writes only what is here)
         try:
             self._save(record)
         except OSError as exc:
+            self._records.pop(record.id, None)
             raise c.InternalError(f"cannot write the conversation record: {exc.strerror or exc}") from None
-        self._records[record.id] = record
         try:
             live = await self._load(record.id)
             await self._append(live, *first[:2], run=first[2])
@@ -983,6 +991,7 @@ class ConversationService:
             if live.conv is not None:
                 return live.conv
             record = live.record
+            was_closed = record.state is _S.CLOSED
             request = c.OpenRequest(
                 workdir=record.workdir,
                 conversation_id=record.provider_conversation_id,
@@ -1002,12 +1011,30 @@ class ConversationService:
                 # The runtime lost its session or cannot read it back (it died before saving it, say):
                 # a fresh one when nothing it kept is lost, else the error says so (agentd.lost_sessions).
                 conv = await _lost_sessions.reopen_lost(self, live, request, exc)
+            gone = self._live.get(record.id) is not live
+            if gone or (record.state is _S.CLOSED and not was_closed):
+                # Removed (rm), closed, or lost to another host while its runtime started: what
+                # was opened goes too (kept, it would run on for a conversation nobody holds).
+                await self._close_quietly(live, conv)
+                if live.lost:
+                    raise c.InternalError("another agentd host holds this conversation now")
+                if gone:
+                    raise c.NotFound(f"conversation {record.id} was removed while its runtime started")
+                raise c.Closed(f"conversation {record.id} was closed while its runtime started")
             live.conv = conv
             live.last_event = trio.current_time()  # just opened: idle from now (agentd.idle_release)
             if conv.id != record.provider_conversation_id:
                 record.provider_conversation_id = conv.id
                 self._save(record)
             return conv
+
+    async def _close_quietly(self, live: _Live, conv: c.Conversation) -> None:
+        """Close ``conv`` (shielded, INTERRUPT_WAIT_S at most); a failure is logged."""
+        with trio.CancelScope(shield=True), trio.move_on_after(INTERRUPT_WAIT_S):
+            try:
+                await conv.close()
+            except Exception as exc:
+                log.warning("conversation.close_failed", conversation=live.record.id, error=str(exc))
 
     # The narrow surface agentd.models (and later rooms) use; each is the method named.
     async def open_conversation(self, live: _Live) -> c.Conversation:
@@ -1875,6 +1902,8 @@ class ConversationService:
             raise
         except BaseException as exc:
             message = exc.message if isinstance(exc, c.AgentdError) else f"{type(exc).__name__}: {exc}"
+            if self._live.get(live.record.id) is not live:
+                raise  # removed (or lost to another host) meanwhile: nothing of it is journaled any more
             if live.run != run:
                 # The turn already ended and has its outcome. It is not ended a second time
                 # (that would end whatever run came after it).

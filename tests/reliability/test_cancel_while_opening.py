@@ -13,6 +13,10 @@ backoff: a ``crash`` ends a turn, the next start is held back BACKOFF_S.
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,10 +26,11 @@ from typing import Any
 import msgspec
 import pytest
 
+from agentd import contract as c
 from agentd import wire
 from daemon_harness import Client, Daemon
 
-from .conftest import agent_prompts, fault_agent_daemon, wait_for
+from .conftest import FAULT_AGENT, agent_prompts, fast_daemon, fault_agent_daemon, wait_for
 
 BACKOFF_S = 1.0
 
@@ -192,3 +197,100 @@ def test_a_prompt_queued_behind_a_crashed_turn_goes_to_the_restarted_agent(slow:
         # The record follows the end within moments (saved right after the end was sent).
         record = wait_for(lambda: (r := slow.record(cid)).get("active_run", "") == "" and r, timeout=5)
         assert record.get("queued", []) == [], record
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("op", ["close", "rm"])
+def test_a_conversation_closed_or_removed_while_its_runtime_restarts_leaves_nothing_running(
+    slow: Daemon, tmp_path: Path, op: str
+) -> None:
+    # The open finished after the close or rm and kept what it had opened: a runtime ran on for a
+    # conversation nobody held, and after an rm its record was written again (a ghost that came
+    # back, listed, after a restart).
+    with slow.client() as client, slow.client() as sender:
+        cid = _conversation(slow, client, tmp_path / "work")
+        assert _turn(client, cid, "crash")["reason"] == "runtime_exit"
+        starts = _starts(slow)
+        sent: list[Any] = []
+
+        def send() -> None:
+            try:
+                sent.append(sender.request(wire.Send, conversation=cid, text="too late"))
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                sent.append(exc)
+
+        thread = threading.Thread(target=send, daemon=True)
+        thread.start()
+        run = wait_for(lambda: _prompt_run(slow, cid, "too late"), timeout=5)
+        assert _starts(slow) == starts  # its open waits out the backoff
+        if op == "close":
+            client.request(wire.Close, conversation=cid)
+        else:
+            assert client.request(wire.Remove, conversation=cid, force=True)["conversation"] == cid
+        thread.join(10)
+        assert not thread.is_alive() and sent, sent
+        assert _starts(slow) == starts + 1  # the agent was started meanwhile
+        pid = int(Path(slow.starts).read_text().splitlines()[-1].split()[1])  # type: ignore[attr-defined]
+        wait_for(lambda: not _alive(pid), timeout=10)  # and stopped again
+        time.sleep(0.3)
+        assert "too late" not in agent_prompts(slow), agent_prompts(slow)
+        if op == "close":
+            assert isinstance(sent[0], dict) and sent[0]["run"] == run, sent
+            assert slow.record(cid)["state"] == "closed"
+            ends = _ends(slow, cid, run)
+            assert len(ends) == 1 and ends[0]["state"] == "cancelled", ends
+        else:
+            with slow.client() as other:
+                listed = other.request(wire.List, all=True)
+            assert cid not in json.dumps(listed)
+            assert not (slow.state_dir / "conversations" / cid).exists()
+        assert "Traceback" not in slow.log_text()
+
+
+def test_a_conversation_removed_while_new_starts_its_runtime_is_gone_and_so_is_the_runtime(tmp_path: Path) -> None:
+    # An adversarial review found this one: `new` answered with the record of a conversation an
+    # rm had removed meanwhile, the record came back on disk (listed again after a restart), and
+    # the agent started for it ran on.
+    starts = tmp_path / "agent-starts.log"
+    agent = f"sleep 1.5; exec {shlex.quote(sys.executable)} {shlex.quote(str(FAULT_AGENT))}"
+    d = fast_daemon(tmp_path / "d", f'[providers.acp.late]\ncommand = ["sh", "-c", {json.dumps(agent)}]\n'
+                                    f'env = {{ FAULT_AGENT_LOG = {json.dumps(str(starts))} }}\nstartup_timeout_s = 20.0\n').start()
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        made: list[Any] = []
+
+        def new() -> None:
+            with d.client() as client:
+                try:
+                    made.append(client.request(wire.New, provider="acp:late", workdir=str(work)))
+                except BaseException as exc:  # noqa: BLE001 - checked below
+                    made.append(exc)
+
+        thread = threading.Thread(target=new, daemon=True)
+        thread.start()
+        conversations = d.state_dir / "conversations"
+        cid = wait_for(lambda: conversations.exists() and next((p.name for p in conversations.iterdir() if p.is_dir()), ""),
+                       timeout=5)
+        with d.client() as client:
+            assert client.request(wire.Remove, conversation=cid, force=True)["conversation"] == cid
+        thread.join(20)
+        assert not thread.is_alive() and made, made
+        assert isinstance(made[0], c.NotFound) and "removed while its runtime started" in made[0].message, made
+        pid = int(wait_for(lambda: starts.exists() and starts.read_text(), timeout=10).split()[1])
+        wait_for(lambda: not _alive(pid), timeout=10)
+        assert not (conversations / cid).exists()
+        d.stop()
+        d.start()
+        with d.client() as client:
+            assert cid not in json.dumps(client.request(wire.List, all=True))
+        assert "Traceback" not in d.log_text()
+    finally:
+        d.stop()
