@@ -36,6 +36,7 @@ prompt and :meth:`Checkpoints.turn_ended` when a turn ended; nothing else here i
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import os
@@ -1065,15 +1066,52 @@ def _modes(base: str, changes: list[_Change]) -> dict[bytes, int]:
 def _keep_modes(base: str, modes: dict[bytes, int]) -> None:
     """Give the files written back the read and write bits they had (git keeps only 644 or
     755, and writes with agentd's umask: a 0600 file came back readable by all); the
-    executable bits are git's, for whoever may read the file."""
-    for raw, old in modes.items():
-        path = os.path.join(os.fsencode(base), raw)
-        try:
-            st = os.lstat(path)
-            if _stat.S_ISREG(st.st_mode):
-                os.chmod(path, (old & 0o666) | (_stat.S_IMODE(st.st_mode) & 0o111 & ((old & 0o444) >> 2)))
-        except OSError:
-            continue
+    executable bits are git's, for whoever may read the file. The agent may swap a folder on
+    the way for a symlink meanwhile: each file is reached with no symlink followed
+    (:func:`_open_beneath`) and changed through that handle, so nothing outside changes."""
+    try:
+        root = os.open(base, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for raw, old in modes.items():
+            try:
+                fd = _open_beneath(root, raw)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if _stat.S_ISREG(st.st_mode):
+                    # An O_PATH handle takes no fchmod; its /proc link names exactly that file.
+                    os.chmod(f"/proc/self/fd/{fd}",
+                             (old & 0o666) | (_stat.S_IMODE(st.st_mode) & 0o111 & ((old & 0o444) >> 2)))
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root)
+
+
+def _open_beneath(root: int, raw: bytes) -> int:
+    """An O_PATH handle on ``raw`` (a path relative to the folder ``root``), each of its
+    components opened O_NOFOLLOW from the one before: a symlink anywhere on the way is not
+    followed (a folder swapped for one raises ENOTDIR; a last component that is one gives a
+    handle on the symlink itself). Raises OSError."""
+    *folders, name = raw.split(b"/")
+    fd = os.dup(root)
+    try:
+        for part in folders:
+            if part in (b"", b".", b".."):
+                raise OSError(errno.EINVAL, "not a plain relative path", raw)
+            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        if name in (b"", b".", b".."):
+            raise OSError(errno.EINVAL, "not a plain relative path", raw)
+        return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 async def _apply(shadow: _Shadow, target: str, changes: list[_Change], since: float = 0.0) -> None:

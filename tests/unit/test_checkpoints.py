@@ -441,3 +441,22 @@ def test_a_file_in_place_of_a_folder_to_come_back_is_in_the_way_whatever_was_che
     assert cp._in_the_way(str(tmp_path), changes) == ["big/y"]
     changes.insert(0, cp._Change("big", "delete", b"big"))  # a file the revert removes itself
     assert cp._in_the_way(str(tmp_path), changes) == []
+
+
+def test_modes_given_back_after_a_revert_follow_no_symlink_swapped_in_on_the_way(tmp_path: Path) -> None:
+    # The agent may swap a folder the revert wrote into for a symlink before the modes are given
+    # back: the old lstat-then-chmod went through it and set a file outside to the reverted mode.
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    (work / "kept").mkdir(parents=True)
+    outside.mkdir()
+    (work / "kept" / "mine.txt").write_text("x")
+    (work / "kept" / "mine.txt").chmod(0o644)
+    victim = outside / "victim.txt"
+    victim.write_text("not the agent's")
+    victim.chmod(0o640)
+    (work / "sub").symlink_to(outside)  # a folder of the step, swapped for a symlink
+    (work / "link.txt").symlink_to(victim)  # a file of the step, swapped for one
+    cp._keep_modes(str(work), {b"sub/victim.txt": 0o666, b"link.txt": 0o666, b"kept/mine.txt": 0o600,
+                               b"../outside/victim.txt": 0o666, b"missing/file": 0o600})
+    assert victim.stat().st_mode & 0o777 == 0o640
+    assert (work / "kept" / "mine.txt").stat().st_mode & 0o777 == 0o600  # what the revert is for still happens
