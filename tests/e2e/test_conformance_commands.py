@@ -35,6 +35,8 @@ NAME = "conform"
 #: in the command's own text only: a model request carrying it got it from the runtime's expansion
 MARKER = "CONFORM-COMMAND-BODY-7431"
 STEER = "STEERED-TEXT-5512 mention the steer"
+#: after a steer is accepted, how long the slow answer goes on before the rest comes at once, s
+STEER_GRACE_S = 2.0
 #: the answer to the prompt after a cancelled turn: any other text in that turn came from an earlier one
 NEXT_ANSWER = "The next answer, NEXT-ANSWER-3306."
 
@@ -108,6 +110,8 @@ def test_a_steer_during_a_slow_answer_reaches_the_next_model_request(runtime: Ru
     steered = daemon.agentctl("steer", cid, STEER, "--json")
     assert steered.returncode == 0, steered.stderr
     assert json.loads(steered.stdout)["disposition"] == "steered"
+    if runtime.server is not None:
+        _hurry(runtime)
     code = follower.finish(timeout=180)
     assert code == 0, follower.stderr()
     assert _steer_outcome(daemon, cid, STEER) == "used"
@@ -126,6 +130,7 @@ def test_a_steer_during_a_slow_answer_reaches_the_next_model_request(runtime: Ru
     while time.monotonic() < deadline and not _carried(runtime, late):
         time.sleep(0.05)
     if _carried(runtime, late):
+        runtime.server.stream_slowly(0)  # it has the steer: the rest of the answer need not take its time
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(
                 r["type"] == "item" and late in r["data"].get("text", "") for r in daemon.journal(cid)):
@@ -167,6 +172,14 @@ def _slowish(runtime: Runtime) -> None:
     runtime.server.reset()
     runtime.server.answer_text_only(" ".join(f"word{i}" for i in range(160)))
     runtime.server.stream_slowly(0.1)
+
+
+def _hurry(runtime: Runtime) -> None:
+    """The rest of a slow answer at full speed, once the runtime has had a moment (STEER_GRACE_S)
+    to take in a steer it accepted: the slow stream only had to leave time to send it."""
+    assert runtime.server is not None
+    time.sleep(STEER_GRACE_S)
+    runtime.server.stream_slowly(0)
 
 
 def _steer_outcome(d: Daemon, cid: str, text: str) -> str:
