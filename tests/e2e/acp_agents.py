@@ -131,8 +131,8 @@ def codex_config(bins: pathlib.Path, tmp: pathlib.Path, openai_url: str, model: 
 #: minute and the session id. In the minute the session was created that is the session's own file:
 #: the load resets it and then finds nothing ("No previous sessions found"), and the transcript is
 #: lost. agentd waits for the next minute before such a load (LOAD_IN_A_LATER_MINUTE in
-#: agentd/providers/acp/_provider.py); the tests create these sessions early in a minute, so that
-#: their reloads come within it and show that wait keeps the transcript.
+#: agentd/providers/acp/_provider.py); the restart cell creates its session early in a minute, so
+#: that its reload comes within it and shows that wait keeps the transcript (runtimes_e2e).
 LOAD_NEEDS_A_NEW_MINUTE = {"gemini"}
 
 
