@@ -84,9 +84,9 @@ PUMP_SLICE_S = 0.002
 #: Consecutive text deltas the pump hands to _stream at once (the slice is checked between runs).
 PUMP_RUN = 64
 #: A text delta emitted while the pump is idle is handled in the emitter's task (_Sink.emit), unless
-#: less than this many seconds passed since the one before it was handled so: then they come as a
-#: burst (one step of the emitter, or lines of one read), which the pump takes as one run,
-#: published in one go.
+#: less than this many seconds passed since deltas were last handled (so, or by the pump): then it
+#: is part of a burst (one step of the emitter, the lines of one read, a runtime streaming on as fast
+#: as the pump publishes), which the pump takes as one run, published in one go.
 INLINE_GAP_S = 50e-6
 #: How long ``send(if_busy="interrupt")`` waits for the cancelled turn to end, seconds.
 INTERRUPT_WAIT_S = 10.0
@@ -299,7 +299,8 @@ class _Sink:
         #: the pump's handling of text deltas, done in the caller's task while the pump is idle
         #: (set with the pump; see emit)
         self.stream_now: Callable[[list[c.Delta]], None] | None = None
-        self._inline_at = 0.0  # perf_counter() when the last delta handled in emit was done
+        #: perf_counter() when deltas were last handled, in emit or by the pump (see INLINE_GAP_S)
+        self.streamed_at = 0.0
         #: the keepers whose processes act for the conversation now, as its provider says (runs_under)
         self.keepers: Callable[[], frozenset[int]] = frozenset
 
@@ -315,9 +316,9 @@ class _Sink:
                 # The pump is idle, so nothing queued could be overtaken: a delta that comes alone
                 # (a runtime streaming a chunk at a time) is handled here, as the pump would
                 # (synchronously, no checkpoint), saving a wake of the pump's task per chunk.
-                if _perf_counter() - self._inline_at >= INLINE_GAP_S:
+                if _perf_counter() - self.streamed_at >= INLINE_GAP_S:
                     self.stream_now([event.delta])
-                    self._inline_at = _perf_counter()  # its end: a slow fan-out is no gap
+                    self.streamed_at = _perf_counter()  # its end: a slow fan-out is no gap
                     return
                 # Right after another: a burst, which the pump takes as one run.
             try:
@@ -1267,6 +1268,8 @@ class ConversationService:
                         live.last_event = trio.current_time()
                     if holding:
                         self.publish_held(live)
+                    if streamed:  # published: a delta right after this is the same stream's (INLINE_GAP_S)
+                        live.sink.streamed_at = _perf_counter()
         finally:
             events.close()  # as leaving ``async with`` a receive channel did: later events are dropped
 

@@ -27,7 +27,7 @@ SIZE = 200
 BURST = 64
 #: events per repeat, by subscriber count
 QUICK_EVENTS = {1: 5_000, 10: 2_000, 100: 1_000}
-FULL_EVENTS = {1: 200_000, 10: 100_000, 100: 20_000}
+FULL_EVENTS = {1: 1_000_000, 10: 100_000, 100: 20_000}
 #: Outboxes as deep as the bare server's (unbounded) buffers: this measures delivery, not the lag policy
 #: (a subscriber slower than an unthrottled producer is cut off with ``lagged`` at the default 4096).
 CONFIG = """

@@ -294,24 +294,40 @@ async def test_a_delta_emitted_while_the_pump_handles_an_event_never_overtakes_i
         assert kinds == ["item", "delta"], kinds
 
 
-async def test_deltas_emitted_in_one_step_after_one_handled_at_once_go_to_the_pump_as_one_run(
+async def test_deltas_emitted_in_one_step_or_right_after_a_run_go_to_the_pump_as_one_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A burst (several deltas in one step of the emitter) is not handled delta by delta outside
     # the pump: after the first, they are queued, and the pump publishes them in one go (the hub's
     # one join, one write per subscriber), after the first and in order.
     from agentd import conversations
 
-    monkeypatch.setattr(conversations, "_perf_counter", lambda: 1000.0)  # no time passes: one burst
+    now = [1000.0]
+    monkeypatch.setattr(conversations, "_perf_counter", lambda: now[0])  # time passes only when told
+
+    def emit(*texts: str) -> None:
+        for text in texts:
+            live.sink.emit(c.DeltaEvent(delta=c.Delta(item_id="i1", kind=c.ItemKind.ASSISTANT, text=text)))
+
     async with _service(tmp_path, FsyncPolicy.BATCH) as (service, hub):
         record, live = await _conversation(service, tmp_path)
         outbox = subscribe(hub, record.id, live.published_seq)
         await trio.testing.wait_all_tasks_blocked()
-        for i in range(5):
-            live.sink.emit(c.DeltaEvent(delta=c.Delta(item_id="i1", kind=c.ItemKind.ASSISTANT, text=f"d{i} ")))
+        emit(*(f"d{i} " for i in range(5)))
         assert [len(batch) for batch in outbox.writes] == [1]  # the first at once, the rest queued
+        now[0] += 0.001  # the pump publishes them a millisecond after the first was handled
         await trio.testing.wait_all_tasks_blocked()
         assert [len(batch) for batch in outbox.writes] == [1, 4]
-        assert [msgspec.json.decode(r.data)["text"] for r in outbox.records] == ["d0 ", "d1 ", "d2 ", "d3 ", "d4 "]
+        # The next burst comes right after the pump published that one (a runtime streaming on as
+        # fast as agentd publishes): the pump takes all of it, one write, none handled alone first.
+        emit(*(f"d{i} " for i in range(5, 10)))
+        assert [len(batch) for batch in outbox.writes] == [1, 4]
+        await trio.testing.wait_all_tasks_blocked()
+        assert [len(batch) for batch in outbox.writes] == [1, 4, 5]
+        # A delta that comes alone, later (a runtime writing a chunk at a time), is handled at once.
+        now[0] += 0.001
+        emit("alone")
+        assert [len(batch) for batch in outbox.writes] == [1, 4, 5, 1]
+        assert [msgspec.json.decode(r.data)["text"] for r in outbox.records] == [*(f"d{i} " for i in range(10)), "alone"]
 
 
 # --------------------------------------------------------------------------- an answer and the reply it starts
