@@ -86,6 +86,21 @@ def _ends(d: Daemon, cid: str, run: str) -> list[dict[str, Any]]:
             if r["type"] == "turn" and r.get("run") == run and r["data"]["state"] != "working"]
 
 
+def _in_background(call: Any) -> tuple[threading.Thread, list[Any]]:
+    """``call()`` in a started thread; the list gets its result or the exception it raised."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:  # noqa: BLE001 - the test checks it
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
 def _assert_cancelled_before_ready(d: Daemon, cid: str, run: str) -> None:
     ends = _ends(d, cid, run)
     assert len(ends) == 1, ends
@@ -104,17 +119,8 @@ def test_a_prompt_cancelled_while_its_runtime_restarts_never_reaches_the_agent(s
         starts = _starts(slow)
 
         # The next prompt waits out the backoff (BACKOFF_S) in the open; it is cancelled meanwhile.
-        sent: list[Any] = []
-
-        def send() -> None:
-            try:
-                sent.append(sender.request(wire.Send, conversation=cid, text="too late"))
-            except BaseException as exc:  # noqa: BLE001 - checked below
-                sent.append(exc)
-
         t0 = time.monotonic()
-        thread = threading.Thread(target=send, daemon=True)
-        thread.start()
+        thread, sent = _in_background(lambda: sender.request(wire.Send, conversation=cid, text="too late"))
         run = wait_for(lambda: _prompt_run(slow, cid, "too late"), timeout=5)
         assert _active(slow, cid) == run
         assert _starts(slow) == starts  # still held back
@@ -218,16 +224,7 @@ def test_a_conversation_closed_or_removed_while_its_runtime_restarts_leaves_noth
         cid = _conversation(slow, client, tmp_path / "work")
         assert _turn(client, cid, "crash")["reason"] == "runtime_exit"
         starts = _starts(slow)
-        sent: list[Any] = []
-
-        def send() -> None:
-            try:
-                sent.append(sender.request(wire.Send, conversation=cid, text="too late"))
-            except BaseException as exc:  # noqa: BLE001 - checked below
-                sent.append(exc)
-
-        thread = threading.Thread(target=send, daemon=True)
-        thread.start()
+        thread, sent = _in_background(lambda: sender.request(wire.Send, conversation=cid, text="too late"))
         run = wait_for(lambda: _prompt_run(slow, cid, "too late"), timeout=5)
         assert _starts(slow) == starts  # its open waits out the backoff
         if op == "close":
@@ -265,23 +262,13 @@ def test_a_conversation_removed_while_new_starts_its_runtime_is_gone_and_so_is_t
     try:
         work = tmp_path / "work"
         work.mkdir()
-        made: list[Any] = []
-
-        def new() -> None:
-            with d.client() as client:
-                try:
-                    made.append(client.request(wire.New, provider="acp:late", workdir=str(work)))
-                except BaseException as exc:  # noqa: BLE001 - checked below
-                    made.append(exc)
-
-        thread = threading.Thread(target=new, daemon=True)
-        thread.start()
         conversations = d.state_dir / "conversations"
-        cid = wait_for(lambda: conversations.exists() and next((p.name for p in conversations.iterdir() if p.is_dir()), ""),
-                       timeout=5)
-        with d.client() as client:
+        with d.client() as opener, d.client() as client:
+            thread, made = _in_background(lambda: opener.request(wire.New, provider="acp:late", workdir=str(work)))
+            cid = wait_for(lambda: conversations.exists() and next(
+                (p.name for p in conversations.iterdir() if p.is_dir()), ""), timeout=5)
             assert client.request(wire.Remove, conversation=cid, force=True)["conversation"] == cid
-        thread.join(20)
+            thread.join(20)
         assert not thread.is_alive() and made, made
         assert isinstance(made[0], c.NotFound) and "removed while its runtime started" in made[0].message, made
         pid = int(wait_for(lambda: starts.exists() and starts.read_text(), timeout=10).split()[1])

@@ -98,22 +98,23 @@ def test_shell_output_built_to_backtrack_is_stripped_at_once(text: str) -> None:
 def _spans_by_hand(text: str) -> list[tuple[int, int]]:
     """CommonMark's code spans on one line, found the plain way: from each maximal run of n
     backticks, the next maximal run of exactly n closes it; else the run is text."""
+    def run_end(at: int) -> int:
+        while at < len(text) and text[at] == "`":
+            at += 1
+        return at
+
     spans, i = [], 0
     while i < len(text):
         if text[i] != "`":
             i += 1
             continue
-        j = i
-        while j < len(text) and text[j] == "`":
-            j += 1
+        j = run_end(i)
         k, close = j, None
         while k < len(text) and close is None:
             if text[k] != "`":
                 k += 1
                 continue
-            e = k
-            while e < len(text) and text[e] == "`":
-                e += 1
+            e = run_end(k)
             close, k = (e if e - k == j - i else None), e
         if close:
             spans.append((i, close))
