@@ -113,7 +113,7 @@ def decode_json(data: bytes) -> Any:
     RecursionError, which took down the reader of every conversation on the runtime).
     """
     try:
-        return _bounded(data, _decoder.decode(data))
+        return within_nesting(data, _decoder.decode(data))
     except msgspec.DecodeError as exc:
         first = exc
     except RecursionError:
@@ -124,11 +124,11 @@ def decode_json(data: bytes) -> Any:
         raise first from None
     except RecursionError:
         raise msgspec.DecodeError("JSON nested too deeply to decode") from None
-    return scrub(_bounded(data, value))
+    return scrub(within_nesting(data, value))
 
 
-def _bounded(data: bytes | str, value: Any) -> Any:
-    """``value``, or DecodeError when it nests past MAX_JSON_NESTING (what decodes near the
+def within_nesting(data: bytes | str, value: Any) -> Any:
+    """``value`` decoded from ``data``, or DecodeError when it nests past MAX_JSON_NESTING (what decodes near the
     interpreter's limit fails to encode again deeper down the stack). Counted first, at C speed:
     only a message with that many brackets at all is walked."""
     if len(data) > 2 * MAX_JSON_NESTING and data.count("[" if isinstance(data, str) else b"[") + \

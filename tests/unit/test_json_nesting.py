@@ -55,3 +55,16 @@ def test_a_runtime_message_nested_past_the_bound_is_malformed_and_an_unknown_pay
     event = runtime_output.unknown("acp:x", "future_kind", {"deep": deep})
     assert event.unknown.type == "future_kind" and "levels deep, left out" in event.unknown.data
     msgspec.json.encode(event)
+
+
+def test_a_claude_code_stdout_line_nested_past_the_bound_is_a_corrupt_line() -> None:
+    from claude_agent_sdk import CLIJSONDecodeError
+
+    from agentd.providers.claude._stdout import _parse
+
+    line = '{"type":"assistant","message":{"content":[{"type":"tool_use","input":%s}]}}'
+    assert _parse((line % _deep(LIMIT - 5)).encode())["type"] == "assistant"
+    for inner in ("1", '"\\ud83d"'):  # msgspec's path and json's (a lone surrogate escape)
+        with pytest.raises(CLIJSONDecodeError) as corrupt:
+            _parse((line % _deep(LIMIT, inner)).encode())
+        assert "more than" in str(corrupt.value.original_error)

@@ -28,9 +28,12 @@ import trio
 from claude_agent_sdk import CLIConnectionError, CLIJSONDecodeError, ProcessError
 from claude_agent_sdk._internal.transport.subprocess_cli import SubprocessCLITransport
 
+from ... import runtime_output
+
 log = structlog.get_logger(__name__)
 
 _decode = msgspec.json.Decoder().decode
+_NOT_DECODED = object()
 #: bytes read from the pipe at once (what trio's FdStream reads by default)
 READ_SIZE = 65536
 
@@ -193,13 +196,20 @@ def _parse(line: bytes) -> dict[str, Any] | None:
         log.debug("claude.non_json_stdout", line=line[:200].decode("utf-8", "replace"))
         return None
     try:
-        return _decode(line)  # an object: it starts with "{"
+        value = _decode(line)  # an object: it starts with "{"
     except msgspec.DecodeError:
-        pass
+        value = _NOT_DECODED
     except RecursionError:  # nested too deeply for either decoder: corrupt, not a reader's crash
         raise CLIJSONDecodeError(line[:200].decode("utf-8", "replace"), ValueError("nested too deeply")) from None
-    # What msgspec refuses and json takes (a lone surrogate escaped, NaN, Infinity): read as the SDK reads it.
+    if value is _NOT_DECODED:
+        # What msgspec refuses and json takes (a lone surrogate escaped, NaN, Infinity): read as the SDK reads it.
+        try:
+            value = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CLIJSONDecodeError(line.decode("utf-8", "replace"), exc) from exc
+        except RecursionError:
+            raise CLIJSONDecodeError(line[:200].decode("utf-8", "replace"), ValueError("nested too deeply")) from None
     try:
-        return json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CLIJSONDecodeError(line.decode("utf-8", "replace"), exc) from exc
+        return runtime_output.within_nesting(line, value)  # contract.MAX_JSON_NESTING, as every runtime's
+    except msgspec.DecodeError as exc:
+        raise CLIJSONDecodeError(line[:200].decode("utf-8", "replace"), exc) from None
