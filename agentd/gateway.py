@@ -298,13 +298,23 @@ async def serve_websocket(server: "Server", config: "Config", paths: "Paths", *,
         inode = entry[2] if entry is not None else 0
         try:
             ws = await _authenticate(request)
+        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            # The client went away mid-handshake (a reset while the answer was sent): that ends its
+            # own connection only. Raised out of here it ended the WebSocket server, and agentd.
+            ws = None
         finally:
             admission.settle(str(remote))
-        if ws is not None:
-            # Past the token, as the scan of /proc costs more than the check (agentd.agent_peers).
-            agent = await trio.to_thread.run_sync(agent_peers.of_socket, inode)
-            peer = f"ws {remote}" if agent is None else f"ws {remote} (agent, keeper {agent.keeper})"
-            await server.serve_stream(_MessageStream(ws), peer, agent=agent)
+        if ws is None:
+            # Refused or gone: closed now. trio-websocket (0.12) leaves a refused connection's
+            # socket open until the client closes it, and a refused one no longer counts against
+            # the caps, so another user could hold every descriptor agentd has that way.
+            if entry is not None:
+                await entry[1].aclose()  # its reader task sees the close and ends
+            return
+        # Past the token, as the scan of /proc costs more than the check (agentd.agent_peers).
+        agent = await trio.to_thread.run_sync(agent_peers.of_socket, inode)
+        peer = f"ws {remote}" if agent is None else f"ws {remote} (agent, keeper {agent.keeper})"
+        await server.serve_stream(_MessageStream(ws), peer, agent=agent)
 
     async def _authenticate(request: WebSocketRequest) -> WebSocketConnection | None:
         headers = {k.lower(): v for k, v in request.headers}
