@@ -495,6 +495,8 @@ class ConversationService:
         #: this host's site on a shared store (agentd.hosts), kept in the records it creates; "" on files
         self.site = ""
         self._nursery: trio.Nursery | None = None
+        #: set while agentd.reload replaces runtimes (hold_starts): turn starts and provider opens wait
+        self._swapping: trio.Event | None = None
         #: agentd.checkpoints.Checkpoints, set by the daemon (None: no checkpoints are taken)
         self.checkpoints: Any = None
         #: records owing a save whose news the journal holds (a turn's end): written behind
@@ -985,7 +987,28 @@ class ConversationService:
         journal = await self.store.open(cid)
         return self._live.get(cid) or _Reader(self._records[cid], journal, self._live)
 
+    def hold_starts(self) -> Callable[[], None]:
+        """From now until the returned function is called, turn starts and provider opens wait
+        (agentd.reload replaces runtimes meanwhile: one opened on the runtime being replaced
+        would be stopped under its turn, and kept, refuse every prompt after)."""
+        gate = self._swapping = trio.Event()
+
+        def release() -> None:
+            if self._swapping is gate:
+                self._swapping = None
+            gate.set()
+
+        return release
+
+    async def _after_swap(self, live: _Live) -> None:
+        """Wait while runtimes are being replaced (hold_starts); at once otherwise."""
+        while (gate := self._swapping) is not None:
+            self.publish_held(live)
+            await gate.wait()
+
     async def _ensure_open(self, live: _Live) -> c.Conversation:
+        if live.conv is None:
+            await self._after_swap(live)  # not under open_lock: the restart's detach takes it
         if live.conv is None or live.open_lock.locked():
             self.publish_held(live)  # a runtime's start, or another opener, is waited for below
         async with live.open_lock:
@@ -1815,6 +1838,7 @@ class ConversationService:
         wait (a runtime's start, a git run, a queued model change) publishes
         them first (:meth:`publish_held`), so no watcher waits for them.
         """
+        await self._after_swap(live)  # before the run is active: a restart's detach may close its conversation
         holding = live.held is None  # else someone holding already publishes them
         if holding:
             live.held = []

@@ -258,12 +258,17 @@ class Reloader:
             while self.service.running():
                 await trio.sleep(0.05)
             waited = round(time.monotonic() - started, 3)
+            # No turn runs, and none starts until the runtimes are replaced (a prompt sent meanwhile
+            # waits: opened on a runtime about to be replaced, its turn was cut and the
+            # conversation kept a stopped one). Held from the check above, with no await between.
+            release = self.service.hold_starts()
             # From here on it is one step: a client that goes away does not leave it half done.
             with trio.CancelScope(shield=True):
                 systemd.notify(f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
                 try:
                     return await self._restart(config, path, environment, cancelled, waited, by)
                 finally:  # whatever happened, the service manager is told the reload is over
+                    release()
                     systemd.notify(f"READY=1\nSTATUS=serving {len(self.service)} conversations")
 
     async def _restart(self, config: Config, path: Path | None, environment: tuple[Path, str | None],

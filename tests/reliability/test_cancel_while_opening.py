@@ -281,3 +281,34 @@ def test_a_conversation_removed_while_new_starts_its_runtime_is_gone_and_so_is_t
         assert "Traceback" not in d.log_text()
     finally:
         d.stop()
+
+
+def test_a_prompt_sent_while_a_restart_replaces_its_runtime_runs_on_the_new_one(tmp_path: Path) -> None:
+    # An adversarial review found this one: during the restart's one step (its conversations'
+    # runtimes closed one by one, then the providers replaced) a prompt opened its conversation on
+    # the provider about to be replaced; the replacement stopped it under the turn ("cancelled",
+    # shutdown), and the conversation kept the stopped one: every later prompt was refused.
+    d = fault_agent_daemon(tmp_path / "d", "fault", {"GEN": "0"}).start()  # a change to it: the restart replaces the provider
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        with d.client() as client:
+            ids = [client.request(wire.New, provider="acp:fault", workdir=str(work))["id"] for _ in range(12)]
+            for attempt in range(1, 5):
+                for cid in ids:  # every conversation's agent running, so the restart closes each
+                    client.subscribe(cid)
+                    client.follow(client.request(wire.Send, conversation=cid, text="hello")["run"], timeout=20)
+                d.config.write_text(d.config.read_text().replace(f'GEN = "{attempt - 1}"', f'GEN = "{attempt}"'))
+                with d.client() as restarter:
+                    thread, restarted = _in_background(lambda: restarter.request(wire.Restart))
+                    time.sleep(0.01 * attempt)  # into the step, while it closes the conversations' agents
+                    run = client.request(wire.Send, conversation=ids[0], text="drip 3")["run"]
+                    end = msgspec.json.decode(client.follow(run, timeout=30)[-1].data)
+                    thread.join(30)
+                assert isinstance(restarted[0], dict) and restarted[0]["reopened"] >= 1, restarted
+                assert end["state"] == "completed", (attempt, end)
+                again = client.request(wire.Send, conversation=ids[0], text="still there?")["run"]
+                assert msgspec.json.decode(client.follow(again, timeout=30)[-1].data)["state"] == "completed"
+        assert "Traceback" not in d.log_text()
+    finally:
+        d.stop()
