@@ -8,7 +8,9 @@ The rules it keeps:
   error (``invalid``); the config in force stays and nothing else changes (the environment
   file is not applied either).
 * No running turn is cut: it waits until none runs (turns that start meanwhile are waited for too),
-  unless ``now``, which cancels them first and says which.
+  unless ``now``, which cancels them first and says which. Once none runs, the runtimes are
+  replaced in one step, and a prompt sent during it waits for it (ConversationService.hold_starts),
+  then runs on the new runtime.
 * Connections, subscriptions, conversations, leases and the journal stay as they are. Each provider
   whose table changed (every one when the environment did) is declared anew (Runtimes.replace)
   and the loaded conversations on it have their provider conversation closed
