@@ -357,7 +357,7 @@ class TaskService:
             turn = tracker.turn if tracker is not None else None
             if turn is not None and turn.reason != c.RUN_INTERRUPTED:
                 # The turn ended before the daemon stopped; only the task's record missed it.
-                await self._finish(task, _END[turn.state], tracker, error=turn.error, reason=turn.reason)
+                await self._finish_with(task, turn, tracker)
             else:
                 log.warning("task.interrupted", task=task.id, conversation=task.conversation, run=task.run)
                 await self._finish(task, _T.FAILED, tracker, error=INTERRUPTED_ERROR, reason=c.RUN_INTERRUPTED)
@@ -739,7 +739,7 @@ class TaskService:
             tracker.feed(rec)
             turn = tracker.turn
             if turn is not None:
-                await self._finish(task, _END[turn.state], tracker, error=turn.error, reason=turn.reason)
+                await self._finish_with(task, turn, tracker)
                 return
             status = _T.WAITING_FOR_INPUT if tracker.pending else _T.RUNNING
             if status is not task.status:
@@ -747,6 +747,19 @@ class TaskService:
                 self._save(task)
                 log.info("task.status", task=task.id, status=status.value)
                 await self._event(task, "status", status=status)
+
+    async def _finish_with(self, task: wire.TaskRecord, turn: c.Turn, tracker: _Tracker) -> None:
+        """End ``task`` as its turn ended. An rm cancels the turn before the conversation goes:
+        that end is the removal's (failed, ``conversation_removed``), as docs/tasks.md says; a
+        cancelled turn that names no reason (a close, say) ends the task with reason ``cancelled``."""
+        try:
+            self.conversations.record(task.conversation)
+        except c.NotFound:
+            await self._finish(task, _T.FAILED, tracker, error="its conversation was removed",
+                               reason="conversation_removed")
+            return
+        reason = turn.reason or ("cancelled" if turn.state is c.TurnState.CANCELLED else "")
+        await self._finish(task, _END[turn.state], tracker, error=turn.error, reason=reason)
 
     async def _cancel_turn(self, task: wire.TaskRecord) -> None:
         try:

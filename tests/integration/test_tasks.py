@@ -311,6 +311,23 @@ def test_cancel_dequeues_a_pending_task_and_cancels_a_running_ones_turn(start: A
     assert again.returncode == 8 and "already ended" in again.stderr
 
 
+def test_a_task_whose_conversation_is_removed_fails_and_one_whose_conversation_is_closed_is_cancelled(
+        start: Any, workdir: Path) -> None:
+    # The rm cancels the turn before the conversation goes: the task ended "cancelled" with no
+    # reason, where docs/tasks.md says failed, conversation_removed; a close left reason "" too.
+    d = start()
+    removed, closed = create(d, workdir, "wait for a cancel"), create(d, workdir, "wait for a cancel")
+    rm_conv, close_conv = wait_turn(d, removed)["task"]["conversation"], wait_turn(d, closed)["task"]["conversation"]
+    assert d.agentctl("rm", rm_conv, "--force").returncode == 0
+    assert d.agentctl("close", close_conv).returncode == 0
+    assert d.agentctl("task", "wait", removed, "--timeout", "20").returncode == 1
+    assert d.agentctl("task", "wait", closed, "--timeout", "20").returncode == 3
+    t = show(d, removed)["task"]
+    assert (t["status"], t["reason"], t["error"]) == ("failed", "conversation_removed", "its conversation was removed")
+    t = show(d, closed)["task"]
+    assert (t["status"], t["reason"]) == ("cancelled", "cancelled")
+
+
 def test_comment_steers_a_running_turn_and_is_only_recorded_otherwise(start: Any, workdir: Path) -> None:
     d = start("concurrency = 1\n")
     task = create(d, workdir, "steer me")
