@@ -987,6 +987,10 @@ class ConversationService:
         journal = await self.store.open(cid)
         return self._live.get(cid) or _Reader(self._records[cid], journal, self._live)
 
+    def _holds(self, live: _Live) -> bool:
+        """Whether ``live`` is still this service's (not removed, nor lost to another host)."""
+        return self._live.get(live.record.id) is live
+
     def hold_starts(self) -> Callable[[], None]:
         """From now until the returned function is called, turn starts and provider opens wait
         (agentd.reload replaces runtimes meanwhile: one opened on the runtime being replaced
@@ -1035,7 +1039,7 @@ class ConversationService:
                 # The runtime lost its session or cannot read it back (it died before saving it, say):
                 # a fresh one when nothing it kept is lost, else the error says so (agentd.lost_sessions).
                 conv = await _lost_sessions.reopen_lost(self, live, request, exc)
-            gone = self._live.get(record.id) is not live
+            gone = not self._holds(live)
             if gone or (record.state is _S.CLOSED and not was_closed):
                 # Removed (rm), closed, or lost to another host while its runtime started: what
                 # was opened goes too (kept, it would run on for a conversation nobody holds).
@@ -1929,7 +1933,7 @@ class ConversationService:
             raise
         except BaseException as exc:
             message = exc.message if isinstance(exc, c.AgentdError) else f"{type(exc).__name__}: {exc}"
-            if self._live.get(live.record.id) is not live:
+            if not self._holds(live):
                 raise  # removed (or lost to another host) meanwhile: nothing of it is journaled any more
             if live.run != run:
                 # The turn already ended and has its outcome. It is not ended a second time

@@ -284,9 +284,6 @@ class HostTools:
             log.warning("host_tools.too_many_calls", conversation=cid, tool=req.name, limit=MAX_CALLS_IN_FLIGHT)
             return wire.HostToolCallResult(output=f"agentd: {MAX_CALLS_IN_FLIGHT} host tool calls of this conversation "
                                                   "are in flight already; call again once one has ended", error=True)
-        if c.nested_deeper_than(req.arguments):  # the wire refuses these; a caller in process may not
-            return wire.HostToolCallResult(output=f"agentd: the arguments nest more than {c.MAX_JSON_NESTING} "
-                                                  "levels deep", error=True)
         call = _Call(req.name, dict(req.arguments))
         # Display text, cut as every provider cuts a tool's input (the serving client gets it whole);
         # made before the call takes a slot, which only the finally below gives back.

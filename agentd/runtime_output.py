@@ -127,12 +127,12 @@ def decode_json(data: bytes) -> Any:
     return scrub(within_nesting(data, value))
 
 
-def within_nesting(data: bytes | str, value: Any) -> Any:
-    """``value`` decoded from ``data``, or DecodeError when it nests past MAX_JSON_NESTING (what decodes near the
-    interpreter's limit fails to encode again deeper down the stack). Counted first, at C speed:
-    only a message with that many brackets at all is walked."""
-    if len(data) > 2 * MAX_JSON_NESTING and data.count("[" if isinstance(data, str) else b"[") + \
-            data.count("{" if isinstance(data, str) else b"{") > MAX_JSON_NESTING and nested_deeper_than(value):
+def within_nesting(data: bytes, value: Any) -> Any:
+    """``value`` decoded from ``data``, or DecodeError when it nests past MAX_JSON_NESTING (what
+    decodes near the interpreter's limit fails to encode again deeper down the stack). Counted
+    first, at C speed: only a message with that many brackets at all is walked."""
+    if len(data) > 2 * MAX_JSON_NESTING and data.count(b"[") + data.count(b"{") > MAX_JSON_NESTING \
+            and nested_deeper_than(value):
         raise msgspec.DecodeError(f"JSON nested more than {MAX_JSON_NESTING} levels deep")
     return value
 

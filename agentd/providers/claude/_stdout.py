@@ -33,7 +33,6 @@ from ... import runtime_output
 log = structlog.get_logger(__name__)
 
 _decode = msgspec.json.Decoder().decode
-_NOT_DECODED = object()
 #: bytes read from the pipe at once (what trio's FdStream reads by default)
 READ_SIZE = 65536
 
@@ -196,20 +195,13 @@ def _parse(line: bytes) -> dict[str, Any] | None:
         log.debug("claude.non_json_stdout", line=line[:200].decode("utf-8", "replace"))
         return None
     try:
-        value = _decode(line)  # an object: it starts with "{"
-    except msgspec.DecodeError:
-        value = _NOT_DECODED
-    except RecursionError:  # nested too deeply for either decoder: corrupt, not a reader's crash
-        raise CLIJSONDecodeError(line[:200].decode("utf-8", "replace"), ValueError("nested too deeply")) from None
-    if value is _NOT_DECODED:
-        # What msgspec refuses and json takes (a lone surrogate escaped, NaN, Infinity): read as the SDK reads it.
         try:
+            value = _decode(line)  # an object: it starts with "{"
+        except msgspec.DecodeError:
+            # What msgspec refuses and json takes (a lone surrogate escaped, NaN, Infinity): read as the SDK reads it.
             value = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CLIJSONDecodeError(line.decode("utf-8", "replace"), exc) from exc
-        except RecursionError:
-            raise CLIJSONDecodeError(line[:200].decode("utf-8", "replace"), ValueError("nested too deeply")) from None
-    try:
         return runtime_output.within_nesting(line, value)  # contract.MAX_JSON_NESTING, as every runtime's
-    except msgspec.DecodeError as exc:
-        raise CLIJSONDecodeError(line[:200].decode("utf-8", "replace"), exc) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CLIJSONDecodeError(line.decode("utf-8", "replace"), exc) from exc
+    except (RecursionError, msgspec.DecodeError) as exc:  # nested too deeply: corrupt, not a reader's crash
+        raise CLIJSONDecodeError(line[:200].decode("utf-8", "replace"), ValueError(f"nested too deeply: {exc}")) from None
